@@ -198,3 +198,30 @@ def test_leave_one_repo_out_and_select():
         select_by_repo(repos, exclude=["zz"])
     with pytest.raises(LatentSiftError, match="at least 2 repositories"):
         leave_one_repo_out({"t": "a"})
+
+
+def test_whitening_is_fitted_on_the_bank_and_travels_with_it(data, tmp_path):
+    from latentsift.bank import fit_whitening
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4000, 6)) @ np.diag([10.0, 3.0, 1.0, 1.0, 0.3, 0.1]) + 5.0
+    mu, w = fit_whitening(x.astype(np.float32), shrinkage=0.0)
+    cov = np.cov((x - mu) @ w, rowvar=False)
+    np.testing.assert_allclose(cov, np.eye(6), atol=2e-2)
+    # the ridge shrinks the smallest directions less than full whitening would
+    _, w_ridge = fit_whitening(x.astype(np.float32))
+    assert np.cov((x - mu) @ w_ridge, rowvar=False)[5, 5] < 0.1
+    bw = Bank(normalize="whiten").fit(*data, FP)
+    both = np.concatenate([Bank().fit(*data, FP).pos_["cot"], Bank().fit(*data, FP).neg_["cot"]])
+    mu_c, w_c = bw.whiten_["cot"]
+    np.testing.assert_allclose(mu_c, both.mean(axis=0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(bw.pos_["cot"], (Bank().fit(*data, FP).pos_["cot"] - mu_c) @ w_c, atol=1e-4)
+    z = np.random.default_rng(5).standard_normal((7, 16)).astype(np.float32)
+    d_pos, _, i_pos, _ = bw.distances(z, "cot")
+    bp, ip = brute(bw.pos_["cot"], (z - mu_c) @ w_c)
+    np.testing.assert_allclose(d_pos, bp, atol=1e-3)
+    assert (i_pos == ip).all()
+    back = Bank.load(bw.save(tmp_path / "w"))
+    for a, b in zip(bw.distances(z, "fn"), back.distances(z, "fn")):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="'normalize' parameter of Bank"):
+        Bank(normalize="pca").fit(*data, FP)

@@ -38,7 +38,8 @@ BANK_VERSION = 1
 MANIFEST = "manifest.json"
 TENSORS = "bank.safetensors"
 CLASSES = ("pos", "neg")
-NORMALIZATIONS = (None, "l2")
+NORMALIZATIONS = (None, "l2", "whiten")
+WHITEN_SHRINKAGE = 0.1  # ridge added to the bank covariance's eigenvalues, as a fraction of their mean
 CENTERINGS = (None, "mean")
 DEFAULT_LAYER = -1  # SPEC 2: distance states come from the final layer
 
@@ -63,13 +64,33 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return (x / np.where(n > 0, n, 1.0)).astype(np.float32)
 
 
+def fit_whitening(x: np.ndarray, shrinkage: float = WHITEN_SHRINKAGE) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, W) of ZCA whitening fitted on the rows of x; a Bank 'normalize' variant, not in the paper.
+
+    W = V diag((lambda + shrinkage * mean(lambda))^-1/2) V^T from the covariance's eigenpairs, so that
+    (x - mean) @ W has (nearly) identity covariance; the ridge keeps the few-sample directions of a
+    small bank from being blown up. Fewer than two rows: the identity (nothing to fit).
+    """
+    d = x.shape[1]
+    if len(x) < 2:
+        return np.zeros(d, np.float32), np.eye(d, dtype=np.float32)
+    x64 = np.asarray(x, dtype=np.float64)
+    mu = x64.mean(axis=0)
+    lam, v = np.linalg.eigh(np.cov(x64 - mu, rowvar=False))
+    lam = np.clip(lam, 0.0, None)
+    w = (v / np.sqrt(lam + shrinkage * max(lam.mean(), 1e-12))) @ v.T
+    return mu.astype(np.float32), w.astype(np.float32)
+
+
 class Bank:
     """Positive and negative banks of per-channel distance states.
 
     Settings (stored, never learned):
       layer:     index into ``TrajectoryStates.layers`` axis 1 used for distance states
                  (default -1 = final layer, SPEC 2).
-      normalize: None (paper) or "l2" (unit-norm rows, applied to bank and queries alike).
+      normalize: None (paper), "l2" (unit-norm rows) or "whiten" (ZCA whitening fitted per channel on
+                 the bank's states, pos and neg together; ``fit_whitening``), applied to bank and
+                 queries alike.
       center:    None (paper) or "mean" (subtract the per-channel mean of all bank states, pos and
                  neg together, from bank rows and queries; applied before ``normalize``).
       channels:  channels to index (default all three).
@@ -80,6 +101,7 @@ class Bank:
       pos_owner_[c], neg_owner_[c]: (n_states,) int32 index into ``traj_ids_`` of each row's trajectory
       pos_step_[c], neg_step_[c]:   (n_states,) int32 step index t of each row
       center_[c]:                   (d_model,) float32 mean subtracted (only with center="mean")
+      whiten_[c]:                   (mean (d_model,), W (d_model, d_model)) float32 (normalize="whiten")
     and traj_ids_ (sorted), labels_, instances_, repos_ (dicts keyed by traj_id), fingerprint_,
     d_model_.
     """
@@ -185,6 +207,11 @@ class Bank:
             for c in self.channels:
                 both = np.concatenate([raw["pos", c][0], raw["neg", c][0]])
                 self.center_[c] = (both.mean(axis=0) if len(both) else np.zeros(self.d_model_)).astype(np.float32)
+        self.whiten_ = {}
+        if self.normalize == "whiten":
+            for c in self.channels:
+                both = np.concatenate([raw["pos", c][0], raw["neg", c][0]])
+                self.whiten_[c] = fit_whitening(both - self.center_.get(c, 0.0))
         for k in CLASSES:
             setattr(self, f"{k}_", {c: self._transform(raw[k, c][0], c) for c in self.channels})
             setattr(self, f"{k}_owner_", {c: raw[k, c][1] for c in self.channels})
@@ -197,12 +224,15 @@ class Bank:
             raise NotFittedError("This Bank is not fitted yet: call fit(...) or Bank.load(path) first.")
 
     def _transform(self, z: np.ndarray, channel: str) -> np.ndarray:
-        """The bank's state transform (identity in the paper): optional centering, then L2 norm."""
+        """The bank's state transform (identity in the paper): optional centering, then L2 or whitening."""
         z = np.asarray(z, dtype=np.float32)
         if self.center == "mean":
             z = z - self.center_[channel]
         if self.normalize == "l2":
             z = l2_normalize(z)
+        elif self.normalize == "whiten":
+            mu, w = self.whiten_[channel]
+            z = (z - mu) @ w
         return np.ascontiguousarray(z, dtype=np.float32)
 
     @property
@@ -317,6 +347,8 @@ class Bank:
                 tensors[f"{k}.{c}.step"] = getattr(self, f"{k}_step_")[c]
         for c, v in self.center_.items():
             tensors[f"center.{c}"] = v
+        for c, (mu, w) in self.whiten_.items():
+            tensors[f"whiten.{c}.mean"], tensors[f"whiten.{c}.matrix"] = mu, w
         blob = st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
         manifest = self.manifest(source)
         manifest["tensors_sha256"] = hashlib.sha256(blob).hexdigest()
@@ -358,6 +390,8 @@ class Bank:
         bank.fingerprint_ = Fingerprint.from_dict(man["fingerprint"])
         bank.d_model_ = bank.fingerprint_.d_model
         bank.center_ = {c: arrays[f"center.{c}"] for c in bank.channels if f"center.{c}" in arrays}
+        bank.whiten_ = {c: (arrays[f"whiten.{c}.mean"], arrays[f"whiten.{c}.matrix"]) for c in bank.channels
+                        if f"whiten.{c}.mean" in arrays}
         for k in CLASSES:
             setattr(bank, f"{k}_", {c: arrays[f"{k}.{c}.states"] for c in bank.channels})
             setattr(bank, f"{k}_owner_", {c: arrays[f"{k}.{c}.owner"] for c in bank.channels})
