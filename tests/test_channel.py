@@ -275,3 +275,37 @@ def test_render_speed(tokenizer, real_trajs):
     n = sum(render(t, tokenizer).n_tokens for t in sample)
     per = (time.perf_counter() - t0) / len(sample)
     assert n > 0 and per < 0.25        # measured ~20 ms for ~10K tokens; bench/import_all.py prints it
+
+
+def test_patch_step_finds_the_step_that_wrote_the_final_patch(real_trajs):
+    from latentsift.channel import patch_step
+    acr = [t for t in real_trajs if t.run == "acr-run-1"]
+    swe = [t for t in real_trajs if t.agent == "sweagent"]
+    for t in acr:
+        p = patch_step(t)
+        if not t.patch.strip():
+            assert p is None
+            continue
+        # AutoCodeRover: the evaluated write_patch attempt holds the diff in its call
+        assert t.steps[p].meta["kind"] == "write_patch" and t.steps[p].meta.get("evaluated"), t.traj_id
+    found = [patch_step(t) for t in swe if t.patch.strip()]
+    # SWE-agent: the final 'submit' shows the diff in its observation (checked, not assumed, per trajectory)
+    hits = [(t, p) for t, p in zip([t for t in swe if t.patch.strip()], found) if p is not None]
+    assert len(hits) >= 0.9 * len(found)
+    assert all(t.steps[p].fn.startswith("submit") for t, p in hits)
+    assert all(patch_step(t) is None for t in swe if not t.patch.strip())
+
+
+def test_whole_patch_step_is_exempt_from_the_span_budget(tokenizer, real_trajs):
+    from latentsift.channel import patch_step
+    t = next(x for x in real_trajs if x.run == "acr-run-1" and x.patch.count("\n") > 20)
+    p = patch_step(t)
+    cut = render(t, tokenizer, max_span_tokens=16, max_prompt_tokens=32)
+    whole = render(t, tokenizer, max_span_tokens=16, max_prompt_tokens=32, whole_patch_step=True)
+    full = render(t, tokenizer)
+    for st, ch in full.span_keys():
+        f = full.input_ids[(full.step == st) & (full.channel == ch)]
+        w = whole.input_ids[(whole.step == st) & (whole.channel == ch)]
+        assert list(w) == (list(f) if st == p else list(f[:16]))
+    fn = CHANNEL_ID["fn"]
+    assert ((whole.step == p) & (whole.channel == fn)).sum() > ((cut.step == p) & (cut.channel == fn)).sum() > 0

@@ -335,11 +335,14 @@ def _assign(offsets: np.ndarray, ranges: list[tuple[int, int, int, int]]) -> tup
     return step, chan
 
 
-def _truncate(step: np.ndarray, chan: np.ndarray, max_span: int | None, max_prompt: int | None) -> np.ndarray:
+def _truncate(step: np.ndarray, chan: np.ndarray, max_span: int | None, max_prompt: int | None,
+              whole_steps: Sequence[int] = ()) -> np.ndarray:
     """Keep-mask: the first ``max_span`` tokens of every (step, channel) span and the first ``max_prompt``
-    tokens of every context message's content; markup and control tokens are always kept."""
+    tokens of every context message's content; markup and control tokens are always kept, and so is
+    every token of the ``whole_steps``."""
     keep = np.ones(step.shape[0], dtype=bool)
-    for limit, sel in ((max_span, step >= 0), (max_prompt, step <= CONTEXT)):
+    spans = (step >= 0) & ~np.isin(step, np.asarray(list(whole_steps), dtype=step.dtype))
+    for limit, sel in ((max_span, spans), (max_prompt, step <= CONTEXT)):
         if limit is None or not sel.any():
             continue
         pos = np.flatnonzero(sel)
@@ -367,14 +370,15 @@ def _supports_tool_calls(template: str) -> bool:
 
 
 def _render_msgs(traj: Trajectory, msgs: list[_Msg], tokenizer, template: str, *, max_span_tokens,
-                 max_prompt_tokens) -> Rendering:
+                 max_prompt_tokens, whole_patch_step: bool = False) -> Rendering:
     structured = _supports_tool_calls(template)
     if not structured:
         msgs = _inline_calls(msgs)
     text, ranges = _locate(msgs, tokenizer, template, structured)
     ids, off = _encode(tokenizer, text)
     step, chan = _assign(off, ranges)
-    keep = _truncate(step, chan, max_span_tokens, max_prompt_tokens)
+    whole = [] if not whole_patch_step or (p := patch_step(traj)) is None else [p]
+    keep = _truncate(step, chan, max_span_tokens, max_prompt_tokens, whole)
     ctx = step <= CONTEXT
     step[ctx], chan[ctx] = EXCLUDED, EXCLUDED
     return Rendering(traj_id=traj.traj_id, input_ids=ids[keep], step=step[keep], channel=chan[keep],
@@ -389,23 +393,27 @@ def _check_limits(max_span_tokens, max_prompt_tokens, owner: str) -> None:
 
 
 def render(traj: Trajectory, tokenizer, *, max_span_tokens: int | None = None,
-           max_prompt_tokens: int | None = None, template: str | None = None) -> Rendering:
+           max_prompt_tokens: int | None = None, template: str | None = None,
+           whole_patch_step: bool = False) -> Rendering:
     """The exact token ids of ``traj`` under the policy's chat template, and the span table.
 
     ``max_span_tokens`` keeps the first N tokens of every cot / fn / obs span (None = the exact full
     trajectory); ``max_prompt_tokens`` keeps the first N tokens of every context message's content
     (system prompt, task prompt, demonstrations). Role headers and control tokens are always kept.
+    ``whole_patch_step`` exempts the step that wrote the final patch (``patch_step``) from
+    ``max_span_tokens``: its spans are kept whole (the context limit still applies at replay).
     ``template`` overrides the tokenizer's chat template (a tokenizer without one gets
     ``PLAIN_TEMPLATE``). Raises when the template drops step text (use ``render_per_step``).
     """
     _check_limits(max_span_tokens, max_prompt_tokens, "render")
     tmpl = _template_of(tokenizer, template)
     return _render_msgs(traj, _messages(traj), tokenizer, tmpl, max_span_tokens=max_span_tokens,
-                        max_prompt_tokens=max_prompt_tokens)
+                        max_prompt_tokens=max_prompt_tokens, whole_patch_step=whole_patch_step)
 
 
 def render_per_step(traj: Trajectory, tokenizer, *, max_span_tokens: int | None = None,
-                    max_prompt_tokens: int | None = None, template: str | None = None) -> list[Rendering]:
+                    max_prompt_tokens: int | None = None, template: str | None = None,
+                    whole_patch_step: bool = False) -> list[Rendering]:
     """What the policy saw when it wrote each step, for templates that drop earlier ``<think>`` blocks.
 
     Rendering k (k = 0..T-1) holds the context, steps 0..k-1 as the template shows them in history,
@@ -427,13 +435,35 @@ def render_per_step(traj: Trajectory, tokenizer, *, max_span_tokens: int | None 
     for k, s0 in enumerate(starts):
         sub = [_only(m, {(k - 1, obs)}) for m in msgs[:s0]] + [_only(msgs[s0], {(k, cot), (k, fn)})]
         out.append(_render_msgs(traj, sub, tokenizer, tmpl, max_span_tokens=max_span_tokens,
-                                max_prompt_tokens=max_prompt_tokens))
+                                max_prompt_tokens=max_prompt_tokens, whole_patch_step=whole_patch_step))
     if traj.n_steps and traj.steps[-1].obs:
         last = traj.n_steps - 1
         sub = [_only(m, {(last, obs)}) for m in msgs]
         out.append(_render_msgs(traj, sub, tokenizer, tmpl, max_span_tokens=max_span_tokens,
-                                max_prompt_tokens=max_prompt_tokens))
+                                max_prompt_tokens=max_prompt_tokens, whole_patch_step=whole_patch_step))
     return out
+
+
+def _hunk_header(patch: str) -> str | None:
+    for line in patch.splitlines():
+        if line.startswith("@@") and line.count("@@") >= 2:
+            return line.strip()
+    return None
+
+
+def patch_step(traj: Trajectory) -> int | None:
+    """The step that wrote (or showed) the candidate's final patch: the last step whose ``fn`` or ``obs``
+    contains the first hunk header (``@@ -a,b +c,d @@ ...``) of ``traj.patch``.
+
+    Scaffold-free: AutoCodeRover's ``write_patch`` call holds the diff in ``fn``, SWE-agent's ``submit``
+    shows it in ``obs``, an OpenAI-style edit tool returns it in its observation. None when the patch is
+    empty or no step shows it.
+    """
+    head = _hunk_header(traj.patch or "")
+    if head is None:
+        return None
+    hits = [t for t, s in enumerate(traj.steps) if head in s.fn or head in s.obs]
+    return hits[-1] if hits else None
 
 
 def _only(m: _Msg, keys: set[tuple[int, int]]) -> _Msg:
