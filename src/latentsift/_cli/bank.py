@@ -41,7 +41,7 @@ def build_cmd(
                                                 help="Leave these repositories out (e.g. the evaluation ones)."),
     layer: int = typer.Option(-1, "--layer", help="Index into the stored layers for distance states "
                               "(-1 = final, the paper)."),
-    normalize: str = typer.Option("none", "--normalize", help="none (paper) or l2."),
+    normalize: str = typer.Option("none", "--normalize", help="none (paper), l2 or whiten (ZCA fitted on the bank)."),
     center: str = typer.Option("none", "--center", help="none (paper) or mean (subtract the bank mean)."),
     channels: str = typer.Option("cot,obs,fn", "--channels", help="Channels to index."),
     backend: str = typer.Option("torch", "--backend", help="Nearest-neighbour backend: torch or faiss."),
