@@ -78,3 +78,26 @@ def test_logistic_probe_separates_a_real_signal():
     score = probe.decision_function(sts[60:])
     y_te = np.array(ys[60:])
     assert score[y_te == 1].mean() > score[y_te == 0].mean()
+
+
+def test_trajectory_signals_read_length_and_patch():
+    from latentsift.trajectory import Step
+    from latentsift.variants import patch_lines, trajectory_signals
+    diff = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,2 @@\n-a = 1\n+a = 2\n b = 3\n"
+    assert patch_lines(diff) == 2 and patch_lines("") == 0
+    t = Trajectory("r/i", "i", "r", "", [Step(cot="ab", fn="c", obs="de"), Step(cot="f")], patch=diff)
+    assert trajectory_signals(t) == {"neg_chars": -6.0, "neg_steps": -2.0, "patch_lines": 2.0, "no_patch": 0.0}
+    t.patch = "  \n"
+    assert trajectory_signals(t)["no_patch"] == 1.0
+
+
+def test_bank_subsample_keeps_whole_instances_in_nested_subsets():
+    from latentsift.variants import bank_subsample
+    trajs = [Trajectory(f"r{k}/i{i}", f"i{i}", "r", "", []) for i in range(40) for k in range(3)]
+    quarter, half, full = (bank_subsample(trajs, f, seed=0) for f in (0.25, 0.5, 1.0))
+    assert len(quarter) == 30 and len(half) == 60 and len(full) == 120
+    assert {t.traj_id for t in quarter} <= {t.traj_id for t in half}
+    assert all(sum(t.instance_id == u.instance_id for u in half) == 3 for t in half)
+    assert {t.instance_id for t in bank_subsample(trajs, 0.25, seed=1)} != {t.instance_id for t in quarter}
+    with pytest.raises(ValueError, match="'fraction' parameter"):
+        bank_subsample(trajs, 0.0)

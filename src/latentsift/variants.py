@@ -9,6 +9,8 @@ hidden-state signal carry anything that length and agent identity do not?
   trajectories of its own scaffold.
 - ``LogisticProbe``: a regularised logistic probe on the same states as the gated head (model-authored
   spans, mean over spans of a few layers), the regularisation chosen by cross-validation on the bank.
+- ``trajectory_signals``: length and patch signals read from the trajectory (no states);
+  ``bank_subsample``: nested instance subsets of a bank for training-set size curves.
 - ``StackedFilter`` + ``fit_stack``: a fusion of within-pool ranks of several per-candidate signals
   (channel margins, learned logits, length in characters, step count), with weights fitted by a
   logistic regression on *bank* pools only, whose signals come from cross-fitting inside the bank
@@ -17,6 +19,8 @@ hidden-state signal carry anything that length and agent identity do not?
 """
 from __future__ import annotations
 
+import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -26,7 +30,7 @@ from ._validation import LatentSiftError, NotFittedError
 from .rank import grouped_normalized_ranks, normalized_ranks
 from .sift import Prepared, Stage1Filter
 from .states import TrajectoryStates
-from .trajectory import CHANNELS, Pool
+from .trajectory import CHANNELS, Pool, Trajectory
 
 
 # ------------------------------------------------------------------------ state transforms
@@ -65,6 +69,39 @@ def center_by_group(states: Mapping[str, TrajectoryStates], groups: Mapping[str,
     return out
 
 
+# ------------------------------------------------------------------------ trajectory signals
+def patch_lines(patch: str) -> int:
+    """Changed lines (``+`` / ``-`` lines outside the file headers) of a unified diff; 0 for no patch."""
+    return sum(1 for line in patch.splitlines()
+               if line.startswith(("+", "-")) and not line.startswith(("+++", "---")))
+
+
+def trajectory_signals(traj: Trajectory) -> dict[str, float]:
+    """Per-candidate signals read from the trajectory itself (no states), for the stacked fusion.
+
+    ``neg_chars`` / ``neg_steps``: minus the length in characters / steps; ``patch_lines``: changed
+    lines of the final patch; ``no_patch``: 1 when the final patch is empty. Signs carry no
+    assumption: the stacked fusion learns each weight, sign included, from the bank.
+    """
+    return {"neg_chars": -float(traj.n_chars), "neg_steps": -float(traj.n_steps),
+            "patch_lines": float(patch_lines(traj.patch or "")), "no_patch": float(not (traj.patch or "").strip())}
+
+
+def bank_subsample(trajs: Sequence[Trajectory], fraction: float, *, seed: int = 0) -> list[Trajectory]:
+    """The trajectories of the first ``ceil(fraction * n)`` instances in a seeded hash order.
+
+    Whole instances are kept together; for one seed the subsets are nested (a larger fraction keeps
+    every instance of a smaller one), so a training-set size curve moves one way only.
+    """
+    if not 0 < fraction <= 1:
+        raise LatentSiftError(f"The 'fraction' parameter of bank_subsample must be in (0, 1]. Got {fraction!r} "
+                              "instead.")
+    insts = sorted({t.instance_id for t in trajs},
+                   key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())
+    keep = set(insts[: math.ceil(fraction * len(insts))])
+    return [t for t in trajs if t.instance_id in keep]
+
+
 # ------------------------------------------------------------------------ logistic probe
 def probe_features(states: Sequence[TrajectoryStates], layers: Sequence[int] = (-1, 15)) -> np.ndarray:
     """Mean over model-authored spans (cot, fn) of the chosen layers' states, concatenated.
@@ -84,7 +121,7 @@ def probe_features(states: Sequence[TrajectoryStates], layers: Sequence[int] = (
 class LogisticProbe:
     """L2-regularised logistic regression on ``probe_features``; C chosen by stratified k-fold CV."""
 
-    layers: tuple[int, ...] = (-1, 15)
+    layers: tuple[int, ...] | None = None   # None: the final and the middle layer (n_layers // 2)
     Cs: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
     cv: int = 4
     seed: int = 0
@@ -98,7 +135,8 @@ class LogisticProbe:
         y = np.asarray(labels, dtype=int)
         if len(set(y.tolist())) < 2:
             raise LatentSiftError("LogisticProbe.fit needs both resolved and unresolved trajectories.")
-        X = probe_features(states, self.layers)
+        self.layers_ = self.layers or (-1, states[0].n_layers // 2)
+        X = probe_features(states, self.layers_)
         folds = StratifiedKFold(n_splits=min(self.cv, int(np.bincount(y).min())), shuffle=True,
                                 random_state=self.seed)
         self.model_ = make_pipeline(StandardScaler(), LogisticRegressionCV(
@@ -110,7 +148,7 @@ class LogisticProbe:
     def decision_function(self, states: Sequence[TrajectoryStates]) -> np.ndarray:
         if self.model_ is None:
             raise NotFittedError("This LogisticProbe is not fitted yet: call fit(...).")
-        return self.model_.decision_function(probe_features(states, self.layers))
+        return self.model_.decision_function(probe_features(states, self.layers_))
 
 
 # ------------------------------------------------------------------------ stacked fusion
