@@ -72,3 +72,33 @@ def test_report_numbers_come_from_the_summary(tmp_path, summary):
     allowed = {round(100 * v["mean"], 2) for f in data["best_at_k"]["filters"].values() for v in f.values()}
     allowed |= {round(100 * v["mean"], 2) for key in ("oracle_pass", "random") for v in data["best_at_k"][key].values()}
     assert printed and printed <= allowed
+
+
+def test_training_size_curves_are_tabulated_and_drawn(tmp_path, summary):
+    """A summary with learned-branch curves gets a table (AUC per bank fraction) and training_size.png."""
+    from latentsift.diagnostics import diagnostics_table
+    rng = np.random.default_rng(7)
+    n = 120
+    inst = np.repeat([f"i{k}" for k in range(20)], 6)
+    label = (rng.random(n) < 0.4).astype(int)
+    table = {"instance_id": inst, "traj_id": np.array([f"t{k}" for k in range(n)]),
+             "agent": np.tile(["a", "b"], n // 2), "label": label, "n_chars": rng.integers(100, 900, n),
+             "n_steps": rng.integers(2, 20, n)}
+    scores = {f"curve:{ln}@{f}": label * strength + rng.normal(size=n)
+              for ln in ("gated", "probe") for f, strength in (("25%", 0.0), ("100%", 3.0))}
+    data = json.loads(summary.to_json())
+    data["selection"] = {"reference": "shortest_chars", "retention_difference": {}, "default_choice": [],
+                         "diagnostics": diagnostics_table(table, scores, n_boot=100),
+                         "training_size": {"fractions": ["25%", "100%"], "rule": "nested subsets",
+                                           "bank_trajectories": {"25%": {"0": 10, "1": 14}, "100%": {"0": 40, "1": 60}}}}
+    md = render_markdown(data, figures=None)
+    sec = md.split("Training-set size (nested subsets)")[1]
+    d = data["selection"]["diagnostics"]["scores"]
+    assert f"| 25% | 12 | {d['curve:gated@25%']['auc']['auc']:.3f} [" in sec
+    assert f"| 100% | 50 | {d['curve:gated@100%']['auc']['auc']:.3f} [" in sec
+    assert d["curve:probe@100%"]["auc"]["auc"] > 0.8 > d["curve:probe@25%"]["auc"]["auc"]
+    written = write_report(data, tmp_path)
+    assert "training_size.png" in written
+    import matplotlib.image as mpimg
+    img = mpimg.imread(written["training_size.png"])
+    assert img.shape[0] > 200 and img[..., :3].std() > 0.05

@@ -9,7 +9,8 @@
 - figures (matplotlib, Agg backend): ``score_distributions.png`` (resolved vs unresolved per
   panel, dashed class means), ``best_at_k_tokens.png`` (verification tokens per instance as bars,
   Best@K / Oracle Pass@K / random as curves, against K), ``best_vs_tokens.png`` (Best@K against
-  verification tokens), ``token_savings.png`` (tokens saved against the reference workflow).
+  verification tokens), ``token_savings.png`` (tokens saved against the reference workflow),
+  ``training_size.png`` (learned-branch AUC against the bank fraction, when the summary has curves).
 
 ``write_report`` accepts a :class:`~latentsift.evaluate.Summary` or the summary.json dict, so a
 saved summary renders to the same report.
@@ -25,6 +26,7 @@ from typing import Any, Mapping
 from ._io import atomic_write_text
 
 FIGURES = ("score_distributions.png", "best_at_k_tokens.png", "best_vs_tokens.png", "token_savings.png")
+OPTIONAL_FIGURES = ("training_size.png",)  # drawn when the summary has training-set size curves
 
 
 def _data(summary: Any) -> tuple[dict, list]:
@@ -236,7 +238,7 @@ def _selection_markdown(data: dict) -> list[str]:
     ref = sel["reference"]
     diag = sel["diagnostics"]["scores"]
     order = [f for f in ("latentsift", "default") if f in ret]
-    order += sorted(f for f in ret if f.startswith("variant:"))
+    order += sorted(f for f in ret if f.startswith("variant:")) + sorted(f for f in ret if f.startswith("sweep:"))
     order += [f for f in ("shortest_chars", "fewest_steps", "shortest_tokens", "random", "ef_verifier") if f in ret]
     lines = ["## Selection quality beyond length", "",
              f"Every score against the rule 'keep the shortest trajectories in characters' (`{ref}`). Retention "
@@ -275,9 +277,12 @@ def _selection_markdown(data: dict) -> list[str]:
                                     if g in pa.get(f, {}) and kmax in pa[f][g] else "n/a" for g in groups]
                 for f in order if f in pa]
         lines += [_table(["Stage-1 filter"] + groups, rows), ""]
-    choice = sel.get("default_choice", [])
-    if choice:
-        lines += ["Default configuration chosen per fold by cross-validation inside the bank only (inner "
+    lines += _training_size_markdown(sel, diag)
+    for title, choice in [("", sel.get("default_choice", []))] + [
+            (f" (sweep: `{n}`)", v.get("default_choice", [])) for n, v in sorted(sel.get("sweep", {}).items())]:
+        if not choice:
+            continue
+        lines += [f"Default configuration{title} chosen per fold by cross-validation inside the bank only (inner "
                   "repository folds; cross-fitted within-pool AUC on bank pools):", ""]
         for c in choice:
             ev = c.get("inner_cv_within_pool_auc")
@@ -285,6 +290,29 @@ def _selection_markdown(data: dict) -> list[str]:
             lines += [f"- fold {c['fold']}: `{c.get('chosen_default', 'n/a')}` ({evs})"]
         lines += [""]
     return lines
+
+
+def _training_size_markdown(sel: dict, diag: dict) -> list[str]:
+    """Training-set size curves of the learned branch: within-pool AUC by bank fraction."""
+    ts = sel.get("training_size")
+    if not ts or not ts.get("fractions"):
+        return []
+    learners = sorted({n.split(":", 1)[1].split("@")[0] for n in diag if n.startswith("curve:")})
+    if not learners:
+        return []
+    rows = []
+    for frac in ts["fractions"]:
+        sizes = ts.get("bank_trajectories", {}).get(frac, {})
+        row = [frac, str(round(sum(sizes.values()) / len(sizes))) if sizes else "n/a"]
+        for ln in learners:
+            d = diag.get(f"curve:{ln}@{frac}")
+            row.append(f"{_num(d['auc']['auc'])} [{_num(d['auc']['ci'][0])}, {_num(d['auc']['ci'][1])}]"
+                       if d else "n/a")
+        rows.append(row)
+    return [f"Training-set size ({ts.get('rule', '')}): within-pool AUC of the learned branch on the evaluation "
+            "folds by the fraction of each fold's bank used for training.", "",
+            _table(["bank fraction", "bank trajectories (mean over folds)"] + [f"AUC {ln} [95%]" for ln in learners],
+                   rows), ""]
 
 
 # ----------------------------------------------------------------------------- figures
@@ -297,7 +325,8 @@ def write_figures(data: dict, out: Path) -> dict[str, Path]:
 
     written = {}
     for fname, fn in (("score_distributions.png", _fig_distributions), ("best_at_k_tokens.png", _fig_best_tokens_k),
-                      ("best_vs_tokens.png", _fig_best_vs_tokens), ("token_savings.png", _fig_savings)):
+                      ("best_vs_tokens.png", _fig_best_vs_tokens), ("token_savings.png", _fig_savings),
+                      ("training_size.png", _fig_training_size)):
         fig = fn(data, plt)
         if fig is None:
             continue
@@ -415,4 +444,31 @@ def _fig_savings(data: dict, plt):
     ax.set_title("Verification tokens saved", fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def _fig_training_size(data: dict, plt):
+    """Within-pool AUC of each learned-branch learner against the bank fraction, 95% bands, chance line."""
+    sel = data.get("selection") or {}
+    ts, diag = sel.get("training_size") or {}, (sel.get("diagnostics") or {}).get("scores", {})
+    fracs = ts.get("fractions") or []
+    learners = sorted({n.split(":", 1)[1].split("@")[0] for n in diag if n.startswith("curve:")})
+    if not fracs or not learners:
+        return None
+    x = [float(f.rstrip("%")) for f in fracs]
+    fig, ax = plt.subplots(figsize=(4.6, 3.2))
+    for ln in learners:
+        rows = [diag.get(f"curve:{ln}@{f}") for f in fracs]
+        pts = [(xi, r["auc"]["auc"], r["auc"]["ci"]) for xi, r in zip(x, rows) if r and r["auc"]["auc"] is not None]
+        if not pts:
+            continue
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=ln)
+        ax.fill_between([p[0] for p in pts], [p[2][0] for p in pts], [p[2][1] for p in pts], alpha=0.15)
+    ref = diag.get(sel.get("reference", ""), {}).get("auc", {}).get("auc")
+    if ref is not None:
+        ax.axhline(ref, color="grey", linestyle="--", label=sel.get("reference"))
+    ax.axhline(0.5, color="black", linewidth=0.6, linestyle=":")
+    ax.set_xlabel("bank used for training (% of instances)")
+    ax.set_ylabel("within-pool AUC")
+    ax.legend(fontsize=7)
     return fig
