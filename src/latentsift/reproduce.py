@@ -33,6 +33,17 @@ from .trajectory import Trajectory, group_pools, load_jsonl, save_jsonl
 
 CLEAN_RUNS = ("acr-run-1", "acr-run-2", "acr-run-3", "cost_2_1", "cost_2_2", "cost_2_3")
 LEAKY_RUNS = ("acr-val-only", "acr-val-sbfl")
+SWEEP = ("gemma", "patch", "span")  # representations with states of their own (ReproduceSettings.sweep)
+_STATES = ["q_cot", "q_obs", "q_fn", "probe"]
+# Candidates of the inner-CV default choice: signals of a stacked fusion (weights learned on the bank).
+# 'stack:length' uses no state: it is there so that the choice can say when states add nothing.
+STACK_CONFIGS: dict[str, list[str]] = {
+    "probe": ["probe"],
+    "stack:states": _STATES,
+    "stack:length": ["neg_chars", "neg_steps"],
+    "stack:states+length": _STATES + ["neg_chars", "neg_steps"],
+    "stack:states+length+patch": _STATES + ["neg_chars", "neg_steps", "patch_lines", "no_patch"],
+}
 
 
 @dataclass
@@ -47,6 +58,12 @@ class ReproduceSettings:
     and ``max_prompt_tokens`` the head of the task prompt and other excluded context;
     ``verifier_max_tokens`` is the EF verifier's prompt budget (longer logs are condensed).
     ``full=True`` means every instance, whole spans (up to the model context) and an 8k verifier budget.
+    ``curve_fractions``: bank fractions of the training-set size curves (learned branch).
+    ``sweep`` adds representations that need states of their own (``SWEEP``, or ``("all",)``): the
+    Gemma-3-270M proxy encoder (``gemma``), ``sweep_span_tokens`` per span (``span``: longer
+    context; the sliding-window rule handles what exceeds the model context) and the whole
+    patch-writing step (``patch``); each is extracted into OUT/sweep/<name>/states and evaluated
+    with the paper's method and the inner-CV default.
     """
 
     data: str
@@ -68,6 +85,9 @@ class ReproduceSettings:
     seed: int = 0
     scorer_epochs: int = 40
     variants: bool = True
+    curve_fractions: tuple[float, ...] = (0.25, 0.5, 1.0)
+    sweep: tuple[str, ...] = ()         # names of SWEEP, or ("all",)
+    sweep_span_tokens: int = 128
     full: bool = False
 
     def __post_init__(self):
@@ -76,6 +96,11 @@ class ReproduceSettings:
             self.max_span_tokens = None
             self.max_prompt_tokens = None
             self.verifier_max_tokens = 8192 - 16
+        self.sweep = tuple(SWEEP) if tuple(self.sweep) == ("all",) else tuple(self.sweep)
+        bad = sorted(set(self.sweep) - set(SWEEP))
+        if bad:
+            raise LatentSiftError(f"The 'sweep' parameter of reproduce must name representations among "
+                                  f"{list(SWEEP)} or 'all'. Got {bad} instead.")
         if self.include_leaky:
             self.runs = tuple(self.runs) + tuple(r for r in LEAKY_RUNS if r not in self.runs)
         check_positive_int(self.n_folds, "n_folds", "ReproduceSettings")
@@ -85,7 +110,8 @@ class ReproduceSettings:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["runs"], d["ks"] = list(self.runs), list(self.ks)
+        for k in ("runs", "ks", "curve_fractions", "sweep"):
+            d[k] = list(getattr(self, k))
         return d
 
 
@@ -145,6 +171,8 @@ class Run:
         self.log = log
         self.progress = progress or (lambda stage, done, total, info: None)
         self.timings: dict[str, float] = {}
+        self._curve_scores: dict[str, dict[str, float]] = {}
+        self.curve_sizes: dict[str, dict[str, int]] = {}
 
     # -- helpers
     def _timed(self, name: str, t0: float) -> None:
@@ -178,22 +206,29 @@ class Run:
         return trajs, meta
 
     # -- 2. states
-    def extract(self, trajs: Sequence[Trajectory]):
+    def extract(self, trajs: Sequence[Trajectory], *, name: str = "extract", model: str | None = None,
+                out: Path | None = None, **render):
+        """Replay the trajectories into a state store (default: the run's model into OUT/states).
+
+        ``render`` overrides the run's ``max_span_tokens`` / ``max_prompt_tokens`` or sets
+        ``whole_patch_step`` (the sweep's representations); the store is resumable and cached.
+        """
         from .model import load_policy
         from .store import StateStore, extract_pools
         t0 = time.perf_counter()
-        policy = load_policy(self.s.model, dtype=self.s.dtype)
+        policy = load_policy(model or self.s.model, dtype=self.s.dtype)
+        out = out or self.out / "states"
+        kw = {"max_span_tokens": self.s.max_span_tokens, "max_prompt_tokens": self.s.max_prompt_tokens} | render
 
         def progress(p) -> None:
             rate = f"{p.tokens / p.elapsed:,.0f} tok/s" if p.elapsed > 0 else ""
-            self.progress("extract", p.done, p.total, rate)
+            self.progress(name, p.done, p.total, rate)
 
-        rep = extract_pools(policy, trajs, self.out / "states", max_span_tokens=self.s.max_span_tokens,
-                            max_prompt_tokens=self.s.max_prompt_tokens, progress=progress)
-        self.log(f"[extract] {rep.n_extracted} extracted, {rep.n_skipped} reused from the cache, "
+        rep = extract_pools(policy, trajs, out, progress=progress, **kw)
+        self.log(f"[{name}] {rep.n_extracted} extracted, {rep.n_skipped} reused from the cache, "
                  f"{rep.n_tokens:,} tokens ({rep.tokens_per_s:,.0f} tok/s), {rep.n_windowed} sliding-window")
-        self._timed("extract", t0)
-        return policy, StateStore(self.out / "states").open()
+        self._timed(name, t0)
+        return policy, StateStore(out).open()
 
     # -- 3. folds: banks and scorers from the other folds' repositories
     def folds(self, trajs: Sequence[Trajectory]) -> list[tuple[list[str], list[str]]]:
@@ -239,8 +274,13 @@ class Run:
         return results
 
     # -- 5. Stage-1 filters, prepared per fold, scored within each draw
-    def stage1_filters(self, trajs, folds, states, fingerprint, tokenizer) -> tuple[dict, dict, dict]:
-        """name -> draw scorer for every filter; per-candidate full-pool scores; fold bookkeeping."""
+    def stage1_filters(self, trajs, folds, states, fingerprint, tokenizer, *,
+                       sweep: str | None = None) -> tuple[dict, dict, dict]:
+        """name -> draw scorer for every filter; per-candidate full-pool scores; fold bookkeeping.
+
+        ``sweep``: a representation of the sweep (states of its own): only the paper's method and the
+        inner-CV default are built, named ``sweep:<name>`` and ``sweep:<name>:default``.
+        """
         from .sift import LatentSift, make_baseline
         t0 = time.perf_counter()
         pools = group_pools(trajs)
@@ -263,21 +303,29 @@ class Run:
                     "n_bank_trajectories": len(bank_trajs),
                     "n_bank_positive": sum(t.label == 1 for t in bank_trajs),
                     "n_eval_instances": len(eval_pools)}
-            bank, scorer = self.fit_fold(k, bank_trajs, states, fingerprint, {}, "paper")
-            for name, params in self.latentsift_variants().items():
+            bank, scorer = self.fit_fold(k, bank_trajs, states, fingerprint, {},
+                                         "paper" if sweep is None else f"sweep-{sweep}")
+            for name, params in self.latentsift_variants(ablations=sweep is None).items():
                 filt = LatentSift(bank, scorer, seed=self.s.seed, **params)
                 put(name, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
-            for name in ("random", "shortest_tokens", "shortest_chars", "fewest_steps"):
+            for name in ("random", "shortest_tokens", "shortest_chars", "fewest_steps") if sweep is None else ():
                 kw = {"tokenizer": tokenizer} if name == "shortest_tokens" else {}
                 filt = make_baseline(name.replace("_", "-"), seed=self.s.seed, **kw)
                 put(name, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
-            if self.s.variants:
+            if self.s.variants or sweep is not None:
                 info["variants"] = self.variant_filters(k, bank_trajs, eval_pools, states, fingerprint, scorer,
-                                                        per_instance, put)
+                                                        per_instance, put, curves=sweep is None)
             fold_info.append(info)
+        if sweep is not None:
+            per_instance = {f"sweep:{sweep}" + ("" if n == "latentsift" else f":{n}"): per_instance[n]
+                            for n in ("latentsift", "default") if n in per_instance}
         draw_scorers = {name: _DrawScorer(table) for name, table in per_instance.items()}
         full = {name: {t: v for i, (f, p) in table.items() for t, v in f.rank_subset(p, p.traj_ids).items()}
                 for name, table in per_instance.items()}
+        if sweep is not None:
+            self._timed(f"stage1:{sweep}", t0)
+            return draw_scorers, full, {"folds": fold_info}
+        full |= self._curve_scores  # training-set size curves: per-candidate scores, diagnostics only
         channels = {}
         for i, (f, p) in per_instance["latentsift"].items():
             for j, c in enumerate(p.channels):
@@ -287,9 +335,19 @@ class Run:
         self._timed("stage1", t0)
         return draw_scorers, full | {"_components": channels}, {"folds": fold_info}
 
-    def latentsift_variants(self) -> dict[str, dict]:
+    def sweep_specs(self) -> dict[str, dict]:
+        """The selected sweep representations: name -> extraction settings (``ReproduceSettings.sweep``)."""
+        from .model import gemma_model_path
+        specs = {"gemma": lambda: ("gemma-3-270m", {"model": str(gemma_model_path())}),
+                 "span": lambda: (f"span-{self.s.sweep_span_tokens}", {"max_span_tokens": self.s.sweep_span_tokens}),
+                 "patch": lambda: ("patch-whole", {"whole_patch_step": True})}
+        return dict(specs[n]() for n in self.s.sweep)
+
+    def latentsift_variants(self, ablations: bool = True) -> dict[str, dict]:
         """The paper's method and its ablations (all on the paper's banks and scorer)."""
         v = {"latentsift": {}}
+        if not ablations:
+            return v
         for sub in (("cot",), ("obs",), ("fn",), ("cot", "obs"), ("cot", "fn"), ("obs", "fn")):
             v["channels:" + "+".join(sub)] = {"channels": sub}
         v["distance:pos"] = {"distance": "pos"}
@@ -299,7 +357,8 @@ class Run:
         v["branch:learned"] = {"branches": "learned"}
         return v
 
-    def variant_filters(self, k, bank_trajs, eval_pools, states, fingerprint, scorer, per_instance, put) -> dict:
+    def variant_filters(self, k, bank_trajs, eval_pools, states, fingerprint, scorer, per_instance, put, *,
+                        curves: bool = True) -> dict:
         """Beyond-paper variants of one outer fold (``latentsift.variants``); returns what was chosen."""
         from .bank import Bank
         from .sift import LatentSift, Prepared
@@ -310,7 +369,7 @@ class Run:
         eval_ids = sorted(c.traj_id for p in eval_pools for c in p.candidates)
         # representation variants of the distance branch, fused with the paper's learned branch
         reps = {"layer:middle": ({"layer": (states[bank_ids[0]].n_layers // 2) - 1}, states),
-                "norm:l2": ({"normalize": "l2"}, states)}
+                "norm:l2": ({"normalize": "l2"}, states), "norm:whiten": ({"normalize": "whiten"}, states)}
         centered = center_by_group(states, agent, bank_ids, layers=[-1])
         reps["center:scaffold"] = ({}, centered)
         for name, (params, sts) in reps.items():
@@ -344,18 +403,56 @@ class Run:
         # the learned branch: regularised logistic probe vs the paper's gated head
         probe = LogisticProbe(seed=self.s.seed).fit([states[i] for i in bank_ids], [labels[i] for i in bank_ids])
         probe_eval = dict(zip(eval_ids, probe.decision_function([states[i] for i in eval_ids])))
+        if curves:
+            self.learning_curves(k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance)
         try:
             return self._stacked_variants(bank_trajs, eval_pools, states, fingerprint, labels, probe_eval,
                                           per_instance, put)
         except LatentSiftError as e:  # e.g. an inner bank without resolved trajectories (tiny runs)
-            names = ["stack:states", "stack:states+length", "probe", "default"]
-            for n in names:
+            for n in [*STACK_CONFIGS, "default"]:
                 tbl = per_instance["latentsift"]
                 put(n if n == "default" else f"variant:{n}", tbl[eval_pools[0].instance_id][0],
                     {p.instance_id: tbl[p.instance_id][1] for p in eval_pools})
             self.log(f"[variants] fold {k}: inner cross-validation impossible ({e}); the stacked variants "
                      "and the default fall back to the paper's method in this fold")
             return {"chosen_default": "latentsift (fallback)", "reason": str(e)}
+
+    def learning_curves(self, k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance) -> None:
+        """Training-set size curves of the learned branch (gated head and logistic probe) in fold k.
+
+        Bank instances are taken in a fixed hash order (seeded; nested subsets), so fraction f uses
+        the first f of them; the full bank reuses the fold's paper scorer and probe. Scores of the
+        fold's evaluation candidates go to ``self._curve_scores['curve:<learner>@<f>']`` (per
+        candidate; the report computes their within-pool AUC), bank sizes to ``self.curve_sizes``.
+        """
+        from .scorer import LinearScorer
+        from .variants import LogisticProbe, bank_subsample
+        labels = {t.traj_id: int(t.label) for t in bank_trajs}
+        paper = per_instance["latentsift"]
+        q_lin = {t: float(v) for _, p in paper.values() if p.q_lin is not None
+                 for t, v in zip(p.traj_ids, p.q_lin) if t in set(eval_ids)}
+        for f in self.s.curve_fractions:
+            tag = f"{round(100 * f)}%"
+            if f >= 1.0:
+                got = {"gated": q_lin, "probe": probe_eval}
+                n = len(bank_trajs)
+            else:
+                sub = bank_subsample(bank_trajs, f, seed=self.s.seed)
+                ids = sorted(t.traj_id for t in sub)
+                n = len(ids)
+                if len({labels[i] for i in ids}) < 2:
+                    self.log(f"[curves] fold {k}: {tag} of the bank has one class only; skipped")
+                    continue
+                gated = LinearScorer(max_epochs=self.s.scorer_epochs, seed=self.s.seed).fit(
+                    [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint)
+                probe = LogisticProbe(seed=self.s.seed).fit([states[i] for i in ids], [labels[i] for i in ids])
+                ev = [states[i] for i in eval_ids]
+                got = {"gated": dict(zip(eval_ids, gated.decision_function(ev).tolist())),
+                       "probe": dict(zip(eval_ids, probe.decision_function(ev).tolist()))}
+            for learner, sc in got.items():
+                self._curve_scores.setdefault(f"curve:{learner}@{tag}", {}).update(
+                    {t: float(v) for t, v in sc.items()})
+            self.curve_sizes.setdefault(tag, {})[str(k)] = n
 
     def _stacked_variants(self, bank_trajs, eval_pools, states, fingerprint, labels, probe_eval, per_instance,
                           put) -> dict:
@@ -364,7 +461,7 @@ class Run:
         from .diagnostics import within_pool_auc
         from .rank import grouped_normalized_ranks, min_channel_rank
         from .sift import LatentSift
-        from .variants import LogisticProbe, StackedFilter, fit_stack, pool_rank_features
+        from .variants import LogisticProbe, StackedFilter, fit_stack, pool_rank_features, trajectory_signals
         # cross-fitted bank signals (inner repository folds) for the stacked fusion and the choice
         inner = split_by_repo({t.traj_id: t.repo for t in bank_trajs}, n_folds=2, seed=self.s.seed)
         bank_raw: dict[str, dict[str, float]] = {}
@@ -386,8 +483,7 @@ class Run:
                 inner_fold_of[t] = j
         traj_by_id = {t.traj_id: t for t in bank_trajs}
         for t, d in bank_raw.items():
-            d["neg_chars"] = -float(traj_by_id[t].n_chars)
-            d["neg_steps"] = -float(traj_by_id[t].n_steps)
+            d |= trajectory_signals(traj_by_id[t])
         eval_raw: dict[str, dict[str, float]] = {}
         lat = per_instance["latentsift"]
         eval_traj = {c.traj_id: c for p in eval_pools for c in p.candidates}
@@ -395,11 +491,8 @@ class Run:
             prep = lat[p.instance_id][1]
             for r, t in enumerate(prep.traj_ids):
                 eval_raw[t] = {f"q_{c}": float(prep.q[r, jj]) for jj, c in enumerate(prep.channels)}
-                eval_raw[t] |= {"probe": float(probe_eval[t]), "neg_chars": -float(eval_traj[t].n_chars),
-                                "neg_steps": -float(eval_traj[t].n_steps)}
-        configs = {"stack:states": ["q_cot", "q_obs", "q_fn", "probe"],
-                   "stack:states+length": ["q_cot", "q_obs", "q_fn", "probe", "neg_chars", "neg_steps"],
-                   "probe": ["probe"]}
+                eval_raw[t] |= {"probe": float(probe_eval[t])} | trajectory_signals(eval_traj[t])
+        configs = STACK_CONFIGS
         ids_b = sorted(bank_raw)
         inst_b = np.array([traj_by_id[t].instance_id for t in ids_b])
         y_b = np.array([labels[t] for t in ids_b])
@@ -469,7 +562,7 @@ def ablation_tables(filters: Sequence[str]) -> dict[str, dict]:
                   "labels": {"latentsift": "LatentSift (paper)", "weighting:uniform": "uniform step mean",
                              "branch:distance": "distance branch only", "branch:learned": "learned branch only"}},
     }
-    variants = ["latentsift", "default"] + sorted(f for f in filters if f.startswith("variant:")) + [
+    variants = ["latentsift", "default"] + sorted(f for f in filters if f.startswith(("variant:", "sweep:"))) + [
         "shortest_chars", "fewest_steps", "random"]
     tables["variants"] = {"title": "Beyond the paper: variants (default chosen by cross-validation inside the "
                                    "bank folds only)", "filters": variants,
@@ -569,6 +662,19 @@ def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print
     folds = run.folds(trajs)
     draw_scorers, full_scores, fold_info = run.stage1_filters(trajs, folds, states, fingerprint, policy.tokenizer)
     ef = run.verify(policy, trajs)
+    del states
+    sweep_info = {}
+    if settings.sweep:
+        for name, spec in run.sweep_specs().items():
+            _, sweep_store = run.extract(trajs, name=f"extract:{name}", out=out / "sweep" / name / "states", **spec)
+            sweep_states = sweep_store.load([t.traj_id for t in trajs])
+            ds, fs, info = run.stage1_filters(trajs, folds, sweep_states, sweep_store.fingerprint, None, sweep=name)
+            draw_scorers |= ds
+            full_scores |= fs
+            sweep_info[name] = {"settings": spec, "fingerprint": sweep_store.fingerprint.to_dict(),
+                                "default_choice": [{"fold": f["fold"], **f.get("variants", {})}
+                                                   for f in info["folds"]]}
+            del sweep_states
 
     t0 = time.perf_counter()
     pools, records = pools_from_trajectories(trajs, regression_key="p2p_passed")
@@ -608,6 +714,11 @@ def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print
                                                       n_boot=settings.n_boot, seed=settings.seed),
         "default_choice": [{"fold": f["fold"], **f.get("variants", {})} for f in fold_info["folds"]],
         "per_agent_retention": per_agent_retention(summary.ledger, trajs, settings.ks),
+        "training_size": {"fractions": [f"{round(100 * f)}%" for f in settings.curve_fractions],
+                          "bank_trajectories": run.curve_sizes,
+                          "rule": "nested subsets of bank instances in a seeded hash order; gated head "
+                                  "(SPEC 5 settings) and logistic probe refitted on each"},
+        "sweep": sweep_info,
     }
     run._timed("evaluate", t0)
     run.timings["total"] = round(time.perf_counter() - t_all, 2)

@@ -29,6 +29,13 @@ def reproduce_cmd(
     draws: int = typer.Option(200, "--draws"),
     seed: int = typer.Option(0, "--seed"),
     variants: bool = typer.Option(True, "--variants/--no-variants", help="Also evaluate the beyond-paper variants."),
+    sweep: Optional[List[str]] = typer.Option(None, "--sweep", help="Also extract and evaluate a representation "
+                                              "with states of its own (repeat): gemma (Gemma-3-270M encoder, "
+                                              "needs the 'gemma' extra), span (longer spans), patch (whole "
+                                              "patch-writing step), or all. Each costs a state extraction "
+                                              "(15-40 min on 2 cores; resumes)."),
+    sweep_span_tokens: int = typer.Option(128, "--sweep-span-tokens", help="Span budget of the sweep's "
+                                          "longer-context representation."),
 ) -> None:
     """Import -> states -> repo-disjoint banks and scorers -> filters -> cascade -> report."""
     from rich.console import Console
@@ -40,7 +47,8 @@ def reproduce_cmd(
     s = ReproduceSettings(data=str(data), out=str(out), full=full, model=str(model) if model else None,
                           include_leaky=include_leaky, n_unresolved=n_unresolved, max_instances=max_instances, max_span_tokens=max_span_tokens,
                           verifier_max_tokens=verifier_max_tokens, n_folds=folds, ks=tuple(k or (4, 5, 6)),
-                          n_draws=draws, seed=seed, variants=variants)
+                          n_draws=draws, seed=seed, variants=variants, sweep=tuple(sweep or ()),
+                          sweep_span_tokens=sweep_span_tokens)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                   console=console) as bar:
