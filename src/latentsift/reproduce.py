@@ -400,15 +400,15 @@ class Run:
             for i, p in filt_g.prepare_many(sub, states, fingerprint=fingerprint).items():
                 parts.setdefault(i, []).append(p)
         put("variant:scaffold-bank", base, {i: merge_prepared(ps) for i, ps in parts.items()})
-        # the learned branch: regularised logistic probe vs the paper's gated head
-        probe = LogisticProbe(seed=self.s.seed).fit([states[i] for i in bank_ids], [labels[i] for i in bank_ids])
-        probe_eval = dict(zip(eval_ids, probe.decision_function([states[i] for i in eval_ids])))
-        if curves:
-            self.learning_curves(k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance)
         try:
+            # the learned branch: regularised logistic probe vs the paper's gated head
+            probe = LogisticProbe(seed=self.s.seed).fit([states[i] for i in bank_ids], [labels[i] for i in bank_ids])
+            probe_eval = dict(zip(eval_ids, probe.decision_function([states[i] for i in eval_ids])))
+            if curves:
+                self.learning_curves(k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance)
             return self._stacked_variants(bank_trajs, eval_pools, states, fingerprint, labels, probe_eval,
                                           per_instance, put)
-        except LatentSiftError as e:  # e.g. an inner bank without resolved trajectories (tiny runs)
+        except LatentSiftError as e:  # e.g. a bank with too few resolved trajectories (tiny runs)
             for n in [*STACK_CONFIGS, "default"]:
                 tbl = per_instance["latentsift"]
                 put(n if n == "default" else f"variant:{n}", tbl[eval_pools[0].instance_id][0],
@@ -428,9 +428,9 @@ class Run:
         from .scorer import LinearScorer
         from .variants import LogisticProbe, bank_subsample
         labels = {t.traj_id: int(t.label) for t in bank_trajs}
-        paper = per_instance["latentsift"]
-        q_lin = {t: float(v) for _, p in paper.values() if p.q_lin is not None
-                 for t, v in zip(p.traj_ids, p.q_lin) if t in set(eval_ids)}
+        eval_set = set(eval_ids)
+        q_lin = {t: float(v) for _, p in per_instance["latentsift"].values() if p.q_lin is not None
+                 for t, v in zip(p.traj_ids, p.q_lin) if t in eval_set}
         for f in self.s.curve_fractions:
             tag = f"{round(100 * f)}%"
             if f >= 1.0:
@@ -440,12 +440,13 @@ class Run:
                 sub = bank_subsample(bank_trajs, f, seed=self.s.seed)
                 ids = sorted(t.traj_id for t in sub)
                 n = len(ids)
-                if len({labels[i] for i in ids}) < 2:
-                    self.log(f"[curves] fold {k}: {tag} of the bank has one class only; skipped")
+                try:
+                    probe = LogisticProbe(seed=self.s.seed).fit([states[i] for i in ids], [labels[i] for i in ids])
+                except LatentSiftError as e:
+                    self.log(f"[curves] fold {k}: {tag} of the bank skipped ({e})")
                     continue
                 gated = LinearScorer(max_epochs=self.s.scorer_epochs, seed=self.s.seed).fit(
                     [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint)
-                probe = LogisticProbe(seed=self.s.seed).fit([states[i] for i in ids], [labels[i] for i in ids])
                 ev = [states[i] for i in eval_ids]
                 got = {"gated": dict(zip(eval_ids, gated.decision_function(ev).tolist())),
                        "probe": dict(zip(eval_ids, probe.decision_function(ev).tolist()))}
@@ -492,14 +493,13 @@ class Run:
             for r, t in enumerate(prep.traj_ids):
                 eval_raw[t] = {f"q_{c}": float(prep.q[r, jj]) for jj, c in enumerate(prep.channels)}
                 eval_raw[t] |= {"probe": float(probe_eval[t])} | trajectory_signals(eval_traj[t])
-        configs = STACK_CONFIGS
         ids_b = sorted(bank_raw)
         inst_b = np.array([traj_by_id[t].instance_id for t in ids_b])
         y_b = np.array([labels[t] for t in ids_b])
         fold_b = np.array([inner_fold_of[t] for t in ids_b])
         choice_evidence = {}
         chosen_weights = {}
-        for name, sig in configs.items():
+        for name, sig in STACK_CONFIGS.items():
             raw_b = {s_: np.array([bank_raw[t][s_] for t in ids_b]) for s_ in sig}
             # cross-fitted within-pool AUC on the bank: weights from one inner fold, scored on the other
             pred = np.full(len(ids_b), np.nan)
@@ -520,7 +520,7 @@ class Run:
         q_rank = np.stack([grouped_normalized_ranks(np.array([bank_raw[t][f"q_{c}"] for t in ids_b]), inst_b)
                            for c in ("cot", "obs", "fn")])
         choice_evidence["paper-distance"] = within_pool_auc(inst_b, y_b, min_channel_rank(q_rank)).auc
-        best = max(configs, key=lambda n: (np.nan_to_num(choice_evidence[n], nan=-1.0), n))
+        best = max(STACK_CONFIGS, key=lambda n: (np.nan_to_num(choice_evidence[n], nan=-1.0), n))
         for i, (f, p) in per_instance[f"variant:{best}"].items():
             if i in {pp.instance_id for pp in eval_pools}:
                 per_instance.setdefault("default", {})[i] = (f, p)

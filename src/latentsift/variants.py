@@ -133,8 +133,9 @@ class LogisticProbe:
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
         y = np.asarray(labels, dtype=int)
-        if len(set(y.tolist())) < 2:
-            raise LatentSiftError("LogisticProbe.fit needs both resolved and unresolved trajectories.")
+        if len(set(y.tolist())) < 2 or np.bincount(y).min() < 2:
+            raise LatentSiftError("LogisticProbe.fit needs at least two resolved and two unresolved trajectories "
+                                  "(its regularisation is chosen by stratified cross-validation).")
         self.layers_ = self.layers or (-1, states[0].n_layers // 2)
         X = probe_features(states, self.layers_)
         folds = StratifiedKFold(n_splits=min(self.cv, int(np.bincount(y).min())), shuffle=True,
