@@ -26,7 +26,6 @@ from typing import Any, Mapping
 from ._io import atomic_write_text
 
 FIGURES = ("score_distributions.png", "best_at_k_tokens.png", "best_vs_tokens.png", "token_savings.png")
-OPTIONAL_FIGURES = ("training_size.png",)  # drawn when the summary has training-set size curves
 
 
 def _data(summary: Any) -> tuple[dict, list]:

@@ -103,12 +103,19 @@ def bank_subsample(trajs: Sequence[Trajectory], fraction: float, *, seed: int = 
 
 
 # ------------------------------------------------------------------------ logistic probe
-def probe_features(states: Sequence[TrajectoryStates], layers: Sequence[int] = (-1, 15)) -> np.ndarray:
-    """Mean over model-authored spans (cot, fn) of the chosen layers' states, concatenated.
+def probe_layers(n_layers: int) -> tuple[int, int]:
+    """The probe's default layers: the final one and the middle one (index ``n_layers // 2``)."""
+    return (-1, n_layers // 2)
+
+
+def probe_features(states: Sequence[TrajectoryStates], layers: Sequence[int] | None = None) -> np.ndarray:
+    """Mean over model-authored spans (cot, fn) of the chosen layers' states (default ``probe_layers``),
+    concatenated.
 
     A trajectory without a model-authored span gets zeros (documented; rare: an empty agent run).
     """
     d = states[0].d_model
+    layers = probe_layers(states[0].n_layers) if layers is None else layers
     out = np.zeros((len(states), len(layers) * d), dtype=np.float32)
     for i, st in enumerate(states):
         u = st.scorer_states()
@@ -121,7 +128,7 @@ def probe_features(states: Sequence[TrajectoryStates], layers: Sequence[int] = (
 class LogisticProbe:
     """L2-regularised logistic regression on ``probe_features``; C chosen by stratified k-fold CV."""
 
-    layers: tuple[int, ...] | None = None   # None: the final and the middle layer (n_layers // 2)
+    layers: tuple[int, ...] | None = None   # None: probe_layers(n_layers), the final and the middle layer
     Cs: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
     cv: int = 4
     seed: int = 0
@@ -136,7 +143,7 @@ class LogisticProbe:
         if len(set(y.tolist())) < 2 or np.bincount(y).min() < 2:
             raise LatentSiftError("LogisticProbe.fit needs at least two resolved and two unresolved trajectories "
                                   "(its regularisation is chosen by stratified cross-validation).")
-        self.layers_ = self.layers or (-1, states[0].n_layers // 2)
+        self.layers_ = tuple(self.layers or probe_layers(states[0].n_layers))
         X = probe_features(states, self.layers_)
         folds = StratifiedKFold(n_splits=min(self.cv, int(np.bincount(y).min())), shuffle=True,
                                 random_state=self.seed)
