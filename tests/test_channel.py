@@ -296,16 +296,22 @@ def test_patch_step_finds_the_step_that_wrote_the_final_patch(real_trajs):
     assert all(patch_step(t) is None for t in swe if not t.patch.strip())
 
 
-def test_whole_patch_step_is_exempt_from_the_span_budget(tokenizer, real_trajs):
+def test_patch_step_tokens_lengthens_only_the_patch_writing_step(tokenizer, real_trajs):
     from latentsift.channel import patch_step
     t = next(x for x in real_trajs if x.run == "acr-run-1" and x.patch.count("\n") > 20)
     p = patch_step(t)
     cut = render(t, tokenizer, max_span_tokens=16, max_prompt_tokens=32)
-    whole = render(t, tokenizer, max_span_tokens=16, max_prompt_tokens=32, whole_patch_step=True)
+    longer = render(t, tokenizer, max_span_tokens=16, max_prompt_tokens=32, patch_step_tokens=64)
     full = render(t, tokenizer)
     for st, ch in full.span_keys():
         f = full.input_ids[(full.step == st) & (full.channel == ch)]
-        w = whole.input_ids[(whole.step == st) & (whole.channel == ch)]
-        assert list(w) == (list(f) if st == p else list(f[:16]))
+        w = longer.input_ids[(longer.step == st) & (longer.channel == ch)]
+        assert list(w) == list(f[:64] if st == p else f[:16])
     fn = CHANNEL_ID["fn"]
-    assert ((whole.step == p) & (whole.channel == fn)).sum() > ((cut.step == p) & (cut.channel == fn)).sum() > 0
+    assert ((longer.step == p) & (longer.channel == fn)).sum() == 64 > ((cut.step == p) & (cut.channel == fn)).sum()
+    # without a span budget, the patch step alone is cut; a bad value is a clear error
+    only = render(t, tokenizer, patch_step_tokens=64)
+    assert ((only.step == p) & (only.channel == fn)).sum() == 64
+    assert ((only.step != p) & (only.step >= 0)).sum() == ((full.step != p) & (full.step >= 0)).sum()
+    with pytest.raises(LatentSiftError, match="patch_step_tokens"):
+        render(t, tokenizer, patch_step_tokens=0)

@@ -76,10 +76,10 @@ def test_tiny_reproduce_end_to_end_is_deterministic(data_dir, tmp_path, policy):
     data = json.loads(first)
     assert {"settings", "pools", "retention", "best_at_k", "tokens", "ablations", "selection"} <= set(data)
     assert data["pools"]["n_instances"] == 4
-    # the sweep's representation has its own store (whole patch step) and its own rows
-    assert {"sweep:patch-whole", "sweep:patch-whole:default"} <= set(data["retention"])
-    assert (tmp_path / "run" / "sweep" / "patch-whole" / "states" / "manifest.json").is_file()
-    assert data["selection"]["sweep"]["patch-whole"]["settings"] == {"whole_patch_step": True}
+    # the sweep's representation has its own store (longer patch-writing step) and its own rows
+    assert {"sweep:patch-1024", "sweep:patch-1024:default"} <= set(data["retention"])
+    assert (tmp_path / "run" / "sweep" / "patch-1024" / "states" / "manifest.json").is_file()
+    assert data["selection"]["sweep"]["patch-1024"]["settings"] == {"patch_step_tokens": 1024}
     assert data["settings"]["meta"]["leaky_runs"].startswith("acr-val-only and acr-val-sbfl are left out")
     md = (report / "report.md").read_text()
     assert "## Selection quality beyond length" in md and "## Ablations" in md
@@ -94,8 +94,9 @@ def test_sweep_settings_name_known_representations(data_dir):
     from latentsift.reproduce import SWEEP, Run
     s = ReproduceSettings(data=str(data_dir), out="x", sweep=("all",))
     assert s.sweep == SWEEP and s.to_dict()["sweep"] == list(SWEEP)
-    specs = Run(ReproduceSettings(data=str(data_dir), out="x", sweep=("patch", "span"), sweep_span_tokens=96)
+    specs = Run(ReproduceSettings(data=str(data_dir), out="x", sweep=("patch", "span"), sweep_span_tokens=96,
+                                 sweep_patch_tokens=200)
                 ).sweep_specs()
-    assert specs == {"patch-whole": {"whole_patch_step": True}, "span-96": {"max_span_tokens": 96}}
+    assert specs == {"patch-200": {"patch_step_tokens": 200}, "span-96": {"max_span_tokens": 96}}
     with pytest.raises(LatentSiftError, match="'sweep' parameter of reproduce"):
         ReproduceSettings(data=str(data_dir), out="x", sweep=("bert",))

@@ -93,10 +93,10 @@ def test_other_model_or_settings_is_an_error(tmp_path):
         StateStore(tmp_path / "s").open_or_create(FP, {**SETTINGS, "max_span_tokens": 64})
     # settings that do not change values (chunk size, shard size) may differ
     StateStore(tmp_path / "s").open_or_create(FP, {**SETTINGS, "chunk_tokens": 7})
-    # a store written before 'whole_patch_step' existed holds the default (False), nothing else
-    StateStore(tmp_path / "s").open_or_create(FP, {**SETTINGS, "whole_patch_step": False})
-    with pytest.raises(LatentSiftError, match="whole_patch_step=False \\(now True\\)"):
-        StateStore(tmp_path / "s").open_or_create(FP, {**SETTINGS, "whole_patch_step": True})
+    # a store written before 'patch_step_tokens' existed holds the default (None), nothing else
+    StateStore(tmp_path / "s").open_or_create(FP, {**SETTINGS, "patch_step_tokens": None})
+    with pytest.raises(LatentSiftError, match="patch_step_tokens=None \\(now 512\\)"):
+        StateStore(tmp_path / "s").open_or_create(FP, {**SETTINGS, "patch_step_tokens": 512})
     with pytest.raises(LatentSiftError, match="already holds a state store"):
         StateStore(tmp_path / "s").create(FP, SETTINGS)
     with pytest.raises(LatentSiftError, match="not a state store"):

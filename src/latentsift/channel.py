@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -336,14 +336,13 @@ def _assign(offsets: np.ndarray, ranges: list[tuple[int, int, int, int]]) -> tup
 
 
 def _truncate(step: np.ndarray, chan: np.ndarray, max_span: int | None, max_prompt: int | None,
-              whole_steps: Sequence[int] = ()) -> np.ndarray:
-    """Keep-mask: the first ``max_span`` tokens of every (step, channel) span and the first ``max_prompt``
-    tokens of every context message's content; markup and control tokens are always kept, and so is
-    every token of the ``whole_steps``."""
+              step_limits: Mapping[int, int] | None = None) -> np.ndarray:
+    """Keep-mask: the first ``max_span`` tokens of every (step, channel) span (``step_limits[t]`` tokens
+    for a step t it names) and the first ``max_prompt`` tokens of every context message's content;
+    markup and control tokens are always kept."""
     keep = np.ones(step.shape[0], dtype=bool)
-    spans = (step >= 0) & ~np.isin(step, np.asarray(list(whole_steps), dtype=step.dtype))
-    for limit, sel in ((max_span, spans), (max_prompt, step <= CONTEXT)):
-        if limit is None or not sel.any():
+    for limit, sel, per_step in ((max_span, step >= 0, step_limits or {}), (max_prompt, step <= CONTEXT, {})):
+        if (limit is None and not per_step) or not sel.any():
             continue
         pos = np.flatnonzero(sel)
         key = step[pos].astype(np.int64) * 8 + chan[pos]
@@ -351,7 +350,10 @@ def _truncate(step: np.ndarray, chan: np.ndarray, max_span: int | None, max_prom
         sk = key[order]
         first = np.r_[0, np.flatnonzero(np.diff(sk)) + 1]
         rank = np.arange(sk.size) - np.repeat(first, np.diff(np.r_[first, sk.size]))
-        keep[pos[order[rank >= limit]]] = False
+        lim = np.full(sk.size, np.iinfo(np.int64).max if limit is None else limit, dtype=np.int64)
+        for t, n in per_step.items():
+            lim[step[pos[order]] == t] = n
+        keep[pos[order[rank >= lim]]] = False
     return keep
 
 
@@ -370,50 +372,50 @@ def _supports_tool_calls(template: str) -> bool:
 
 
 def _render_msgs(traj: Trajectory, msgs: list[_Msg], tokenizer, template: str, *, max_span_tokens,
-                 max_prompt_tokens, whole_patch_step: bool = False) -> Rendering:
+                 max_prompt_tokens, patch_step_tokens: int | None = None) -> Rendering:
     structured = _supports_tool_calls(template)
     if not structured:
         msgs = _inline_calls(msgs)
     text, ranges = _locate(msgs, tokenizer, template, structured)
     ids, off = _encode(tokenizer, text)
     step, chan = _assign(off, ranges)
-    whole = [] if not whole_patch_step or (p := patch_step(traj)) is None else [p]
-    keep = _truncate(step, chan, max_span_tokens, max_prompt_tokens, whole)
+    limits = {} if patch_step_tokens is None or (p := patch_step(traj)) is None else {p: patch_step_tokens}
+    keep = _truncate(step, chan, max_span_tokens, max_prompt_tokens, limits)
     ctx = step <= CONTEXT
     step[ctx], chan[ctx] = EXCLUDED, EXCLUDED
     return Rendering(traj_id=traj.traj_id, input_ids=ids[keep], step=step[keep], channel=chan[keep],
                      n_steps=traj.n_steps, text=text, offsets=off[keep])
 
 
-def _check_limits(max_span_tokens, max_prompt_tokens, owner: str) -> None:
-    if max_span_tokens is not None:
-        check_positive_int(max_span_tokens, "max_span_tokens", owner)
-    if max_prompt_tokens is not None:
-        check_positive_int(max_prompt_tokens, "max_prompt_tokens", owner)
+def _check_limits(owner: str, **limits) -> None:
+    for name, v in limits.items():
+        if v is not None:
+            check_positive_int(v, name, owner)
 
 
 def render(traj: Trajectory, tokenizer, *, max_span_tokens: int | None = None,
            max_prompt_tokens: int | None = None, template: str | None = None,
-           whole_patch_step: bool = False) -> Rendering:
+           patch_step_tokens: int | None = None) -> Rendering:
     """The exact token ids of ``traj`` under the policy's chat template, and the span table.
 
     ``max_span_tokens`` keeps the first N tokens of every cot / fn / obs span (None = the exact full
     trajectory); ``max_prompt_tokens`` keeps the first N tokens of every context message's content
     (system prompt, task prompt, demonstrations). Role headers and control tokens are always kept.
-    ``whole_patch_step`` exempts the step that wrote the final patch (``patch_step``) from
-    ``max_span_tokens``: its spans are kept whole (the context limit still applies at replay).
+    ``patch_step_tokens`` keeps the first N tokens of each span of the step that wrote the final patch
+    (``patch_step``) instead of ``max_span_tokens`` (None: that step is cut like every other).
     ``template`` overrides the tokenizer's chat template (a tokenizer without one gets
     ``PLAIN_TEMPLATE``). Raises when the template drops step text (use ``render_per_step``).
     """
-    _check_limits(max_span_tokens, max_prompt_tokens, "render")
+    _check_limits("render", max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
+                  patch_step_tokens=patch_step_tokens)
     tmpl = _template_of(tokenizer, template)
     return _render_msgs(traj, _messages(traj), tokenizer, tmpl, max_span_tokens=max_span_tokens,
-                        max_prompt_tokens=max_prompt_tokens, whole_patch_step=whole_patch_step)
+                        max_prompt_tokens=max_prompt_tokens, patch_step_tokens=patch_step_tokens)
 
 
 def render_per_step(traj: Trajectory, tokenizer, *, max_span_tokens: int | None = None,
                     max_prompt_tokens: int | None = None, template: str | None = None,
-                    whole_patch_step: bool = False) -> list[Rendering]:
+                    patch_step_tokens: int | None = None) -> list[Rendering]:
     """What the policy saw when it wrote each step, for templates that drop earlier ``<think>`` blocks.
 
     Rendering k (k = 0..T-1) holds the context, steps 0..k-1 as the template shows them in history,
@@ -422,7 +424,8 @@ def render_per_step(traj: Trajectory, tokenizer, *, max_span_tokens: int | None 
     when it is non-empty. Every (step, channel) span is labelled in exactly one rendering. Costs
     O(T^2) tokens: use ``render`` (one sequence) whenever the template keeps every step's text.
     """
-    _check_limits(max_span_tokens, max_prompt_tokens, "render_per_step")
+    _check_limits("render_per_step", max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
+                  patch_step_tokens=patch_step_tokens)
     tmpl = _template_of(tokenizer, template)
     msgs = _messages(traj)
     first = len(traj.context_messages())     # index of each step's first (assistant) message
@@ -435,12 +438,12 @@ def render_per_step(traj: Trajectory, tokenizer, *, max_span_tokens: int | None 
     for k, s0 in enumerate(starts):
         sub = [_only(m, {(k - 1, obs)}) for m in msgs[:s0]] + [_only(msgs[s0], {(k, cot), (k, fn)})]
         out.append(_render_msgs(traj, sub, tokenizer, tmpl, max_span_tokens=max_span_tokens,
-                                max_prompt_tokens=max_prompt_tokens, whole_patch_step=whole_patch_step))
+                                max_prompt_tokens=max_prompt_tokens, patch_step_tokens=patch_step_tokens))
     if traj.n_steps and traj.steps[-1].obs:
         last = traj.n_steps - 1
         sub = [_only(m, {(last, obs)}) for m in msgs]
         out.append(_render_msgs(traj, sub, tokenizer, tmpl, max_span_tokens=max_span_tokens,
-                                max_prompt_tokens=max_prompt_tokens, whole_patch_step=whole_patch_step))
+                                max_prompt_tokens=max_prompt_tokens, patch_step_tokens=patch_step_tokens))
     return out
 
 

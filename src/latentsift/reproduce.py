@@ -61,8 +61,9 @@ class ReproduceSettings:
     ``curve_fractions``: bank fractions of the training-set size curves (learned branch).
     ``sweep`` adds representations that need states of their own (``SWEEP``, or ``("all",)``): the
     Gemma-3-270M proxy encoder (``gemma``), ``sweep_span_tokens`` per span (``span``: longer
-    context; the sliding-window rule handles what exceeds the model context) and the whole
-    patch-writing step (``patch``); each is extracted into OUT/sweep/<name>/states and evaluated
+    context; the sliding-window rule handles what exceeds the model context) and the patch-writing
+    step kept up to ``sweep_patch_tokens`` per span (``patch``; the other spans keep
+    ``max_span_tokens``); each is extracted into OUT/sweep/<name>/states and evaluated
     with the paper's method and the inner-CV default.
     """
 
@@ -88,6 +89,7 @@ class ReproduceSettings:
     curve_fractions: tuple[float, ...] = (0.25, 0.5, 1.0)
     sweep: tuple[str, ...] = ()         # names of SWEEP, or ("all",)
     sweep_span_tokens: int = 128
+    sweep_patch_tokens: int = 1024
     full: bool = False
 
     def __post_init__(self):
@@ -103,7 +105,8 @@ class ReproduceSettings:
                                   f"{list(SWEEP)} or 'all'. Got {bad} instead.")
         if self.include_leaky:
             self.runs = tuple(self.runs) + tuple(r for r in LEAKY_RUNS if r not in self.runs)
-        check_positive_int(self.n_folds, "n_folds", "ReproduceSettings")
+        for name in ("n_folds", "sweep_span_tokens", "sweep_patch_tokens"):
+            check_positive_int(getattr(self, name), name, "ReproduceSettings")
         if self.instances not in ("default", "all"):
             raise LatentSiftError(f"The 'instances' parameter of reproduce must be one of ['all', 'default']. "
                                   f"Got {self.instances!r} instead.")
@@ -211,7 +214,7 @@ class Run:
         """Replay the trajectories into a state store (default: the run's model into OUT/states).
 
         ``render`` overrides the run's ``max_span_tokens`` / ``max_prompt_tokens`` or sets
-        ``whole_patch_step`` (the sweep's representations); the store is resumable and cached.
+        ``patch_step_tokens`` (the sweep's representations); the store is resumable and cached.
         """
         from .model import load_policy
         from .store import StateStore, extract_pools
@@ -340,7 +343,8 @@ class Run:
         from .model import gemma_model_path
         specs = {"gemma": lambda: ("gemma-3-270m", {"model": str(gemma_model_path())}),
                  "span": lambda: (f"span-{self.s.sweep_span_tokens}", {"max_span_tokens": self.s.sweep_span_tokens}),
-                 "patch": lambda: ("patch-whole", {"whole_patch_step": True})}
+                 "patch": lambda: (f"patch-{self.s.sweep_patch_tokens}",
+                                   {"patch_step_tokens": self.s.sweep_patch_tokens})}
         return dict(specs[n]() for n in self.s.sweep)
 
     def latentsift_variants(self, ablations: bool = True) -> dict[str, dict]:

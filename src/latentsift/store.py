@@ -45,10 +45,10 @@ DEFAULT_SHARD_SIZE = 32
 STORE_DTYPES = ("float16", "float32")
 # settings that change the stored values: they must match when a store is re-opened for writing
 MATCHED_SETTINGS = ("max_span_tokens", "max_prompt_tokens", "max_tokens", "context", "layers", "store_dtype",
-                    "renderer", "whole_patch_step")
+                    "renderer", "patch_step_tokens")
 RENDERERS = ("render", "render_per_step")
 # value of a matched setting in a store written before the setting existed
-SETTING_DEFAULTS = {"whole_patch_step": False}
+SETTING_DEFAULTS = {"patch_step_tokens": None}
 
 
 def _sha256(data: bytes) -> str:
@@ -411,12 +411,12 @@ def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_t
                      max_tokens: int | None = None, layers: str | Sequence[int] = "all",
                      store_dtype: str = "float16", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                      shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = "render",
-                     whole_patch_step: bool = False) -> dict[str, Any]:
+                     patch_step_tokens: int | None = None) -> dict[str, Any]:
     """The manifest settings of an extraction (validated)."""
     if renderer not in RENDERERS:
         raise param_error("renderer", "extract_pools", f"one of {list(RENDERERS)}", renderer)
     for name, v in (("max_span_tokens", max_span_tokens), ("max_prompt_tokens", max_prompt_tokens),
-                    ("max_tokens", max_tokens)):
+                    ("max_tokens", max_tokens), ("patch_step_tokens", patch_step_tokens)):
         if v is not None:
             check_positive_int(v, name, "extract_pools")
     if store_dtype not in STORE_DTYPES:
@@ -427,7 +427,7 @@ def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_t
             "store_dtype": store_dtype, "dtype": policy.fingerprint.dtype,
             "chunk_tokens": check_positive_int(chunk_tokens, "chunk_tokens", "extract_pools"),
             "shard_size": check_positive_int(shard_size, "shard_size", "extract_pools"),
-            "renderer": f"latentsift.channel.{renderer}", "whole_patch_step": bool(whole_patch_step)}
+            "renderer": f"latentsift.channel.{renderer}", "patch_step_tokens": patch_step_tokens}
 
 
 def select_instances(trajectories: Sequence, n_instances: int | None) -> list:
@@ -445,7 +445,7 @@ def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.P
                   max_tokens: int | None = None, instances: int | None = None,
                   layers: str | Sequence[int] = "all", store_dtype: str = "float16",
                   chunk_tokens: int = DEFAULT_CHUNK_TOKENS, shard_size: int = DEFAULT_SHARD_SIZE,
-                  renderer: str = "render", whole_patch_step: bool = False,
+                  renderer: str = "render", patch_step_tokens: int | None = None,
                   progress: Callable[[ExtractProgress], None] | None = None) -> ExtractReport:
     """Render each trajectory, replay it through ``policy`` and append its states to ``store``.
 
@@ -457,15 +457,15 @@ def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.P
     state); ``instances`` keeps the first N instances by id. ``renderer="render_per_step"`` is for
     chat templates that drop earlier ``<think>`` blocks (Qwen3): each step is replayed in the
     context the policy saw when writing it (O(T^2) tokens) and the disjoint spans are merged.
-    ``whole_patch_step`` keeps every token of the step that wrote the final patch
-    (``channel.patch_step``) despite ``max_span_tokens``.
+    ``patch_step_tokens`` keeps the first N tokens of each span of the step that wrote the final
+    patch (``channel.patch_step``) instead of ``max_span_tokens``.
     """
     from .channel import render, render_per_step
 
     settings = extract_settings(policy, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
                                 max_tokens=max_tokens, layers=layers, store_dtype=store_dtype,
                                 chunk_tokens=chunk_tokens, shard_size=shard_size, renderer=renderer,
-                                whole_patch_step=whole_patch_step)
+                                patch_step_tokens=patch_step_tokens)
     store = store if isinstance(store, StateStore) else StateStore(store)
     trajs = select_instances(trajectories, instances)
     ids = [t.traj_id for t in trajs]
@@ -486,7 +486,7 @@ def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.P
             states = []
             for t in batch:
                 rkw = {"max_span_tokens": max_span_tokens, "max_prompt_tokens": max_prompt_tokens,
-                       "whole_patch_step": whole_patch_step}
+                       "patch_step_tokens": patch_step_tokens}
                 rs = [render(t, policy.tokenizer, **rkw)] if renderer == "render" else \
                     render_per_step(t, policy.tokenizer, **rkw)
                 parts = replay_many(policy, rs, chunk_tokens=chunk_tokens, max_tokens=max_tokens,

@@ -48,8 +48,9 @@ def extract_cmd(
                                           "choice; use 1 when other jobs share the cores)."),
     per_step: bool = typer.Option(False, "--per-step", help="Replay each step in its own context (chat "
                                   "templates that drop earlier <think> blocks, e.g. Qwen3; O(T^2) tokens)."),
-    whole_patch_step: bool = typer.Option(False, "--whole-patch-step", help="Keep every token of the step that "
-                                          "wrote the final patch despite --max-span-tokens."),
+    patch_step_tokens: Optional[int] = typer.Option(None, "--patch-step-tokens", help="Keep the first N tokens "
+                                                    "of each span of the step that wrote the final patch "
+                                                    "instead of --max-span-tokens."),
 ) -> None:
     """Replay trajectories through the policy and store their pooled hidden states (resumable)."""
     from rich.console import Console
@@ -83,7 +84,7 @@ def extract_cmd(
                                max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens, instances=instances,
                                layers=_parse_layers(layers), chunk_tokens=chunk_tokens, shard_size=shard_size,
                                renderer="render_per_step" if per_step else "render",
-                               whole_patch_step=whole_patch_step, progress=progress)
+                               patch_step_tokens=patch_step_tokens, progress=progress)
     console.print(f"{report.n_extracted} extracted, {report.n_skipped} already stored, "
                   f"{report.n_tokens:,} tokens in {report.seconds:.1f} s ({report.tokens_per_s:,.0f} tok/s); "
                   f"{report.n_truncated} cut by --max-tokens, {report.n_windowed} longer than the context "

@@ -31,11 +31,13 @@ def reproduce_cmd(
     variants: bool = typer.Option(True, "--variants/--no-variants", help="Also evaluate the beyond-paper variants."),
     sweep: Optional[List[str]] = typer.Option(None, "--sweep", help="Also extract and evaluate a representation "
                                               "with states of its own (repeat): gemma (Gemma-3-270M encoder, "
-                                              "needs the 'gemma' extra), span (longer spans), patch (whole "
+                                              "needs the 'gemma' extra), span (longer spans), patch (longer "
                                               "patch-writing step), or all. Each costs a state extraction "
                                               "(15-40 min on 2 cores; resumes)."),
     sweep_span_tokens: int = typer.Option(128, "--sweep-span-tokens", help="Span budget of the sweep's "
                                           "longer-context representation."),
+    sweep_patch_tokens: int = typer.Option(1024, "--sweep-patch-tokens", help="Tokens kept per span of the "
+                                           "patch-writing step in the sweep's patch representation."),
 ) -> None:
     """Import -> states -> repo-disjoint banks and scorers -> filters -> cascade -> report."""
     from rich.console import Console
@@ -48,7 +50,7 @@ def reproduce_cmd(
                           include_leaky=include_leaky, n_unresolved=n_unresolved, max_instances=max_instances, max_span_tokens=max_span_tokens,
                           verifier_max_tokens=verifier_max_tokens, n_folds=folds, ks=tuple(k or (4, 5, 6)),
                           n_draws=draws, seed=seed, variants=variants, sweep=tuple(sweep or ()),
-                          sweep_span_tokens=sweep_span_tokens)
+                          sweep_span_tokens=sweep_span_tokens, sweep_patch_tokens=sweep_patch_tokens)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                   console=console) as bar:
