@@ -475,6 +475,8 @@ def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.P
     t0 = time.perf_counter()
     report = ExtractReport(len(trajs), 0, 0, 0, 0, 0, 0.0)
     layer_ids = settings["layers"]
+    rkw = {"max_span_tokens": max_span_tokens, "max_prompt_tokens": max_prompt_tokens,
+           "patch_step_tokens": patch_step_tokens}
     with store.lock():
         store.open_or_create(policy.fingerprint, settings)
         todo = [t for t in trajs if not store.has(t.traj_id)]
@@ -485,8 +487,6 @@ def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.P
             batch = todo[a:a + shard_size]
             states = []
             for t in batch:
-                rkw = {"max_span_tokens": max_span_tokens, "max_prompt_tokens": max_prompt_tokens,
-                       "patch_step_tokens": patch_step_tokens}
                 rs = [render(t, policy.tokenizer, **rkw)] if renderer == "render" else \
                     render_per_step(t, policy.tokenizer, **rkw)
                 parts = replay_many(policy, rs, chunk_tokens=chunk_tokens, max_tokens=max_tokens,
