@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from latentsift._validation import FingerprintMismatch, LatentSiftError
-from latentsift.model import Fingerprint
+from latentsift.model import DEFAULT_GGUF_FILE, Fingerprint
 from latentsift.states import TrajectoryStates
 from latentsift.store import StateStore, extract_pools, extract_settings, resolve_layers
 
@@ -250,6 +250,15 @@ def test_extract_cli(tmp_path, small_pools):
                                    "--layers", "final"])
     assert res.exit_code == 0, res.output
     store = StateStore(tmp_path / "s").open()
+    # dtype "auto" resolved from this machine's hardware, said once, and recorded in the fingerprint
+    from latentsift.model import cpu_dtype_choice
+    choice = cpu_dtype_choice()
+    assert store.fingerprint.dtype == choice.dtype
+    said = " ".join(res.output.split())  # rich wraps long lines
+    assert f"model: {DEFAULT_GGUF_FILE} on cpu, {choice.dtype} ({choice.reason})" in said
+    # stdout is not a terminal here: progress comes as plain lines (first and final), with tok/s
+    lines = [l for l in res.output.splitlines() if l.startswith("[extract]")]
+    assert len(lines) >= 2 and "tok/s" in lines[-1] and "(100.0%)" in lines[-1], res.output
     first_two = sorted({t.instance_id for t in trajs})[:2]
     assert sorted(store.traj_ids()) == sorted(t.traj_id for t in trajs if t.instance_id in first_two)
     states = store.load()

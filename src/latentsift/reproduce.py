@@ -78,7 +78,7 @@ class ReproduceSettings:
     max_prompt_tokens: int | None = 128
     verifier_max_tokens: int = 512
     model: str | None = None
-    dtype: str = "bfloat16"
+    dtype: str = "auto"                 # "auto": bfloat16 where the hardware runs it natively, else float32
     n_folds: int = 4
     ks: tuple[int, ...] = (4, 5, 6)
     n_draws: int = 200
@@ -176,6 +176,7 @@ class Run:
         self.timings: dict[str, float] = {}
         self._curve_scores: dict[str, dict[str, float]] = {}
         self.curve_sizes: dict[str, dict[str, int]] = {}
+        self._described: set[str] = set()
 
     # -- helpers
     def _timed(self, name: str, t0: float) -> None:
@@ -220,6 +221,9 @@ class Run:
         from .store import StateStore, extract_pools
         t0 = time.perf_counter()
         policy = load_policy(model or self.s.model, dtype=self.s.dtype)
+        if policy.path not in self._described:
+            self._described.add(policy.path)
+            self.log(f"[{name}] model: {policy.describe()}")
         out = out or self.out / "states"
         kw = {"max_span_tokens": self.s.max_span_tokens, "max_prompt_tokens": self.s.max_prompt_tokens} | render
 

@@ -393,7 +393,7 @@ class LocalBackend:
 
     concurrency = 1
 
-    def __init__(self, model: str | os.PathLike | None = None, *, policy=None, dtype: str = "bfloat16",
+    def __init__(self, model: str | os.PathLike | None = None, *, policy=None, dtype: str = "auto",
                  device: str | None = None):
         if policy is None:
             from .model import load_policy

@@ -84,20 +84,19 @@ def train_cmd(
 ) -> None:
     """Train the gated linear scorer on the bank trajectories; keep the best validation checkpoint."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..scorer import CURVE_PNG, LinearScorer, train_scorer
+    from ._progress import StageProgress
 
     console = Console(stderr=True)
     scorer = LinearScorer(lr=lr, weight_decay=weight_decay, accumulation=accumulation, max_epochs=max_epochs,
                           val_frac=val_frac, seed=seed, init=init, patience=patience)
-    with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
-                  TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task("train", total=max_epochs, loss="loading states ...")
+    with StageProgress(console) as bar:
+        bar.update("train", 0, max_epochs, "loading states ...")
 
         def progress(entry: dict) -> None:
-            bar.update(task, completed=entry["epoch"],
-                       loss=f"train {entry['train_loss']:.4f}  val {entry['val_loss']:.4f}")
+            bar.update("train", entry["epoch"], max_epochs,
+                       f"train {entry['train_loss']:.4f}  val {entry['val_loss']:.4f}")
 
         scorer = train_scorer(bank_dir, states_dir=states, scorer=scorer, callback=progress)
     scorer.save(out)

@@ -48,7 +48,7 @@ def evaluate_cmd(
     names: Optional[Path] = typer.Option(None, "--names", help="JSON: filter -> display name."),
 ) -> None:
     """Run the four-stage cascade for every Stage-1 filter and write the evaluation report."""
-    from rich.progress import Progress
+    from ._progress import StageProgress
 
     from ..evaluate import evaluate_run, load_pool_file, load_scores
     from ..report import write_report
@@ -84,8 +84,7 @@ def evaluate_cmd(
         cands = match
     if cands:
         dist = {**cands[0].components, f"final score ({cands[0].name})": cands[0].scores}
-    with Progress(transient=True) as bar:
-        task = bar.add_task("cascade", total=len(pool_specs))
+    with StageProgress(transient=True) as bar:
         summary = evaluate_run(
             pool_specs, filters, records,
             final_verifier=filters[final_verifier] if final_verifier else None,
@@ -94,7 +93,7 @@ def evaluate_cmd(
             headline=headline or None, ablations=abl, distributions=dist, dist_instances=dist_instances,
             names=disp, meta={"pools": str(pools), "scores": [s.path for s in inputs],
                               "final_verifier": final_verifier},
-            progress=lambda done, total: bar.update(task, completed=done))
+            progress=lambda done, total: bar.update("cascade", done, total))
     written = write_report(summary, out)
     typer.echo(f"wrote {len(written)} files to {out}: " + ", ".join(sorted(written)))
 
@@ -124,13 +123,15 @@ def verify_cmd(
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds per remote call."),
     retries: int = typer.Option(3, "--retries", help="Retries per remote call."),
     concurrency: int = typer.Option(4, "--concurrency", help="Parallel remote calls."),
+    dtype: str = typer.Option("auto", "--dtype", help="Local backend dtype: auto (bfloat16 on CUDA and on CPUs "
+                              "with native bf16, else float32), bfloat16, float16 or float32."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads for the local backend "
                                           "(1 is faster on a machine shared with other jobs)."),
 ) -> None:
     """Score trajectories with the execution-free verifier (P(YES) from the first answer token)."""
     import os
 
-    from rich.progress import Progress
+    from ._progress import StageProgress
 
     from ..trajectory import load_jsonl
     from ..verifier import EFVerifier, LocalBackend, OpenAIBackend, save_results
@@ -150,7 +151,8 @@ def verify_cmd(
             if threads < 1:
                 raise LatentSiftError(f"--threads must be a positive int. Got {threads} instead.")
             torch.set_num_threads(threads)
-        be = LocalBackend(model)
+        be = LocalBackend(model, dtype=dtype)
+        typer.echo(f"model: {be.policy.describe()}", err=True)
     elif backend == "openai":
         if not base_url or not api_model:
             raise LatentSiftError("--backend openai needs --base-url and --api-model.")
@@ -162,9 +164,8 @@ def verify_cmd(
     else:
         raise LatentSiftError(f"--backend must be 'local' or 'openai'. Got {backend!r} instead.")
     ver = EFVerifier(be, max_prompt_tokens=max_prompt_tokens, cache_dir=cache or (out / "cache"))
-    with Progress(transient=True) as bar:
-        task = bar.add_task("verify", total=len(trajs))
-        results = ver.score(trajs, progress=lambda done, total: bar.update(task, completed=done))
+    with StageProgress(transient=True) as bar:
+        results = ver.score(trajs, progress=lambda done, total: bar.update("verify", done, total))
     save_results(results, out, name=name, manifest=ver.manifest())
     n_fail = sum(1 for r in results.values() if r.score is None)
     typer.echo(f"scored {len(results) - n_fail} of {len(results)} candidates ({n_fail} failures) -> {out}")

@@ -31,7 +31,8 @@ def extract_cmd(
     out: Path = typer.Option(..., "--out", help="STATES_DIR: the state store (created, or resumed)."),
     model: Optional[Path] = typer.Option(None, "--model", help="Local HF model directory or .gguf file "
                                          "(default: the embedded SmolLM2-135M-Instruct GGUF)."),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="Model dtype: bfloat16, float16 or float32."),
+    dtype: str = typer.Option("auto", "--dtype", help="Model dtype: auto (bfloat16 on CUDA and on CPUs with "
+                              "native bf16, else float32), bfloat16, float16 or float32."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Keep the first N tokens of each "
                                              "rendered trajectory (later spans get no state)."),
@@ -54,10 +55,10 @@ def extract_cmd(
 ) -> None:
     """Replay trajectories through the policy and store their pooled hidden states (resumable)."""
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+
 
     from ..model import load_policy
+    from ._progress import StageProgress
     from ..store import extract_pools
     from ..trajectory import load_jsonl
 
@@ -71,14 +72,11 @@ def extract_cmd(
     trajs = load_jsonl(pools)
     console.print(f"{len(trajs)} trajectories from {pools}; loading the model ...")
     policy = load_policy(model, dtype=dtype, device=device)
-    with Progress(TextColumn("[bold]extract"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
-                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                  TimeRemainingColumn(), console=console, transient=False) as bar:
-        task = bar.add_task("extract", total=None, rate="")
-
+    console.print(f"model: {policy.describe()}")
+    with StageProgress(console) as bar:
         def progress(p) -> None:
             rate = f"{p.tokens / p.elapsed:,.0f} tok/s" if p.elapsed > 0 else ""
-            bar.update(task, total=p.total, completed=p.done, rate=rate)
+            bar.update("extract", p.done, p.total, rate)
 
         report = extract_pools(policy, trajs, out, max_span_tokens=max_span_tokens,
                                max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens, instances=instances,

@@ -24,6 +24,8 @@ def reproduce_cmd(
                                                 "(a quick look; hash order, never by score)."),
     max_span_tokens: int = typer.Option(32, "--max-span-tokens", help="Token budget per cot/obs/fn span."),
     verifier_max_tokens: int = typer.Option(512, "--verifier-max-tokens", help="EF verifier prompt budget."),
+    dtype: str = typer.Option("auto", "--dtype", help="Model dtype: auto (bfloat16 on CUDA and on CPUs with "
+                              "native bf16, else float32), bfloat16, float16 or float32."),
     folds: int = typer.Option(4, "--folds", help="Repository-disjoint folds."),
     k: Optional[List[int]] = typer.Option(None, "--k", help="K values (repeat; default 4 5 6)."),
     draws: int = typer.Option(200, "--draws"),
@@ -41,25 +43,16 @@ def reproduce_cmd(
 ) -> None:
     """Import -> states -> repo-disjoint banks and scorers -> filters -> cascade -> report."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..reproduce import ReproduceSettings, reproduce
+    from ._progress import StageProgress
 
     console = Console(stderr=True)
-    s = ReproduceSettings(data=str(data), out=str(out), full=full, model=str(model) if model else None,
+    s = ReproduceSettings(data=str(data), out=str(out), full=full, model=str(model) if model else None, dtype=dtype,
                           include_leaky=include_leaky, n_unresolved=n_unresolved, max_instances=max_instances, max_span_tokens=max_span_tokens,
                           verifier_max_tokens=verifier_max_tokens, n_folds=folds, ks=tuple(k or (4, 5, 6)),
                           n_draws=draws, seed=seed, variants=variants, sweep=tuple(sweep or ()),
                           sweep_span_tokens=sweep_span_tokens, sweep_patch_tokens=sweep_patch_tokens)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                  console=console) as bar:
-        tasks: dict[str, int] = {}
-
-        def progress(stage: str, done: int, total: int, info: str) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total, info="")
-            bar.update(tasks[stage], completed=done, total=total, info=info)
-
-        report = reproduce(s, log=lambda m: bar.console.print(m, markup=False, highlight=False), progress=progress)
+    with StageProgress(console) as bar:
+        report = reproduce(s, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")
