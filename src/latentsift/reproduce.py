@@ -50,7 +50,9 @@ STACK_CONFIGS: dict[str, list[str]] = {
 class ReproduceSettings:
     """Settings of one reproduce run (all recorded in the manifest).
 
-    Budget of the default run (about 20 minutes from a cold cache on 2 CPU cores):
+    Budget of the default run (at most 20 minutes from a cold cache on a 2-core AVX2 CPU in float32;
+    README "Timings"; until 2026-11 the defaults were n_unresolved=30, max_span_tokens=32 and
+    verifier_max_tokens=512, which took about 40 minutes there):
     ``instances="default"``: every instance with at least one resolved candidate among the selected
     runs (the only instances where retention is defined and where Best@K can differ between
     filters) plus ``n_unresolved`` instances resolved by no candidate, chosen by a hash of the
@@ -72,11 +74,11 @@ class ReproduceSettings:
     runs: tuple[str, ...] = CLEAN_RUNS
     include_leaky: bool = False
     instances: str = "default"          # "default" | "all"
-    n_unresolved: int = 30
+    n_unresolved: int = 10
     max_instances: int | None = None    # cap on the selected instances (hash order), for quick runs
-    max_span_tokens: int | None = 32
+    max_span_tokens: int | None = 16
     max_prompt_tokens: int | None = 128
-    verifier_max_tokens: int = 512
+    verifier_max_tokens: int = 256
     model: str | None = None
     dtype: str = "auto"                 # "auto": bfloat16 where the hardware runs it natively, else float32
     n_folds: int = 4

@@ -6,6 +6,9 @@ from typing import List, Optional
 
 import typer
 
+from ..reproduce import ReproduceSettings
+
+_DEFAULT = {name: f.default for name, f in ReproduceSettings.__dataclass_fields__.items()}
 
 def register(app: typer.Typer) -> None:
     app.command("reproduce")(reproduce_cmd)
@@ -19,11 +22,11 @@ def reproduce_cmd(
     model: Optional[Path] = typer.Option(None, "--model", help="Local HF directory or .gguf (default: embedded SmolLM2)."),
     include_leaky: bool = typer.Option(False, "--include-leaky", help="Also use acr-val-only/acr-val-sbfl "
                                        "(their trajectories contain the test outcome: not a fair selection test)."),
-    n_unresolved: int = typer.Option(30, "--n-unresolved", help="Unresolved-only instances added to the default subset."),
+    n_unresolved: int = typer.Option(_DEFAULT["n_unresolved"], "--n-unresolved", help="Unresolved-only instances added to the default subset."),
     max_instances: Optional[int] = typer.Option(None, "--max-instances", help="Cap the selected instances "
                                                 "(a quick look; hash order, never by score)."),
-    max_span_tokens: int = typer.Option(32, "--max-span-tokens", help="Token budget per cot/obs/fn span."),
-    verifier_max_tokens: int = typer.Option(512, "--verifier-max-tokens", help="EF verifier prompt budget."),
+    max_span_tokens: int = typer.Option(_DEFAULT["max_span_tokens"], "--max-span-tokens", help="Token budget per cot/obs/fn span."),
+    verifier_max_tokens: int = typer.Option(_DEFAULT["verifier_max_tokens"], "--verifier-max-tokens", help="EF verifier prompt budget."),
     dtype: str = typer.Option("auto", "--dtype", help="Model dtype: auto (bfloat16 on CUDA and on CPUs with "
                               "native bf16, else float32), bfloat16, float16 or float32."),
     folds: int = typer.Option(4, "--folds", help="Repository-disjoint folds."),
@@ -44,7 +47,7 @@ def reproduce_cmd(
     """Import -> states -> repo-disjoint banks and scorers -> filters -> cascade -> report."""
     from rich.console import Console
 
-    from ..reproduce import ReproduceSettings, reproduce
+    from ..reproduce import reproduce
     from ._progress import StageProgress
 
     console = Console(stderr=True)
