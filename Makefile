@@ -29,11 +29,12 @@ sweep: $(STAMP)
 	$(BIN)/latentsift reproduce --data $(DATA) --out $(OUT) --sweep all
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 bench: $(STAMP)
 	$(BIN)/python bench/knn.py
 	$(BIN)/python bench/import_all.py
+	$(BIN)/python bench/forward.py
 	$(BIN)/python bench/extract.py
 	$(BIN)/python bench/filter.py
 

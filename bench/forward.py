@@ -126,6 +126,7 @@ def main() -> None:
     print(f"\nCPU capability {torch.backends.cpu.get_cpu_capability()}, torch threads {torch.get_num_threads()}, "
           f"{len(renders)} trajectories, {n_tok:,} tokens x {args.rounds} rounds "
           f"(max_span_tokens={args.max_span_tokens}, max_prompt_tokens={args.max_prompt_tokens})")
+    auto = {"float32": "fp32", "bfloat16": "bf16"}.get(choice.dtype)
     print(f"auto -> {choice.dtype}: {choice.reason}")
     ref = warm.get("fp32")
     print(f"{'engine':8s} {'tok/s':>8s} {'x fp32':>7s}  {'final: max rel':>14s} {'median':>8s} {'min cos':>8s}"
@@ -141,6 +142,9 @@ def main() -> None:
         alll = np.concatenate([rel_err(s.layers, r.layers).ravel() for s, r in zip(warm[name], ref)])
         print(f"{name:8s} {rate:8,.0f} {x:7.2f}  {fin.max():14.2e} {np.median(fin):8.2e} {cos.min():8.5f}"
               f"  {alll.max():19.2e} {np.median(alll):8.2e}")
+    if auto in times:
+        print(f"{'auto':8s} {n_tok * args.rounds / times[auto]:8,.0f} {times['fp32'] / times[auto]:7.2f}  "
+              f"(= {auto}, the dtype 'auto' picks here)")
 
 
 if __name__ == "__main__":
