@@ -69,6 +69,19 @@ def test_round_trip_and_index(tmp_path):
     assert store.verify() == 2
 
 
+def test_layer_major_states_round_trip(tmp_path):
+    # replay accumulates (n_layers, n_spans, d_model) and hands out a transposed view: a single
+    # trajectory's concatenation keeps that memory order, and safetensors writes memory as it lies
+    ref = _states("t/1", 5, 3)
+    view = np.ascontiguousarray(ref.layers.transpose(1, 0, 2)).transpose(1, 0, 2)
+    assert not view.flags["C_CONTIGUOUS"]
+    store = StateStore(tmp_path / "s").create(FP, SETTINGS)
+    store.write([TrajectoryStates(traj_id="t/1", layers=view, step=ref.step, channel=ref.channel,
+                                  n_tokens=ref.n_tokens)], ["i"])
+    got = StateStore(tmp_path / "s").open().load()["t/1"].layers
+    np.testing.assert_array_equal(got, ref.layers.astype(np.float16).astype(np.float32))
+
+
 def test_corrupted_shard_is_detected(tmp_path):
     _fill(tmp_path / "s")
     shard = tmp_path / "s" / "shards" / "shard-00001.safetensors"

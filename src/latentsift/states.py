@@ -169,7 +169,7 @@ class _SpanSums:
         """(n_spans, L, d_model) float32: u[j][l] = sums / counts (SPEC 2)."""
         cnt = np.maximum(self.counts[:n_spans], 1).astype(np.float32)
         out = self.sums[:, :n_spans].transpose(0, 1).cpu().numpy()
-        return out / cnt[:, None, None]
+        return np.ascontiguousarray(out / cnt[:, None, None])
 
 
 # ----------------------------------------------------------------------------------------------

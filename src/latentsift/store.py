@@ -253,7 +253,9 @@ class StateStore:
             raise LatentSiftError(f"States exceed the float16 range (max |x| = {np.abs(stacked).max():.3g}); "
                                   "use store_dtype='float32' for this model.")
         name = f"shard-{len(self._shards):05d}.safetensors"
-        tensors = {"states": stacked.astype(dtype),
+        # C order: safetensors writes an array's memory as it lies, so a transposed (layer-major)
+        # view would be read back scrambled
+        tensors = {"states": np.ascontiguousarray(stacked.astype(dtype)),
                    "step": np.concatenate([s.step for s in states]).astype(np.int32),
                    "channel": np.concatenate([s.channel for s in states]).astype(np.int8)}
         offsets = np.cumsum([0] + [s.n_spans for s in states]).tolist()
