@@ -668,7 +668,8 @@ def _verifier_diag(table: VerifierTable) -> dict:
     return {"n_results": len(vals), "n_failed": len(failed),
             "failed": sorted(v.traj_id for v in failed)[:50],
             "mean_tokens": float(np.mean([v.n_in + v.n_out for v in vals])) if vals else None,
-            "n_condensed": int(sum(1 for v in vals if getattr(v, "n_condensed", 0)))}
+            "n_condensed": int(sum(1 for v in vals if getattr(v, "n_condensed", 0))),
+            "n_patch_cut": int(sum(1 for v in vals if (getattr(v, "condensed", None) or {}).get("patch")))}
 
 
 def _distributions(distributions, pools, records, dist_instances, seed) -> dict:

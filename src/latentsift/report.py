@@ -201,7 +201,8 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
     for label, d in ([("Final EF verifier", fv)] if fv else []) + [
             (f"EF filter `{n}`", d) for n, d in diag.get("ef_filters", {}).items()]:
         lines += [f"{label}: {d['n_results']} results, {d['n_failed']} failures (no score), "
-                  f"{d['n_condensed']} condensed prompts, mean tokens per call "
+                  f"{d['n_condensed']} condensed prompts ({d.get('n_patch_cut', 0)} with the final patch cut "
+                  f"to fit), mean tokens per call "
                   f"{'n/a' if d['mean_tokens'] is None else round(d['mean_tokens'], 1)}."
                   + (f" Failed: {', '.join(d['failed'])}." if d["failed"] else ""), ""]
     dist = data.get("distributions") or {}

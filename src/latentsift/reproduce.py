@@ -78,7 +78,7 @@ class ReproduceSettings:
     max_instances: int | None = None    # cap on the selected instances (hash order), for quick runs
     max_span_tokens: int | None = 16
     max_prompt_tokens: int | None = 128
-    verifier_max_tokens: int = 256
+    verifier_max_tokens: int = 512
     model: str | None = None
     dtype: str = "auto"                 # "auto": bfloat16 where the hardware runs it natively, else float32
     n_folds: int = 4
@@ -277,8 +277,14 @@ class Run:
         results = ef.score(trajs, progress=lambda i, n: self.progress("EF verifier", i, n, ""))
         save_results(results, self.out / "verifier", name="ef", manifest=ef.manifest())
         failed = [t for t, r in results.items() if r.score is None]
+        if failed and len(failed) == len(results):
+            raise LatentSiftError(f"The EF verifier scored none of the {len(results)} candidates: "
+                                  f"{results[failed[0]].error}. Raise --verifier-max-tokens.")
         if failed:
             self.log(f"[verify] {len(failed)} candidates have no verifier score (reported per candidate)")
+        cut = sum(1 for r in results.values() if (r.condensed or {}).get("patch"))
+        self.log(f"[verify] {len(results) - len(failed)} scored; the final patch was cut to fit the "
+                 f"{self.s.verifier_max_tokens}-token budget in {cut} prompts")
         self._timed("verify", t0)
         return results
 
