@@ -25,7 +25,7 @@ class Limits:
     ``bank``: the text of a nearest bank step shown beside an evidence step; ``prompt``: task prompt."""
 
     span: int = 1500
-    traj: int = 30_000
+    traj: int = 20_000
     tail_span: int = 200
     bank: int = 600
     prompt: int = 1500

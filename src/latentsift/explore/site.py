@@ -178,13 +178,13 @@ def write_filter_site(filter_json: str | Path, pools: str | Path, out_dir: str |
     detail = json.loads(fpath.read_text())
     if detail.get("format") != FILTER_FORMAT:
         raise LatentSiftError(f"{fpath} is not a 'latentsift filter' output (format {detail.get('format')!r}).")
-    trajs = load_jsonl(pools)
+    every = load_jsonl(pools)
     inst = {p["instance_id"] for p in detail["pools"]}
-    trajs = [t for t in trajs if t.instance_id in inst]
+    trajs = [t for t in every if t.instance_id in inst]
     if not trajs:
         raise LatentSiftError(f"{pools} holds none of the {len(inst)} pools of {fpath}: pass the pools file "
                               "the filter was run on.")
-    bank: dict[str, Trajectory] = {}
+    bank: dict[str, Trajectory] = {t.traj_id: t for t in every}  # a bank built from the same file
     bdir = bank_dir or (detail.get("inputs") or {}).get("bank_dir")
     if bdir is not None:
         man = Path(bdir) / "manifest.json"
@@ -192,7 +192,7 @@ def write_filter_site(filter_json: str | Path, pools: str | Path, out_dir: str |
             raise LatentSiftError(f"The bank folder {str(bdir)!r} has no manifest.json.")
         src = (json.loads(man.read_text()).get("source") or {}).get("pools")
         if src and Path(src).is_file():
-            bank = {t.traj_id: t for t in load_jsonl(src)}
+            bank |= {t.traj_id: t for t in load_jsonl(src)}
     info = {"filter output": str(fpath.resolve()), "pools": str(Path(pools).resolve()),
             "bank": None if bdir is None else str(Path(bdir).resolve())}
     return write_site(out_dir, trajs, detail=detail, bank_trajectories=bank,
