@@ -159,7 +159,7 @@ def write_run_site(run_dir: str | Path, out_dir: str | Path | None = None, *, li
     kept = json.loads((run / "stage1" / "retained.json").read_text())["filters"]
     summary = json.loads((run / "report" / "summary.json").read_text())
     return write_site(out_dir or run / "report", trajs, detail=detail, kept=kept, summary=summary,
-                      title=f"LatentSift run {run.name}", limits=limits,
+                      title=f"LatentSift explorer · run {run.resolve().name}", limits=limits,
                       info={"run folder": str(run.resolve()), "report": "report.md"})
 
 
