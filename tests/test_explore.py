@@ -61,7 +61,7 @@ def _column(page, table: str, col: int) -> list[str]:
 
 
 @pytest.mark.model
-def test_site_of_the_tiny_run_in_chromium(tiny_run, browser, tmp_path):
+def test_site_of_the_tiny_run_in_chromium(browser, tiny_run, tmp_path):  # browser first: fails fast
     s, report = tiny_run
     run = Path(s["out"])
     pg = Page(browser)
@@ -73,6 +73,13 @@ def test_site_of_the_tiny_run_in_chromium(tiny_run, browser, tmp_path):
     assert page.locator("h2", has_text="Oracle retention after Stage 1").count() == 1
     for cid in ("chart-best", "chart-retention", "chart-diff"):
         assert page.evaluate(f"Chart.getChart('{cid}') !== undefined"), cid
+    # hover values: a point of the retention figure shows its value and interval in the tooltip
+    page.locator("#chart-retention").scroll_into_view_if_needed()
+    box = page.locator("#chart-retention").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+    page.wait_for_function("Chart.getChart('chart-retention').tooltip.getActiveElements().length > 0")
+    label = page.evaluate("Chart.getChart('chart-retention').tooltip.body[0].lines[0]")
+    assert re.search(r": \d+\.\d% \[\d+\.\d%, \d+\.\d%\]$", label), label
     page.screenshot(path=str(shots / "summary.png"), full_page=True)
 
     # instances: one row per pool; a click on 'K' ... sorts; the filter box hides rows

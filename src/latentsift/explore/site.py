@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .._io import atomic_write_json, atomic_write_text
+from .._io import atomic_write_json
 from .._validation import LatentSiftError
 from ..trajectory import Trajectory, load_jsonl
 from .data import RETAINED_FORMAT, Limits, pool_pages, summary_charts, summary_tables
@@ -97,8 +97,6 @@ def write_site(out_dir: str | Path, trajectories: Sequence[Trajectory], *, detai
         (tmp / "instances" / f"{p['slug']}.html").write_text(
             tpl.render(**common, root="../", p=p, prev=prev, next=nxt), encoding="utf-8")
     # swap in: an old site is replaced only once the new one is complete
-    old = out.with_name(out.name + ".old-explore")
-    shutil.rmtree(old, ignore_errors=True)
     if out.exists():
         # reproduce writes the site into report/ beside summary.json: replace only the explorer's files
         for name in ("index.html", "instances.html", "instances", "static"):
