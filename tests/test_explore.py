@@ -106,6 +106,12 @@ def test_site_of_the_tiny_run_in_chromium(browser, tiny_run, tmp_path):  # brows
     page = pg.open(report / "instances" / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', pool['instance_id'])}.html")
     ids = _column(page, "#candidates", 1)
     assert sorted(ids) == sorted(c["traj_id"] for c in pool["candidates"])
+    # kept or not by each filter: the columns say what stage1/retained.json says (EF verifier included)
+    retained = json.loads((run / "stage1" / "retained.json").read_text())["filters"]
+    heads = page.eval_on_selector_all("#candidates thead th", "hs => hs.map(h => h.textContent.trim())")
+    for f, label in (("latentsift", "kept: LatentSift (paper)"), ("ef_verifier", "kept: LLM EF verifier (original workflow)")):
+        col = _column(page, "#candidates", heads.index(label))
+        assert {t for t, k in zip(ids, col) if k.startswith("✓")} == set(retained[f][pool["instance_id"]])
     page.click("#candidates th:has-text('steps')")  # the candidate table sorts too
     steps = [int(x) for x in _column(page, "#candidates", 6)]
     assert steps == sorted(steps)

@@ -739,7 +739,8 @@ def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print
     log(f"report: {report_dir / 'report.md'}")
     # --- explorer (issue 18): per-candidate Stage-1 results (scores, evidence, retained sets) and the site ---
     from .explore import save_stage1, write_run_site
-    save_stage1(draw_scorers, out / "stage1", inputs={"pools": str((out / "pools.jsonl").resolve())},
+    save_stage1(draw_scorers, out / "stage1", tables={"ef_verifier": {t: r.score for t, r in ef.items()}},
+                seed=settings.seed, inputs={"pools": str((out / "pools.jsonl").resolve())},
                 fingerprint=fingerprint.to_dict())
     log(f"explorer: {write_run_site(out)}")
     # --- end explorer ---

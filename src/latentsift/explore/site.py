@@ -115,20 +115,29 @@ def write_site(out_dir: str | Path, trajectories: Sequence[Trajectory], *, detai
 
 # ------------------------------------------------------------------------------- reproduce runs
 def save_stage1(draw_scorers: Mapping[str, Any], out_dir: str | Path, *, detail: str = "latentsift",
+                tables: Mapping[str, Mapping[str, float | None]] | None = None, seed: int = 0,
                 inputs: Mapping[str, Any] | None = None, fingerprint: Mapping | None = None) -> dict[str, Path]:
     """Keep the per-candidate Stage-1 results of a reproduce run (whole pools, not draws).
 
     ``draw_scorers``: name -> object with ``table`` {instance: (filter, prepared)} (reproduce's
-    fold-wise filters). Writes ``<detail>.json`` (the ``latentsift filter`` output format: s, ranks,
-    evidence per candidate) and ``retained.json`` (every filter's retained set per instance).
+    fold-wise filters); ``tables``: further filters as traj_id -> score (e.g. the EF verifier; None =
+    failed, ranks last), retained by the cascade's Stage-1 rule with ``seed``. Writes ``<detail>.json``
+    (the ``latentsift filter`` output format: s, ranks, evidence per candidate) and ``retained.json``
+    (every filter's retained set per instance).
     """
+    from ..cascade import stage1_retain
     from ..sift import FilterRun
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     retained: dict[str, dict[str, list[str]]] = {}
+    pools: dict[str, list[str]] = {}
     for name, ds in draw_scorers.items():
         retained[name] = {i: f.retained_subset(p, p.traj_ids) for i, (f, p) in sorted(ds.table.items())}
+        pools |= {i: list(p.traj_ids) for i, (f, p) in ds.table.items()}
+    for name, sc in (tables or {}).items():
+        retained[name] = {i: sorted(stage1_retain(ids, [sc.get(t) for t in ids], seed=seed))
+                          for i, ids in sorted(pools.items())}
     atomic_write_json(out / "retained.json", {"format": RETAINED_FORMAT, "version": 1, "filters": retained})
     written["retained.json"] = out / "retained.json"
     if detail in draw_scorers:
