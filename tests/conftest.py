@@ -34,3 +34,27 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# The tiny end-to-end reproduce run (4 instances, every stage, packaged model), made once per session
+# and shared by tests/test_reproduce.py and tests/test_explore.py.
+TINY_RUN = dict(max_instances=4, n_unresolved=1, n_folds=2, max_span_tokens=8, max_prompt_tokens=16,
+                verifier_max_tokens=256, ks=(2, 3), n_draws=10, n_boot=50, scorer_epochs=2, variants=False,
+                sweep=("patch",))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(data_dir, tmp_path_factory, policy):
+    """(settings dict, report folder) of the tiny reproduce run, at one torch thread."""
+    import torch
+
+    from latentsift.reproduce import ReproduceSettings, reproduce
+
+    s = dict(data=str(data_dir), out=str(tmp_path_factory.mktemp("tiny") / "run"), **TINY_RUN)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        report = reproduce(ReproduceSettings(**s), log=lambda m: None)
+    finally:
+        torch.set_num_threads(n)
+    return s, report

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -65,13 +66,11 @@ def test_per_agent_retention_groups_by_who_solved():
 
 
 @pytest.mark.model
-def test_tiny_reproduce_end_to_end_is_deterministic(data_dir, tmp_path, policy):
-    """A 4-instance run through every stage with the packaged model; a rerun reuses the caches and
-    writes the identical summary.json."""
-    s = dict(data=str(data_dir), out=str(tmp_path / "run"), max_instances=4, n_unresolved=1, n_folds=2,
-             max_span_tokens=8, max_prompt_tokens=16, verifier_max_tokens=256, ks=(2, 3), n_draws=10,
-             n_boot=50, scorer_epochs=2, variants=False, sweep=("patch",))
-    report = reproduce(ReproduceSettings(**s), log=lambda m: None)
+def test_tiny_reproduce_end_to_end_is_deterministic(tiny_run):
+    """A 4-instance run through every stage with the packaged model (conftest's shared ``tiny_run``);
+    a rerun reuses the caches and writes the identical summary.json."""
+    s, report = tiny_run
+    tmp_path = Path(s["out"]).parent
     first = (report / "summary.json").read_text()
     data = json.loads(first)
     assert {"settings", "pools", "retention", "best_at_k", "tokens", "ablations", "selection"} <= set(data)

@@ -11,6 +11,8 @@ Every stage writes into the run folder and is reused by a rerun with the same se
     OUT/folds/fold-<k>/        bank/ and scorer/ of fold k (reused when their settings match)
     OUT/verifier/              EF-verifier results and its on-disk call cache
     OUT/report/                summary.json, report.md, figures (written last: presence = finished)
+    OUT/stage1/                latentsift.json (per-candidate scores and evidence), retained.json (issue 18)
+    OUT/report/index.html      the explorer (latentsift.explore), written after the report
 
 Data rules (dataset README): the runs ``acr-val-only`` and ``acr-val-sbfl`` told the agent the result
 of the hidden tests, so their trajectories give the label away; they are left out of every selection
@@ -741,4 +743,11 @@ def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print
     atomic_write_json(out / "timings.json", run.timings)  # kept out of summary.json: wall times vary run to run
     write_report(summary, report_dir)
     log(f"report: {report_dir / 'report.md'}")
+    # --- explorer (issue 18): per-candidate Stage-1 results (scores, evidence, retained sets) and the site ---
+    from .explore import save_stage1, write_run_site
+    save_stage1(draw_scorers, out / "stage1", tables={"ef_verifier": {t: r.score for t, r in ef.items()}},
+                seed=settings.seed, inputs={"pools": str((out / "pools.jsonl").resolve())},
+                fingerprint=fingerprint.to_dict())
+    log(f"explorer: {write_run_site(out)}")
+    # --- end explorer ---
     return report_dir

@@ -59,3 +59,5 @@ def reproduce_cmd(
     with StageProgress(console) as bar:
         report = reproduce(s, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")
+    if (report / "index.html").is_file():  # explorer (issue 18)
+        console.print(f"[bold green]Explorer:[/] {report / 'index.html'}")

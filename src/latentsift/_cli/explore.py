@@ -1,0 +1,33 @@
+"""``latentsift explore``: the static HTML explorer of a filter output (parsing and printing only).
+
+The logic is ``latentsift.explore.write_filter_site``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("explore")(explore_cmd)
+
+
+def explore_cmd(
+    filter_json: Path = typer.Argument(..., help="FILTER.json written by 'latentsift filter'."),
+    pools: Path = typer.Option(..., "--pools", help="The canonical pools JSONL the filter was run on."),
+    bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR: the text of evidence's nearest bank "
+                                        "steps is read from its pools file (default: the filter output's bank)."),
+    out: Path = typer.Option(..., "--out", help="SITE_DIR to write (index.html, instances.html, instances/)."),
+) -> None:
+    """Write a static HTML site: pools, candidates side by side, trajectories with their evidence."""
+    from rich.console import Console
+
+    from ..explore import write_filter_site
+
+    console = Console(stderr=True)
+    with console.status("writing pages ..."):
+        index = write_filter_site(filter_json, pools, out, bank_dir=bank)
+    size = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
+    console.print(f"Explorer: {index} ({size / 1e6:.1f} MB)")
