@@ -39,7 +39,7 @@ def one_torch_thread():
 # The tiny end-to-end reproduce run (4 instances, every stage, packaged model), made once per session
 # and shared by tests/test_reproduce.py and tests/test_explore.py.
 TINY_RUN = dict(max_instances=4, n_unresolved=1, n_folds=2, max_span_tokens=8, max_prompt_tokens=16,
-                verifier_max_tokens=256, ks=(2, 3), n_draws=10, n_boot=50, scorer_epochs=2, variants=False,
+                verifier_max_tokens=512, ks=(2, 3), n_draws=10, n_boot=50, scorer_epochs=2, variants=False,
                 sweep=("patch",))
 
 

@@ -75,6 +75,9 @@ def test_tiny_reproduce_end_to_end_is_deterministic(tiny_run):
     data = json.loads(first)
     assert {"settings", "pools", "retention", "best_at_k", "tokens", "ablations", "selection"} <= set(data)
     assert data["pools"]["n_instances"] == 4
+    # every candidate got a verdict within the prompt budget, so the original workflow is charged tokens
+    fv = data["diagnostics"]["final_verifier"]
+    assert fv["n_results"] == data["pools"]["n_candidates"] and fv["n_failed"] == 0 and fv["mean_tokens"] > 300
     # the sweep's representation has its own store (longer patch-writing step) and its own rows
     assert {"sweep:patch-1024", "sweep:patch-1024:default"} <= set(data["retention"])
     assert (tmp_path / "run" / "sweep" / "patch-1024" / "states" / "manifest.json").is_file()
@@ -99,3 +102,13 @@ def test_sweep_settings_name_known_representations(data_dir):
     assert specs == {"patch-200": {"patch_step_tokens": 200}, "span-96": {"max_span_tokens": 96}}
     with pytest.raises(LatentSiftError, match="'sweep' parameter of reproduce"):
         ReproduceSettings(data=str(data_dir), out="x", sweep=("bert",))
+
+
+@pytest.mark.model
+def test_a_verifier_that_scores_nothing_stops_the_run(data_dir, tmp_path, policy, one_torch_thread):
+    from latentsift.reproduce import Run
+    run = Run(ReproduceSettings(data=str(data_dir), out=str(tmp_path), max_instances=1, n_unresolved=0,
+                                verifier_max_tokens=64), log=lambda m: None)
+    trajs, _ = run.import_pools()
+    with pytest.raises(LatentSiftError, match="scored none of the .* Raise --verifier-max-tokens"):
+        run.verify(policy, trajs[:2])

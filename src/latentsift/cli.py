@@ -31,3 +31,7 @@ def main() -> None:  # pragma: no cover - thin wrapper
     except LatentSiftError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
