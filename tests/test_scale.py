@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray", reason='the Ray tests need the extra: pip install -e ".[ray]"')
+ray = None  # imported by the cluster fixture (the Ray tests skip without the extra)
 
 from latentsift import LatentSiftError  # noqa: E402
 from latentsift.bank import Bank  # noqa: E402
@@ -22,6 +22,8 @@ EXTRACT = dict(max_tokens=384, max_span_tokens=24, max_prompt_tokens=48, store_d
 
 @pytest.fixture(scope="module")
 def cluster(one_torch_thread):
+    global ray
+    ray = pytest.importorskip("ray", reason='the Ray tests need the extra: pip install -e ".[ray]"')
     r = connect("local", num_cpus=2)  # loopback only, no dashboard
     yield r
     r.shutdown()
@@ -189,3 +191,20 @@ def test_filter_on_a_sharded_bank_gives_the_same_scores_and_retained_sets(cluste
         sharded.close()
     assert got == want
     assert [r["retained"] for r in got] == [r["retained"] for r in want] and all(r["retained"] for r in got)
+
+
+def test_approximate_backend_reports_recall_and_keeps_retention(world):
+    pytest.importorskip("faiss", reason='the approximate backend needs faiss-cpu: pip install -e ".[faiss]"')
+    from latentsift.scale.approx import approx_bank, recall_at_1
+
+    bank, pools, cand, _ = world
+    want = LatentSift(bank, branches="distance").score_pools(pools, cand, fingerprint=FP)
+    z = np.concatenate([s.distance_states()[s.channel == CHANNEL_ID["cot"]] for s in cand.values()])
+    d, _, i, _ = bank.distances(z, "cot")
+    for kind in ("ivf", "hnsw"):
+        ab = approx_bank(bank, kind)
+        da, _, ia, _ = ab.distances(z, "cot")
+        assert np.all(da >= d - 1e-6)  # an approximate row is never nearer than the exact one
+        assert recall_at_1(ia, i, d, da) == 1.0  # a small bank: every cell probed, the graph exact
+        got = LatentSift(ab, branches="distance").score_pools(pools, cand, fingerprint=FP)
+        assert [r.retained for r in got] == [r.retained for r in want]
