@@ -53,7 +53,7 @@ def extract_cmd(
                                                     "of each span of the step that wrote the final patch "
                                                     "instead of --max-span-tokens."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Extract on Ray workers: local, auto or HOST:PORT "
-                                      "(needs pip install -e \".[ray]\"; same states as one process)."),
+                                      "(needs the optional extra: pip install ray==2.60.0; same states as one process)."),
     workers: int = typer.Option(2, "--workers", help="Ray workers (each loads the model once)."),
     gpus_per_worker: float = typer.Option(0, "--gpus-per-worker", help="GPUs each Ray worker claims."),
 ) -> None:

@@ -42,7 +42,7 @@ def filter_cmd(
     instances: Optional[str] = typer.Option(None, "--instances", help="Only these instance ids (comma-separated)."),
     show: int = typer.Option(10, "--show", help="Print the table of at most N pools (the JSON has all)."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Search the bank on Ray actors: local, auto or "
-                                      "HOST:PORT (needs pip install -e \".[ray]\"; same results)."),
+                                      "HOST:PORT (needs the optional extra: pip install ray==2.60.0; same results)."),
     bank_shards: Optional[int] = typer.Option(None, "--bank-shards", help="Bank shards on Ray (default 2 with --ray)."),
     approx: Optional[str] = typer.Option(None, "--approx", help="Approximate FAISS search: ivf or hnsw (off by "
                                          "default; see docs/scale.md for its recall)."),

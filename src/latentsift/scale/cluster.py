@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 from .._validation import LatentSiftError
 
@@ -51,6 +52,11 @@ def connect(address: str | None = "local", *, num_cpus: float | None = None):
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     if address == "local":
+        # workers of a local cluster import this very latentsift (a source checkout included)
+        pkg_root = str(Path(__file__).resolve().parents[2])
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if pkg_root not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([pkg_root, *paths])
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, _node_ip_address="127.0.0.1", **kw)
     elif address == "auto":
         try:

@@ -138,7 +138,12 @@ def extract_pools_ray(model: str | os.PathLike | None, trajectories: Iterable, s
 def _drive(ray, pool, store, trajs, report, progress, t0, shard_size) -> None:
     from ray.exceptions import RayActorError
 
-    infos = ray.get([a.info.remote() for a in pool])
+    try:
+        infos = ray.get([a.info.remote() for a in pool])
+    except RayActorError as e:  # the actor class itself failed to start (e.g. latentsift missing there)
+        cause = str(e).strip().splitlines()[-1]
+        raise LatentSiftError(f"A Ray worker could not start: {cause}. Install latentsift (with the same version) "
+                              "on every node. The store was not changed.") from None
     bad = next((i for i in infos if "error" in i), None)
     if bad:
         raise LatentSiftError(f"A Ray worker on {bad['host']} could not load the model: {bad['error']}. "
