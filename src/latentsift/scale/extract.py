@@ -159,7 +159,7 @@ def _drive(ray, pool, store, trajs, report, progress, t0, shard_size) -> None:
     todo = [t for t in trajs if not store.has(t.traj_id)]
     report.n_skipped = len(trajs) - len(todo)
     if progress:
-        progress(ExtractProgress(0, len(todo), report.n_skipped, 0, 0.0))
+        progress(ExtractProgress(0, len(todo), report.n_skipped, 0, time.perf_counter() - t0))  # workers loaded
     if not todo:
         return
     # token counts on all workers, then longest first: the greedy hand-out below balances the load
