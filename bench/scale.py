@@ -112,12 +112,13 @@ def bench_approx(args, bank, q, D0, I0) -> None:
     n = len(bank)
     for kind in args.approx:
         t0 = time.perf_counter()
-        index = build_index(bank, kind)
+        index = build_index(bank, kind, **({"nlist": args.nlist} if kind == "ivf" else {"hnsw_m": args.hnsw_m}))
         build = time.perf_counter() - t0
         t0 = time.perf_counter()
         D, I = search(index, bank, q)
         t = time.perf_counter() - t0
-        print(f"{n:>9,d} states  approx {kind:4s} (build {build:6.1f} s)  recall@1 {recall_at_1(I, I0, D0, D):.3f}  "
+        par = f"nlist={args.nlist}, nprobe=16" if kind == "ivf" else f"M={args.hnsw_m}, efSearch=64"
+        print(f"{n:>9,d} states  approx {kind:4s} {par} (build {build:6.1f} s)  recall@1 {recall_at_1(I, I0, D0, D):.3f}  "
               f"{len(q) / t:9,.0f} queries/s  (exact floor: see above)")
         del index
 
@@ -135,6 +136,8 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=512)
     ap.add_argument("--approx", default="ivf,hnsw")
     ap.add_argument("--approx-size", type=int, default=1000000)
+    ap.add_argument("--nlist", type=int, default=1024)
+    ap.add_argument("--hnsw-m", type=int, default=16)
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: extract, bank")
     args = ap.parse_args()
     args.sizes = [int(float(x)) for x in args.sizes.split(",")]

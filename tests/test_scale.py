@@ -111,9 +111,18 @@ def test_bad_input_ends_with_clear_errors_and_a_valid_store(cluster, tiny_model,
     (broken / "config.json").write_text("{not json")
     with pytest.raises(LatentSiftError, match="could not load the model"):
         extract_pools_ray(broken, trajs, dst, workers=1, **EXTRACT)
+    from typer.testing import CliRunner
+
+    from latentsift.cli import app
+    from latentsift.trajectory import save_jsonl
+
+    save_jsonl(trajs, tmp_path / "pools.jsonl")
     with StateStore(dst).lock():  # another writer holds the store
         with pytest.raises(LatentSiftError, match="Another process is writing"):
             extract_pools_ray(tiny_model, trajs, dst, workers=1, dtype="float32", device="cpu", **EXTRACT)
+        res = CliRunner().invoke(app, ["extract", str(tmp_path / "pools.jsonl"), "--out", str(dst), "--model",
+                                       str(tiny_model), "--ray", "local", "--workers", "2", "--max-tokens", "384"])
+        assert isinstance(res.exception, LatentSiftError) and "Another process is writing" in str(res.exception)
     store = StateStore(dst).open()
     assert len(store) == n and store.verify() >= 1
     assert_same_store(single, store)
