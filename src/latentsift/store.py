@@ -224,61 +224,60 @@ class StateStore:
         Atomic: the shard is renamed into place, then the index that references it; a kill in
         between leaves an orphan that the next ``open`` deletes.
         """
-        from safetensors.numpy import save
-
         self._require_open()
         states = list(states)
-        instance_ids = list(instance_ids)
-        if len(states) != len(instance_ids):
-            raise param_error("instance_ids", "StateStore.write", f"one id per trajectory ({len(states)})",
-                              f"{len(instance_ids)} ids")
-        if not states:
-            return None
-        fp = self.fingerprint
-        n_layers = len(self.settings.get("layers") or range(fp.n_layers))
-        dtype = self.settings.get("store_dtype", "float16")
-        seen: set[str] = set()
         for s in states:
-            if s.traj_id in self._trajs or s.traj_id in seen:
+            if s.traj_id in self._trajs:
                 raise LatentSiftError(f"The trajectory {s.traj_id!r} is already in the store {self.path}.")
-            seen.add(s.traj_id)
-            if s.layers.ndim != 3 or s.layers.shape[1:] != (n_layers, fp.d_model):
-                raise LatentSiftError(f"The states of {s.traj_id!r} have shape {s.layers.shape}; the store "
-                                      f"{self.path} holds (n_spans, {n_layers}, {fp.d_model}).")
-        stacked = np.concatenate([s.layers for s in states], axis=0).astype(np.float32, copy=False)
-        if not np.isfinite(stacked).all():
-            bad = next(s.traj_id for s in states if not np.isfinite(s.layers).all())
-            raise LatentSiftError(f"The states of {bad!r} contain NaN or inf; they are not stored.")
-        if dtype == "float16" and stacked.size and np.abs(stacked).max() > np.finfo(np.float16).max:
-            raise LatentSiftError(f"States exceed the float16 range (max |x| = {np.abs(stacked).max():.3g}); "
-                                  "use store_dtype='float32' for this model.")
-        name = f"shard-{len(self._shards):05d}.safetensors"
-        # C order: safetensors writes an array's memory as it lies, so a transposed (layer-major)
-        # view would be read back scrambled
-        tensors = {"states": np.ascontiguousarray(stacked.astype(dtype)),
-                   "step": np.concatenate([s.step for s in states]).astype(np.int32),
-                   "channel": np.concatenate([s.channel for s in states]).astype(np.int8)}
-        offsets = np.cumsum([0] + [s.n_spans for s in states]).tolist()
-        # one metadata key: safetensors writes its metadata map in no fixed order
-        meta = json.dumps({"format": FORMAT, "fingerprint": fp.digest, "traj_ids": [s.traj_id for s in states],
-                           "offsets": offsets}, sort_keys=True)
-        data = save(tensors, metadata={"latentsift": meta})
-        atomic_write_bytes(self.path / SHARDS / name, data)
-        for s, inst, off in zip(states, instance_ids, offsets):
-            k = s.n_spans
-            self._rows["traj_id"] += [s.traj_id] * k
-            self._rows["instance_id"] += [inst] * k
-            self._rows["step"] += s.step.astype(int).tolist()
-            self._rows["channel"] += s.channel.astype(int).tolist()
-            self._rows["shard"] += [name] * k
-            self._rows["row"] += list(range(off, off + k))
-            self._rows["n_tokens"] += [int(s.n_tokens)] * k
-            self._trajs[s.traj_id] = {"traj_id": s.traj_id, "instance_id": inst, "shard": name, "row": off,
-                                      "n_spans": k, "n_tokens": int(s.n_tokens)}
-        self._shards.append({"name": name, "sha256": _sha256(data), "n_rows": int(offsets[-1]),
-                             "n_trajectories": len(states), "bytes": len(data)})
-        self._write_index()
+        shard = encode_shard(states, instance_ids, self.fingerprint, self.settings, where=str(self.path))
+        if shard is None:
+            return None
+        name = self._next_name()
+        atomic_write_bytes(self.path / SHARDS / name, shard.data)
+        self._append(name, shard)
         return name
+
+    def _next_name(self) -> str:
+        return f"shard-{len(self._shards):05d}.safetensors"
+
+    def commit(self, tmp_name: str, shard: "EncodedShard") -> str:
+        """Commit a shard file another process wrote as ``shards/<tmp_name>`` (the encoding of
+        ``shard``, without its bytes): check its sha256, rename it to the next shard name and
+        rewrite the index. The caller holds the writer lock (the driver of a distributed run)."""
+        self._require_open()
+        src = self.path / SHARDS / tmp_name
+        if not src.is_file():
+            raise LatentSiftError(f"The shard file {src} written by a worker is missing; is the store on a "
+                                  "filesystem that all workers and the driver share?")
+        got = _sha256(src.read_bytes())
+        if got != shard.sha256:
+            raise LatentSiftError(f"The shard file {src} does not match the checksum its worker reported; "
+                                  "it was not committed.")
+        dup = next((t for t in shard.traj_ids if t in self._trajs), None)
+        if dup is not None:
+            raise LatentSiftError(f"The trajectory {dup!r} is already in the store {self.path}.")
+        name = self._next_name()
+        os.replace(src, self.path / SHARDS / name)
+        self._append(name, shard)
+        return name
+
+    def _append(self, name: str, shard: "EncodedShard") -> None:
+        offsets = shard.offsets
+        for i, (tid, inst) in enumerate(zip(shard.traj_ids, shard.instance_ids)):
+            a, b = offsets[i], offsets[i + 1]
+            k = b - a
+            self._rows["traj_id"] += [tid] * k
+            self._rows["instance_id"] += [inst] * k
+            self._rows["step"] += shard.step[a:b]
+            self._rows["channel"] += shard.channel[a:b]
+            self._rows["shard"] += [name] * k
+            self._rows["row"] += list(range(a, b))
+            self._rows["n_tokens"] += [shard.n_tokens[i]] * k
+            self._trajs[tid] = {"traj_id": tid, "instance_id": inst, "shard": name, "row": a,
+                                "n_spans": k, "n_tokens": shard.n_tokens[i]}
+        self._shards.append({"name": name, "sha256": shard.sha256, "n_rows": int(offsets[-1]),
+                             "n_trajectories": len(shard.traj_ids), "bytes": shard.n_bytes})
+        self._write_index()
 
     # -- reading ----------------------------------------------------------------------------
     def _read_shard(self, shard: dict) -> dict[str, np.ndarray]:
@@ -339,6 +338,72 @@ class StateStore:
     def lock(self):
         """Exclusive writer lock (released when the process exits, also on a kill)."""
         return _Lock(self.path / LOCK)
+
+
+@dataclass
+class EncodedShard:
+    """One shard's safetensors bytes and what the index needs of it (no array: cheap to send)."""
+
+    data: bytes | None
+    sha256: str
+    n_bytes: int
+    traj_ids: list[str]
+    instance_ids: list[str]
+    offsets: list[int]
+    step: list[int]
+    channel: list[int]
+    n_tokens: list[int]
+
+    def without_data(self) -> "EncodedShard":
+        return EncodedShard(None, self.sha256, self.n_bytes, self.traj_ids, self.instance_ids, self.offsets,
+                            self.step, self.channel, self.n_tokens)
+
+
+def encode_shard(states: Sequence[TrajectoryStates], instance_ids: Sequence[str], fingerprint: Fingerprint,
+                 settings: dict[str, Any], *, where: str = "the store") -> EncodedShard | None:
+    """Check ``states`` against the store's model and settings and encode them as one shard
+    (``None`` for no states). Pure: a worker of a distributed run calls it without the store open."""
+    from safetensors.numpy import save
+
+    states = list(states)
+    instance_ids = list(instance_ids)
+    if len(states) != len(instance_ids):
+        raise param_error("instance_ids", "StateStore.write", f"one id per trajectory ({len(states)})",
+                          f"{len(instance_ids)} ids")
+    if not states:
+        return None
+    fp = fingerprint
+    n_layers = len(settings.get("layers") or range(fp.n_layers))
+    dtype = settings.get("store_dtype", "float16")
+    seen: set[str] = set()
+    for s in states:
+        if s.traj_id in seen:
+            raise LatentSiftError(f"The trajectory {s.traj_id!r} is already in {where}.")
+        seen.add(s.traj_id)
+        if s.layers.ndim != 3 or s.layers.shape[1:] != (n_layers, fp.d_model):
+            raise LatentSiftError(f"The states of {s.traj_id!r} have shape {s.layers.shape}; the store "
+                                  f"{where} holds (n_spans, {n_layers}, {fp.d_model}).")
+    stacked = np.concatenate([s.layers for s in states], axis=0).astype(np.float32, copy=False)
+    if not np.isfinite(stacked).all():
+        bad = next(s.traj_id for s in states if not np.isfinite(s.layers).all())
+        raise LatentSiftError(f"The states of {bad!r} contain NaN or inf; they are not stored.")
+    if dtype == "float16" and stacked.size and np.abs(stacked).max() > np.finfo(np.float16).max:
+        raise LatentSiftError(f"States exceed the float16 range (max |x| = {np.abs(stacked).max():.3g}); "
+                              "use store_dtype='float32' for this model.")
+    # C order: safetensors writes an array's memory as it lies, so a transposed (layer-major)
+    # view would be read back scrambled
+    tensors = {"states": np.ascontiguousarray(stacked.astype(dtype)),
+               "step": np.concatenate([s.step for s in states]).astype(np.int32),
+               "channel": np.concatenate([s.channel for s in states]).astype(np.int8)}
+    offsets = np.cumsum([0] + [s.n_spans for s in states]).tolist()
+    # one metadata key: safetensors writes its metadata map in no fixed order
+    meta = json.dumps({"format": FORMAT, "fingerprint": fp.digest, "traj_ids": [s.traj_id for s in states],
+                       "offsets": offsets}, sort_keys=True)
+    data = save(tensors, metadata={"latentsift": meta})
+    return EncodedShard(data=data, sha256=_sha256(data), n_bytes=len(data), traj_ids=[s.traj_id for s in states],
+                        instance_ids=instance_ids, offsets=[int(x) for x in offsets],
+                        step=tensors["step"].astype(int).tolist(), channel=tensors["channel"].astype(int).tolist(),
+                        n_tokens=[int(s.n_tokens) for s in states])
 
 
 class _Lock:
@@ -442,6 +507,26 @@ def select_instances(trajectories: Sequence, n_instances: int | None) -> list:
     return [t for t in trajectories if t.instance_id in keep]
 
 
+def extract_one(policy, trajectory, settings: dict[str, Any]) -> tuple[TrajectoryStates, bool, bool]:
+    """Render and replay one trajectory with the manifest ``settings`` of :func:`extract_settings`.
+
+    Returns (states, truncated by max_tokens, longer than the context)."""
+    from .channel import render, render_per_step
+
+    rkw = {"max_span_tokens": settings["max_span_tokens"], "max_prompt_tokens": settings["max_prompt_tokens"],
+           "patch_step_tokens": settings.get("patch_step_tokens")}
+    layer_ids = settings["layers"]
+    renderer = settings["renderer"].rsplit(".", 1)[-1]
+    t = trajectory
+    rs = [render(t, policy.tokenizer, **rkw)] if renderer == "render" else render_per_step(t, policy.tokenizer, **rkw)
+    parts = replay_many(policy, rs, chunk_tokens=settings["chunk_tokens"], max_tokens=settings["max_tokens"],
+                        layer_ids=None if len(layer_ids) == policy.n_layers else layer_ids)
+    st = parts[0] if len(parts) == 1 else merge_states(parts, t.traj_id)
+    truncated = any(p.n_tokens < r.n_tokens for p, r in zip(parts, rs))
+    windowed = any(p.n_tokens > policy.context_length for p in parts)
+    return st, truncated, windowed
+
+
 def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.PathLike, *,
                   max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
                   max_tokens: int | None = None, instances: int | None = None,
@@ -462,8 +547,6 @@ def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.P
     ``patch_step_tokens`` keeps the first N tokens of each span of the step that wrote the final
     patch (``channel.patch_step``) instead of ``max_span_tokens``.
     """
-    from .channel import render, render_per_step
-
     settings = extract_settings(policy, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
                                 max_tokens=max_tokens, layers=layers, store_dtype=store_dtype,
                                 chunk_tokens=chunk_tokens, shard_size=shard_size, renderer=renderer,
@@ -476,9 +559,6 @@ def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.P
         raise LatentSiftError(f"The trajectory id {dup!r} occurs more than once in the input.")
     t0 = time.perf_counter()
     report = ExtractReport(len(trajs), 0, 0, 0, 0, 0, 0.0)
-    layer_ids = settings["layers"]
-    rkw = {"max_span_tokens": max_span_tokens, "max_prompt_tokens": max_prompt_tokens,
-           "patch_step_tokens": patch_step_tokens}
     with store.lock():
         store.open_or_create(policy.fingerprint, settings)
         todo = [t for t in trajs if not store.has(t.traj_id)]
@@ -489,15 +569,11 @@ def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.P
             batch = todo[a:a + shard_size]
             states = []
             for t in batch:
-                rs = [render(t, policy.tokenizer, **rkw)] if renderer == "render" else \
-                    render_per_step(t, policy.tokenizer, **rkw)
-                parts = replay_many(policy, rs, chunk_tokens=chunk_tokens, max_tokens=max_tokens,
-                                    layer_ids=None if len(layer_ids) == policy.n_layers else layer_ids)
-                st = parts[0] if len(parts) == 1 else merge_states(parts, t.traj_id)
+                st, truncated, windowed = extract_one(policy, t, settings)
                 states.append(st)
                 report.n_tokens += st.n_tokens
-                report.n_truncated += int(any(p.n_tokens < r.n_tokens for p, r in zip(parts, rs)))
-                report.n_windowed += int(any(p.n_tokens > policy.context_length for p in parts))
+                report.n_truncated += int(truncated)
+                report.n_windowed += int(windowed)
                 report.n_extracted += 1
                 if progress:
                     progress(ExtractProgress(report.n_extracted, len(todo), report.n_skipped, report.n_tokens,

@@ -52,6 +52,10 @@ def extract_cmd(
     patch_step_tokens: Optional[int] = typer.Option(None, "--patch-step-tokens", help="Keep the first N tokens "
                                                     "of each span of the step that wrote the final patch "
                                                     "instead of --max-span-tokens."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Extract on Ray workers: local, auto or HOST:PORT "
+                                      "(needs the optional extra: pip install ray==2.60.0; same states as one process)."),
+    workers: int = typer.Option(2, "--workers", help="Ray workers (each loads the model once)."),
+    gpus_per_worker: float = typer.Option(0, "--gpus-per-worker", help="GPUs each Ray worker claims."),
 ) -> None:
     """Replay trajectories through the policy and store their pooled hidden states (resumable)."""
     from rich.console import Console
@@ -70,6 +74,28 @@ def extract_cmd(
             raise LatentSiftError(f"--threads must be a positive int. Got {threads} instead.")
         torch.set_num_threads(threads)
     trajs = load_jsonl(pools)
+    if ray is not None:  # scale-out (issue 16): the same store, written by Ray workers
+        from ..scale.cluster import require_ray
+        from ..scale.extract import extract_pools_ray
+
+        require_ray()
+        console.print(f"{len(trajs)} trajectories from {pools}; {workers} Ray workers at {ray} ...")
+        with StageProgress(console) as bar:
+            def rprogress(p) -> None:
+                rate = f"{p.tokens / p.elapsed:,.0f} tok/s" if p.elapsed > 0 else ""
+                bar.update("extract", p.done, p.total, rate)
+
+            report = extract_pools_ray(model, trajs, out, ray_address=ray, workers=workers,
+                                       gpus_per_worker=gpus_per_worker, dtype=dtype, device=device,
+                                       threads=threads or 1, max_span_tokens=max_span_tokens,
+                                       max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
+                                       instances=instances, layers=_parse_layers(layers), chunk_tokens=chunk_tokens,
+                                       shard_size=shard_size, renderer="render_per_step" if per_step else "render",
+                                       patch_step_tokens=patch_step_tokens, progress=rprogress)
+        console.print(f"{report.n_extracted} extracted, {report.n_skipped} already stored, "
+                      f"{report.n_tokens:,} tokens in {report.seconds:.1f} s ({report.tokens_per_s:,.0f} tok/s). "
+                      f"States in {out}.")
+        return
     console.print(f"{len(trajs)} trajectories from {pools}; loading the model ...")
     policy = load_policy(model, dtype=dtype, device=device)
     console.print(f"model: {policy.describe()}")

@@ -41,6 +41,11 @@ def filter_cmd(
     evidence: int = typer.Option(3, "--evidence", help="Strongest steps reported per channel (0 = none)."),
     instances: Optional[str] = typer.Option(None, "--instances", help="Only these instance ids (comma-separated)."),
     show: int = typer.Option(10, "--show", help="Print the table of at most N pools (the JSON has all)."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Search the bank on Ray actors: local, auto or "
+                                      "HOST:PORT (needs the optional extra: pip install ray==2.60.0; same results)."),
+    bank_shards: Optional[int] = typer.Option(None, "--bank-shards", help="Bank shards on Ray (default 2 with --ray)."),
+    approx: Optional[str] = typer.Option(None, "--approx", help="Approximate FAISS search: ivf or hnsw (off by "
+                                         "default; see docs/scale.md for its recall)."),
 ) -> None:
     """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
     from rich.console import Console
@@ -59,8 +64,14 @@ def filter_cmd(
                      "branches": "distance" if distance_only else "learned" if learned_only else "both",
                      "n_evidence": evidence}
     inst = [x.strip() for x in instances.split(",") if x.strip()] if instances else None
+    if ray is not None or bank_shards is not None:
+        from ..scale.cluster import require_ray
+        require_ray()
+        if approx is not None:
+            raise LatentSiftError("Pass --approx or --ray/--bank-shards, not both.")
     with Console(stderr=True).status("scoring ..."):
-        run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst, **settings)
+        run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
+                         ray_address=ray, bank_shards=bank_shards, approx=approx, **settings)
     run.save(out)
     for res in run.pools[:show]:
         t = Table(title=f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}", title_justify="left")
