@@ -34,3 +34,22 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# The tiny end-to-end run (4 instances, 2 folds, every stage with the packaged model), made once per
+# session and shared: test_reproduce checks it and its rerun, test_protocol/test_shift reuse its
+# pools, states and verifier results instead of extracting again.
+TINY_RUN = dict(max_instances=4, n_unresolved=1, n_folds=2, max_span_tokens=8, max_prompt_tokens=16,
+                verifier_max_tokens=256, ks=(2, 3), n_draws=10, n_boot=50, scorer_epochs=2, variants=False,
+                sweep=("patch",))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(data_dir, tmp_path_factory, policy):
+    """{"settings", "out", "report", "summary"}: the tiny reproduce run and its first summary.json text."""
+    from latentsift.reproduce import ReproduceSettings, reproduce
+
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    settings = dict(data=str(data_dir), out=str(out), **TINY_RUN)
+    report = reproduce(ReproduceSettings(**settings), log=lambda m: None)
+    return {"settings": settings, "out": out, "report": report, "summary": (report / "summary.json").read_text()}

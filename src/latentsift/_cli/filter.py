@@ -41,6 +41,10 @@ def filter_cmd(
     evidence: int = typer.Option(3, "--evidence", help="Strongest steps reported per channel (0 = none)."),
     instances: Optional[str] = typer.Option(None, "--instances", help="Only these instance ids (comma-separated)."),
     show: int = typer.Option(10, "--show", help="Print the table of at most N pools (the JSON has all)."),
+    sifter: Optional[Path] = typer.Option(None, "--sifter", help="SIFTER_DIR from 'latentsift fit' (replaces "
+                                          "--bank/--scorer and the method settings; runs the shift guard)."),
+    on_shift: str = typer.Option("warn", "--on-shift", help="With --sifter, for a pool unlike the sifter's "
+                                 "trajectories: warn, keep-all (skip Stage 1 for it) or error."),
 ) -> None:
     """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
     from rich.console import Console
@@ -59,8 +63,19 @@ def filter_cmd(
                      "branches": "distance" if distance_only else "learned" if learned_only else "both",
                      "n_evidence": evidence}
     inst = [x.strip() for x in instances.split(",") if x.strip()] if instances else None
-    with Console(stderr=True).status("scoring ..."):
-        run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst, **settings)
+    warnings: list[str] = []
+    if sifter is not None:
+        from ..sifter import run_sifter_filter
+        if bank is not None or scorer is not None or method != "latentsift":
+            raise LatentSiftError("--sifter replaces --bank, --scorer and --method: pass only --sifter.")
+        settings = {"min_keep": min_keep, "frac": frac, "seed": seed, "n_evidence": evidence}
+        with Console(stderr=True).status("scoring ..."):
+            run, warnings = run_sifter_filter(pools, states, sifter, on_shift=on_shift, instances=inst, **settings)
+        settings["channels"] = tuple(run.settings["channels"])
+    else:
+        with Console(stderr=True).status("scoring ..."):
+            run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
+                             **settings)
     run.save(out)
     for res in run.pools[:show]:
         t = Table(title=f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}", title_justify="left")
@@ -82,6 +97,8 @@ def filter_cmd(
         console.print(t)
     if len(run.pools) > show:
         console.print(f"... {len(run.pools) - show} more pools in {out}")
+    for w in warnings:
+        console.print(f"[yellow]shift ({on_shift}): {w}[/yellow]")
     shared = run.inputs.get("repos_shared_with_bank")
     if shared:
         console.print(f"[yellow]note: the bank and the pools share repositories {shared}; the paper's protocol "
