@@ -81,6 +81,11 @@ class Reference:
     n_loo: int
     quantile: float = QUANTILE
 
+    def __post_init__(self):
+        # JSON stores NaN as null: no reference distribution (a bank of one instance)
+        self.loo_quantile = float("nan") if self.loo_quantile is None else float(self.loo_quantile)
+        self.loo_median = float("nan") if self.loo_median is None else float(self.loo_median)
+
     @classmethod
     def from_bank(cls, bank, *, agents=None, scaffolds=None, quantile: float = QUANTILE) -> "Reference":
         ids, vecs = bank_vectors(bank)
