@@ -60,6 +60,7 @@ class CrossvalSettings:
     curve_fractions: tuple[float, ...] = (0.25, 0.5, 1.0)
     agent_transfer: bool = True
     verifier: str | None = None
+    instances: int | None = None
     sweep: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -229,23 +230,24 @@ def evaluate_protocol(run, trajs: Sequence[Trajectory], store, *, tokenizer=None
 
 def crossval(pools_path: str | Path, states_dir: str | Path, out: str | Path, *, group_by: str = "repo",
              n_folds: int = 4, ks: Sequence[int] = (4, 5, 6), n_draws: int = 200, seed: int = 0,
-             verifier: str | Path | None = None, log: Callable[[str], None] = print,
+             verifier: str | Path | None = None, instances: int | None = None, log: Callable[[str], None] = print,
              progress: Callable[[str, int, int, str], None] | None = None, **protocol) -> Path:
     """``latentsift crossval``: the reproduce protocol on any labelled pools with stored states.
 
     ``protocol``: the other ``CrossvalSettings`` fields (``n_boot``, ``scorer_epochs``, ``variants``,
-    ``curve_fractions``, ``agent_transfer``). Every input is checked before anything is written:
+    ``curve_fractions``, ``agent_transfer``). ``instances``: only the first N instances by id (the
+    rule of ``extract --instances N``). Every input is checked before anything is written:
     labels, states, fold classes and verifier results. Returns the report folder.
     """
     from .reproduce import Run
-    from .store import StateStore
+    from .store import StateStore, select_instances
     from .trajectory import load_jsonl
 
     s = CrossvalSettings(pools=str(pools_path), states=str(states_dir), out=str(out), group_by=group_by,
                          n_folds=n_folds, ks=tuple(ks), n_draws=n_draws, seed=seed,
-                         verifier=None if verifier is None else str(verifier), **protocol)
+                         verifier=None if verifier is None else str(verifier), instances=instances, **protocol)
     t_all = time.perf_counter()
-    trajs = load_jsonl(pools_path)
+    trajs = select_instances(load_jsonl(pools_path), instances)
     check_labelled(trajs, "crossval")
     if not Path(states_dir).is_dir():
         raise LatentSiftError(f"crossval: no state store at {str(states_dir)!r}; run 'latentsift extract "

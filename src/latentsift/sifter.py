@@ -192,12 +192,16 @@ def in_bank_evidence(bank: Bank, trajs: Sequence[Trajectory], states, fingerprin
             "rule": "2 inner repository folds; bank from one, pools of the other; ties 1/2"}
 
 
-def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, log=print) -> Sifter:
-    """``latentsift fit``: a sifter from every labelled candidate of a pools file, saved to ``out``."""
+def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
+               log=print) -> Sifter:
+    """``latentsift fit``: a sifter from every labelled candidate of a pools file, saved to ``out``.
+
+    ``instances``: only the first N instances by id (the rule of ``extract --instances N``).
+    """
     from .protocol import check_labelled, check_states_present
-    from .store import StateStore
+    from .store import StateStore, select_instances
     from .trajectory import load_jsonl
-    trajs = load_jsonl(pools_path)
+    trajs = select_instances(load_jsonl(pools_path), instances)
     check_labelled(trajs, "fit")
     if not Path(states_dir).is_dir():
         raise LatentSiftError(f"fit: no state store at {str(states_dir)!r}; run 'latentsift extract' first.")
@@ -215,12 +219,11 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     Returns the ``FilterRun`` (the format of ``filter``) with ``configuration`` (the sifter's
     config and what it has seen) and ``shift`` (per pool: the decision and its numbers).
     """
-    from .shift import apply_on_shift, check_pools
+    from ._validation import check_choice
+    from .shift import ON_SHIFT, apply_on_shift, check_pools
     from .sift import FilterRun
     from .store import StateStore
     from .trajectory import load_pools
-    from ._validation import check_choice
-    from .shift import ON_SHIFT
     check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
     pools = load_pools(pools_path)
     if instances is not None:
@@ -242,8 +245,7 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     results = sifter.score_pools(pools, states, fingerprint=store.fingerprint)
     shifts = check_pools(pools, states, sifter.bank, sifter.reference_)
     warnings = apply_on_shift(results, shifts, on_shift)
-    from pathlib import Path as _P
-    inputs = {"pools": str(_P(pools_path).resolve()), "states_dir": str(_P(states_dir).resolve()),
+    inputs = {"pools": str(Path(pools_path).resolve()), "states_dir": str(Path(states_dir).resolve()),
               "sifter_dir": sifter.path_, "bank_repos": sifter.bank.repo_names_,
               "bank_label_counts": sifter.bank.label_counts()}
     eval_repos = sorted({c.repo for p in pools for c in p.candidates})

@@ -23,6 +23,8 @@ def crossval_cmd(
     verifier: Optional[Path] = typer.Option(None, "--verifier", help="EF verifier results (folder or verdicts.jsonl) "
                                             "for Stage 4 and the token columns; without them Stage 4 keeps "
                                             "every survivor and no tokens are charged."),
+    instances: Optional[int] = typer.Option(None, "--instances", help="Only the first N instances by id "
+                                            "(as 'extract --instances N')."),
     boot: int = typer.Option(1000, "--boot", help="Bootstrap resamples of instances for the intervals."),
     scorer_epochs: int = typer.Option(40, "--scorer-epochs", help="Epochs of the gated scorer per fold."),
     variants: bool = typer.Option(True, "--variants/--no-variants", help="Also evaluate the beyond-paper variants "
@@ -39,6 +41,6 @@ def crossval_cmd(
     console = Console(stderr=True)
     with StageProgress(console) as bar:
         report = crossval(pools, states, out, group_by=group_by, n_folds=folds, ks=tuple(k or (4, 5, 6)),
-                          n_draws=draws, seed=seed, verifier=verifier, n_boot=boot, scorer_epochs=scorer_epochs,
+                          n_draws=draws, seed=seed, verifier=verifier, instances=instances, n_boot=boot, scorer_epochs=scorer_epochs,
                           variants=variants, agent_transfer=agent_transfer, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")

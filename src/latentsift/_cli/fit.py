@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -16,6 +17,8 @@ def fit_cmd(
     out: Path = typer.Option(..., "--out", help="SIFTER_DIR to write (replaced only once complete)."),
     scorer_epochs: int = typer.Option(40, "--scorer-epochs", help="Epochs of the gated scorer."),
     seed: int = typer.Option(0, "--seed"),
+    instances: Optional[int] = typer.Option(None, "--instances", help="Only the first N instances by id "
+                                            "(as 'extract --instances N')."),
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
     from rich.console import Console
@@ -23,7 +26,8 @@ def fit_cmd(
     from ..sifter import fit_sifter
 
     console = Console(stderr=True)
-    sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, log=console.print)
+    sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
+                        log=console.print)
     ev = sifter.config_["evidence"].get("paper-distance_within_pool_auc")
     seen = sifter.seen_
     console.print(f"[bold green]Sifter:[/] {out} ({seen['n_trajectories']} trajectories of {seen['n_instances']} "
