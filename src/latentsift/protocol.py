@@ -28,7 +28,8 @@ from .trajectory import Trajectory, group_pools
 
 GROUP_BY = ("repo", "agent", "instance")
 NO_VERIFIER = "no verifier results given: Stage 4 keeps every survivor (Best@K = expected label of a " \
-              "uniform pick among them) and no verifier tokens are charged"
+              "uniform pick among them) and no verifier tokens are charged; 'EF calls' counts the survivors " \
+              "a verifier would have scored"
 
 
 def group_of(traj: Trajectory, group_by: str) -> str:

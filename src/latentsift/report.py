@@ -264,7 +264,7 @@ def _selection_markdown(data: dict) -> list[str]:
                     [_num(pa.get(a, {}).get("auc")) for a in sorted(pa)] +
                     [f"{_num(d['vs_reference']['estimate'])} [{_num(d['vs_reference']['lo'])}, "
                      f"{_num(d['vs_reference']['hi'])}]" if d.get("vs_reference") else "n/a"] +
-                    [_num(sp.get(c, {}).get("within", {}).get("rho"), 2) for c in ("n_chars", "n_steps", "agent")])
+                    [_num(((sp.get(c) or {}).get("within") or {}).get("rho"), 2) for c in ("n_chars", "n_steps", "agent")])
     agents = sorted({a for f in order for a in diag.get(f, {}).get("per_agent_auc", {})})
     lines += [_table(["score", "AUC [95%]", "same-agent AUC"] + [f"AUC {a}" for a in agents] +
                      [f"AUC - {ref} [95%]", "rho chars", "rho steps", "rho agent"], rows), ""]
