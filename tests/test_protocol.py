@@ -25,10 +25,15 @@ CV = dict(n_folds=2, ks=(2, 3), n_draws=10, seed=0, n_boot=50, scorer_epochs=2, 
 
 @pytest.fixture(scope="module")
 def cv(tiny_run, tmp_path_factory, one_torch_thread):
+    """The CLI on the tiny run's pools, states and verifier results, with the tiny run's settings."""
     run = tiny_run["out"]
     out = tmp_path_factory.mktemp("cv") / "run"
-    report = crossval(run / "pools.jsonl", run / "states", out, verifier=run / "verifier", log=lambda m: None, **CV)
-    return out, json.loads((report / "summary.json").read_text())
+    r = CliRunner().invoke(app, ["crossval", str(run / "pools.jsonl"), "--states", str(run / "states"), "--out",
+                                 str(out), "--group-by", "repo", "--folds", "2", "--k", "2", "--k", "3", "--draws", "10",
+                                 "--seed", "0", "--verifier", str(run / "verifier"), "--boot", "50",
+                                 "--scorer-epochs", "2", "--no-variants"])
+    assert r.exit_code == 0, r.output
+    return out, json.loads((out / "report" / "summary.json").read_text())
 
 
 def test_crossval_gives_the_stage1_numbers_of_reproduce(tiny_run, cv):
