@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="trajectories (half ACR, half SWE-agent)")
     ap.add_argument("--rounds", type=int, default=2, help="timed passes over the trajectories")
     ap.add_argument("--engines", default="fp32,bf16,int8,int8pc,compile")
-    ap.add_argument("--max-span-tokens", type=int, default=32, help="the default run's span budget")
+    ap.add_argument("--max-span-tokens", type=int, default=16, help="the default run's span budget")
     ap.add_argument("--max-prompt-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     args = ap.parse_args()

@@ -36,8 +36,9 @@ def one_torch_thread():
     torch.set_num_threads(n)
 
 
-# The tiny end-to-end reproduce run (4 instances, every stage, packaged model), made once per session
-# and shared by tests/test_reproduce.py and tests/test_explore.py.
+# The tiny end-to-end run (4 instances, 2 folds, every stage with the packaged model), made once per
+# session and shared: test_reproduce checks it and its rerun, test_explore/test_protocol/test_shift reuse its
+# pools, states and verifier results instead of extracting again.
 TINY_RUN = dict(max_instances=4, n_unresolved=1, n_folds=2, max_span_tokens=8, max_prompt_tokens=16,
                 verifier_max_tokens=512, ks=(2, 3), n_draws=10, n_boot=50, scorer_epochs=2, variants=False,
                 sweep=("patch",))
@@ -45,16 +46,18 @@ TINY_RUN = dict(max_instances=4, n_unresolved=1, n_folds=2, max_span_tokens=8, m
 
 @pytest.fixture(scope="session")
 def tiny_run(data_dir, tmp_path_factory, policy):
-    """(settings dict, report folder) of the tiny reproduce run, at one torch thread."""
+    """{"settings", "out", "report", "summary"}: the tiny reproduce run (at one torch thread) and its first
+    summary.json text."""
     import torch
 
     from latentsift.reproduce import ReproduceSettings, reproduce
 
-    s = dict(data=str(data_dir), out=str(tmp_path_factory.mktemp("tiny") / "run"), **TINY_RUN)
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    settings = dict(data=str(data_dir), out=str(out), **TINY_RUN)
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        report = reproduce(ReproduceSettings(**s), log=lambda m: None)
+        report = reproduce(ReproduceSettings(**settings), log=lambda m: None)
     finally:
         torch.set_num_threads(n)
-    return s, report
+    return {"settings": settings, "out": out, "report": report, "summary": (report / "summary.json").read_text()}

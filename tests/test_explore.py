@@ -62,7 +62,7 @@ def _column(page, table: str, col: int) -> list[str]:
 
 @pytest.mark.model
 def test_site_of_the_tiny_run_in_chromium(browser, tiny_run, tmp_path):  # browser first: fails fast
-    s, report = tiny_run
+    s, report = tiny_run["settings"], tiny_run["report"]
     run = Path(s["out"])
     pg = Page(browser)
     shots = tmp_path / "screenshots"
@@ -151,7 +151,7 @@ def test_explore_cli_on_a_filter_output(tiny_run, tmp_path):
     from latentsift.bank import Bank
     from latentsift.cli import app
 
-    s, _ = tiny_run
+    s = tiny_run["settings"]
     run = Path(s["out"])
     fold = run / "folds" / "fold-0" / "paper"
     bank = Bank.load(fold / "bank")
@@ -186,7 +186,7 @@ def test_explore_cli_on_a_filter_output(tiny_run, tmp_path):
 
 @pytest.mark.model
 def test_long_texts_are_cut_with_a_visible_mark_and_sizes_stay_small(tiny_run, tmp_path):
-    s, report = tiny_run
+    s, report = tiny_run["settings"], tiny_run["report"]
     run = Path(s["out"])
     trajs = load_jsonl(run / "pools.jsonl")
     longest = max((st.obs for t in trajs for st in t.steps), key=len)

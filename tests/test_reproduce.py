@@ -67,11 +67,9 @@ def test_per_agent_retention_groups_by_who_solved():
 
 @pytest.mark.model
 def test_tiny_reproduce_end_to_end_is_deterministic(tiny_run):
-    """A 4-instance run through every stage with the packaged model (conftest's shared ``tiny_run``);
-    a rerun reuses the caches and writes the identical summary.json."""
-    s, report = tiny_run
-    tmp_path = Path(s["out"]).parent
-    first = (report / "summary.json").read_text()
+    """A 4-instance run through every stage with the packaged model (conftest ``tiny_run``); a rerun
+    reuses the caches and writes the identical summary.json."""
+    report, first, s, out = tiny_run["report"], tiny_run["summary"], tiny_run["settings"], tiny_run["out"]
     data = json.loads(first)
     assert {"settings", "pools", "retention", "best_at_k", "tokens", "ablations", "selection"} <= set(data)
     assert data["pools"]["n_instances"] == 4
@@ -80,11 +78,18 @@ def test_tiny_reproduce_end_to_end_is_deterministic(tiny_run):
     assert fv["n_results"] == data["pools"]["n_candidates"] and fv["n_failed"] == 0 and fv["mean_tokens"] > 300
     # the sweep's representation has its own store (longer patch-writing step) and its own rows
     assert {"sweep:patch-1024", "sweep:patch-1024:default"} <= set(data["retention"])
-    assert (tmp_path / "run" / "sweep" / "patch-1024" / "states" / "manifest.json").is_file()
+    assert (out / "sweep" / "patch-1024" / "states" / "manifest.json").is_file()
     assert data["selection"]["sweep"]["patch-1024"]["settings"] == {"patch_step_tokens": 1024}
     assert data["settings"]["meta"]["leaky_runs"].startswith("acr-val-only and acr-val-sbfl are left out")
     md = (report / "report.md").read_text()
     assert "## Selection quality beyond length" in md and "## Ablations" in md
+    # agent transfer: both agents of the shared data, a row (with its interval) or the reason for none
+    tr = data["selection"]["agent_transfer"]
+    assert len(tr["agents"]) == 2 and set(tr["filters"]) | set(tr["unavailable"]) == set(tr["agents"])
+    assert "## Agent transfer" in md
+    for a, f in tr["filters"].items():
+        assert f in data["retention"] and {"lo", "hi"} <= set(data["retention"][f]["3"])
+        assert f"{a} only" in md
     for png in ("score_distributions.png", "best_at_k_tokens.png"):
         assert (report / png).stat().st_size > 10_000
     report2 = reproduce(ReproduceSettings(**s), log=lambda m: None)

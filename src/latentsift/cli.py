@@ -14,7 +14,8 @@ from ._validation import LatentSiftError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="LatentSift: token-free Stage-1 filtering of SWE-agent candidates.")
 
-_COMMANDS = ("import_", "extract", "bank", "filter", "evaluate", "reproduce", "explore")
+_COMMANDS = ("import_", "extract", "bank", "filter", "evaluate", "reproduce", "crossval", "fit",
+             "explore")
 for _name in _COMMANDS:
     try:
         _mod = importlib.import_module(f"latentsift._cli.{_name}")

@@ -155,6 +155,7 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
               "one (%).", ""]
     rows = [[_name(data, f)] + [_ci_pct(ret[f][k]) for k in ks] for f in head if f in ret]
     lines += [_table(["Stage-1 filter"] + [f"K={k}" for k in ks], rows), ""]
+    lines += _agent_transfer_markdown(data)
 
     # tokens by K
     lines += ["## Verification tokens by K", "", "Per instance, in thousands: EF / total.", ""]
@@ -264,7 +265,7 @@ def _selection_markdown(data: dict) -> list[str]:
                     [_num(pa.get(a, {}).get("auc")) for a in sorted(pa)] +
                     [f"{_num(d['vs_reference']['estimate'])} [{_num(d['vs_reference']['lo'])}, "
                      f"{_num(d['vs_reference']['hi'])}]" if d.get("vs_reference") else "n/a"] +
-                    [_num(sp.get(c, {}).get("within", {}).get("rho"), 2) for c in ("n_chars", "n_steps", "agent")])
+                    [_num(((sp.get(c) or {}).get("within") or {}).get("rho"), 2) for c in ("n_chars", "n_steps", "agent")])
     agents = sorted({a for f in order for a in diag.get(f, {}).get("per_agent_auc", {})})
     lines += [_table(["score", "AUC [95%]", "same-agent AUC"] + [f"AUC {a}" for a in agents] +
                      [f"AUC - {ref} [95%]", "rho chars", "rho steps", "rho agent"], rows), ""]
@@ -290,6 +291,40 @@ def _selection_markdown(data: dict) -> list[str]:
             lines += [f"- fold {c['fold']}: `{c.get('chosen_default', 'n/a')}` ({evs})"]
         lines += [""]
     return lines
+
+
+def _agent_transfer_markdown(data: dict) -> list[str]:
+    """'Agent transfer': the paper's method trained on one agent's trajectories, mixed pools."""
+    tr = (data.get("selection") or {}).get("agent_transfer") or {}
+    if not tr.get("filters") and not tr.get("unavailable"):
+        return []
+    ks, ret = _ks(data), data["retention"]
+    diff = data["selection"].get("retention_difference", {})
+    ref = data["selection"].get("reference", "shortest_chars")
+    pa = data["selection"].get("per_agent_retention", {})
+    kmax = ks[-1]
+    rows_f = [(f"both agents ({_name(data, tr.get('reference', 'latentsift'))})", tr.get("reference", "latentsift"))]
+    rows_f += [(f"{a} only", f) for a, f in sorted(tr.get("filters", {}).items())]
+    rows_f += [(_name(data, f), f) for f in ("shortest_chars", "random") if f in ret]
+    groups = sorted({g for _, f in rows_f for g in pa.get(f, {})})
+    lines = ["## Agent transfer", "",
+             "Oracle retention (%, [95% interval]) of the paper's method with the banks and the scorer trained on "
+             "one agent's trajectories only (same folds; the evaluation pools stay mixed), next to the main "
+             f"table's rows; the paired difference to `{ref}` and retention@{kmax} by which agent resolved the "
+             "instance show how much of the selection is agent preference. Baselines need no training: their "
+             "rows apply to every training set.", ""]
+    rows = []
+    for label, f in rows_f:
+        if f not in ret:
+            continue
+        rows.append([label] + [_ci_pct(ret[f].get(k)) for k in ks] + [_diff_pct(diff.get(f, {}).get(k)) for k in ks]
+                    + [f"{_pct(pa[f][g][kmax]['retention'])} ({pa[f][g][kmax]['n_instances']})"
+                       if g in pa.get(f, {}) and kmax in pa[f][g] else "n/a" for g in groups])
+    lines += [_table(["trained on"] + [f"Ret.@{k}" for k in ks] + [f"vs {ref} @{k}" for k in ks]
+                     + [f"@{kmax} solved by {g}" for g in groups], rows), ""]
+    for a, why in sorted(tr.get("unavailable", {}).items()):
+        lines += [f"- no row for {a} only: {why}"]
+    return lines + ([""] if tr.get("unavailable") else [])
 
 
 def _training_size_markdown(sel: dict, diag: dict) -> list[str]:

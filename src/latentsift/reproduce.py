@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ._io import atomic_write_json
-from ._validation import LatentSiftError, check_positive_int
+from ._validation import LatentSiftError, check_choice, check_positive_int
 from .trajectory import Trajectory, group_pools, load_jsonl, save_jsonl
 
 CLEAN_RUNS = ("acr-run-1", "acr-run-2", "acr-run-3", "cost_2_1", "cost_2_2", "cost_2_3")
@@ -95,6 +95,8 @@ class ReproduceSettings:
     sweep_span_tokens: int = 128
     sweep_patch_tokens: int = 1024
     full: bool = False
+    group_by: str = "repo"              # folds by "repo" (paper), "agent" or "instance" (protocol.GROUP_BY)
+    agent_transfer: bool = True         # the report's agent-transfer table (banks/scorers from one agent)
 
     def __post_init__(self):
         if self.full:
@@ -109,6 +111,8 @@ class ReproduceSettings:
                                   f"{list(SWEEP)} or 'all'. Got {bad} instead.")
         if self.include_leaky:
             self.runs = tuple(self.runs) + tuple(r for r in LEAKY_RUNS if r not in self.runs)
+        from .protocol import GROUP_BY
+        check_choice(self.group_by, "group_by", "ReproduceSettings", GROUP_BY)
         for name in ("n_folds", "sweep_span_tokens", "sweep_patch_tokens"):
             check_positive_int(getattr(self, name), name, "ReproduceSettings")
         if self.instances not in ("default", "all"):
@@ -241,10 +245,16 @@ class Run:
         self._timed(name, t0)
         return policy, StateStore(out).open()
 
-    # -- 3. folds: banks and scorers from the other folds' repositories
+    # -- 3. folds: banks and scorers from the other folds' groups (repositories by default)
+    def group(self, traj: Trajectory) -> str:
+        """The fold group of a trajectory (``settings.group_by``: repo, agent or instance)."""
+        from .protocol import group_of
+        return group_of(traj, getattr(self.s, "group_by", "repo"))
+
     def folds(self, trajs: Sequence[Trajectory]) -> list[tuple[list[str], list[str]]]:
+        """(bank groups, eval groups) per fold: disjoint groups, balanced by trajectory count."""
         from .bank import split_by_repo
-        return split_by_repo({t.traj_id: t.repo for t in trajs}, n_folds=self.s.n_folds, seed=self.s.seed)
+        return split_by_repo({t.traj_id: self.group(t) for t in trajs}, n_folds=self.s.n_folds, seed=self.s.seed)
 
     def fit_fold(self, k: int, bank_trajs: Sequence[Trajectory], states: dict, fingerprint, bank_params: dict,
                  name: str = "paper"):
@@ -301,9 +311,9 @@ class Run:
         from .sift import LatentSift, make_baseline
         t0 = time.perf_counter()
         pools = group_pools(trajs)
-        by_repo: dict[str, list] = {}
+        by_repo: dict[str, list] = {}  # fold group -> pools (repositories by default)
         for p in pools:
-            by_repo.setdefault(p.candidates[0].repo, []).append(p)
+            by_repo.setdefault(self.group(p.candidates[0]), []).append(p)
         per_instance: dict[str, dict[str, tuple]] = {}   # filter -> instance -> (filter obj, prepared)
         fold_info = []
 
@@ -312,7 +322,7 @@ class Run:
 
         for k, (bank_repos, eval_repos) in enumerate(folds):
             bank_set, eval_set = set(bank_repos), set(eval_repos)
-            bank_trajs = [t for t in trajs if t.repo in bank_set]
+            bank_trajs = [t for t in trajs if self.group(t) in bank_set]
             eval_pools = [p for r in sorted(eval_set) for p in by_repo.get(r, [])]
             if not eval_pools:
                 continue
@@ -360,6 +370,54 @@ class Run:
                  "patch": lambda: (f"patch-{self.s.sweep_patch_tokens}",
                                    {"patch_step_tokens": self.s.sweep_patch_tokens})}
         return dict(specs[n]() for n in self.s.sweep)
+
+    def agent_transfer(self, trajs, folds, states, fingerprint) -> tuple[dict, dict]:
+        """The paper's method with banks and scorer from one agent's trajectories only, per fold.
+
+        Same folds as the main table; the bank side keeps only agent A's trajectories of the bank
+        groups, the evaluation pools stay mixed. Named ``transfer:<agent>``; an agent whose bank has
+        one class only in some fold has no row (the reason is recorded). Cost: one bank and one
+        scorer per agent and fold; ablations, variants and baselines are not refitted (the
+        baselines need no training, so their rows of the main table apply unchanged).
+        """
+        from .sift import LatentSift
+        t0 = time.perf_counter()
+        agents = sorted({t.agent for t in trajs})
+        info: dict[str, Any] = {"agents": agents, "reference": "latentsift", "filters": {}, "unavailable": {},
+                                "rule": "banks and scorer trained on one agent's trajectories of the bank folds; "
+                                        "evaluated on the mixed pools of the held-out folds (paper's method only)"}
+        if len(agents) < 2:
+            info["note"] = "one agent only: the transfer table is the main table"
+            return {}, info
+        pools = group_pools(trajs)
+        scorers: dict[str, _DrawScorer] = {}
+        for a in agents:
+            table: dict[str, tuple] = {}
+            reason = None
+            for k, (bank_groups, eval_groups) in enumerate(folds):
+                bank_set, eval_set = set(bank_groups), set(eval_groups)
+                eval_pools = [p for p in pools if self.group(p.candidates[0]) in eval_set]
+                if not eval_pools:
+                    continue
+                bank_trajs = [t for t in trajs if self.group(t) in bank_set and t.agent == a]
+                n_pos = sum(t.label == 1 for t in bank_trajs)
+                if n_pos == 0 or n_pos == len(bank_trajs):
+                    reason = (f"fold {k}: {a}'s bank trajectories ({len(bank_trajs)}) have {n_pos} resolved; "
+                              "a bank needs both classes")
+                    break
+                slug = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in a)
+                bank, scorer = self.fit_fold(k, bank_trajs, states, fingerprint, {}, f"agent-{slug}")
+                filt = LatentSift(bank, scorer, seed=self.s.seed)
+                table.update({i: (filt, p) for i, p in
+                              filt.prepare_many(eval_pools, states, fingerprint=fingerprint).items()})
+            if reason is not None:
+                info["unavailable"][a] = reason
+                self.log(f"[agent transfer] no row for {a}: {reason}")
+                continue
+            info["filters"][a] = f"transfer:{a}"
+            scorers[f"transfer:{a}"] = _DrawScorer(table)
+        self._timed("agent_transfer", t0)
+        return scorers, info
 
     def latentsift_variants(self, ablations: bool = True) -> dict[str, dict]:
         """The paper's method and its ablations (all on the paper's banks and scorer)."""
@@ -655,9 +713,7 @@ def per_agent_retention(ledger: Sequence[dict], trajs: Sequence[Trajectory], ks:
 def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print,
               progress: Callable[[str, int, int, str], None] | None = None) -> Path:
     """Run the whole job; returns the report folder. Reruns reuse every cached stage."""
-    from .diagnostics import diagnostics_table
-    from .evaluate import evaluate_run, pools_from_trajectories
-    from .report import write_report
+    from .protocol import evaluate_protocol
 
     run = Run(settings, log=log, progress=progress)
     out = run.out
@@ -672,17 +728,9 @@ def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print
     if not trajs:
         raise LatentSiftError("No trajectories were selected: check --data and the run names.")
     policy, store = run.extract(trajs)
-    t0 = time.perf_counter()
-    states = store.load([t.traj_id for t in trajs])
-    fingerprint = store.fingerprint
-    run._timed("load_states", t0)
 
-    folds = run.folds(trajs)
-    draw_scorers, full_scores, fold_info = run.stage1_filters(trajs, folds, states, fingerprint, policy.tokenizer)
-    ef = run.verify(policy, trajs)
-    del states
-    sweep_info = {}
-    if settings.sweep:
+    def sweep(folds) -> tuple[dict, dict, dict]:
+        draw_scorers, full_scores, sweep_info = {}, {}, {}
         for name, spec in run.sweep_specs().items():
             _, sweep_store = run.extract(trajs, name=f"extract:{name}", out=out / "sweep" / name / "states", **spec)
             sweep_states = sweep_store.load([t.traj_id for t in trajs])
@@ -693,61 +741,13 @@ def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print
                                 "default_choice": [{"fold": f["fold"], **f.get("variants", {})}
                                                    for f in info["folds"]]}
             del sweep_states
+        return draw_scorers, full_scores, sweep_info
 
-    t0 = time.perf_counter()
-    pools, records = pools_from_trajectories(trajs, regression_key="p2p_passed")
-    filters: dict[str, Any] = {"ef_verifier": ef}
-    filters.update(draw_scorers)
-    components = full_scores.pop("_components")
-    distributions = {**{k: v for k, v in components.items() if k.startswith("q_")},
-                     "s (LatentSift)": full_scores["latentsift"],
-                     "EF verifier": {t: r.score for t, r in ef.items() if r.score is not None}}
-    names = {"ef_verifier": "LLM EF verifier (original workflow)", "latentsift": "LatentSift (paper)",
-             "default": "LatentSift default (inner-CV choice)",
-             "random": "random", "shortest_tokens": "shortest (tokens)", "shortest_chars": "shortest (chars)",
-             "fewest_steps": "fewest steps"}
-    small = "drop" if any(p.n < max(settings.ks) for p in pools) else "error"
-    summary = evaluate_run(
-        pools, filters, records, final_verifier=ef, ks=list(settings.ks), n_draws=settings.n_draws,
-        seed=settings.seed, n_boot=settings.n_boot, reference="ef_verifier", small_pools=small,
-        ablations=ablation_tables(list(filters)), distributions=distributions, names=names,
-        headline=[f for f in ("latentsift", "default", "ef_verifier", "random", "shortest_chars", "shortest_tokens",
-                              "fewest_steps") if f in filters],
-        meta={"reproduce": settings.to_dict(), "selection": import_meta.get("selection"),
-              "folds": fold_info["folds"], "fingerprint": fingerprint.to_dict(),
-              "stage3": "absent in this data (no generated tests): Stage 3 is skipped and never charged",
-              "stage2": "regression = PASS_TO_PASS passed count (ACR candidates only); rule 'skip-stage'",
-              "leaky_runs": "acr-val-only and acr-val-sbfl are left out (their trajectories contain the "
-                            "test outcome)" if not settings.include_leaky else "INCLUDED on request"})
-    data = summary.data if hasattr(summary, "data") else summary
-    table = candidate_table(trajs)
-    ids = table["traj_id"].tolist()
-    scores = {name: np.array([sc.get(t, np.nan) for t in ids], dtype=float) for name, sc in full_scores.items()}
-    scores["ef_verifier"] = np.array([ef[t].score if ef[t].score is not None else np.nan for t in ids])
-    data["selection"] = {
-        "reference": "shortest_chars",
-        "diagnostics": diagnostics_table(table, scores, reference="shortest_chars", n_boot=settings.n_boot,
-                                         seed=settings.seed),
-        "retention_difference": retention_differences(summary.ledger, "shortest_chars", settings.ks,
-                                                      n_boot=settings.n_boot, seed=settings.seed),
-        "default_choice": [{"fold": f["fold"], **f.get("variants", {})} for f in fold_info["folds"]],
-        "per_agent_retention": per_agent_retention(summary.ledger, trajs, settings.ks),
-        "training_size": {"fractions": [f"{round(100 * f)}%" for f in settings.curve_fractions],
-                          "bank_trajectories": run.curve_sizes,
-                          "rule": "nested subsets of bank instances in a seeded hash order; gated head "
-                                  "(SPEC 5 settings) and logistic probe refitted on each"},
-        "sweep": sweep_info,
-    }
-    run._timed("evaluate", t0)
-    run.timings["total"] = round(time.perf_counter() - t_all, 2)
-    atomic_write_json(out / "timings.json", run.timings)  # kept out of summary.json: wall times vary run to run
-    write_report(summary, report_dir)
-    log(f"report: {report_dir / 'report.md'}")
-    # --- explorer (issue 18): per-candidate Stage-1 results (scores, evidence, retained sets) and the site ---
-    from .explore import save_stage1, write_run_site
-    save_stage1(draw_scorers, out / "stage1", tables={"ef_verifier": {t: r.score for t, r in ef.items()}},
-                seed=settings.seed, inputs={"pools": str((out / "pools.jsonl").resolve())},
-                fingerprint=fingerprint.to_dict())
-    log(f"explorer: {write_run_site(out)}")
-    # --- end explorer ---
-    return report_dir
+    meta = {"reproduce": settings.to_dict(), "selection": import_meta.get("selection"),
+            "stage3": "absent in this data (no generated tests): Stage 3 is skipped and never charged",
+            "stage2": "regression = PASS_TO_PASS passed count (ACR candidates only); rule 'skip-stage'",
+            "leaky_runs": "acr-val-only and acr-val-sbfl are left out (their trajectories contain the "
+                          "test outcome)" if not settings.include_leaky else "INCLUDED on request"}
+    # one code path with 'latentsift crossval': folds, Stage 1, cascade, diagnostics and report
+    return evaluate_protocol(run, trajs, store, tokenizer=policy.tokenizer, verifier=lambda: run.verify(policy, trajs),
+                             extra_stage1=sweep if settings.sweep else None, meta=meta, t_all=t_all)

@@ -562,13 +562,14 @@ class FilterRun:
     inputs: dict
     fingerprint: dict | None
     pools: list[PoolResult]
+    extra: dict = field(default_factory=dict)  # e.g. a sifter's configuration and the shift guard's findings
 
     def to_dict(self) -> dict:
         return {"format": FILTER_FORMAT, "version": FILTER_VERSION, "method": self.method,
                 "settings": _jsonable(self.settings), "inputs": self.inputs, "fingerprint": self.fingerprint,
                 "n_pools": len(self.pools), "n_candidates": sum(len(p.candidates) for p in self.pools),
                 "n_retained": sum(p.n_keep for p in self.pools),
-                "pools": [p.to_dict() for p in self.pools]}
+                **_jsonable(self.extra), "pools": [p.to_dict() for p in self.pools]}
 
     def save(self, path) -> None:
         from pathlib import Path

@@ -46,6 +46,10 @@ def filter_cmd(
     bank_shards: Optional[int] = typer.Option(None, "--bank-shards", help="Bank shards on Ray (default 2 with --ray)."),
     approx: Optional[str] = typer.Option(None, "--approx", help="Approximate FAISS search: ivf or hnsw (off by "
                                          "default; see docs/scale.md for its recall)."),
+    sifter: Optional[Path] = typer.Option(None, "--sifter", help="SIFTER_DIR from 'latentsift fit' (replaces "
+                                          "--bank/--scorer and the method settings; runs the shift guard)."),
+    on_shift: str = typer.Option("warn", "--on-shift", help="With --sifter, for a pool unlike the sifter's "
+                                 "trajectories: warn, keep-all (skip Stage 1 for it) or error."),
 ) -> None:
     """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
     from rich.console import Console
@@ -69,9 +73,21 @@ def filter_cmd(
         require_ray()
         if approx is not None:
             raise LatentSiftError("Pass --approx or --ray/--bank-shards, not both.")
-    with Console(stderr=True).status("scoring ..."):
-        run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
-                         ray_address=ray, bank_shards=bank_shards, approx=approx, **settings)
+    warnings: list[str] = []
+    if sifter is not None:
+        from ..sifter import run_sifter_filter
+        if bank is not None or scorer is not None or method != "latentsift":
+            raise LatentSiftError("--sifter replaces --bank, --scorer and --method: pass only --sifter.")
+        if ray is not None or bank_shards is not None or approx is not None:
+            raise LatentSiftError("--sifter runs in one process: drop --ray, --bank-shards and --approx.")
+        settings = {"min_keep": min_keep, "frac": frac, "seed": seed, "n_evidence": evidence}
+        with Console(stderr=True).status("scoring ..."):
+            run, warnings = run_sifter_filter(pools, states, sifter, on_shift=on_shift, instances=inst, **settings)
+        settings["channels"] = tuple(run.settings["channels"])
+    else:
+        with Console(stderr=True).status("scoring ..."):
+            run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
+                             ray_address=ray, bank_shards=bank_shards, approx=approx, **settings)
     run.save(out)
     for res in run.pools[:show]:
         t = Table(title=f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}", title_justify="left")
@@ -93,6 +109,8 @@ def filter_cmd(
         console.print(t)
     if len(run.pools) > show:
         console.print(f"... {len(run.pools) - show} more pools in {out}")
+    for w in warnings:
+        console.print(f"[yellow]shift ({on_shift}): {w}[/yellow]")
     shared = run.inputs.get("repos_shared_with_bank")
     if shared:
         console.print(f"[yellow]note: the bank and the pools share repositories {shared}; the paper's protocol "

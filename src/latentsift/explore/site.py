@@ -151,16 +151,19 @@ def save_stage1(draw_scorers: Mapping[str, Any], out_dir: str | Path, *, detail:
     return written
 
 
-def write_run_site(run_dir: str | Path, out_dir: str | Path | None = None, *, limits: Limits = Limits()) -> Path:
-    """The explorer of a reproduce run folder (pools.jsonl, stage1/, report/summary.json) into
-    ``out_dir`` (default: RUN/report). Returns index.html."""
+def write_run_site(run_dir: str | Path, out_dir: str | Path | None = None, *, pools: str | Path | None = None,
+                   limits: Limits = Limits()) -> Path:
+    """The explorer of a reproduce or crossval run folder (stage1/, report/summary.json) into
+    ``out_dir`` (default: RUN/report); ``pools``: the candidate pools (default RUN/pools.jsonl).
+    Returns index.html."""
     run = Path(run_dir)
-    need = [run / "pools.jsonl", run / "stage1" / "retained.json", run / "report" / "summary.json"]
+    pools = Path(pools) if pools is not None else run / "pools.jsonl"
+    need = [pools, run / "stage1" / "retained.json", run / "report" / "summary.json"]
     missing = [str(p) for p in need if not p.is_file()]
     if missing:
         raise LatentSiftError(f"{run} is not a finished reproduce run with Stage-1 results: missing {missing}. "
                               "Run 'latentsift reproduce' (it writes them).")
-    trajs = load_jsonl(run / "pools.jsonl")
+    trajs = load_jsonl(pools)
     detail_path = run / "stage1" / "latentsift.json"
     detail = json.loads(detail_path.read_text()) if detail_path.is_file() else None
     kept = json.loads((run / "stage1" / "retained.json").read_text())["filters"]

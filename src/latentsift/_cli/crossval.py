@@ -1,0 +1,47 @@
+"""``latentsift crossval``: the evaluation protocol on any labelled pools with stored states (parsing and progress only)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("crossval")(crossval_cmd)
+
+
+def crossval_cmd(
+    pools: Path = typer.Argument(..., help="Canonical JSONL of labelled candidate pools (every candidate has a reward)."),
+    states: Path = typer.Option(..., "--states", help="STATES_DIR holding every candidate's states (latentsift extract)."),
+    out: Path = typer.Option(..., "--out", help="RUN_DIR: cached folds and report/ (the files of reproduce)."),
+    group_by: str = typer.Option("repo", "--group-by", help="Disjoint folds by repo (paper), agent or instance."),
+    folds: int = typer.Option(4, "--folds", help="Number of disjoint folds."),
+    k: Optional[List[int]] = typer.Option(None, "--k", help="K values (repeat; default 4 5 6)."),
+    draws: int = typer.Option(200, "--draws", help="Seeded draws of K candidates per instance and K."),
+    seed: int = typer.Option(0, "--seed"),
+    verifier: Optional[Path] = typer.Option(None, "--verifier", help="EF verifier results (folder or verdicts.jsonl) "
+                                            "for Stage 4 and the token columns; without them Stage 4 keeps "
+                                            "every survivor and no tokens are charged."),
+    instances: Optional[int] = typer.Option(None, "--instances", help="Only the first N instances by id "
+                                            "(as 'extract --instances N')."),
+    boot: int = typer.Option(1000, "--boot", help="Bootstrap resamples of instances for the intervals."),
+    scorer_epochs: int = typer.Option(40, "--scorer-epochs", help="Epochs of the gated scorer per fold."),
+    variants: bool = typer.Option(True, "--variants/--no-variants", help="Also evaluate the beyond-paper variants "
+                                  "and the inner-CV default."),
+    agent_transfer: bool = typer.Option(True, "--agent-transfer/--no-agent-transfer",
+                                        help="Also train on one agent's trajectories only (report: agent transfer)."),
+) -> None:
+    """Cross-validate LatentSift, its variants and the baselines on your own labelled pools; write the report."""
+    from rich.console import Console
+
+    from ..protocol import crossval
+    from ._progress import StageProgress
+
+    console = Console(stderr=True)
+    with StageProgress(console) as bar:
+        report = crossval(pools, states, out, group_by=group_by, n_folds=folds, ks=tuple(k or (4, 5, 6)),
+                          n_draws=draws, seed=seed, verifier=verifier, instances=instances, n_boot=boot, scorer_epochs=scorer_epochs,
+                          variants=variants, agent_transfer=agent_transfer, log=bar.print, progress=bar.update)
+    console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")
+    console.print(f"[bold green]Explorer:[/] {report / 'index.html'}")

@@ -1,0 +1,258 @@
+"""A saved sifter: the bank and the scorer fitted on all of a team's labelled trajectories.
+
+``Sifter.fit`` builds the paper's bank and gated scorer from every given labelled trajectory and
+records the in-bank evidence for the configuration (cross-fitted within-pool AUC of the paper's
+distance branch over inner repository folds of the bank; no scorer is retrained for it). The
+configuration choice is restricted to the paper's method: the inner-CV choice among the
+stacked variants of ``reproduce`` needs one probe and stack per inner fold and candidate set and
+is not run here (``config["choice"]`` says so). ``save(dir)`` writes one directory:
+
+    SIFTER_DIR/bank/        the bank (safetensors + manifest)
+    SIFTER_DIR/scorer/      the gated linear scorer (safetensors + json)
+    SIFTER_DIR/sifter.json  format, model fingerprint, configuration and its evidence, the agents,
+                            scaffolds and repositories seen, the shift guard's reference numbers
+
+The directory is written beside the target and renamed into place: a failed save leaves nothing.
+``Sifter.load(path)`` gives a Stage-1 filter with the verbs of the others (``prepare``,
+``prepare_many``, ``rank_subset``, ``retained_subset``, ``score``, ``score_pools``).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._io import atomic_write_json, read_json
+from ._validation import FingerprintMismatch, LatentSiftError
+from .bank import Bank, as_fingerprint
+from .scorer import LinearScorer
+from .sift import LatentSift
+from .trajectory import Trajectory, group_pools
+
+SIFTER_FORMAT = "latentsift-sifter"
+SIFTER_VERSION = 1
+SIFTER_JSON = "sifter.json"
+
+
+class Sifter(LatentSift):
+    """The paper's Stage-1 filter with its provenance: fitted on labelled trajectories, saved, loaded.
+
+    Extra attributes after ``fit`` / ``load``: ``config_`` (method, settings, choice and its
+    evidence), ``seen_`` (agents, scaffolds, repositories, counts), ``reference_`` (the shift guard's
+    ``shift.Reference``).
+    """
+
+    name = "latentsift-sifter"
+
+    def __init__(self, bank: Bank | None = None, scorer: LinearScorer | None = None, *, scorer_epochs: int = 40,
+                 **settings):
+        self.scorer_epochs = scorer_epochs
+        self._settings = settings
+        if bank is not None:
+            super().__init__(bank, scorer, **settings)
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, trajs: Sequence[Trajectory], states, *, fingerprint: Any = None, log=lambda m: None) -> "Sifter":
+        """Bank + scorer from every trajectory of ``trajs`` (all labelled); ``states``: dict or store."""
+        from .protocol import check_labelled
+        from .shift import Reference, scaffold_of
+        from .sift import resolve_states
+        trajs = list(trajs)
+        check_labelled(trajs, "fit")
+        ids = sorted(t.traj_id for t in trajs)
+        sts, fp = resolve_states(states, ids, fingerprint, owner="fit")
+        labels = {t.traj_id: int(t.label) for t in trajs}
+        seed = self._settings.get("seed", 0)
+        bank = Bank().fit({i: sts[i] for i in ids}, labels, {t.traj_id: t.instance_id for t in trajs},
+                          {t.traj_id: t.repo for t in trajs}, fp)
+        log(f"[fit] bank: {bank.label_counts()}; training the scorer ({self.scorer_epochs} epochs)")
+        scorer = LinearScorer(max_epochs=self.scorer_epochs, seed=seed).fit(
+            [sts[i] for i in ids], [labels[i] for i in ids], fingerprint=fp)
+        super().__init__(bank, scorer, **self._settings)
+        agents = sorted({t.agent for t in trajs})
+        scaffolds = sorted({scaffold_of(t) for t in trajs})
+        self.config_ = {"method": "latentsift", "settings": LatentSift.get_params(self),
+                        "scorer_epochs": self.scorer_epochs,
+                        "choice": {"chosen": "latentsift", "restricted": True,
+                                   "reason": "fit evaluates the paper's method only; the inner-CV choice among "
+                                             "the stacked variants runs in 'crossval'/'reproduce' (see its "
+                                             "report's default-choice lines before switching)"},
+                        "evidence": in_bank_evidence(bank, trajs, sts, fp, seed=seed)}
+        self.seen_ = {"agents": agents, "scaffolds": scaffolds, "repos": sorted({t.repo for t in trajs}),
+                      "n_trajectories": len(trajs), "n_instances": len({t.instance_id for t in trajs}),
+                      "label_counts": bank.label_counts()}
+        self.reference_ = Reference.from_bank(bank, agents=agents, scaffolds=scaffolds)
+        return self
+
+    # ------------------------------------------------------------------ io
+    def manifest(self) -> dict:
+        from .sift import _jsonable
+        return _jsonable({"format": SIFTER_FORMAT, "version": SIFTER_VERSION,
+                          "fingerprint": self.bank.fingerprint_.to_dict(), "config": self.config_,
+                          "seen": self.seen_, "shift_reference": self.reference_.to_dict(),
+                          "parts": {"bank": "bank", "scorer": "scorer"}})
+
+    def save(self, path: str | Path) -> Path:
+        """Write SIFTER_DIR (module docstring) into a sibling temporary folder, then rename it."""
+        if not hasattr(self, "config_"):
+            raise LatentSiftError("This Sifter is not fitted yet: call fit(...) or Sifter.load(path) first.")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        try:
+            self.bank.save(tmp / "bank", source={"sifter": True})
+            self.scorer.save(tmp / "scorer", plot=False)
+            atomic_write_json(tmp / SIFTER_JSON, self.manifest())
+            if path.exists():
+                if not (path / SIFTER_JSON).is_file():
+                    raise LatentSiftError(f"{path} exists and is not a sifter directory; choose another --out.")
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, fingerprint: Any = None, **settings) -> "Sifter":
+        """Read a SIFTER_DIR; with ``fingerprint``, refuse a sifter fitted on another model's states.
+
+        ``settings`` override the saved filter settings (e.g. ``min_keep``, ``frac``, ``n_evidence``).
+        """
+        from .shift import Reference
+        path = Path(path)
+        mpath = path / SIFTER_JSON
+        if not mpath.is_file():
+            raise LatentSiftError(f"{str(path)!r} is not a sifter directory (no {SIFTER_JSON}; make one with "
+                                  "'latentsift fit').")
+        man = read_json(mpath)
+        if man.get("format") != SIFTER_FORMAT or man.get("version") != SIFTER_VERSION:
+            raise LatentSiftError(f"{mpath}: not a {SIFTER_FORMAT} v{SIFTER_VERSION} manifest.")
+        if fingerprint is not None:
+            check_sifter_fingerprint(man, fingerprint, path)
+        bank = Bank.load(path / man["parts"]["bank"])
+        scorer = LinearScorer.load(path / man["parts"]["scorer"])
+        params = {k: v for k, v in man["config"]["settings"].items()} | settings
+        params["channels"] = tuple(params["channels"])
+        s = cls(bank, scorer, scorer_epochs=man["config"].get("scorer_epochs", 40), **params)
+        s.config_, s.seen_ = man["config"], man["seen"]
+        s.reference_ = Reference(**man["shift_reference"])
+        s.path_ = str(path.resolve())
+        return s
+
+
+def check_sifter_fingerprint(man: dict, fingerprint: Any, path) -> None:
+    want = as_fingerprint(man["fingerprint"], "Sifter.load")
+    got = as_fingerprint(fingerprint, "Sifter.load")
+    if want.digest != got.digest:
+        diff = {k: (getattr(want, k), getattr(got, k)) for k in want.__dataclass_fields__
+                if getattr(want, k) != getattr(got, k)}
+        raise FingerprintMismatch(
+            f"The sifter {str(path)!r} was fitted on states of another model than the candidates' states "
+            f"(sifter fingerprint {want.digest}, states {got.digest}; differing: {diff}). Extract the "
+            "candidates' states with the sifter's model, or fit a sifter on states of this model.")
+
+
+def in_bank_evidence(bank: Bank, trajs: Sequence[Trajectory], states, fingerprint, *, seed: int = 0) -> dict:
+    """Cross-fitted within-pool AUC of the paper's distance branch on the bank (inner repository folds).
+
+    Two repository-disjoint halves: a bank from one half scores the pools of the other. NaN when the
+    trajectories span fewer than two repositories or a half has one class only.
+    """
+    from .bank import split_by_repo
+    from .diagnostics import within_pool_auc
+    from .rank import grouped_normalized_ranks, min_channel_rank
+    if len({t.repo for t in trajs}) < 2:
+        return {"paper-distance_within_pool_auc": None, "reason": "one repository: no inner folds"}
+    inner = split_by_repo({t.traj_id: t.repo for t in trajs}, n_folds=2, seed=seed)
+    q: dict[str, dict[str, float]] = {}
+    for ib_repos, ie_repos in inner:
+        ib = [t for t in trajs if t.repo in set(ib_repos)]
+        ie = [t for t in trajs if t.repo in set(ie_repos)]
+        lab = {t.traj_id: int(t.label) for t in ib}
+        if len(set(lab.values())) < 2:
+            return {"paper-distance_within_pool_auc": None, "reason": "an inner fold's bank has one class only"}
+        b = Bank().fit({t.traj_id: states[t.traj_id] for t in ib}, lab, {t.traj_id: t.instance_id for t in ib},
+                       {t.traj_id: t.repo for t in ib}, fingerprint)
+        for p in LatentSift(b, None, branches="distance", seed=seed).prepare_many(
+                group_pools(ie), states, fingerprint=fingerprint).values():
+            for r, t in enumerate(p.traj_ids):
+                q[t] = {c: float(p.q[r, j]) for j, c in enumerate(p.channels)}
+    by = {t.traj_id: t for t in trajs}
+    ids = sorted(q)
+    inst = np.array([by[t].instance_id for t in ids])
+    y = np.array([int(by[t].label) for t in ids])
+    ranks = np.stack([grouped_normalized_ranks(np.array([q[t][c] for t in ids]), inst) for c in ("cot", "obs", "fn")])
+    auc = within_pool_auc(inst, y, min_channel_rank(ranks)).auc
+    return {"paper-distance_within_pool_auc": None if np.isnan(auc) else float(auc),
+            "rule": "2 inner repository folds; bank from one, pools of the other; ties 1/2"}
+
+
+def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
+               log=print) -> Sifter:
+    """``latentsift fit``: a sifter from every labelled candidate of a pools file, saved to ``out``.
+
+    ``instances``: only the first N instances by id (the rule of ``extract --instances N``).
+    """
+    from .protocol import check_labelled, check_states_present
+    from .store import StateStore, select_instances
+    from .trajectory import load_jsonl
+    trajs = select_instances(load_jsonl(pools_path), instances)
+    check_labelled(trajs, "fit")
+    if not Path(states_dir).is_dir():
+        raise LatentSiftError(f"fit: no state store at {str(states_dir)!r}; run 'latentsift extract' first.")
+    store = StateStore(states_dir).open()
+    check_states_present(store, trajs, "fit")
+    sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, log=log)
+    sifter.save(out)
+    return sifter
+
+
+def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "warn",
+                      instances: Sequence[str] | None = None, **settings):
+    """``latentsift filter --sifter``: the saved sifter on every pool, with the shift guard.
+
+    Returns the ``FilterRun`` (the format of ``filter``) with ``configuration`` (the sifter's
+    config and what it has seen) and ``shift`` (per pool: the decision and its numbers).
+    """
+    from ._validation import check_choice
+    from .shift import ON_SHIFT, apply_on_shift, check_pools
+    from .sift import FilterRun
+    from .store import StateStore
+    from .trajectory import load_pools
+    check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
+    pools = load_pools(pools_path)
+    if instances is not None:
+        want = set(instances)
+        unknown = sorted(want - {p.instance_id for p in pools})
+        if unknown:
+            raise LatentSiftError(f"{pools_path} has no pool for instance(s) {unknown[:5]}.")
+        pools = [p for p in pools if p.instance_id in want]
+    if states_dir is None:
+        raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
+    store = StateStore(states_dir).open()
+    sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
+    ids = [c.traj_id for p in pools for c in p.candidates]
+    missing = [t for t in ids if not store.has(t)]
+    if missing:
+        raise LatentSiftError(f"filter: the state store {str(states_dir)!r} has no states for {len(missing)} "
+                              f"candidates, e.g. {missing[0]!r}; run 'latentsift extract' on the pools first.")
+    states = store.load(ids)
+    results = sifter.score_pools(pools, states, fingerprint=store.fingerprint)
+    shifts = check_pools(pools, states, sifter.bank, sifter.reference_)
+    warnings = apply_on_shift(results, shifts, on_shift)
+    inputs = {"pools": str(Path(pools_path).resolve()), "states_dir": str(Path(states_dir).resolve()),
+              "sifter_dir": sifter.path_, "bank_repos": sifter.bank.repo_names_,
+              "bank_label_counts": sifter.bank.label_counts()}
+    eval_repos = sorted({c.repo for p in pools for c in p.candidates})
+    inputs["repos_shared_with_bank"] = sorted(set(eval_repos) & set(sifter.bank.repo_names_))
+    run = FilterRun(method=sifter.name, settings=sifter.get_params(), inputs=inputs,
+                    fingerprint=store.fingerprint.to_dict(), pools=results)
+    run.extra = {"configuration": {"config": sifter.config_, "seen": sifter.seen_},
+                 "shift": {"on_shift": on_shift, "reference": sifter.reference_.to_dict(),
+                           "n_shifted": sum(s.shifted for s in shifts), "pools": [s.to_dict() for s in shifts]}}
+    return run, warnings

@@ -1,0 +1,90 @@
+"""The shift guard: a sifter from one agent's trajectories, pools from the same or another agent.
+
+Reuses the session's tiny end-to-end run (conftest ``tiny_run``): states of AutoCodeRover and
+SWE-agent candidates on django (bank) and pytest (pools).
+"""
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from latentsift._validation import LatentSiftError
+from latentsift.cli import app
+from latentsift.shift import Reference, bank_vectors, loo_distances
+from latentsift.sifter import Sifter, fit_sifter, run_sifter_filter
+from latentsift.trajectory import load_jsonl, save_jsonl
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def acr_sifter(tiny_run, tmp_path_factory, one_torch_thread):
+    run = tiny_run["out"]
+    d = tmp_path_factory.mktemp("shift")
+    trajs = load_jsonl(run / "pools.jsonl")
+    bank = [t for t in trajs if t.repo == "django/django" and t.agent == "acr"]
+    save_jsonl(bank, d / "acr_bank.jsonl")
+    save_jsonl([t for t in trajs if t.repo != "django/django" and t.agent == "acr"], d / "acr_pools.jsonl")
+    save_jsonl([t for t in trajs if t.repo != "django/django" and t.agent == "sweagent"], d / "swe_pools.jsonl")
+    save_jsonl([t for t in trajs if t.repo != "django/django"], d / "mixed_pools.jsonl")  # both agents, K = 6
+    hidden = [t for t in trajs if t.repo != "django/django" and t.agent == "sweagent"]
+    for t in hidden:  # SWE-agent trajectories that claim to be AutoCodeRover's: only the states can tell
+        t.agent, t.source_format = "acr", "r2egym"
+    save_jsonl(hidden, d / "hidden_pools.jsonl")
+    fit_sifter(d / "acr_bank.jsonl", run / "states", d / "sifter", scorer_epochs=2, log=lambda m: None)
+    return d, run / "states"
+
+
+def test_reference_is_the_banks_leave_one_instance_out_distribution(acr_sifter):
+    d, _ = acr_sifter
+    s = Sifter.load(d / "sifter")
+    ids, vecs = bank_vectors(s.bank)
+    loo = loo_distances(ids, vecs, s.bank.instances_)
+    assert len(ids) == 9 and len(loo) == 9 and np.all(loo > 0)
+    ref = Reference.from_bank(s.bank, agents=["acr"], scaffolds=["r2egym"])
+    assert ref.loo_quantile == pytest.approx(np.quantile(loo, 0.95)) == pytest.approx(s.reference_.loo_quantile)
+    assert s.reference_.agents == ["acr"] and s.reference_.scaffolds == ["r2egym"]
+
+
+def test_guard_fires_on_another_agent_and_stays_quiet_on_the_banks(acr_sifter):
+    d, states = acr_sifter
+    same, w_same = run_sifter_filter(d / "acr_pools.jsonl", states, d / "sifter")
+    other, w_other = run_sifter_filter(d / "swe_pools.jsonl", states, d / "sifter")
+    assert w_same == [] and same.extra["shift"]["n_shifted"] == 0
+    (sh,) = other.extra["shift"]["pools"]
+    assert sh["shifted"] and sh["unseen_agents"] == ["sweagent"] and sh["unseen_scaffolds"] == ["sweagent"]
+    assert len(w_other) == 1 and "absent from the bank" in w_other[0]
+    # the numbers behind the decision: SWE-agent candidates lie further from the ACR bank
+    (q,) = same.extra["shift"]["pools"]
+    assert sh["median_nearest_bank_distance"] > q["median_nearest_bank_distance"]
+    assert sh["threshold"] == q["threshold"] == pytest.approx(same.extra["shift"]["reference"]["loo_quantile"])
+    assert set(sh["nearest_bank_distance"]) == {c.traj_id for p in other.pools for c in p.candidates}
+    # hidden metadata: the agent check is silent, the state-space numbers are still reported
+    hid, _ = run_sifter_filter(d / "hidden_pools.jsonl", states, d / "sifter")
+    (h,) = hid.extra["shift"]["pools"]
+    assert h["unseen_agents"] == [] and h["median_nearest_bank_distance"] == sh["median_nearest_bank_distance"]
+
+
+def test_each_on_shift_mode(acr_sifter):
+    d, states = acr_sifter
+    args = ["filter", str(d / "mixed_pools.jsonl"), "--states", str(states), "--sifter", str(d / "sifter")]
+    r = CliRunner().invoke(app, args + ["--out", str(d / "warn.json")])
+    assert r.exit_code == 0 and "shift (warn)" in r.output
+    warn = json.loads((d / "warn.json").read_text())
+    assert warn["shift"]["pools"][0]["action"] == "warned" and warn["pools"][0]["n_keep"] == 3  # max(3, 6 // 2)
+    r = CliRunner().invoke(app, args + ["--out", str(d / "keep.json"), "--on-shift", "keep-all"])
+    assert r.exit_code == 0
+    keep = json.loads((d / "keep.json").read_text())
+    assert keep["pools"][0]["n_keep"] == 6 == len(keep["pools"][0]["candidates"]) == len(keep["pools"][0]["retained"])
+    assert keep["shift"]["pools"][0]["action"].startswith("stage 1 skipped")
+    assert [c["s"] for c in keep["pools"][0]["candidates"]] == [c["s"] for c in warn["pools"][0]["candidates"]]
+    r = CliRunner().invoke(app, args + ["--out", str(d / "err.json"), "--on-shift", "error"])
+    assert isinstance(r.exception, LatentSiftError) and "out of the bank's distribution" in str(r.exception)
+    assert not (d / "err.json").exists()
+    # quiet pools pass under every mode, unchanged
+    r = CliRunner().invoke(app, ["filter", str(d / "acr_pools.jsonl"), "--states", str(states), "--sifter",
+                                 str(d / "sifter"), "--out", str(d / "ok.json"), "--on-shift", "error"])
+    assert r.exit_code == 0 and json.loads((d / "ok.json").read_text())["shift"]["n_shifted"] == 0
+    with pytest.raises(LatentSiftError, match="'on_shift' parameter of filter"):
+        run_sifter_filter(d / "acr_pools.jsonl", states, d / "sifter", on_shift="ignore")
