@@ -96,6 +96,8 @@ def test_local_backend_reads_yes_no_by_token_id_on_real_trajectories(backend, tm
         system, user, n, _ = ver.prompt(t)
         ids = backend.encode(system, user, ver.answer_prefix)
         assert v.n_in == n == len(ids) <= 800 and v.n_condensed > 0
+        head, cache = backend._shared_head(system)  # the call ran on the cached shared head ...
+        assert len(head) > 100 and cache is not None and ids[:len(head)] == head
         # Independent read-out: decoder stack, LM head on the last state, softmax, ids of "YES"/"NO".
         with torch.inference_mode():
             h = backend.policy.base(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
@@ -103,7 +105,7 @@ def test_local_backend_reads_yes_no_by_token_id_on_real_trajectories(backend, tm
         p = torch.softmax(logits, -1)
         y = backend.tokenizer.encode("YES", add_special_tokens=False)[0]
         no = backend.tokenizer.encode("NO", add_special_tokens=False)[0]
-        assert v.score == pytest.approx(float(p[y] / (p[y] + p[no])), abs=2e-3)
+        assert v.score == pytest.approx(float(p[y] / (p[y] + p[no])), abs=2e-3)  # ... and equals a full pass
     again = ver.score(trajs[::-1])
     for t in trajs:
         assert again[t.traj_id].cached and again[t.traj_id].score == res[t.traj_id].score

@@ -56,6 +56,7 @@ nothing; cached verdicts are marked ``cached=True`` and still report the tokens 
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -394,7 +395,7 @@ class LocalBackend:
     concurrency = 1
 
     def __init__(self, model: str | os.PathLike | None = None, *, policy=None, dtype: str = "auto",
-                 device: str | None = None):
+                 device: str | None = None, reuse_head: bool = True):
         if policy is None:
             from .model import load_policy
             policy = load_policy(model, dtype=dtype, device=device)
@@ -404,6 +405,8 @@ class LocalBackend:
             raise LatentSiftError(f"The verifier model {policy.path!r} has no chat template; the judge prompt "
                                   "needs one (use an instruction-tuned model).")
         self.backend_id = f"local:{policy.fingerprint.digest}"
+        self.reuse_head = reuse_head
+        self._head: tuple[str, list[int], Any] | None = None
 
     def answer_ids(self, yes: str = YES, no: str = NO) -> tuple[int, int]:
         ids = [self.tokenizer.encode(w, add_special_tokens=False) for w in (yes, no)]
@@ -430,12 +433,43 @@ class LocalBackend:
         if len(ids) > self.policy.context_length:
             raise CallFailed(f"prompt of {len(ids)} tokens exceeds the model context {self.policy.context_length}", 0)
         yes_id, no_id = self.answer_ids(yes, no)
+        head, cache = self._shared_head(system) if self.reuse_head else ([], None)
+        dev = self.policy.device
         with torch.inference_mode():
-            out = self.policy.model(input_ids=torch.tensor([ids], device=self.policy.device), logits_to_keep=1,
-                                    use_cache=False)
+            if cache is not None and len(ids) > len(head) and ids[:len(head)] == head:
+                out = self.policy.model(input_ids=torch.tensor([ids[len(head):]], device=dev), logits_to_keep=1,
+                                        past_key_values=copy.deepcopy(cache), use_cache=True)
+            else:
+                out = self.policy.model(input_ids=torch.tensor([ids], device=dev), logits_to_keep=1, use_cache=False)
         logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
         lp_yes, lp_no = float(logp[yes_id]), float(logp[no_id])
         return RawJudgement(math.exp(lp_yes), math.exp(lp_no), yes_no_score(lp_yes, lp_no), len(ids), 1)
+
+    def _shared_head(self, system: str) -> tuple[list[int], Any]:
+        """The token head that every prompt with this system prompt starts with (the templated system
+        message and the opening of the user turn) and its KV cache, computed once per system prompt.
+
+        Each call then runs only the rest of its prompt on a copy of that cache: about a quarter of
+        the default 512-token prompts. Tokens charged are unchanged (the whole prompt); the score
+        equals a full forward pass up to float rounding (tested), and depends on the prompt alone,
+        never on the order of calls. A model whose forward takes no cache gets full passes.
+        """
+        import torch
+
+        if self._head is None or self._head[0] != system:
+            a, b = self.encode(system, "a", ""), self.encode(system, "b", "")
+            n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            cache = None
+            if n:
+                try:
+                    with torch.inference_mode():
+                        out = self.policy.model(input_ids=torch.tensor([a[:n]], device=self.policy.device),
+                                                logits_to_keep=1, use_cache=True)
+                    cache = out.past_key_values
+                except (TypeError, ValueError):  # a model without a KV cache: full passes
+                    cache = None
+            self._head = (system, a[:n], cache)
+        return self._head[1], self._head[2]
 
     def describe(self) -> dict:
         yes_id, no_id = self.answer_ids()
