@@ -134,7 +134,7 @@ def main(k: int = 6, steps: int = 3, new_tokens: int = 6, n_garbled: int = 2, th
     out = {"k": k, "generated": {t: c.generated for t, c in cands.items()},
            "steps_not_run": {t: steps - n for t, n in stopped.items()}, "garbled": sorted(garbled), "stopped": stopped, "survivors": pruner.alive,
            "decisions": decisions, "seconds": round(time.perf_counter() - t0, 2),
-           "stopped_are_garbled": bool(stopped) and set(stopped) <= garbled}
+           "garbled_stopped_first": sorted(decisions[0]["stop"]) == sorted(garbled)}
     log(f"stopped {sorted(stopped)} (garbled: {sorted(garbled)}); survivors {pruner.alive}; "
         f"{out['seconds']:.1f} s")
     return out
