@@ -506,7 +506,7 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
            "target_retention": target_retention, "n_boot": n_boot, "seed": seed,
            "gen_tokens_total": float(none["gen_total"].sum()), "obs_tokens_total": float(none["obs_total"].sum())}
     out["verdict"] = verdict(out)
-    out["seconds"] = round(time.perf_counter() - t0, 2)
+    log(f"[prune] {len(insts)} pools, {len(rows)} rows in {time.perf_counter() - t0:.1f} s")
     return out
 
 
@@ -645,7 +645,6 @@ def reproduce_pruning(run, trajs: Sequence[Trajectory], store, tokenizer, folds,
 
     from ._io import atomic_write_json
     from .reproduce import _digest
-    t0 = time.perf_counter()
     s = run.s
     path = run.out / "prune" / "tokens.json"
     key = _digest(sorted(t.traj_id for t in trajs))
@@ -665,7 +664,5 @@ def reproduce_pruning(run, trajs: Sequence[Trajectory], store, tokenizer, folds,
         k, _, j = name.removeprefix("fold-").partition("-inner-")
         return run.fit_fold(int(k), bank_trajs, states, fp, {}, "paper" if not j else f"prune-inner-{j}")
 
-    res = evaluate_pruning(trajs, states, fp, folds, tokens, fit=fit, policies=policies, thresholds=thresholds,
-                           schedules=schedules, cascade=cascade, n_boot=s.n_boot, seed=s.seed, log=run.log)
-    res["seconds_total"] = round(time.perf_counter() - t0, 2)
-    return res
+    return evaluate_pruning(trajs, states, fp, folds, tokens, fit=fit, policies=policies, thresholds=thresholds,
+                            schedules=schedules, cascade=cascade, n_boot=s.n_boot, seed=s.seed, log=run.log)

@@ -731,6 +731,16 @@ def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print
         "sweep": sweep_info,
     }
     run._timed("evaluate", t0)
+    # --- pruning (issue 17) ---
+    # offline early pruning by prefix truncation of the stored states (latentsift.prune); reuses the
+    # folds' banks and scorers; stored in summary.json under "pruning"
+    from .prune import reproduce_pruning
+    t0 = time.perf_counter()
+    data["pruning"] = reproduce_pruning(
+        run, trajs, store, policy.tokenizer, folds,
+        cascade={"stage1": draw_scorers["latentsift"], "records": records, "final_verifier": ef})
+    run._timed("prune", t0)
+    # --- end pruning ---
     run.timings["total"] = round(time.perf_counter() - t_all, 2)
     atomic_write_json(out / "timings.json", run.timings)  # kept out of summary.json: wall times vary run to run
     write_report(summary, report_dir)
