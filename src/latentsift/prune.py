@@ -131,10 +131,15 @@ def cut_length(tok: StepTokens, kind: str, value) -> int:
 
 def cut_states(st: TrajectoryStates, n_steps: int, n_tokens: int | None = None) -> TrajectoryStates:
     """The spans of the first ``n_steps`` steps (steps 0..n_steps-1); ``n_tokens`` of the prefix."""
-    keep = np.asarray(st.step) < n_steps
-    return TrajectoryStates(traj_id=st.traj_id, layers=st.layers[keep], step=np.asarray(st.step)[keep],
-                            channel=np.asarray(st.channel)[keep],
-                            n_tokens=st.n_tokens if n_tokens is None else int(n_tokens), layer_ids=st.layer_ids)
+    step = np.asarray(st.step)
+    n_tok = st.n_tokens if n_tokens is None else int(n_tokens)
+    if step.size == 0 or np.all(step[1:] >= step[:-1]):  # spans in trajectory order: the prefix is a head (a view)
+        m = int(np.searchsorted(step, n_steps, side="left"))
+        return TrajectoryStates(traj_id=st.traj_id, layers=st.layers[:m], step=step[:m],
+                                channel=np.asarray(st.channel)[:m], n_tokens=n_tok, layer_ids=st.layer_ids)
+    keep = step < n_steps
+    return TrajectoryStates(traj_id=st.traj_id, layers=st.layers[keep], step=step[keep],
+                            channel=np.asarray(st.channel)[keep], n_tokens=n_tok, layer_ids=st.layer_ids)
 
 
 def cut_trajectory(traj: Trajectory, n_steps: int) -> Trajectory:
@@ -157,11 +162,16 @@ def prefix_prepare(filt: Stage1Filter, pools: Sequence[Pool], states: Mapping[st
     cpools = [Pool(p.instance_id, [cut_trajectory(c, cut[c.traj_id]) for c in p.candidates]) for p in pools]
     cst = None
     if states is not None:
+        from .sift import _RuleFilter
+        rule = isinstance(filt, _RuleFilter)  # reads n_tokens only: no layers are sliced
         cst = {}
         for p in pools:
             for c in p.candidates:
                 n = None if tokens is None else prefix_tokens(tokens[c.traj_id], cut[c.traj_id])
-                cst[c.traj_id] = cut_states(states[c.traj_id], cut[c.traj_id], n)
+                st = states[c.traj_id]
+                cst[c.traj_id] = (TrajectoryStates(c.traj_id, st.layers[:0], np.asarray(st.step)[:0],
+                                                   np.asarray(st.channel)[:0], n_tokens=st.n_tokens if n is None else n)
+                                  if rule else cut_states(st, cut[c.traj_id], n))
     return filt.prepare_many(cpools, cst, fingerprint=fingerprint)
 
 
@@ -174,7 +184,7 @@ class PrefixSift:
     """
 
     def __init__(self, filt: LatentSift, pools: Sequence[Pool], states: Mapping[str, TrajectoryStates], *,
-                 fingerprint: Any = None):
+                 fingerprint: Any = None, cache: dict | None = None):
         if not isinstance(filt, LatentSift):
             raise param_error("filt", "PrefixSift", "a LatentSift filter", type(filt).__name__)
         self.filt = filt
@@ -190,11 +200,18 @@ class PrefixSift:
             for ch in filt.channels:
                 cid = CHANNEL_ID[ch]
                 zs, steps, owner = [], [], []
+                if cache is not None and (id(filt.bank), ch, tuple(ids)) in cache:
+                    self._d[ch] = cache[(id(filt.bank), ch, tuple(ids))]
+                    continue
                 for i, t in enumerate(ids):
                     sel = np.asarray(st[t].channel) == cid
                     zs.append(st[t].distance_states(filt.bank.layer)[sel])
                     steps.append(np.asarray(st[t].step)[sel].astype(np.int64))
                     owner.append(np.full(int(sel.sum()), i, dtype=np.int64))
+                key = (id(filt.bank), ch, tuple(ids))  # ``cache``: shared by filters on the same bank and pools
+                if cache is not None and key in cache:
+                    self._d[ch] = cache[key]
+                    continue
                 z = np.concatenate(zs).reshape(-1, filt.bank.d_model_)
                 s, o = np.concatenate(steps), np.concatenate(owner)
                 if z.shape[0]:
@@ -202,6 +219,8 @@ class PrefixSift:
                 else:
                     d_pos = d_neg = np.zeros(0)
                 self._d[ch] = (np.asarray(d_pos), np.asarray(d_neg), s, o)
+                if cache is not None:
+                    cache[key] = self._d[ch]
 
     def prepare(self, cut: Mapping[str, int]) -> dict[str, Prepared]:
         f, n = self.filt, len(self.ids)
@@ -254,7 +273,12 @@ class PrefixBankSift:
             bank = Bank(**self.bank_params).fit(cst, {t.traj_id: int(t.label) for t in self.bank_trajs},
                                                 {t.traj_id: t.instance_id for t in self.bank_trajs},
                                                 {t.traj_id: t.repo for t in self.bank_trajs}, self.fingerprint)
-            self._filters[key] = LatentSift(bank, self.scorer, seed=self.seed,
+            counts = bank.state_counts()
+            chans = tuple(c for c in bank.channels if counts[c]["pos"] and counts[c]["neg"])
+            if not chans:
+                raise LatentSiftError(f"The prefix bank at {kind}={value} has no channel with states of both "
+                                      "classes; use later checkpoints.")
+            self._filters[key] = LatentSift(bank, self.scorer, seed=self.seed, channels=chans,
                                             branches="both" if self.scorer is not None else "distance",
                                             **self.sift_params)
         return self._filters[key]
@@ -328,14 +352,15 @@ def tokens_saved(run: PoolRun, tokens: Mapping[str, StepTokens]) -> tuple[int, i
 class _Policy:
     """Prefix scores of one policy on one set of pools: ``prepare(kind, value, cut)`` -> {instance: Prepared}."""
 
-    def __init__(self, name, pools, states, fingerprint, tokens, bank_trajs=None, bank=None, scorer=None, seed=0):
+    def __init__(self, name, pools, states, fingerprint, tokens, bank_trajs=None, bank=None, scorer=None, seed=0,
+                 cache=None):
         check_choice(name, "policy", "evaluate_pruning", POLICIES)
         self.name, self.pools, self.states, self.fp, self.tokens = name, pools, states, fingerprint, tokens
         self._fast = None
         if name in ("latentsift", "branch:distance", "branch:learned"):
             br = {"latentsift": "both", "branch:distance": "distance", "branch:learned": "learned"}[name]
             self.filt = LatentSift(bank, scorer if br != "distance" else None, branches=br, seed=seed, n_evidence=0)
-            self._fast = PrefixSift(self.filt, pools, states, fingerprint=fingerprint)
+            self._fast = PrefixSift(self.filt, pools, states, fingerprint=fingerprint, cache=cache)
         elif name == "latentsift:prefix-bank":
             self._pb = PrefixBankSift(bank_trajs, states, fingerprint, tokens, scorer, seed=seed, n_evidence=0)
         else:
@@ -351,9 +376,9 @@ class _Policy:
 
 
 def _fold_runs(name, pools, states, fingerprint, tokens, schedules, thresholds, *, bank_trajs, bank, scorer,
-               seed) -> dict[tuple, dict[str, PoolRun]]:
+               seed, cache=None) -> dict[tuple, dict[str, PoolRun]]:
     """(schedule, threshold) -> instance -> PoolRun for one policy on one fold's pools."""
-    pol = _Policy(name, pools, states, fingerprint, tokens, bank_trajs, bank, scorer, seed)
+    pol = _Policy(name, pools, states, fingerprint, tokens, bank_trajs, bank, scorer, seed, cache)
     n_steps = {c.traj_id: tokens[c.traj_id].n_steps for p in pools for c in p.candidates}
     out: dict[tuple, dict[str, PoolRun]] = {}
     for kind, cps in schedules.items():
@@ -473,13 +498,16 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
                 except LatentSiftError as e:  # e.g. an inner bank with one class only (tiny runs)
                     log(f"[prune] fold {k} inner {j}: skipped ({e})")
                     continue
+                cache: dict = {}
                 for name in policies:
                     for key, rr in _fold_runs(name, ie_pools, states, fingerprint, tokens, schedules, thresholds,
-                                              bank_trajs=ib, bank=ibank, scorer=iscorer, seed=seed).items():
+                                              bank_trajs=ib, bank=ibank, scorer=iscorer, seed=seed,
+                                              cache=cache).items():
                         inner_runs[name].setdefault(key, {}).update(rr)
+        cache = {}
         for name in policies:
             fr = _fold_runs(name, eval_pools, states, fingerprint, tokens, schedules, thresholds,
-                            bank_trajs=bank_trajs, bank=bank, scorer=scorer, seed=seed)
+                            bank_trajs=bank_trajs, bank=bank, scorer=scorer, seed=seed, cache=cache)
             for key, rr in fr.items():
                 runs[name].setdefault(key, {}).update(rr)
             for kind in schedules:
