@@ -202,6 +202,17 @@ def test_offline_evaluation_runs_and_chooses_thresholds_in_bank(world):
     assert rows[("latentsift", "steps", 1.0)]["retention"]["mean"] > rows[("random", "steps", 1.0)]["retention"]["mean"]
     assert all(c["threshold"] in (0.3, 1.0) for p in res["chosen_thresholds"].values() for v in p.values() for c in v)
     assert "length-based pruning rules on these pools" in res["verdict"]["sentence"]
+    # the report's section and figure read these numbers
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    from latentsift.report import _fig_pruning, _pruning_markdown
+    md = "\n".join(_pruning_markdown(res))
+    assert res["verdict"]["sentence"] in md and "| latentsift | steps | in-bank |" in md
+    assert f"{100 * rows[('latentsift', 'steps', 1.0)]['gen_saved']['mean']:.2f}" in md
+    fig = _fig_pruning({"pruning": res}, plt)
+    assert len(fig.axes) == 2
+    plt.close(fig)
     # the prefix bank is one bank per checkpoint, cut the same way
     pb = PrefixBankSift([t for t in trajs if t.repo.startswith("org/bank")], states, FP, tokens)
     f = pb.filter_at("steps", 2)

@@ -357,6 +357,8 @@ class _Policy:
         check_choice(name, "policy", "evaluate_pruning", POLICIES)
         self.name, self.pools, self.states, self.fp, self.tokens = name, pools, states, fingerprint, tokens
         self._fast = None
+        self.fallbacks: list[str] = []
+        self._whole, self._bank, self._scorer, self._seed, self._cache = None, bank, scorer, seed, cache
         if name in ("latentsift", "branch:distance", "branch:learned"):
             br = {"latentsift": "both", "branch:distance": "distance", "branch:learned": "learned"}[name]
             self.filt = LatentSift(bank, scorer if br != "distance" else None, branches=br, seed=seed, n_evidence=0)
@@ -370,13 +372,21 @@ class _Policy:
         if self._fast is not None:
             return self.filt, self._fast.prepare(cut)
         if self.name == "latentsift:prefix-bank":
-            f = self._pb.filter_at(kind, value)
+            try:
+                f = self._pb.filter_at(kind, value)
+            except LatentSiftError:  # no prefix bank possible here (e.g. one class only): whole-trajectory bank
+                self.fallbacks.append(f"{kind}={value}")
+                if self._whole is None:
+                    self._whole = LatentSift(self._bank, self._scorer, seed=self._seed, n_evidence=0)
+                    self._whole_fast = PrefixSift(self._whole, self.pools, self.states, fingerprint=self.fp,
+                                                  cache=self._cache)
+                return self._whole, self._whole_fast.prepare(cut)
             return f, prefix_prepare(f, self.pools, self.states, cut, fingerprint=self.fp)
         return self.filt, prefix_prepare(self.filt, self.pools, self.states, cut, tokens=self.tokens)
 
 
 def _fold_runs(name, pools, states, fingerprint, tokens, schedules, thresholds, *, bank_trajs, bank, scorer,
-               seed, cache=None) -> dict[tuple, dict[str, PoolRun]]:
+               seed, cache=None, fallbacks: list | None = None) -> dict[tuple, dict[str, PoolRun]]:
     """(schedule, threshold) -> instance -> PoolRun for one policy on one fold's pools."""
     pol = _Policy(name, pools, states, fingerprint, tokens, bank_trajs, bank, scorer, seed, cache)
     n_steps = {c.traj_id: tokens[c.traj_id].n_steps for p in pools for c in p.candidates}
@@ -393,6 +403,8 @@ def _fold_runs(name, pools, states, fingerprint, tokens, schedules, thresholds, 
                 runs[p.instance_id] = simulate_pool([c.traj_id for c in p.candidates], n_steps, cuts, rank_at, th,
                                                     seed=seed, instance_id=p.instance_id)
             out[(kind, th)] = runs
+    if pol.fallbacks and fallbacks is not None:
+        fallbacks.extend(pol.fallbacks)
     return out
 
 
@@ -478,6 +490,7 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
     pools_by = {p.instance_id: p for p in pools}
     runs: dict[str, dict[tuple, dict[str, PoolRun]]] = {p: {} for p in policies}
     chosen: dict[str, dict[str, list]] = {p: {k: [] for k in schedules} for p in policies}
+    fallbacks: list[str] = []  # prefix-bank checkpoints that fell back to the whole-trajectory bank
     for k, (bank_repos, eval_repos) in enumerate(folds):
         bank_set, eval_set = set(bank_repos), set(eval_repos)
         bank_trajs = [t for t in trajs if t.repo in bank_set]
@@ -502,12 +515,13 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
                 for name in policies:
                     for key, rr in _fold_runs(name, ie_pools, states, fingerprint, tokens, schedules, thresholds,
                                               bank_trajs=ib, bank=ibank, scorer=iscorer, seed=seed,
-                                              cache=cache).items():
+                                              cache=cache, fallbacks=fallbacks).items():
                         inner_runs[name].setdefault(key, {}).update(rr)
         cache = {}
         for name in policies:
             fr = _fold_runs(name, eval_pools, states, fingerprint, tokens, schedules, thresholds,
-                            bank_trajs=bank_trajs, bank=bank, scorer=scorer, seed=seed, cache=cache)
+                            bank_trajs=bank_trajs, bank=bank, scorer=scorer, seed=seed, cache=cache,
+                            fallbacks=fallbacks)
             for key, rr in fr.items():
                 runs[name].setdefault(key, {}).update(rr)
             for kind in schedules:
@@ -532,6 +546,7 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
            "n_solvable": int(none["solvable"].sum()), "k": sorted({len(pools_by[i].candidates) for i in insts}),
            "min_alive_rule": "max(3, floor(K/2)) alive (running or finished) candidates",
            "target_retention": target_retention, "n_boot": n_boot, "seed": seed,
+           "prefix_bank_fallbacks": len(fallbacks),
            "gen_tokens_total": float(none["gen_total"].sum()), "obs_tokens_total": float(none["obs_total"].sum())}
     out["verdict"] = verdict(out)
     log(f"[prune] {len(insts)} pools, {len(rows)} rows in {time.perf_counter() - t0:.1f} s")

@@ -505,6 +505,9 @@ def _pruning_markdown(pr: dict) -> list[str]:
              "the bank alone (inner repository split; most tokens saved with retention >= "
              f"{pr['target_retention']:.0%}).", "",
              pr["verdict"]["sentence"], ""]
+    if pr.get("prefix_bank_fallbacks"):
+        lines += [f"The prefix bank could not be built at {pr['prefix_bank_fallbacks']} fold checkpoint(s) (a class "
+                  "without states there); those used the whole-trajectory bank.", ""]
     main = [r for r in pr["rows"] if r["threshold"] in ("in-bank", None)]
     lines += [_table(head, _pruning_rows(main), ["l", "l", "l"] + ["r"] * 5), ""]
     rest = [r for r in pr["rows"] if r["threshold"] not in ("in-bank", None)]
