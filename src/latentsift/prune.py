@@ -499,7 +499,9 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
             continue
         bank, scorer = fit(f"fold-{k}", bank_trajs)
         inner_runs: dict[str, dict[tuple, dict[str, PoolRun]]] = {p: {} for p in policies}
-        if inner:
+        if inner and len({t.repo for t in bank_trajs}) < 2:
+            log(f"[prune] fold {k}: one bank repository, no inner split; the smallest threshold is used")
+        elif inner:
             isplit = split_by_repo({t.traj_id: t.repo for t in bank_trajs}, n_folds=2, seed=seed)
             for j, (ib_repos, ie_repos) in enumerate(isplit):
                 ib = [t for t in bank_trajs if t.repo in set(ib_repos)]
