@@ -2,7 +2,8 @@
 
 On the real shared pools: the ``--instances`` first instances of the default selection (hash order,
 as ``reproduce --max-instances``), states extracted with the demo's settings into ``--out``
-(cached; not timed), outer fold banks and scorers fitted and cached first (``reproduce`` has them
+(cached; not timed), one fold (the repository with most candidates evaluated, the others as the
+bank; a small selection rarely has resolved candidates in every fold of a k-fold split), its bank and scorers fitted and cached first (``reproduce`` has them
 already when the pruning block runs; not timed). Then, timed side by side in this run:
 
 - token counting (policy tokenizer over every step; cached by reproduce after the first run);
@@ -47,7 +48,10 @@ def main() -> None:
     trajs, _ = run.import_pools()
     policy, store = run.extract(trajs)
     states = store.load([t.traj_id for t in trajs])
-    folds = run.folds(trajs)
+    # one fold: the repository with the most candidates is evaluated, the others form the bank (a small
+    # selection rarely has resolved candidates in every fold of a k-fold split)
+    repos = sorted({t.repo for t in trajs}, key=lambda r: (-sum(t.repo == r for t in trajs), r))
+    folds = [(repos[1:], repos[:1])]
     fitted = {}
     for k, (bank_repos, eval_repos) in enumerate(folds):
         bank_trajs = [t for t in trajs if t.repo in set(bank_repos)]
@@ -63,6 +67,10 @@ def main() -> None:
     t0 = time.perf_counter()
     step_tokens(trajs, policy.tokenizer)
     t_tok = time.perf_counter() - t0
+    import shutil
+    for d in run.out.glob("folds/fold-*/prune-inner-*"):  # the first run fits the inner banks and scorers
+        shutil.rmtree(d)
+    (run.out / "prune" / "tokens.json").unlink(missing_ok=True)
     t0 = time.perf_counter()
     res = reproduce_pruning(run, trajs, store, policy.tokenizer, folds)
     t_first = time.perf_counter() - t0

@@ -56,6 +56,10 @@ POLICIES = (*STATE_POLICIES, *LENGTH_POLICIES, "random")
 # the length policies are the Stage-1 length baselines applied to prefixes
 _BASELINE_OF = {"longest-so-far": "shortest-tokens", "most-steps-so-far": "fewest-steps", "random": "random"}
 TARGET_RETENTION = 0.9
+# the prefix bank (one bank and one search per checkpoint) is evaluated on these schedules only: on the
+# token schedule its prefixes are most of each trajectory, so it costs a full Stage-1 search per
+# checkpoint (bench/prune.py) for what the whole-trajectory bank already measures there
+PREFIX_BANK_SCHEDULES = ("steps",)
 
 
 def min_alive(k: int) -> int:
@@ -392,6 +396,8 @@ def _fold_runs(name, pools, states, fingerprint, tokens, schedules, thresholds, 
     n_steps = {c.traj_id: tokens[c.traj_id].n_steps for p in pools for c in p.candidates}
     out: dict[tuple, dict[str, PoolRun]] = {}
     for kind, cps in schedules.items():
+        if name == "latentsift:prefix-bank" and kind not in PREFIX_BANK_SCHEDULES:
+            continue
         cuts = [{t: cut_length(tokens[t], kind, v) for t in n_steps} for v in cps]
         preps = [pol.prepare(kind, v, cut) for v, cut in zip(cps, cuts)]
         for th in thresholds:
@@ -489,7 +495,7 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
     pools = group_pools(trajs)
     pools_by = {p.instance_id: p for p in pools}
     runs: dict[str, dict[tuple, dict[str, PoolRun]]] = {p: {} for p in policies}
-    chosen: dict[str, dict[str, list]] = {p: {k: [] for k in schedules} for p in policies}
+    chosen: dict[str, dict[str, list]] = {p: {} for p in policies}
     fallbacks: list[str] = []  # prefix-bank checkpoints that fell back to the whole-trajectory bank
     for k, (bank_repos, eval_repos) in enumerate(folds):
         bank_set, eval_set = set(bank_repos), set(eval_repos)
@@ -526,10 +532,10 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
                             fallbacks=fallbacks)
             for key, rr in fr.items():
                 runs[name].setdefault(key, {}).update(rr)
-            for kind in schedules:
+            for kind in dict.fromkeys(kd for kd, _ in fr):
                 th = (_choose(inner_runs[name], pools_by, tokens, kind, thresholds, target_retention)
                       if inner_runs[name] else min(thresholds))
-                chosen[name][kind].append({"fold": k, "threshold": th})
+                chosen[name].setdefault(kind, []).append({"fold": k, "threshold": th})
                 runs[name].setdefault((kind, "in-bank"), {}).update(fr[(kind, th)])
     insts = sorted({i for r in runs.values() for rr in r.values() for i in rr})
     if not insts:
@@ -574,12 +580,16 @@ def verdict(result: Mapping) -> dict:
         bs, bl = max(st, key=key), max(ln, key=key)
         rs_, rl = bs["retention"]["mean"], bl["retention"]["mean"]
         gs, gl = bs["gen_saved"]["mean"], bl["gen_saved"]["mean"]
+        if rs_ is None or rl is None or not (math.isfinite(rs_) and math.isfinite(rl)):
+            continue  # no evaluated pool with a resolved candidate: retention undefined
         beats = bool((rs_ >= rl and gs > gl) or (rs_ > rl and gs >= gl))
         loses = bool((rl >= rs_ and gl > gs) or (rl > rs_ and gl >= gs))
         per[kind] = {"state": bs["policy"], "length": bl["policy"], "state_retention": rs_, "length_retention": rl,
                      "state_gen_saved": gs, "length_gen_saved": gl, "beats": beats, "loses": loses}
     if not per:
-        return {"per_schedule": per, "sentence": "No state-based and length-based policies were both evaluated."}
+        return {"per_schedule": per, "beats": None,
+                "sentence": "No comparison of state-based and length-based pruning is possible here (no policy of "
+                            "each kind, or no pool with a resolved candidate)."}
     parts = []
     for kind, v in per.items():
         word = "beats" if v["beats"] else ("does not beat" if v["loses"] else "trades off against")
