@@ -219,7 +219,21 @@ def evaluate_protocol(run, trajs: Sequence[Trajectory], store, *, tokenizer=None
         "agent_transfer": transfer_info,
     }
     run._timed("evaluate", t0)
-    # --- protocol hook: after evaluation (extra evaluations, e.g. pruning, go here; they may add to `data`)
+    # --- pruning (issue 17) ---
+    # offline early pruning by prefix truncation of the stored states (latentsift.prune); reuses the
+    # folds' banks and scorers; stored in summary.json under "pruning". Token counts need the tokenizer
+    # (reproduce has it; crossval on stored states alone skips this section and says so)
+    if tokenizer is not None:
+        from .prune import reproduce_pruning
+        t0 = time.perf_counter()
+        data["pruning"] = reproduce_pruning(
+            run, trajs, store, tokenizer, folds,
+            cascade={"stage1": draw_scorers["latentsift"], "records": records, "final_verifier": ef}
+            if ef is not None else None)
+        run._timed("prune", t0)
+    else:
+        log("[prune] skipped: the offline pruning evaluation needs the policy's tokenizer (run reproduce)")
+    # --- end pruning ---
     run.timings["total"] = round(time.perf_counter() - t_all, 2)
     atomic_write_json(out / "timings.json", run.timings)  # kept out of summary.json: wall times vary run to run
     # --- protocol hook: before write_report

@@ -217,6 +217,8 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
                          rows), ""]
     if data.get("selection"):
         lines += _selection_markdown(data)
+    if data.get("pruning"):
+        lines += _pruning_markdown(data["pruning"])  # early pruning (issue 17)
     if figures:
         lines += ["## Figures", ""]
         lines += [f"![{f}]({f})" for f in figures] + [""]
@@ -361,7 +363,7 @@ def write_figures(data: dict, out: Path) -> dict[str, Path]:
     written = {}
     for fname, fn in (("score_distributions.png", _fig_distributions), ("best_at_k_tokens.png", _fig_best_tokens_k),
                       ("best_vs_tokens.png", _fig_best_vs_tokens), ("token_savings.png", _fig_savings),
-                      ("training_size.png", _fig_training_size)):
+                      ("training_size.png", _fig_training_size), ("pruning.png", _fig_pruning)):
         fig = fn(data, plt)
         if fig is None:
             continue
@@ -506,4 +508,71 @@ def _fig_training_size(data: dict, plt):
     ax.set_xlabel("bank used for training (% of instances)")
     ax.set_ylabel("within-pool AUC")
     ax.legend(fontsize=7)
+    return fig
+
+
+# ----------------------------------------------------------------------------- early pruning (issue 17)
+
+def _pruning_rows(rows: list) -> list[list[str]]:
+    out = []
+    for r in rows:
+        th = r["threshold"]
+        out.append([r["policy"], r["schedule"], "-" if th is None else (th if isinstance(th, str) else f"{th:g}"),
+                    _ci_pct(r["gen_saved"]), _ci_pct(r["obs_saved"]), _ci_pct(r["retention"]),
+                    _ci_pct(r.get("best_at_k")), f"{r['stopped_per_pool']:.2f}"])
+    return out
+
+
+def _pruning_markdown(pr: dict) -> list[str]:
+    """Early pruning: tokens saved against candidates lost, state policies next to the length rules."""
+    head = ["policy", "schedule", "threshold", "model-written tokens saved %", "observation tokens saved %",
+            "retention %", "Best@K after the cascade %", "stopped / pool"]
+    cps = {r["schedule"]: r["checkpoints"] for r in pr["rows"] if r["checkpoints"]}
+    lines = ["## Early pruning during generation", "",
+             f"Candidates are stopped at checkpoints ({'; '.join(f'{k}: {v}' for k, v in cps.items())}; "
+             "'tokens' = fractions of each candidate's model-written tokens) when their prefix score ranks "
+             "below the threshold among the alive candidates of their pool, never leaving fewer than "
+             f"{pr['min_alive_rule']}. Offline, by truncating the stored per-step states of "
+             f"{pr['n_instances']} pools (K = {', '.join(map(str, pr['k']))}; {pr['n_solvable']} with a resolved "
+             "candidate). Tokens saved: what the stopped candidates would still have written (model-written) or "
+             "read (observations), as a share of all the pools' tokens; retention: a resolved candidate "
+             "survives (instances with one); Best@K: the cascade run on the survivors. 95% bootstrap "
+             f"intervals over instances ({pr['n_boot']} resamples). Thresholds 'in-bank': chosen per fold on "
+             "the bank alone (inner repository split; most tokens saved with retention >= "
+             f"{pr['target_retention']:.0%}).", "",
+             pr["verdict"]["sentence"], ""]
+    if pr.get("prefix_bank_fallbacks"):
+        lines += [f"The prefix bank could not be built at {pr['prefix_bank_fallbacks']} fold checkpoint(s) (a class "
+                  "without states there); those used the whole-trajectory bank.", ""]
+    main = [r for r in pr["rows"] if r["threshold"] in ("in-bank", None)]
+    lines += [_table(head, _pruning_rows(main), ["l", "l", "l"] + ["r"] * 5), ""]
+    rest = [r for r in pr["rows"] if r["threshold"] not in ("in-bank", None)]
+    if rest:
+        lines += ["<details><summary>Every threshold</summary>", "",
+                  _table(head, _pruning_rows(rest), ["l", "l", "l"] + ["r"] * 5), "", "</details>", ""]
+    return lines
+
+
+def _fig_pruning(data: dict, plt):
+    pr = data.get("pruning")
+    if not pr:
+        return None
+    kinds = sorted({r["schedule"] for r in pr["rows"] if r["checkpoints"]})
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.2 * len(kinds), 4.0), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for pol in dict.fromkeys(r["policy"] for r in pr["rows"] if r["schedule"] == kind):
+            rs = sorted((r for r in pr["rows"] if r["schedule"] == kind and r["policy"] == pol
+                         and not isinstance(r["threshold"], str)), key=lambda r: r["threshold"])
+            line, = ax.plot([100 * r["gen_saved"]["mean"] for r in rs], [100 * r["retention"]["mean"] for r in rs],
+                            marker="o", ms=3, label=pol, ls="--" if pol in ("longest-so-far", "most-steps-so-far",
+                                                                            "random") else "-")
+            ib = [r for r in pr["rows"] if r["schedule"] == kind and r["policy"] == pol and r["threshold"] == "in-bank"]
+            for r in ib:
+                ax.plot(100 * r["gen_saved"]["mean"], 100 * r["retention"]["mean"], marker="*", ms=10,
+                        color=line.get_color())
+        ax.set_xlabel("model-written tokens saved (%)")
+        ax.set_ylabel("retention of a resolved candidate (%)")
+        ax.set_title(f"Early pruning, {kind} checkpoints (star = in-bank threshold)", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
     return fig
