@@ -10,26 +10,16 @@ import pytest
 
 from latentsift import LatentSiftError
 from latentsift.bank import Bank
-from latentsift.model import Fingerprint
 from latentsift.prune import (POLICIES, PoolRun, PrefixBankSift, PrefixSift, Pruner, StepTokens, cut_length,
                               cut_states, evaluate_pruning, min_alive, prefix_prepare, simulate_pool,
                               stop_decision, tokens_saved, verdict)
 from latentsift.scorer import LinearScorer
 from latentsift.sift import LatentSift, make_baseline
-from latentsift.states import TrajectoryStates
-from latentsift.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory
+from latentsift.trajectory import Pool, Step, Trajectory
+
+from synthetic import FP, make_states  # tests/synthetic.py
 
 ROOT = Path(__file__).resolve().parents[1]
-L, D = 3, 8
-FP = Fingerprint("TestArch", L, D, "tok", "tpl", "w", "float32")
-DIRECTION = np.linspace(-1, 1, D).astype(np.float32)
-
-
-def make_states(tid, rng, quality, n_steps):
-    steps = [t for t in range(n_steps) for _ in CHANNELS]
-    chans = [CHANNEL_ID[c] for _ in range(n_steps) for c in CHANNELS]
-    layers = 0.3 * rng.standard_normal((len(steps), L, D)).astype(np.float32) + np.float32(quality) * DIRECTION
-    return TrajectoryStates(tid, layers, np.array(steps, np.int32), np.array(chans, np.int8), n_tokens=50 * n_steps)
 
 
 def make_traj(tid, inst, repo, n_steps, reward):

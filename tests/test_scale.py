@@ -9,13 +9,15 @@ ray = None  # imported by the cluster fixture (the Ray tests skip without the ex
 
 from latentsift import LatentSiftError  # noqa: E402
 from latentsift.bank import Bank  # noqa: E402
-from latentsift.model import Fingerprint, load_policy  # noqa: E402
+from latentsift.model import load_policy  # noqa: E402
 from latentsift.scale import connect, extract_pools_ray, shard_bank  # noqa: E402
 from latentsift.scale.extract import ACTOR_PREFIX  # noqa: E402
 from latentsift.sift import LatentSift  # noqa: E402
 from latentsift.states import TrajectoryStates  # noqa: E402
 from latentsift.store import StateStore, extract_pools  # noqa: E402
 from latentsift.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory  # noqa: E402
+
+from synthetic import FP, make_states  # noqa: E402  (tests/synthetic.py)
 
 EXTRACT = dict(max_tokens=384, max_span_tokens=24, max_prompt_tokens=48, store_dtype="float32", shard_size=2)
 
@@ -129,16 +131,6 @@ def test_bad_input_ends_with_clear_errors_and_a_valid_store(cluster, tiny_model,
 
 
 # ------------------------------------------------------------------ sharded bank search
-L, D = 3, 8
-FP = Fingerprint("TestArch", L, D, "tok", "tpl", "w", "float32")
-DIRECTION = np.linspace(-1, 1, D).astype(np.float32)
-
-
-def make_states(tid, rng, quality, n_steps):
-    steps = [t for t in range(n_steps) for _ in CHANNELS]
-    chans = [CHANNEL_ID[c] for _ in range(n_steps) for c in CHANNELS]
-    layers = 0.3 * rng.standard_normal((len(steps), L, D)).astype(np.float32) + np.float32(quality) * DIRECTION
-    return TrajectoryStates(tid, layers, np.array(steps, np.int32), np.array(chans, np.int8), n_tokens=40 * n_steps)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +141,7 @@ def world():
     for i in range(30):
         t = f"bank/b{i:02d}"
         y = int(i % 2 == 0)
-        states[t] = make_states(t, rng, 1.0 if y else -1.0, 2 + i % 4)
+        states[t] = make_states(t, rng, 1.0 if y else -1.0, 2 + i % 4, 40)
         labels[t], inst[t], repos[t] = y, f"bankrepo__{i}", "org/bankrepo"
     for i in (0, 1):  # copies sort after the originals: their rows lie in the last shard
         t = f"bank/z-copy-of-{i:02d}"
@@ -163,7 +155,7 @@ def world():
         for k in range(6):
             t = f"run{k}/evalrepo__{p}"
             q = [1.2, 0.8, 0.3, -0.3, -0.8, -1.2][(k + p) % 6]
-            cand[t] = make_states(t, rng, q, 2 + (k * 3 + p) % 5)
+            cand[t] = make_states(t, rng, q, 2 + (k * 3 + p) % 5, 40)
             steps = [Step(cot="c", fn="f", obs="o") for _ in range(2 + (k * 3 + p) % 5)]
             cs.append(Trajectory(traj_id=t, instance_id=f"evalrepo__{p}", repo="org/evalrepo", task_prompt="x",
                                  steps=steps, reward=float(q > 0)))

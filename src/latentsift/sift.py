@@ -580,6 +580,20 @@ class FilterRun:
         atomic_write_json(path, self.to_dict())
 
 
+def load_selected_pools(pools_path, instances: Sequence[str] | None = None) -> list:
+    """The pools of a canonical JSONL file, only those of ``instances`` when given (unknown ids: error)."""
+    from .trajectory import load_pools
+
+    pools = load_pools(pools_path)
+    if instances is not None:
+        want = set(instances)
+        unknown = sorted(want - {p.instance_id for p in pools})
+        if unknown:
+            raise LatentSiftError(f"{pools_path} has no pool for instance(s) {unknown[:5]}.")
+        pools = [p for p in pools if p.instance_id in want]
+    return pools
+
+
 def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str = "latentsift",
                instances: Sequence[str] | None = None, ray_address: str | None = None, bank_shards: int | None = None,
                approx: str | None = None, **settings) -> FilterRun:
@@ -595,16 +609,9 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     from pathlib import Path
 
     from .store import StateStore
-    from .trajectory import load_pools
 
     check_choice(method, "method", "run_filter", METHODS)
-    pools = load_pools(pools_path)
-    if instances is not None:
-        want = set(instances)
-        unknown = sorted(want - {p.instance_id for p in pools})
-        if unknown:
-            raise LatentSiftError(f"{pools_path} has no pool for instance(s) {unknown[:5]}.")
-        pools = [p for p in pools if p.instance_id in want]
+    pools = load_selected_pools(pools_path, instances)
     store = StateStore(states_dir).open() if states_dir is not None else None
     inputs = {"pools": str(Path(pools_path).resolve()),
               "states_dir": None if states_dir is None else str(Path(states_dir).resolve())}

@@ -221,17 +221,10 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     """
     from ._validation import check_choice
     from .shift import ON_SHIFT, apply_on_shift, check_pools
-    from .sift import FilterRun
+    from .sift import FilterRun, load_selected_pools
     from .store import StateStore
-    from .trajectory import load_pools
     check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
-    pools = load_pools(pools_path)
-    if instances is not None:
-        want = set(instances)
-        unknown = sorted(want - {p.instance_id for p in pools})
-        if unknown:
-            raise LatentSiftError(f"{pools_path} has no pool for instance(s) {unknown[:5]}.")
-        pools = [p for p in pools if p.instance_id in want]
+    pools = load_selected_pools(pools_path, instances)
     if states_dir is None:
         raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
     store = StateStore(states_dir).open()

@@ -527,6 +527,16 @@ def extract_one(policy, trajectory, settings: dict[str, Any]) -> tuple[Trajector
     return st, truncated, windowed
 
 
+def select_unique(trajectories: Iterable, instances: int | None) -> list:
+    """``select_instances``, then an error if a trajectory id occurs twice (it would be stored once)."""
+    trajs = select_instances(trajectories, instances)
+    ids = [t.traj_id for t in trajs]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise LatentSiftError(f"The trajectory id {dup!r} occurs more than once in the input.")
+    return trajs
+
+
 def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.PathLike, *,
                   max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
                   max_tokens: int | None = None, instances: int | None = None,
@@ -552,11 +562,7 @@ def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.P
                                 chunk_tokens=chunk_tokens, shard_size=shard_size, renderer=renderer,
                                 patch_step_tokens=patch_step_tokens)
     store = store if isinstance(store, StateStore) else StateStore(store)
-    trajs = select_instances(trajectories, instances)
-    ids = [t.traj_id for t in trajs]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise LatentSiftError(f"The trajectory id {dup!r} occurs more than once in the input.")
+    trajs = select_unique(trajectories, instances)
     t0 = time.perf_counter()
     report = ExtractReport(len(trajs), 0, 0, 0, 0, 0, 0.0)
     with store.lock():

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from .._validation import LatentSiftError, check_positive_int
-from ..store import (DEFAULT_SHARD_SIZE, SHARDS, ExtractProgress, ExtractReport, StateStore, select_instances)
+from ..store import DEFAULT_SHARD_SIZE, SHARDS, ExtractProgress, ExtractReport, StateStore, select_unique
 from ..states import DEFAULT_CHUNK_TOKENS
 from .cluster import connect, worker_cpus
 
@@ -107,11 +107,7 @@ def extract_pools_ray(model: str | os.PathLike | None, trajectories: Iterable, s
     workers = check_positive_int(workers, "workers", "extract_pools_ray")
     shard_size = check_positive_int(shard_size, "shard_size", "extract_pools_ray")
     store = store if isinstance(store, StateStore) else StateStore(store)
-    trajs = select_instances(trajectories, instances)
-    ids = [t.traj_id for t in trajs]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise LatentSiftError(f"The trajectory id {dup!r} occurs more than once in the input.")
+    trajs = select_unique(trajectories, instances)
     settings_kw = dict(max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
                        layers=layers, store_dtype=store_dtype, chunk_tokens=chunk_tokens, shard_size=shard_size,
                        renderer=renderer, patch_step_tokens=patch_step_tokens)
