@@ -1,7 +1,7 @@
 """CPU forward engines for state extraction, side by side in one run: tokens/s and how far their
 pooled states are from eager float32.
 
-    .venv/bin/python bench/forward.py [--n 8] [--rounds 2] [--engines fp32,bf16,int8,int8pc,compile]
+    .venv/bin/python bench/forward.py [--n 8] [--rounds 2] [--engines fp32,bf16,int8,int8pc[,compile]]
 
 Engines (all through ``latentsift.states.replay``, the extraction path, hooks included):
 - ``fp32``: eager float32 (the reference);
@@ -71,7 +71,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=8, help="trajectories (half ACR, half SWE-agent)")
     ap.add_argument("--rounds", type=int, default=2, help="timed passes over the trajectories")
-    ap.add_argument("--engines", default="fp32,bf16,int8,int8pc,compile")
+    ap.add_argument("--engines", default="fp32,bf16,int8,int8pc",
+                    help="comma-separated; add compile to time torch.compile (needs a C++ compiler)")
     ap.add_argument("--max-span-tokens", type=int, default=16, help="the default run's span budget")
     ap.add_argument("--max-prompt-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")

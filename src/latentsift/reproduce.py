@@ -52,9 +52,9 @@ STACK_CONFIGS: dict[str, list[str]] = {
 class ReproduceSettings:
     """Settings of one reproduce run (all recorded in the manifest).
 
-    Budget of the default run (at most 20 minutes from a cold cache on a 2-core AVX2 CPU in float32;
-    README "Timings"; until 2026-11 the defaults were n_unresolved=30, max_span_tokens=32 and
-    verifier_max_tokens=512, which took about 40 minutes there):
+    Budget of the default run (at most 20 minutes from a cold cache on a 2-core AVX2 CPU in float32,
+    measured 19.0 under emulation; README "Timings"; until 2026-11 the defaults were n_unresolved=30
+    and max_span_tokens=32, about 40 minutes there):
     ``instances="default"``: every instance with at least one resolved candidate among the selected
     runs (the only instances where retention is defined and where Best@K can differ between
     filters) plus ``n_unresolved`` instances resolved by no candidate, chosen by a hash of the
