@@ -88,3 +88,23 @@ def test_each_on_shift_mode(acr_sifter):
     assert r.exit_code == 0 and json.loads((d / "ok.json").read_text())["shift"]["n_shifted"] == 0
     with pytest.raises(LatentSiftError, match="'on_shift' parameter of filter"):
         run_sifter_filter(d / "acr_pools.jsonl", states, d / "sifter", on_shift="ignore")
+
+
+def test_a_bare_bank_gets_the_state_space_check(acr_sifter):
+    """`filter --bank` (no sifter): the bank records no agents, so only the distances decide."""
+    from latentsift.sift import run_filter
+
+    d, states = acr_sifter
+    kw = dict(bank_dir=d / "sifter" / "bank", scorer_dir=d / "sifter" / "scorer")
+    with_sifter, _ = run_sifter_filter(d / "hidden_pools.jsonl", states, d / "sifter")
+    hid = run_filter(d / "hidden_pools.jsonl", states, on_shift="warn", **kw)
+    (h,), (ref,) = hid.extra["shift"]["pools"], with_sifter.extra["shift"]["pools"]
+    assert hid.extra["shift"]["reference"]["agents"] is None and h["unseen_agents"] == []
+    assert h["median_nearest_bank_distance"] == pytest.approx(ref["median_nearest_bank_distance"])
+    assert h["shifted"] and all("nearest-bank distance" in r for r in h["reasons"])
+    assert hid.extra["shift"]["warnings"] and h["action"] == "warned"
+    same = run_filter(d / "acr_pools.jsonl", states, on_shift="error", **kw)
+    assert same.extra["shift"]["n_shifted"] == 0
+    keep = run_filter(d / "hidden_pools.jsonl", states, on_shift="keep-all", **kw)
+    assert all(c.retained for p in keep.pools for c in p.candidates)
+    assert run_filter(d / "hidden_pools.jsonl", states, **kw).extra == {}  # no guard unless asked

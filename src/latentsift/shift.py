@@ -166,3 +166,13 @@ def apply_on_shift(results, shifts: Sequence[PoolShift], on_shift: str) -> list[
                 c.retained = True
             r.n_keep = len(r.candidates)
     return [f"{s.instance_id}: " + "; ".join(s.reasons) for s in bad]
+
+
+def guard(results, pools, states: Mapping[str, TrajectoryStates], bank, reference: Reference,
+          on_shift: str) -> tuple[dict, list[str]]:
+    """The shift guard on a filter's results: check every pool, apply ``on_shift``, and return the
+    ``shift`` section of the filter output (the decision and its numbers per pool) and warning lines."""
+    shifts = check_pools(pools, states, bank, reference)
+    warnings = apply_on_shift(results, shifts, on_shift)
+    return ({"on_shift": on_shift, "reference": reference.to_dict(), "n_shifted": sum(s.shifted for s in shifts),
+             "pools": [s.to_dict() for s in shifts]}, warnings)

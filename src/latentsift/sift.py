@@ -596,7 +596,7 @@ def load_selected_pools(pools_path, instances: Sequence[str] | None = None) -> l
 
 def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str = "latentsift",
                instances: Sequence[str] | None = None, ray_address: str | None = None, bank_shards: int | None = None,
-               approx: str | None = None, **settings) -> FilterRun:
+               approx: str | None = None, on_shift: str | None = None, **settings) -> FilterRun:
     """``latentsift filter``: score every pool of a canonical JSONL file.
 
     ``method`` is "latentsift" (needs ``bank_dir``, and ``scorer_dir`` unless
@@ -604,13 +604,18 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     (``channels``, ``distance``, ``weighting``, ``branches``, ``fusion_weight``, ``min_keep``, ``frac``,
     ``seed``, ``n_evidence``). ``instances`` keeps only those pools. ``ray_address`` /
     ``bank_shards`` search the bank on Ray actors (same results, ``latentsift.scale``); ``approx``
-    ("ivf" or "hnsw") searches it approximately with FAISS (off by default).
+    ("ivf" or "hnsw") searches it approximately with FAISS (off by default). ``on_shift``
+    ("warn", "keep-all", "error"; None = no guard) runs the shift guard's state-space check against
+    the bank (``latentsift.shift``; a bare bank records no agents, so that check is skipped).
     """
     from pathlib import Path
 
     from .store import StateStore
 
     check_choice(method, "method", "run_filter", METHODS)
+    if on_shift is not None:
+        from .shift import ON_SHIFT
+        check_choice(on_shift, "on_shift", "run_filter", ON_SHIFT)
     pools = load_selected_pools(pools_path, instances)
     store = StateStore(states_dir).open() if states_dir is not None else None
     inputs = {"pools": str(Path(pools_path).resolve()),
@@ -618,7 +623,7 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     if method == "latentsift":
         if bank_dir is None or store is None:
             raise LatentSiftError("The latentsift filter needs --bank and --states.")
-        bank = Bank.load(bank_dir)
+        bank = base_bank = Bank.load(bank_dir)
         # scale-out (issue 16): the same bank searched on Ray shards, or approximately with FAISS
         if approx is not None:
             from .scale.approx import approx_bank
@@ -647,4 +652,13 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
         if hasattr(getattr(filt, "bank", None), "close"):
             filt.bank.close()
     fp = store.fingerprint.to_dict() if store is not None else None
-    return FilterRun(method=filt.name, settings=filt.get_params(), inputs=inputs, fingerprint=fp, pools=results)
+    run = FilterRun(method=filt.name, settings=filt.get_params(), inputs=inputs, fingerprint=fp, pools=results)
+    if method == "latentsift" and on_shift is not None:
+        # shift guard (issue 15) with a bare bank: it records no agents or scaffolds, so only the
+        # state-space check runs (candidates' nearest-bank distances against the bank's own
+        # leave-one-instance-out distances)
+        from .shift import Reference, guard
+        states = store.load([c.traj_id for p in pools for c in p.candidates])
+        shift, warnings = guard(results, pools, states, base_bank, Reference.from_bank(base_bank), on_shift)
+        run.extra = {"shift": {**shift, "warnings": warnings}}
+    return run

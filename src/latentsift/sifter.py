@@ -220,7 +220,7 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     config and what it has seen) and ``shift`` (per pool: the decision and its numbers).
     """
     from ._validation import check_choice
-    from .shift import ON_SHIFT, apply_on_shift, check_pools
+    from .shift import ON_SHIFT, guard
     from .sift import FilterRun, load_selected_pools
     from .store import StateStore
     check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
@@ -236,8 +236,7 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
                               f"candidates, e.g. {missing[0]!r}; run 'latentsift extract' on the pools first.")
     states = store.load(ids)
     results = sifter.score_pools(pools, states, fingerprint=store.fingerprint)
-    shifts = check_pools(pools, states, sifter.bank, sifter.reference_)
-    warnings = apply_on_shift(results, shifts, on_shift)
+    shift, warnings = guard(results, pools, states, sifter.bank, sifter.reference_, on_shift)
     inputs = {"pools": str(Path(pools_path).resolve()), "states_dir": str(Path(states_dir).resolve()),
               "sifter_dir": sifter.path_, "bank_repos": sifter.bank.repo_names_,
               "bank_label_counts": sifter.bank.label_counts()}
@@ -246,6 +245,5 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     run = FilterRun(method=sifter.name, settings=sifter.get_params(), inputs=inputs,
                     fingerprint=store.fingerprint.to_dict(), pools=results)
     run.extra = {"configuration": {"config": sifter.config_, "seen": sifter.seen_},
-                 "shift": {"on_shift": on_shift, "reference": sifter.reference_.to_dict(),
-                           "n_shifted": sum(s.shifted for s in shifts), "pools": [s.to_dict() for s in shifts]}}
+                 "shift": shift}
     return run, warnings

@@ -48,8 +48,9 @@ def filter_cmd(
                                          "default; see docs/scale.md for its recall)."),
     sifter: Optional[Path] = typer.Option(None, "--sifter", help="SIFTER_DIR from 'latentsift fit' (replaces "
                                           "--bank/--scorer and the method settings; runs the shift guard)."),
-    on_shift: str = typer.Option("warn", "--on-shift", help="With --sifter, for a pool unlike the sifter's "
-                                 "trajectories: warn, keep-all (skip Stage 1 for it) or error."),
+    on_shift: str = typer.Option("warn", "--on-shift", help="For a pool unlike the sifter's or bank's "
+                                 "trajectories: warn, keep-all (skip Stage 1 for it) or error. A bare --bank "
+                                 "records no agents: only its state-space check runs."),
 ) -> None:
     """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
     from rich.console import Console
@@ -87,7 +88,9 @@ def filter_cmd(
     else:
         with Console(stderr=True).status("scoring ..."):
             run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
-                             ray_address=ray, bank_shards=bank_shards, approx=approx, **settings)
+                             ray_address=ray, bank_shards=bank_shards, approx=approx,
+                             on_shift=on_shift if method == "latentsift" else None, **settings)
+        warnings = list(run.extra.get("shift", {}).get("warnings", []))
     run.save(out)
     for res in run.pools[:show]:
         t = Table(title=f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}", title_justify="left")
