@@ -1,6 +1,7 @@
 """Shared fixtures: the real dataset beside the checkout and the packaged model (loaded once)."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -36,6 +37,22 @@ def one_torch_thread():
     torch.set_num_threads(n)
 
 
+@contextlib.contextmanager
+def at_threads(n: int):
+    """Run the block with ``n`` torch threads and ``n`` BLAS/OpenMP threads (numpy, scipy, sklearn),
+    restoring both after: results must not depend on either (test_reproduce compares 1 and 2)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        with threadpool_limits(limits=n):
+            yield
+    finally:
+        torch.set_num_threads(prev)
+
+
 # The tiny end-to-end run (4 instances, 2 folds, every stage with the packaged model), made once per
 # session and shared: test_reproduce checks it and its rerun, test_explore/test_protocol/test_shift reuse its
 # pools, states and verifier results instead of extracting again.
@@ -46,18 +63,12 @@ TINY_RUN = dict(max_instances=4, n_unresolved=1, n_folds=2, max_span_tokens=8, m
 
 @pytest.fixture(scope="session")
 def tiny_run(data_dir, tmp_path_factory, policy):
-    """{"settings", "out", "report", "summary"}: the tiny reproduce run (at one torch thread) and its first
+    """{"settings", "out", "report", "summary"}: the tiny reproduce run (at one thread) and its first
     summary.json text."""
-    import torch
-
     from latentsift.reproduce import ReproduceSettings, reproduce
 
     out = tmp_path_factory.mktemp("tiny") / "run"
     settings = dict(data=str(data_dir), out=str(out), **TINY_RUN)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with at_threads(1):
         report = reproduce(ReproduceSettings(**settings), log=lambda m: None)
-    finally:
-        torch.set_num_threads(n)
     return {"settings": settings, "out": out, "report": report, "summary": (report / "summary.json").read_text()}

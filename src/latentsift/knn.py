@@ -12,7 +12,8 @@ selected row only: the expansion cancels when a query nearly coincides with a ba
 last step removes that error from the reported distance. At most ``block_q x block_b`` float32
 values exist at once (default 1,024 x 16,384 = 64 MiB), whatever the bank size. The choice of the
 nearest row itself can still differ from exact arithmetic between rows whose distances agree to
-float32 rounding; pass ``dtype="float64"`` when that matters (about 2x slower on CPU).
+float32 rounding; pass ``dtype="float64"`` when that matters (about 2x slower on CPU). The search runs at
+a fixed torch thread count (``latentsift._threads``), so results do not depend on the caller's.
 
 The optional FAISS backend (``backend="faiss"``, an exact ``IndexFlatL2``) answers the same call with
 the same results up to float32 rounding. Outputs: ``D`` float32 (n_queries,), and with
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._threads import fixed_threads
 from ._validation import LatentSiftError, check_choice, check_positive_int, check_states
 
 BACKENDS = ("torch", "faiss")
@@ -61,7 +63,7 @@ def _nearest_torch(q: np.ndarray, b: np.ndarray, block_q: int, block_b: int, dty
     best = torch.full((nq,), float("inf"), dtype=tdtype)
     arg = torch.zeros(nq, dtype=torch.int64)
     buf = torch.empty((min(block_q, nq), min(block_b, nb)), dtype=tdtype)
-    with torch.inference_mode():
+    with torch.inference_mode(), fixed_threads():  # the nearest row must not depend on the thread count
         for i in range(0, nq, block_q):
             qi = Q[i:i + block_q]
             bi = best[i:i + block_q]

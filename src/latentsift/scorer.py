@@ -26,8 +26,9 @@ the hidden-state norms of the model; the learning rate is small for that reason.
 
 Determinism: the split and the epoch orders come from ``numpy.random.default_rng(seed)``, the
 "torch" init from a seeded ``torch.Generator``; ``fit`` runs with
-``torch.use_deterministic_algorithms(True)``. On CPU with a fixed thread count two fits give
-identical weights.
+``torch.use_deterministic_algorithms(True)``; ``fit`` and ``decision_function`` run at a fixed torch
+thread count (``latentsift._threads``: the gradient's reduction over spans rounds differently when it is
+split across threads), so two fits give identical weights and scores whatever the caller's thread count.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ import numpy as np
 
 from ._validation import LatentSiftError, NotFittedError, param_error, check_positive_int
 from ._io import atomic_write_bytes, atomic_write_json, read_json
+from ._threads import fixed_threads
 from .bank import as_fingerprint
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -245,7 +247,7 @@ class LinearScorer:
         y_va = torch.tensor([float(lab[t]) for t in val_ids])
         pos_rate = float(y_tr.mean())
 
-        with _deterministic():
+        with _deterministic(), fixed_threads():
             tr = _Packed([by_id[t] for t in train_ids])
             va = _Packed([by_id[t] for t in val_ids]) if val_ids else None
             W0, b0 = self._initial_params(L, d, pos_rate)
@@ -331,7 +333,7 @@ class LinearScorer:
         W = torch.from_numpy(self.W_)
         b = torch.from_numpy(self.b_)
         out = np.empty(len(states), dtype=np.float64)
-        with torch.no_grad():
+        with torch.no_grad(), fixed_threads():
             for s in range(0, len(states), chunk):
                 part = states[s:s + chunk]
                 packed = _Packed(part)

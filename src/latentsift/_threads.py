@@ -1,0 +1,30 @@
+"""A fixed thread count for the small products whose rounding depends on it.
+
+Measured with torch 2.13 on CPU: the scorer's weight gradient (a product whose reduction runs over
+every span of a batch) differs in the last bits between 1 and 2 threads on AVX-512 machines, and on
+AVX2 kernels the scorer's forward product and the nearest-neighbour ``addmm`` do too. A summary
+computed from those numbers then depends on how many threads the machine, ``OMP_NUM_THREADS`` or a Ray
+worker chose. These computations therefore run at ``NUMERIC_THREADS`` torch threads (1 by default):
+they are small next to the model's forward pass, which keeps the caller's thread count.
+"""
+from __future__ import annotations
+
+import contextlib
+
+NUMERIC_THREADS = 1
+
+
+@contextlib.contextmanager
+def fixed_threads(n: int | None = None):
+    """Run the block at ``n`` torch threads (default ``NUMERIC_THREADS``), restoring the count after."""
+    import torch  # lazy, as everywhere in the package: `latentsift --help` must not load torch
+    n = NUMERIC_THREADS if n is None else int(n)
+    prev = torch.get_num_threads()
+    if prev == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)

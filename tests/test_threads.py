@@ -1,0 +1,75 @@
+"""Results do not depend on the torch thread count: the scorer's fit and scores and the exact
+nearest-neighbour search are computed at a fixed count whatever the caller set (``latentsift._threads``).
+The tiny end-to-end run at 1 and 2 threads is compared byte for byte in test_reproduce."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from latentsift.knn import nearest_distances
+from latentsift.scorer import LinearScorer
+from latentsift.states import TrajectoryStates
+from latentsift.trajectory import CHANNEL_ID
+
+# the size of the packaged model (30 layers + embeddings, d = 576): large enough products that the
+# CPU kernels split their reductions across threads
+L, D = 31, 576
+
+
+def _states(n=48, seed=0):
+    rng = np.random.default_rng(seed)
+    out, labels = [], {}
+    for i in range(n):
+        n_steps = 6 + i % 7
+        chans = [CHANNEL_ID[c] for _ in range(n_steps) for c in ("cot", "obs", "fn")]
+        steps = [t for t in range(n_steps) for _ in range(3)]
+        layers = (3 * rng.standard_normal((len(steps), L, D))).astype(np.float32)
+        layers += np.float32(0.5 * (i % 2)) * np.linspace(-1, 1, D, dtype=np.float32)
+        out.append(TrajectoryStates(f"t{i:03d}", layers, np.array(steps, np.int32), np.array(chans, np.int8),
+                                    n_tokens=40 * n_steps))
+        labels[f"t{i:03d}"] = i % 2
+    return out, labels
+
+
+@pytest.fixture
+def threads():
+    """Set the caller's torch thread count for one call, restoring it after."""
+    prev = torch.get_num_threads()
+
+    def at(n, fn, *a, **kw):
+        torch.set_num_threads(n)
+        try:
+            return fn(*a, **kw)
+        finally:
+            torch.set_num_threads(prev)
+    return at
+
+
+def test_scorer_fit_and_scores_do_not_depend_on_the_thread_count(threads):
+    states, labels = _states()
+    fits = [threads(n, LinearScorer(max_epochs=3, lr=1e-4).fit, states, labels) for n in (1, 2)]
+    assert np.array_equal(fits[0].W_, fits[1].W_) and np.array_equal(fits[0].b_, fits[1].b_)
+    assert [h["train_loss"] for h in fits[0].history_] == [h["train_loss"] for h in fits[1].history_]
+    scores = [threads(n, fits[0].decision_function, states) for n in (1, 2)]
+    assert np.array_equal(scores[0], scores[1]) and np.ptp(scores[0]) > 0
+
+
+def test_nearest_distances_do_not_depend_on_the_thread_count(threads):
+    rng = np.random.default_rng(1)
+    q = (5 * rng.standard_normal((1500, D))).astype(np.float32)
+    b = (5 * rng.standard_normal((20000, D))).astype(np.float32)
+    (d1, i1), (d2, i2) = (threads(n, nearest_distances, q, b, return_index=True) for n in (1, 2))
+    assert np.array_equal(d1, d2) and np.array_equal(i1, i2)
+
+
+def test_the_caller_thread_count_is_restored():
+    from latentsift._threads import fixed_threads
+    prev = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with fixed_threads(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(prev)
