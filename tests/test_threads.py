@@ -73,3 +73,12 @@ def test_the_caller_thread_count_is_restored():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(prev)
+
+
+def test_nearest_distances_threads_setting():
+    from latentsift import LatentSiftError
+    q = np.ones((3, 4), np.float32)
+    b = np.arange(8, dtype=np.float32).reshape(2, 4)
+    assert np.array_equal(nearest_distances(q, b, threads=None), nearest_distances(q, b))
+    with pytest.raises(LatentSiftError, match="'threads' parameter of nearest_distances"):
+        nearest_distances(q, b, threads=0)

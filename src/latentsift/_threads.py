@@ -15,15 +15,14 @@ NUMERIC_THREADS = 1
 
 
 @contextlib.contextmanager
-def fixed_threads(n: int | None = None):
-    """Run the block at ``n`` torch threads (default ``NUMERIC_THREADS``), restoring the count after."""
+def fixed_threads(n: int | None = NUMERIC_THREADS):
+    """Run the block at ``n`` torch threads, restoring the caller's count after (None: leave it)."""
     import torch  # lazy, as everywhere in the package: `latentsift --help` must not load torch
-    n = NUMERIC_THREADS if n is None else int(n)
     prev = torch.get_num_threads()
-    if prev == n:
+    if n is None or prev == int(n):
         yield
         return
-    torch.set_num_threads(n)
+    torch.set_num_threads(int(n))
     try:
         yield
     finally:

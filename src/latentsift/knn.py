@@ -13,7 +13,9 @@ last step removes that error from the reported distance. At most ``block_q x blo
 values exist at once (default 1,024 x 16,384 = 64 MiB), whatever the bank size. The choice of the
 nearest row itself can still differ from exact arithmetic between rows whose distances agree to
 float32 rounding; pass ``dtype="float64"`` when that matters (about 2x slower on CPU). The search runs at
-a fixed torch thread count (``latentsift._threads``), so results do not depend on the caller's.
+``threads`` torch threads (default 1, ``latentsift._threads``): on AVX2 kernels the ``addmm`` rounds
+differently at 1 and 2 threads, and the nearest row must not depend on the machine's thread count;
+``threads=None`` keeps the caller's count (faster on many cores, repeatable only at a fixed count).
 
 The optional FAISS backend (``backend="faiss"``, an exact ``IndexFlatL2``) answers the same call with
 the same results up to float32 rounding. Outputs: ``D`` float32 (n_queries,), and with
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._threads import fixed_threads
+from ._threads import NUMERIC_THREADS, fixed_threads
 from ._validation import LatentSiftError, check_choice, check_positive_int, check_states
 
 BACKENDS = ("torch", "faiss")
@@ -52,7 +54,8 @@ def bank_sqnorms(bank: np.ndarray, dtype: str = "float32") -> np.ndarray:
     return torch.linalg.vector_norm(_as_tensor(bank, tdtype), dim=1).square_().numpy()
 
 
-def _nearest_torch(q: np.ndarray, b: np.ndarray, block_q: int, block_b: int, dtype: str, sqnorms=None):
+def _nearest_torch(q: np.ndarray, b: np.ndarray, block_q: int, block_b: int, dtype: str, sqnorms=None,
+                   threads: int | None = NUMERIC_THREADS):
     import torch
     tdtype = torch.float64 if dtype == "float64" else torch.float32
     Q = _as_tensor(q, tdtype)
@@ -63,7 +66,7 @@ def _nearest_torch(q: np.ndarray, b: np.ndarray, block_q: int, block_b: int, dty
     best = torch.full((nq,), float("inf"), dtype=tdtype)
     arg = torch.zeros(nq, dtype=torch.int64)
     buf = torch.empty((min(block_q, nq), min(block_b, nb)), dtype=tdtype)
-    with torch.inference_mode(), fixed_threads():  # the nearest row must not depend on the thread count
+    with torch.inference_mode(), fixed_threads(threads):  # the nearest row must not depend on the threads
         for i in range(0, nq, block_q):
             qi = Q[i:i + block_q]
             bi = best[i:i + block_q]
@@ -94,13 +97,14 @@ def _nearest_faiss(q: np.ndarray, b: np.ndarray):
 
 def nearest_distances(queries, bank, *, backend: str = "torch", block_q: int = 1024,
                       block_b: int = 16384, dtype: str = "float32", return_index: bool = False,
-                      sqnorms=None, validate_bank: bool = True):
+                      sqnorms=None, validate_bank: bool = True, threads: int | None = NUMERIC_THREADS):
     """Exact L2 distance of each query row to its nearest bank row.
 
     queries: (n_queries, d_model); bank: (n_bank, d_model), non-empty. Returns D float32
     (n_queries,), or (D, I) with ``return_index=True``. An empty query set gives empty arrays.
     A caller that searches one bank many times (``Bank``) passes ``sqnorms=bank_sqnorms(bank)``
     and ``validate_bank=False`` after checking the bank once; both only skip repeated work.
+    ``threads``: torch threads of the search (None: the caller's count; see the module docstring).
     """
     if validate_bank:
         b = check_states(bank, "bank", "nearest_distances")
@@ -121,5 +125,7 @@ def nearest_distances(queries, bank, *, backend: str = "torch", block_q: int = 1
         if sqnorms is not None and np.shape(sqnorms) != (b.shape[0],):
             raise LatentSiftError(f"The 'sqnorms' parameter of nearest_distances must have shape "
                                   f"({b.shape[0]},). Got {np.shape(sqnorms)} instead.")
-        D, I = _nearest_torch(q, b, block_q, block_b, dtype, sqnorms)
+        if threads is not None:
+            threads = check_positive_int(threads, "threads", "nearest_distances")
+        D, I = _nearest_torch(q, b, block_q, block_b, dtype, sqnorms, threads)
     return (D, I) if return_index else D
