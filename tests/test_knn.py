@@ -73,3 +73,18 @@ def test_precomputed_norms_give_the_same_answer_and_are_checked():
     np.testing.assert_allclose(D1, D2, rtol=1e-6)
     with pytest.raises(ValueError, match="sqnorms"):
         nearest_distances(q, b, sqnorms=np.ones(3))
+
+
+@pytest.mark.parametrize("block_b", [16384, 700])
+def test_exact_duplicates_go_to_the_first_row_wherever_they_lie(block_b):
+    """Identical bank rows far apart (and in different bank blocks): the first one is returned, with
+    distance 0 for a query equal to them, whatever rounding the CPU's GEMM gives each position."""
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((3000, 576)).astype(np.float32)
+    b[2990] = b[2999] = b[5]
+    b[1500] = b[7]
+    q = np.concatenate([b[[2999, 7, 1500]], rng.standard_normal((200, 576)).astype(np.float32)])
+    D, I = nearest_distances(q, b, return_index=True, block_b=block_b)
+    assert I[:3].tolist() == [5, 7, 7] and np.all(D[:3] == 0)
+    ref = np.sqrt(((q[3:, None, :].astype(np.float64) - b[None]) ** 2).sum(-1)).min(1)
+    np.testing.assert_allclose(D[3:], ref, rtol=1e-5)

@@ -6,13 +6,14 @@ bank row. The reference backend is a blocked GEMM in torch:
     min_b ||q - b||^2 = ||q||^2 + min_b (||b||^2 - 2 q.b)
 
 ``||b||^2 - 2 q.b`` is one ``addmm`` per (query block x bank block) with the bank norms as the
-additive row, followed by a row minimum (``||q||^2`` is constant per row, so it is not needed to find
-the nearest row). The returned distance is then computed directly, ``||q - b[i*]||``, for the
-selected row only: the expansion cancels when a query nearly coincides with a bank row, and this
-last step removes that error from the reported distance. At most ``block_q x block_b`` float32
-values exist at once (default 1,024 x 16,384 = 64 MiB), whatever the bank size. The choice of the
-nearest row itself can still differ from exact arithmetic between rows whose distances agree to
-float32 rounding; pass ``dtype="float64"`` when that matters (about 2x slower on CPU). The search runs at
+additive row (``||q||^2`` is constant per row, so it is not needed to rank the bank rows). The ``RERANK``
+rows it ranks first are kept, and the exact distance ``||q - b||`` of each decides: the expansion cancels
+when a query nearly coincides with a bank row, and its rounding depends on the CPU's kernels (on AVX2,
+two identical bank rows at different positions get different values), so the returned row and
+distance come from the exact step alone, with exact ties going to the first row. At most
+``block_q x block_b`` float32 values exist at once (default 1,024 x 16,384 = 64 MiB), whatever the bank
+size. The choice of the nearest row can still differ from exact arithmetic between rows whose distances
+agree to float32 rounding; pass ``dtype="float64"`` when that matters (about 2x slower on CPU). The search runs at
 ``threads`` torch threads (default 1, ``latentsift._threads``): on AVX2 kernels the ``addmm`` rounds
 differently at 1 and 2 threads, and the nearest row must not depend on the machine's thread count;
 ``threads=None`` keeps the caller's count (faster on many cores, repeatable only at a fixed count).
@@ -30,6 +31,7 @@ from ._threads import NUMERIC_THREADS, fixed_threads
 from ._validation import LatentSiftError, check_choice, check_positive_int, check_states
 
 BACKENDS = ("torch", "faiss")
+RERANK = 4  # rows per query that the expansion ranks first and the exact distance then decides between
 
 
 def _as_tensor(x: np.ndarray, dtype):
@@ -55,32 +57,39 @@ def bank_sqnorms(bank: np.ndarray, dtype: str = "float32") -> np.ndarray:
 
 
 def _nearest_torch(q: np.ndarray, b: np.ndarray, block_q: int, block_b: int, dtype: str, sqnorms=None,
-                   threads: int | None = NUMERIC_THREADS):
+                   threads: int | None = NUMERIC_THREADS, rerank: int = RERANK):
     import torch
     tdtype = torch.float64 if dtype == "float64" else torch.float32
     Q = _as_tensor(q, tdtype)
     B = _as_tensor(b, tdtype)
     nq, nb = Q.shape[0], B.shape[0]
+    k = min(rerank, nb)
     bnorm = (torch.linalg.vector_norm(B, dim=1).square_() if sqnorms is None  # no (n_bank, d) temporary
              else _as_tensor(sqnorms, tdtype))
-    best = torch.full((nq,), float("inf"), dtype=tdtype)
-    arg = torch.zeros(nq, dtype=torch.int64)
+    d = torch.empty(nq, dtype=tdtype)
+    arg = torch.empty(nq, dtype=torch.int64)
     buf = torch.empty((min(block_q, nq), min(block_b, nb)), dtype=tdtype)
     with torch.inference_mode(), fixed_threads(threads):  # the nearest row must not depend on the threads
         for i in range(0, nq, block_q):
             qi = Q[i:i + block_q]
-            bi = best[i:i + block_q]
-            ai = arg[i:i + block_q]
+            short_v = torch.full((qi.shape[0], k), float("inf"), dtype=tdtype)  # running shortlist
+            short_i = torch.zeros((qi.shape[0], k), dtype=torch.int64)
             for j in range(0, nb, block_b):
                 bj = B[j:j + block_b]
                 out = buf[:qi.shape[0], :bj.shape[0]]
                 torch.addmm(bnorm[j:j + block_b].unsqueeze(0), qi, bj.T, beta=1.0, alpha=-2.0, out=out)
-                vals, idx = out.min(dim=1)  # partial ||b||^2 - 2 q.b minimum over this bank block
-                better = vals < bi
-                bi[better] = vals[better]
-                ai[better] = idx[better] + j
-        # exact distance to the selected row (no cancellation error from the expansion above)
-        d = torch.linalg.vector_norm(Q - B.index_select(0, arg), dim=1)
+                # the k smallest ||b||^2 - 2 q.b of this bank block, merged into the shortlist
+                vals, idx = out.topk(min(k, bj.shape[0]), dim=1, largest=False, sorted=False)
+                all_v, all_i = torch.cat([short_v, vals], 1), torch.cat([short_i, idx + j], 1)
+                short_v, pos = all_v.topk(k, dim=1, largest=False, sorted=False)
+                short_i = all_i.gather(1, pos)
+            # exact distances of the shortlist (no cancellation error from the expansion above); rows in
+            # ascending order, so argmin (the first minimum) gives exact ties to the first row
+            short_i = short_i.sort(dim=1).values
+            exact = torch.linalg.vector_norm(qi.unsqueeze(1) - B[short_i], dim=2)
+            best = exact.argmin(dim=1, keepdim=True)
+            d[i:i + block_q] = exact.gather(1, best).squeeze(1)
+            arg[i:i + block_q] = short_i.gather(1, best).squeeze(1)
     return d.to(torch.float32).numpy(), arg.numpy()
 
 
