@@ -36,7 +36,7 @@ from .bank import Bank, as_fingerprint
 from .fuse import FUSION_WEIGHT, fuse
 from .margin import DISTANCES, WEIGHTINGS, channel_scores_grouped, signed_evidence
 from .rank import min_channel_rank, normalized_ranks
-from .retain import KEEP_FRAC, MIN_KEEP, select_retained
+from .retain import KEEP_FRAC, MIN_KEEP, check_retention, select_retained
 from .scorer import LinearScorer
 from .states import TrajectoryStates
 from .trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory
@@ -218,6 +218,7 @@ class Stage1Filter:
     name = "filter"
 
     def __init__(self, *, min_keep: int = MIN_KEEP, frac: float = KEEP_FRAC, seed: int = 0):
+        min_keep, frac = check_retention(min_keep, frac, f"{type(self).__name__} (--min-keep/--frac)")
         self.min_keep = min_keep
         self.frac = frac
         self.seed = seed

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from .._guard import check_output
 from .._validation import LatentSiftError
 
 
@@ -66,6 +67,7 @@ def extract_cmd(
     from ..store import extract_pools
     from ..trajectory import load_jsonl
 
+    check_output(out, [pools, model], kind="store")
     console = Console(stderr=True)
     if threads is not None:
         import torch
