@@ -75,7 +75,7 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
 
     ``inputs``: every path the command reads (``None`` entries are skipped). ``kind``: the artefact the
     command writes at ``out`` (an existing one of that kind may be resumed or replaced). ``replaces``:
-    the command replaces the whole folder ``out``, so an existing non-empty folder of another kind is
+    the command replaces the folder ``out`` or files in it, so an existing non-empty folder of another kind is
     refused too. Returns the resolved output path.
     """
     o = _resolved(out)
@@ -98,8 +98,8 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
         raise LatentSiftError(f"{option} {out} {where} {KIND_NAMES[found]}; writing there would damage it: "
                               f"choose another {option}.")
     if replaces and o.is_dir() and artefact_kind(o) != kind and any(o.iterdir()):
-        raise LatentSiftError(f"{option} {out} is a non-empty folder that is not {KIND_NAMES[kind]}; it would be "
-                              f"replaced as a whole: choose a new or empty {option}.")
+        raise LatentSiftError(f"{option} {out} is a non-empty folder that is not {KIND_NAMES[kind]}; its files "
+                              f"could be replaced: choose a new or empty {option}.")
     if o.exists() and kind is not None and not o.is_dir():
         raise LatentSiftError(f"{option} {out} is a file, but this command writes a folder there: "
                               f"choose another {option}.")

@@ -6,23 +6,36 @@ pool) never share one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """``with atomic_path(p) as tmp: write tmp``: renamed to ``p`` on success; on any error (a full
+    disk, a kill by an exception) the temporary file is removed, so no ``*.tmp*`` is left behind.
+    ``suffix`` ends the temporary name (e.g. ".png" for writers that pick the format from it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}.{threading.get_ident()}{suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
-    with open(tmp, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(data)
         if fsync:
             f.flush()
             os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:

@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ._validation import LatentSiftError, NotFittedError, param_error, check_positive_int
-from ._io import atomic_write_bytes, atomic_write_json, read_json
+from ._io import atomic_path, atomic_write_bytes, atomic_write_json, read_json
 from .bank import as_fingerprint
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -363,10 +363,11 @@ class LinearScorer:
         ax.legend()
         fig.tight_layout()
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.png")
-        fig.savefig(tmp)
-        plt.close(fig)
-        tmp.replace(path)
+        try:
+            with atomic_path(path, ".png") as tmp:
+                fig.savefig(tmp)
+        finally:
+            plt.close(fig)
         return path
 
     def to_json(self, source: Mapping[str, Any] | None = None) -> dict:

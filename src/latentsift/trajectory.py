@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from ._io import atomic_path
 from ._io import iter_jsonl as _iter_records
 from ._validation import LatentSiftError
 
@@ -205,13 +206,11 @@ def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
     """Write canonical JSONL atomically (write then rename). Returns the number written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     n = 0
-    with _open(tmp, "w", gz=path.suffix == ".gz") as f:
+    with atomic_path(path) as tmp, _open(tmp, "w", gz=path.suffix == ".gz") as f:
         for t in trajectories:
             f.write(dumps(t) + "\n")
             n += 1
-    tmp.replace(path)
     return n
 
 

@@ -28,7 +28,7 @@ def explore_cmd(
 
     from ..explore import write_filter_site
 
-    check_output(out, [filter_json, pools, bank], kind="site")
+    check_output(out, [filter_json, pools, bank], kind="site", replaces=True)
     console = Console(stderr=True)
     with console.status("writing pages ..."):
         index = write_filter_site(filter_json, pools, out, bank_dir=bank)
