@@ -238,7 +238,37 @@ class StateStore:
         return name
 
     def _next_name(self) -> str:
-        return f"shard-{len(self._shards):05d}.safetensors"
+        used, n = {s["name"] for s in self._shards}, len(self._shards)
+        while f"shard-{n:05d}.safetensors" in used:  # after drop_damaged, names may have gaps
+            n += 1
+        return f"shard-{n:05d}.safetensors"
+
+    def damaged_shards(self) -> list[str]:
+        """Names of the shards listed in the index whose file is missing or fails its sha256."""
+        self._require_open()
+        bad = []
+        for s in self._shards:
+            p = self.path / SHARDS / s["name"]
+            if not p.is_file() or _sha256(p.read_bytes()) != s["sha256"]:
+                bad.append(s["name"])
+        return bad
+
+    def drop_damaged(self) -> list[str]:
+        """Verify every shard before it is trusted on resume; drop the missing or damaged ones from
+        the index (their trajectories count as not stored, so a resumed extract redoes them) and
+        delete their damaged files. Returns the trajectory ids dropped. The caller holds the lock."""
+        bad = set(self.damaged_shards())
+        if not bad:
+            return []
+        keep = [i for i, s in enumerate(self._rows["shard"]) if s not in bad]
+        self._rows = {k: [v[i] for i in keep] for k, v in self._rows.items()}
+        dropped = [t for t, info in self._trajs.items() if info.get("shard") in bad]
+        self._trajs = {t: info for t, info in self._trajs.items() if info.get("shard") not in bad}
+        self._shards = [s for s in self._shards if s["name"] not in bad]
+        self._write_index()
+        for name in bad:
+            (self.path / SHARDS / name).unlink(missing_ok=True)
+        return dropped
 
     def commit(self, tmp_name: str, shard: "EncodedShard") -> str:
         """Commit a shard file another process wrote as ``shards/<tmp_name>`` (the encoding of
@@ -453,6 +483,7 @@ class ExtractReport:
     n_windowed: int      # trajectories longer than the context (sliding-window rule applied)
     seconds: float
     shards: list[str] = field(default_factory=list)
+    redone: list[str] = field(default_factory=list)  # stored in a missing or damaged shard: extracted again
 
     @property
     def tokens_per_s(self) -> float:
@@ -567,6 +598,7 @@ def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.P
     report = ExtractReport(len(trajs), 0, 0, 0, 0, 0, 0.0)
     with store.lock():
         store.open_or_create(policy.fingerprint, settings)
+        report.redone = store.drop_damaged()  # a truncated or deleted shard is not "already stored"
         todo = [t for t in trajs if not store.has(t.traj_id)]
         report.n_skipped = len(trajs) - len(todo)
         if progress:
