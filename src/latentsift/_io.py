@@ -49,6 +49,22 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None =
                                        default=str) + "\n", fsync=fsync)
 
 
+def member(folder: str | os.PathLike, name: Any, manifest: str | os.PathLike) -> Path:
+    """``folder / name`` for a file a saved artefact's ``manifest`` names: refused (with the reason)
+    unless it is a relative path that stays inside ``folder`` (symbolic links resolved), so a
+    manifest never makes a load read anything outside its own folder."""
+    from ._validation import LatentSiftError
+    folder = Path(folder)
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise LatentSiftError(f"{manifest}: refused the file name {name!r}: an artefact reads only files inside "
+                              f"its own folder {folder} (a relative name without '..').")
+    path = folder / name
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise LatentSiftError(f"{manifest}: refused {name!r}: it resolves outside the folder {folder} "
+                              "(a symbolic link); an artefact reads only files inside its own folder.")
+    return path
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """Parse a JSON file strictly; a syntax error names the file (as a ``LatentSiftError``)."""
     from ._validation import LatentSiftError

@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ._validation import LatentSiftError, NotFittedError, param_error, check_positive_int
-from ._io import atomic_path, atomic_write_bytes, atomic_write_json, read_json
+from ._io import atomic_path, atomic_write_bytes, atomic_write_json, member, read_json
 from .bank import as_fingerprint
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -410,7 +410,7 @@ class LinearScorer:
         meta = read_json(jpath)
         if meta.get("format") != SCORER_FORMAT or meta.get("version") != SCORER_VERSION:
             raise LatentSiftError(f"{jpath}: not a {SCORER_FORMAT} v{SCORER_VERSION} file.")
-        tpath = path / meta.get("tensors", SCORER_TENSORS)
+        tpath = member(path, meta.get("tensors", SCORER_TENSORS), jpath)
         if not tpath.is_file():
             raise LatentSiftError(f"{tpath} is missing: the scorer directory is incomplete.")
         blob = tpath.read_bytes()

@@ -611,7 +611,7 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     """
     from pathlib import Path
 
-    from .store import StateStore
+    from .store import StateStore, check_recorded_settings
 
     check_choice(method, "method", "run_filter", METHODS)
     if on_shift is not None:
@@ -625,6 +625,7 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
         if bank_dir is None or store is None:
             raise LatentSiftError("The latentsift filter needs --bank and --states.")
         bank = base_bank = Bank.load(bank_dir)
+        check_recorded_settings(base_bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
         # scale-out (issue 16): the same bank searched on Ray shards, or approximately with FAISS
         if approx is not None:
             from .scale.approx import approx_bank

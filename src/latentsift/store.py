@@ -31,7 +31,7 @@ import numpy as np
 
 from ._validation import LatentSiftError, check_positive_int, param_error
 from .model import Fingerprint
-from ._io import atomic_write_bytes
+from ._io import atomic_write_bytes, member
 from .states import DEFAULT_CHUNK_TOKENS, TrajectoryStates, merge_states, replay_many
 
 FORMAT = "latentsift-states"
@@ -47,6 +47,22 @@ STORE_DTYPES = ("float16", "float32")
 MATCHED_SETTINGS = ("max_span_tokens", "max_prompt_tokens", "max_tokens", "context", "layers", "store_dtype",
                     "renderer", "patch_step_tokens")
 RENDERERS = ("render", "render_per_step")
+
+
+def check_recorded_settings(recorded: dict | None, store: "StateStore", what: str) -> None:
+    """An artefact built from stored states (a bank records its store's settings) used with the
+    states of ``store``: the value-changing settings (span budgets, layers, renderer ...) must match,
+    else its distances compare spans cut differently. Artefacts that record none are not checked."""
+    if not recorded:
+        return
+    now = store.settings
+    diff = {k: (recorded.get(k, SETTING_DEFAULTS.get(k)), now.get(k, SETTING_DEFAULTS.get(k)))
+            for k in MATCHED_SETTINGS if k in recorded or k in now}
+    diff = {k: (a, b) for k, (a, b) in diff.items() if a != b}
+    if diff:
+        raise LatentSiftError(f"{what} was built from states extracted with other settings than {store.path}: "
+                              + ", ".join(f"{k}={a!r} (these states: {b!r})" for k, (a, b) in diff.items())
+                              + "; extract the states with the same settings or rebuild it from these states.")
 # value of a matched setting in a store written before the setting existed
 SETTING_DEFAULTS = {"patch_step_tokens": None}
 
@@ -248,7 +264,7 @@ class StateStore:
         self._require_open()
         bad = []
         for s in self._shards:
-            p = self.path / SHARDS / s["name"]
+            p = member(self.path / SHARDS, s["name"], self.path / INDEX)
             if not p.is_file() or _sha256(p.read_bytes()) != s["sha256"]:
                 bad.append(s["name"])
         return bad
@@ -313,7 +329,7 @@ class StateStore:
     def _read_shard(self, shard: dict) -> dict[str, np.ndarray]:
         from safetensors.numpy import load
 
-        p = self.path / SHARDS / shard["name"]
+        p = member(self.path / SHARDS, shard["name"], self.path / INDEX)
         if not p.is_file():
             raise LatentSiftError(f"The shard {p} listed in {self.path / INDEX} is missing; the store is damaged "
                                   "(delete the directory and re-run extract).")
