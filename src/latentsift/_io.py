@@ -25,8 +25,11 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        with contextlib.suppress(OSError):  # (on a read-only file system even this fails)
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and (e.filename is None or Path(e.filename) == tmp):  # the file asked for
+            raise type(e)(e.errno, e.strerror, str(path)) from None
         raise
 
 
