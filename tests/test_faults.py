@@ -217,3 +217,113 @@ def test_explore_page_names_are_unique_and_it_deletes_only_its_files(canonical, 
     assert (out / "instances" / "mine.html").read_text() == "the user's page"
     assert (out / "notes.txt").read_text() == "the user's notes"
     no_tmp(tmp_path)
+
+
+# --------------------------------------------------------------------------- on the tiny run's artefacts
+@pytest.fixture(scope="module")
+def tiny(tiny_run, tmp_path_factory, one_torch_thread):
+    """The tiny run's folder, a sifter fitted from it (by the CLI) and copies of its bank outside it."""
+    run = Path(tiny_run["out"])
+    d = tmp_path_factory.mktemp("faults")
+    r = cli("fit", run / "pools.jsonl", "--states", run / "states", "--out", d / "sifter", "--scorer-epochs", 2)
+    assert r.exit_code == 0, r.output
+    shutil.copytree(run / "folds" / "fold-0" / "paper" / "bank", d / "bank")
+    return run, d
+
+
+@pytest.mark.model
+def test_no_output_may_destroy_an_input_or_another_artefact(tiny, data_dir, tmp_path):
+    run, d = tiny
+    pools, states, report = run / "pools.jsonl", run / "states", run / "report"
+    fold = run / "folds" / "fold-0" / "paper"
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me")
+    before = digest(run, d, user)
+    cases = [
+        (["bank", "build", states, "--pools", pools, "--out", states], "is the input"),
+        (["bank", "build", states, "--pools", pools, "--out", fold / "bank"], "a run folder"),
+        (["scorer", "train", d / "bank", "--out", states / "scorer"], "a state store"),
+        (["scorer", "train", d / "bank", "--out", d / "sifter" / "scorer"], "a sifter"),
+        (["filter", pools, "--states", states, "--bank", fold / "bank", "--out", pools], "is the input"),
+        (["filter", pools, "--states", states, "--sifter", d / "sifter", "--out", d / "sifter" / "f.json"],
+         "lies inside the input"),
+        (["filter", d / "nope.jsonl", "--states", d / "nope", "--method", "random", "--out", d / "sifter" / "f.json"],
+         "a sifter"),
+        (["fit", pools, "--states", states, "--out", user], "non-empty folder"),
+        (["fit", pools, "--states", states, "--out", d / "bank"], "a bank"),
+        (["extract", pools, "--out", d / "bank"], "a bank"),
+        (["crossval", pools, "--states", states, "--out", states], "is the input"),
+        (["evaluate", "--pools", d / "p.jsonl", "--scores", run / "verifier", "--out", report], "a run folder"),
+        (["explore", run / "stage1" / "latentsift.json", "--pools", pools, "--out", pools], "is the input"),
+        (["explore", run / "stage1" / "latentsift.json", "--pools", pools, "--out", user], "non-empty folder"),
+        (["verify", "--trajectories", pools, "--out", states], "is a state store"),
+        (["reproduce", "--data", data_dir, "--out", states], "is a state store"),
+        (["reproduce", "--data", data_dir, "--out", data_dir / "x"], "lies inside the input"),
+        (["import", pools, "--out", d / "bank" / "pools.jsonl"], "a bank"),
+    ]
+    for args, words in cases:
+        refused(cli(*args), words)
+    assert digest(run, d, user) == before
+    no_tmp(run, d, user)
+
+
+@pytest.mark.model
+def test_filter_refuses_a_bank_of_other_span_settings_and_a_manifest_naming_outside_files(tiny, tmp_path):
+    run, d = tiny
+    pools, states = run / "pools.jsonl", run / "states"
+    r = cli("bank", "build", states, "--pools", pools, "--out", tmp_path / "bank")
+    assert r.exit_code == 0, r.output
+    other = tmp_path / "states-other"
+    shutil.copytree(states, other)
+    man = json.loads((other / "manifest.json").read_text())
+    man["settings"]["max_span_tokens"] = 64
+    (other / "manifest.json").write_text(json.dumps(man))
+    before = digest(other, tmp_path / "bank")
+    refused(cli("filter", pools, "--states", other, "--bank", tmp_path / "bank", "--distance-only",
+                "--out", tmp_path / "f.json"), "max_span_tokens=8 (these states: 64)")
+    # a bank manifest that names a file outside its folder is refused with the reason
+    bad = tmp_path / "bad-bank"
+    shutil.copytree(tmp_path / "bank", bad)
+    man = json.loads((bad / "manifest.json").read_text())
+    man["tensors"] = "../bank/bank.safetensors"
+    (bad / "manifest.json").write_text(json.dumps(man))
+    refused(cli("filter", pools, "--states", states, "--bank", bad, "--distance-only", "--out", tmp_path / "f.json"),
+            "inside its own folder")
+    # Stage 1 must keep someone
+    refused(cli("filter", pools, "--states", states, "--bank", tmp_path / "bank", "--distance-only",
+                "--min-keep", 0, "--frac", 0, "--out", tmp_path / "f.json"), "min_keep")
+    assert digest(other, tmp_path / "bank") == before and not (tmp_path / "f.json").exists()
+
+
+@pytest.mark.model
+def test_a_resumed_store_trusts_no_damaged_shard(tiny, tmp_path):
+    from latentsift.store import StateStore
+    run, _ = tiny
+    copy = tmp_path / "states"
+    shutil.copytree(run / "states", copy)
+    store = StateStore(copy).open()
+    n = len(store)
+    shard = sorted((copy / "shards").iterdir())[0]
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated
+    with store.lock():
+        dropped = StateStore(copy).open().drop_damaged()
+    assert dropped and all(not StateStore(copy).open().has(t) for t in dropped)
+    assert len(StateStore(copy).open()) == n - len(dropped) and not shard.exists()
+    StateStore(copy).open().verify()  # what is left is whole
+
+
+@pytest.mark.model
+def test_write_report_writes_summary_last(tiny_run, tmp_path, monkeypatch):
+    import latentsift.report as report
+    summary = json.loads(tiny_run["summary"])
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")  # an older, finished report
+    monkeypatch.setattr(report, "render_markdown", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("crash")))
+    with pytest.raises(RuntimeError):
+        report.write_report(summary, out)
+    assert not (out / "summary.json").exists()  # a crash never leaves a summary that reads as finished
+    monkeypatch.undo()
+    report.write_report(summary, out)
+    assert json.loads((out / "summary.json").read_text()) == summary

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from latentsift._validation import FingerprintMismatch, LatentSiftError
+from latentsift._validation import LatentSiftError
 from latentsift.bank import Bank
 from latentsift.cli import app
 from latentsift.protocol import crossval

@@ -43,6 +43,8 @@ def artefact_kind(path: str | os.PathLike) -> str | None:
         return "scorer"
     if (p / "bank.safetensors").is_file():
         return "bank"
+    if (p / "summary.json").is_file() and (p / "report.md").is_file():
+        return "report"  # (reproduce also writes its explorer site there)
     if (p / SITE_MANIFEST).is_file():
         return "site"
     if (p / "manifest.json").is_file():
@@ -56,8 +58,6 @@ def artefact_kind(path: str | os.PathLike) -> str | None:
         return None
     if (p / "index.parquet").is_file():
         return "store"
-    if (p / "summary.json").is_file() and (p / "report.md").is_file():
-        return "report"
     return None
 
 
