@@ -181,7 +181,7 @@ def test_explore_cli_on_a_filter_output(tiny_run, tmp_path):
     # a file that is not a filter output: an error the user can act on
     r = CliRunner().invoke(app, ["explore", str(run / "stage1" / "retained.json"), "--pools",
                                  str(run / "pools.jsonl"), "--out", str(tmp_path / "x")])
-    assert r.exit_code != 0 and "is not a 'latentsift filter' output" in str(r.exception)
+    assert r.exit_code == 2 and "is not a 'latentsift filter' output" in r.output
 
 
 @pytest.mark.model

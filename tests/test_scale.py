@@ -124,7 +124,7 @@ def test_bad_input_ends_with_clear_errors_and_a_valid_store(cluster, tiny_model,
             extract_pools_ray(tiny_model, trajs, dst, workers=1, dtype="float32", device="cpu", **EXTRACT)
         res = CliRunner().invoke(app, ["extract", str(tmp_path / "pools.jsonl"), "--out", str(dst), "--model",
                                        str(tiny_model), "--ray", "local", "--workers", "2", "--max-tokens", "384"])
-        assert isinstance(res.exception, LatentSiftError) and "Another process is writing" in str(res.exception)
+        assert res.exit_code == 2 and "Another process is writing" in res.output  # a message, no traceback
     store = StateStore(dst).open()
     assert len(store) == n and store.verify() >= 1
     assert_same_store(single, store)

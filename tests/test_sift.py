@@ -286,7 +286,7 @@ def test_cli_on_a_synthetic_store(tmp_path):
     assert r.exit_code == 0 and json.loads((tmp_path / "g.json").read_text())["method"] == "fewest-steps"
     r = _cli("bank", "build", tmp_path / "states", "--pools", tmp_path / "all.jsonl", "--out", tmp_path / "b2",
              "--repos", "org/bank1")
-    assert isinstance(r.exception, LatentSiftError) and "empty positive class" in str(r.exception)
+    assert r.exit_code == 2 and "empty positive class" in r.output  # a message, no traceback
 
 
 @pytest.fixture(scope="module")
@@ -337,7 +337,7 @@ def test_acceptance_real_data(real):
     # a candidate whose instance is in the bank
     r = _cli("filter", d / "bank.jsonl", "--states", d / "states", "--bank", d / "bank", "--scorer", d / "scorer",
              "--out", d / "x.json")
-    assert isinstance(r.exception, LatentSiftError) and "in the bank" in str(r.exception)
+    assert r.exit_code == 2 and "in the bank" in r.output  # a message, no traceback
     # pool states from another model fingerprint
     store = StateStore(d / "states").open()
     ids = [c["traj_id"] for p in runs[0]["pools"] for c in p["candidates"]]
@@ -346,10 +346,10 @@ def test_acceptance_real_data(real):
     other.write([loaded[t] for t in ids], [store.instance_of(t) for t in ids])
     r = _cli("filter", d / "pools.jsonl", "--states", d / "other", "--bank", d / "bank", "--scorer", d / "scorer",
              "--out", d / "x.json")
-    assert isinstance(r.exception, FingerprintMismatch) and "different model" in str(r.exception)
+    assert r.exit_code == 2 and "different model" in r.output  # a message, no traceback
     # a bank with an empty class
     unresolved = d / "unresolved.jsonl"
     from latentsift.trajectory import load_jsonl, save_jsonl
     save_jsonl([t for t in load_jsonl(d / "bank.jsonl") if t.label == 0], unresolved)
     r = _cli("bank", "build", d / "states", "--pools", unresolved, "--out", d / "b3")
-    assert isinstance(r.exception, LatentSiftError) and "empty positive class" in str(r.exception)
+    assert r.exit_code == 2 and "empty positive class" in r.output  # a message, no traceback

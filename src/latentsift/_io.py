@@ -6,23 +6,39 @@ pool) never share one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """``with atomic_path(p) as tmp: write tmp``: renamed to ``p`` on success; on any error (a full
+    disk, a kill by an exception) the temporary file is removed, so no ``*.tmp*`` is left behind.
+    ``suffix`` ends the temporary name (e.g. ".png" for writers that pick the format from it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}.{threading.get_ident()}{suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):  # (on a read-only file system even this fails)
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and (e.filename is None or Path(e.filename) == tmp):  # the file asked for
+            raise type(e)(e.errno, e.strerror, str(path)) from None
+        raise
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
-    with open(tmp, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(data)
         if fsync:
             f.flush()
             os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:
@@ -34,6 +50,22 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None =
     """JSON (UTF-8, trailing newline) written atomically; ``default=str`` for paths and the like."""
     atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys, ensure_ascii=False,
                                        default=str) + "\n", fsync=fsync)
+
+
+def member(folder: str | os.PathLike, name: Any, manifest: str | os.PathLike) -> Path:
+    """``folder / name`` for a file a saved artefact's ``manifest`` names: refused (with the reason)
+    unless it is a relative path that stays inside ``folder`` (symbolic links resolved), so a
+    manifest never makes a load read anything outside its own folder."""
+    from ._validation import LatentSiftError
+    folder = Path(folder)
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise LatentSiftError(f"{manifest}: refused the file name {name!r}: an artefact reads only files inside "
+                              f"its own folder {folder} (a relative name without '..').")
+    path = folder / name
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise LatentSiftError(f"{manifest}: refused {name!r}: it resolves outside the folder {folder} "
+                              "(a symbolic link); an artefact reads only files inside its own folder.")
+    return path
 
 
 def read_json(path: str | os.PathLike) -> Any:

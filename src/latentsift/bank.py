@@ -27,7 +27,7 @@ import numpy as np
 
 from ._validation import (FingerprintMismatch, LatentSiftError, NotFittedError, check_choice,
                           check_positive_int, param_error, check_states)
-from ._io import atomic_write_bytes, atomic_write_json, read_json
+from ._io import atomic_write_bytes, atomic_write_json, member, read_json
 from .knn import BACKENDS, bank_sqnorms, nearest_distances
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -371,7 +371,7 @@ class Bank:
         if man.get("format") != BANK_FORMAT or man.get("version") != BANK_VERSION:
             raise LatentSiftError(f"{mpath}: not a {BANK_FORMAT} v{BANK_VERSION} manifest "
                                   f"(format={man.get('format')!r}, version={man.get('version')!r}).")
-        tpath = path / man.get("tensors", TENSORS)
+        tpath = member(path, man.get("tensors", TENSORS), mpath)
         if not tpath.is_file():
             raise LatentSiftError(f"{tpath} is missing: the bank directory is incomplete.")
         blob = tpath.read_bytes()

@@ -7,11 +7,31 @@ from __future__ import annotations
 import importlib
 import sys
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from ._validation import LatentSiftError
+from ._errors import user_message
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class _Commands(TyperGroup):
+    """The top-level group: an error the user can fix (``_errors.user_message``) becomes one line on
+    stderr and exit code 2, for every command (also under ``CliRunner``); a bug keeps its traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001 - mapped or re-raised unchanged
+            message = user_message(e)
+            if message is None:
+                raise
+            typer.secho(f"error: {' '.join(message.split())}", fg="red", err=True)
+            ctx.exit(2)
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="LatentSift: token-free Stage-1 filtering of SWE-agent candidates.")
 
 _COMMANDS = ("import_", "extract", "bank", "filter", "evaluate", "reproduce", "crossval", "fit",
@@ -29,8 +49,11 @@ for _name in _COMMANDS:
 def main() -> None:  # pragma: no cover - thin wrapper
     try:
         app()
-    except LatentSiftError as e:
-        typer.secho(f"error: {e}", fg="red", err=True)
+    except Exception as e:  # an error raised outside a command (e.g. while parsing)
+        message = user_message(e)
+        if message is None:
+            raise
+        typer.secho(f"error: {' '.join(message.split())}", fg="red", err=True)
         sys.exit(2)
 
 

@@ -38,7 +38,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ._validation import LatentSiftError, check_choice, check_positive_int, param_error
-from ._io import iter_jsonl
+from ._io import atomic_path, atomic_write_text, iter_jsonl
 from .cascade import (MISSING_RULES, TIE_RULES, CandidateRecord, Filter, PoolSpec, VerifierTable,
                       after_stage1, filter_kind, pool_priority, saving, stage1_retain, stage1_scores)
 from .retain import KEEP_FRAC, MIN_KEEP, retain_count
@@ -122,14 +122,12 @@ def save_pool_file(pools: Sequence[PoolSpec], records: Mapping[str, CandidateRec
     """Write POOLS.jsonl atomically (the format :func:`load_pool_file` reads)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for p in pools:
             cands = [{"traj_id": t, "label": records[t].label, "regression": records[t].regression,
                       "gen_test": records[t].gen_test} for t in p.traj_ids]
             f.write(json.dumps({"instance_id": p.instance_id, "testgen_tokens": p.testgen_tokens,
                                 "candidates": cands}, ensure_ascii=False) + "\n")
-    tmp.replace(path)
     return path
 
 
@@ -278,9 +276,7 @@ def save_scores(scores: Mapping[str, float], out_dir: str | Path, *, name: str,
     for fname, text in (("manifest.json", json.dumps({"kind": "filter", "name": name, **dict(manifest or {})},
                                                      indent=1, ensure_ascii=False) + "\n"),
                         (SCORES_FILE, "\n".join(lines) + "\n")):
-        tmp = out / (fname + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out / fname)
+        atomic_write_text(out / fname, text, fsync=False)
     return out
 
 

@@ -99,7 +99,14 @@ def check_states_present(store, trajs: Sequence[Trajectory], owner: str) -> None
                               "same pools file first.")
 
 
-def check_folds(trajs: Sequence[Trajectory], folds, group: Callable[[Trajectory], str], owner: str) -> None:
+def group_noun(group_by: str, n: int = 2) -> str:
+    """'repository' / 'repositories', 'agent(s)', 'instance(s)': the fold group in messages."""
+    one = {"repo": "repository", "agent": "agent", "instance": "instance"}.get(group_by, group_by)
+    return one if n == 1 else ("repositories" if one == "repository" else one + "s")
+
+
+def check_folds(trajs: Sequence[Trajectory], folds, group: Callable[[Trajectory], str], owner: str, *,
+                fix: str = "Use fewer folds (--folds), another grouping (--group-by) or more labelled pools.") -> None:
     """Each fold's bank needs trajectories of both classes (a bank with one class has no margin)."""
     for k, (bank_groups, eval_groups) in enumerate(folds):
         bank = set(bank_groups)
@@ -109,7 +116,7 @@ def check_folds(trajs: Sequence[Trajectory], folds, group: Callable[[Trajectory]
             cls = "resolved (label 1)" if n_pos == 0 else "unresolved (label 0)"
             raise LatentSiftError(f"{owner}: fold {k}'s bank (groups {list(bank_groups)[:5]}) has no {cls} "
                                   f"trajectory ({n_pos} resolved of {len(labels)}); every fold needs both classes. "
-                                  "Use fewer folds (--folds), another grouping (--group-by) or more labelled pools.")
+                                  + fix)
 
 
 def check_group_by(trajs: Sequence[Trajectory], group_by: str, owner: str) -> None:

@@ -469,7 +469,8 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
                      schedules: Mapping[str, Sequence] | None = None, thresholds: Sequence[float] = THRESHOLDS,
                      cascade: Mapping[str, Any] | None = None, target_retention: float = TARGET_RETENTION,
                      inner: bool = True, n_boot: int = 1000, seed: int = 0,
-                     log: Callable[[str], None] = lambda m: None) -> dict:
+                     log: Callable[[str], None] = lambda m: None,
+                     group: Callable[[Trajectory], str] | None = None) -> dict:
     """Offline pruning on recorded pools, by prefix truncation of the stored states.
 
     ``folds``: (bank repos, evaluation repos) pairs; ``fit(name, bank_trajs) -> (Bank, LinearScorer)``
@@ -478,6 +479,8 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
     cascade on the survivors (omitted: no Best@K column). Thresholds are reported one by one and as
     ``"in-bank"``: per fold, the threshold chosen on the bank alone (cross-fitted over the inner
     repository split of the bank; most tokens saved with retention >= ``target_retention``).
+    ``group(traj)``: the fold group the ``folds`` name (default the repository; the protocol's
+    ``group_of`` when it groups by instance or agent), also used for the inner split.
     Returns a JSON-able dict (``rows``: one per policy, schedule, threshold).
     """
     from .bank import split_by_repo
@@ -492,6 +495,7 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
     if missing:
         raise LatentSiftError(f"evaluate_pruning: no token counts for {len(missing)} trajectories, e.g. {missing[0]!r}.")
     t0 = time.perf_counter()
+    group = group or (lambda t: t.repo)
     pools = group_pools(trajs)
     pools_by = {p.instance_id: p for p in pools}
     runs: dict[str, dict[tuple, dict[str, PoolRun]]] = {p: {} for p in policies}
@@ -499,19 +503,19 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
     fallbacks: list[str] = []  # prefix-bank checkpoints that fell back to the whole-trajectory bank
     for k, (bank_repos, eval_repos) in enumerate(folds):
         bank_set, eval_set = set(bank_repos), set(eval_repos)
-        bank_trajs = [t for t in trajs if t.repo in bank_set]
-        eval_pools = [p for p in pools if p.candidates[0].repo in eval_set]
+        bank_trajs = [t for t in trajs if group(t) in bank_set]
+        eval_pools = [p for p in pools if group(p.candidates[0]) in eval_set]
         if not eval_pools:
             continue
         bank, scorer = fit(f"fold-{k}", bank_trajs)
         inner_runs: dict[str, dict[tuple, dict[str, PoolRun]]] = {p: {} for p in policies}
-        if inner and len({t.repo for t in bank_trajs}) < 2:
-            log(f"[prune] fold {k}: one bank repository, no inner split; the smallest threshold is used")
+        if inner and len({group(t) for t in bank_trajs}) < 2:
+            log(f"[prune] fold {k}: one bank group, no inner split; the smallest threshold is used")
         elif inner:
-            isplit = split_by_repo({t.traj_id: t.repo for t in bank_trajs}, n_folds=2, seed=seed)
+            isplit = split_by_repo({t.traj_id: group(t) for t in bank_trajs}, n_folds=2, seed=seed)
             for j, (ib_repos, ie_repos) in enumerate(isplit):
-                ib = [t for t in bank_trajs if t.repo in set(ib_repos)]
-                ie_pools = group_pools(t for t in bank_trajs if t.repo in set(ie_repos))
+                ib = [t for t in bank_trajs if group(t) in set(ib_repos)]
+                ie_pools = group_pools(t for t in bank_trajs if group(t) in set(ie_repos))
                 if not ie_pools:
                     continue
                 try:
@@ -702,7 +706,8 @@ def reproduce_pruning(run, trajs: Sequence[Trajectory], store, tokenizer, folds,
     from .reproduce import _digest
     s = run.s
     path = run.out / "prune" / "tokens.json"
-    key = _digest(sorted(t.traj_id for t in trajs))
+    # the counts depend on the tokenizer: the model's fingerprint is part of the key
+    key = _digest({"ids": sorted(t.traj_id for t in trajs), "fp": store.fingerprint.digest})
     tokens = None
     if path.is_file():
         d = json.loads(path.read_text())
@@ -720,4 +725,5 @@ def reproduce_pruning(run, trajs: Sequence[Trajectory], store, tokenizer, folds,
         return run.fit_fold(int(k), bank_trajs, states, fp, {}, "paper" if not j else f"prune-inner-{j}")
 
     return evaluate_pruning(trajs, states, fp, folds, tokens, fit=fit, policies=policies, thresholds=thresholds,
-                            schedules=schedules, cascade=cascade, n_boot=s.n_boot, seed=s.seed, log=run.log)
+                            schedules=schedules, cascade=cascade, n_boot=s.n_boot, seed=s.seed, log=run.log,
+                            group=run.group)

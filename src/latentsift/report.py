@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ._io import atomic_write_text
+from ._io import atomic_path, atomic_write_text
 
 FIGURES = ("score_distributions.png", "best_at_k_tokens.png", "best_vs_tokens.png", "token_savings.png")
 
@@ -35,16 +35,18 @@ def _data(summary: Any) -> tuple[dict, list]:
 
 
 def write_report(summary: Any, out_dir: str | Path) -> dict[str, Path]:
-    """Write summary.json, ledger.jsonl (if any), report.md and the figures into ``out_dir``.
+    """Write ledger.jsonl (if any), the figures, report.md and, LAST, summary.json into ``out_dir``.
 
-    Returns the written paths by name. Nothing is written outside ``out_dir``.
+    summary.json marks a finished report: an older one is removed first and the new one written only
+    after everything else, so a crash never leaves a summary that reads as finished. Returns the
+    written paths by name. Nothing is written outside ``out_dir``.
     """
     data, ledger = _data(summary)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written: dict[str, Path] = {}
-    atomic_write_text(out / "summary.json", json.dumps(data, indent=1, ensure_ascii=False) + "\n")
-    written["summary.json"] = out / "summary.json"
+    (out / "summary.json").unlink(missing_ok=True)
+    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    written: dict[str, Path] = {"summary.json": out / "summary.json"}
     if ledger:
         atomic_write_text(out / "ledger.jsonl", "".join(json.dumps(r) + "\n" for r in ledger))
         written["ledger.jsonl"] = out / "ledger.jsonl"
@@ -52,6 +54,7 @@ def write_report(summary: Any, out_dir: str | Path) -> dict[str, Path]:
     written.update(figs)
     atomic_write_text(out / "report.md", render_markdown(data, figures=[p.name for p in figs.values()]))
     written["report.md"] = out / "report.md"
+    atomic_write_text(out / "summary.json", text)
     return written
 
 
@@ -367,10 +370,11 @@ def write_figures(data: dict, out: Path) -> dict[str, Path]:
         fig = fn(data, plt)
         if fig is None:
             continue
-        tmp = out / (fname + f".tmp{os.getpid()}.png")
-        fig.savefig(tmp, dpi=130, bbox_inches="tight")
-        plt.close(fig)
-        tmp.replace(out / fname)
+        try:
+            with atomic_path(out / fname, ".png") as tmp:
+                fig.savefig(tmp, dpi=130, bbox_inches="tight")
+        finally:
+            plt.close(fig)
         written[fname] = out / fname
     return written
 

@@ -115,6 +115,8 @@ class ReproduceSettings:
         check_choice(self.group_by, "group_by", "ReproduceSettings", GROUP_BY)
         for name in ("n_folds", "sweep_span_tokens", "sweep_patch_tokens"):
             check_positive_int(getattr(self, name), name, "ReproduceSettings")
+        if self.max_instances is not None:
+            check_positive_int(self.max_instances, "max_instances", "ReproduceSettings (--max-instances)")
         if self.instances not in ("default", "all"):
             raise LatentSiftError(f"The 'instances' parameter of reproduce must be one of ['all', 'default']. "
                                   f"Got {self.instances!r} instead.")
@@ -254,7 +256,15 @@ class Run:
     def folds(self, trajs: Sequence[Trajectory]) -> list[tuple[list[str], list[str]]]:
         """(bank groups, eval groups) per fold: disjoint groups, balanced by trajectory count."""
         from .bank import split_by_repo
-        return split_by_repo({t.traj_id: self.group(t) for t in trajs}, n_folds=self.s.n_folds, seed=self.s.seed)
+        from .protocol import group_noun
+        groups = {t.traj_id: self.group(t) for t in trajs}
+        n = len(set(groups.values()))
+        if not 2 <= self.s.n_folds <= n:
+            kind = getattr(self.s, "group_by", "repo")
+            raise LatentSiftError(f"{self.s.n_folds} disjoint folds need at least {max(self.s.n_folds, 2)} "
+                                  f"{group_noun(kind, 2)}, but the selected trajectories come from {n} "
+                                  f"{group_noun(kind, n)}: use --folds between 2 and {n} or select more instances.")
+        return split_by_repo(groups, n_folds=self.s.n_folds, seed=self.s.seed)
 
     def fit_fold(self, k: int, bank_trajs: Sequence[Trajectory], states: dict, fingerprint, bank_params: dict,
                  name: str = "paper"):
@@ -727,6 +737,10 @@ def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print
     trajs, import_meta = run.import_pools()
     if not trajs:
         raise LatentSiftError("No trajectories were selected: check --data and the run names.")
+    from .protocol import check_folds
+    # before the extraction: a fold whose bank lacks a class would fail deep in Bank.fit
+    check_folds(trajs, run.folds(trajs), run.group, "reproduce",
+                fix="Use fewer --folds or more instances (a larger --max-instances, or none).")
     policy, store = run.extract(trajs)
 
     def sweep(folds) -> tuple[dict, dict, dict]:

@@ -22,6 +22,17 @@ def retain_count(k: int, min_keep: int = MIN_KEEP, frac: float = KEEP_FRAC) -> i
     return min(k, max(int(min_keep), int(np.floor(frac * k))))
 
 
+def check_retention(min_keep, frac, owner: str) -> tuple[int, float]:
+    """``min_keep`` a positive int and ``frac`` in [0, 1]: Stage 1 must keep at least one candidate of a
+    pool (``min_keep`` 0 with a small ``frac`` would retain nothing and end the cascade silently)."""
+    if isinstance(min_keep, bool) or not isinstance(min_keep, (int, np.integer)) or min_keep < 1:
+        raise LatentSiftError(f"The 'min_keep' parameter of {owner} must be a positive int (Stage 1 keeps at least "
+                              f"one candidate; with min_keep 0 a small frac retains nothing). Got {min_keep!r} instead.")
+    if isinstance(frac, bool) or not isinstance(frac, (int, float, np.floating)) or not 0.0 <= float(frac) <= 1.0:
+        raise LatentSiftError(f"The 'frac' parameter of {owner} must be a number in [0, 1]. Got {frac!r} instead.")
+    return int(min_keep), float(frac)
+
+
 def tie_key(traj_id: str, seed: int = 0) -> int:
     """Deterministic pseudo-random tie-breaker for one candidate (stable across runs and platforms)."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{traj_id}".encode()).digest()[:8], "big")

@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ._validation import LatentSiftError, NotFittedError, param_error, check_positive_int
-from ._io import atomic_write_bytes, atomic_write_json, read_json
+from ._io import atomic_path, atomic_write_bytes, atomic_write_json, member, read_json
 from ._threads import fixed_threads
 from .bank import as_fingerprint
 from .model import Fingerprint
@@ -365,10 +365,11 @@ class LinearScorer:
         ax.legend()
         fig.tight_layout()
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.png")
-        fig.savefig(tmp)
-        plt.close(fig)
-        tmp.replace(path)
+        try:
+            with atomic_path(path, ".png") as tmp:
+                fig.savefig(tmp)
+        finally:
+            plt.close(fig)
         return path
 
     def to_json(self, source: Mapping[str, Any] | None = None) -> dict:
@@ -411,7 +412,7 @@ class LinearScorer:
         meta = read_json(jpath)
         if meta.get("format") != SCORER_FORMAT or meta.get("version") != SCORER_VERSION:
             raise LatentSiftError(f"{jpath}: not a {SCORER_FORMAT} v{SCORER_VERSION} file.")
-        tpath = path / meta.get("tensors", SCORER_TENSORS)
+        tpath = member(path, meta.get("tensors", SCORER_TENSORS), jpath)
         if not tpath.is_file():
             raise LatentSiftError(f"{tpath} is missing: the scorer directory is incomplete.")
         blob = tpath.read_bytes()

@@ -36,7 +36,7 @@ from .bank import Bank, as_fingerprint
 from .fuse import FUSION_WEIGHT, fuse
 from .margin import DISTANCES, WEIGHTINGS, channel_scores_grouped, signed_evidence
 from .rank import min_channel_rank, normalized_ranks
-from .retain import KEEP_FRAC, MIN_KEEP, select_retained
+from .retain import KEEP_FRAC, MIN_KEEP, check_retention, select_retained
 from .scorer import LinearScorer
 from .states import TrajectoryStates
 from .trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory
@@ -218,6 +218,7 @@ class Stage1Filter:
     name = "filter"
 
     def __init__(self, *, min_keep: int = MIN_KEEP, frac: float = KEEP_FRAC, seed: int = 0):
+        min_keep, frac = check_retention(min_keep, frac, f"{type(self).__name__} (--min-keep/--frac)")
         self.min_keep = min_keep
         self.frac = frac
         self.seed = seed
@@ -610,7 +611,7 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     """
     from pathlib import Path
 
-    from .store import StateStore
+    from .store import StateStore, check_recorded_settings
 
     check_choice(method, "method", "run_filter", METHODS)
     if on_shift is not None:
@@ -624,6 +625,7 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
         if bank_dir is None or store is None:
             raise LatentSiftError("The latentsift filter needs --bank and --states.")
         bank = base_bank = Bank.load(bank_dir)
+        check_recorded_settings(base_bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
         # scale-out (issue 16): the same bank searched on Ray shards, or approximately with FAISS
         if approx is not None:
             from .scale.approx import approx_bank

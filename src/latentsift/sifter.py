@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._io import atomic_write_json, read_json
+from ._io import atomic_write_json, member, read_json
 from ._validation import FingerprintMismatch, LatentSiftError
 from .bank import Bank, as_fingerprint
 from .scorer import LinearScorer
@@ -134,8 +134,9 @@ class Sifter(LatentSift):
             raise LatentSiftError(f"{mpath}: not a {SIFTER_FORMAT} v{SIFTER_VERSION} manifest.")
         if fingerprint is not None:
             check_sifter_fingerprint(man, fingerprint, path)
-        bank = Bank.load(path / man["parts"]["bank"])
-        scorer = LinearScorer.load(path / man["parts"]["scorer"])
+        parts = man.get("parts") if isinstance(man.get("parts"), dict) else {}
+        bank = Bank.load(member(path, parts.get("bank"), mpath))
+        scorer = LinearScorer.load(member(path, parts.get("scorer"), mpath))
         params = {k: v for k, v in man["config"]["settings"].items()} | settings
         params["channels"] = tuple(params["channels"])
         s = cls(bank, scorer, scorer_epochs=man["config"].get("scorer_epochs", 40), **params)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ._validation import LatentSiftError, check_positive_int, param_error
 from .model import Fingerprint
-from ._io import atomic_write_bytes
+from ._io import atomic_write_bytes, member
 from .states import DEFAULT_CHUNK_TOKENS, TrajectoryStates, merge_states, replay_many
 
 FORMAT = "latentsift-states"
@@ -47,6 +47,22 @@ STORE_DTYPES = ("float16", "float32")
 MATCHED_SETTINGS = ("max_span_tokens", "max_prompt_tokens", "max_tokens", "context", "layers", "store_dtype",
                     "renderer", "patch_step_tokens")
 RENDERERS = ("render", "render_per_step")
+
+
+def check_recorded_settings(recorded: dict | None, store: "StateStore", what: str) -> None:
+    """An artefact built from stored states (a bank records its store's settings) used with the
+    states of ``store``: the value-changing settings (span budgets, layers, renderer ...) must match,
+    else its distances compare spans cut differently. Artefacts that record none are not checked."""
+    if not recorded:
+        return
+    now = store.settings
+    diff = {k: (recorded.get(k, SETTING_DEFAULTS.get(k)), now.get(k, SETTING_DEFAULTS.get(k)))
+            for k in MATCHED_SETTINGS if k in recorded or k in now}
+    diff = {k: (a, b) for k, (a, b) in diff.items() if a != b}
+    if diff:
+        raise LatentSiftError(f"{what} was built from states extracted with other settings than {store.path}: "
+                              + ", ".join(f"{k}={a!r} (these states: {b!r})" for k, (a, b) in diff.items())
+                              + "; extract the states with the same settings or rebuild it from these states.")
 # value of a matched setting in a store written before the setting existed
 SETTING_DEFAULTS = {"patch_step_tokens": None}
 
@@ -238,7 +254,37 @@ class StateStore:
         return name
 
     def _next_name(self) -> str:
-        return f"shard-{len(self._shards):05d}.safetensors"
+        used, n = {s["name"] for s in self._shards}, len(self._shards)
+        while f"shard-{n:05d}.safetensors" in used:  # after drop_damaged, names may have gaps
+            n += 1
+        return f"shard-{n:05d}.safetensors"
+
+    def damaged_shards(self) -> list[str]:
+        """Names of the shards listed in the index whose file is missing or fails its sha256."""
+        self._require_open()
+        bad = []
+        for s in self._shards:
+            p = member(self.path / SHARDS, s["name"], self.path / INDEX)
+            if not p.is_file() or _sha256(p.read_bytes()) != s["sha256"]:
+                bad.append(s["name"])
+        return bad
+
+    def drop_damaged(self) -> list[str]:
+        """Verify every shard before it is trusted on resume; drop the missing or damaged ones from
+        the index (their trajectories count as not stored, so a resumed extract redoes them) and
+        delete their damaged files. Returns the trajectory ids dropped. The caller holds the lock."""
+        bad = set(self.damaged_shards())
+        if not bad:
+            return []
+        keep = [i for i, s in enumerate(self._rows["shard"]) if s not in bad]
+        self._rows = {k: [v[i] for i in keep] for k, v in self._rows.items()}
+        dropped = [t for t, info in self._trajs.items() if info.get("shard") in bad]
+        self._trajs = {t: info for t, info in self._trajs.items() if info.get("shard") not in bad}
+        self._shards = [s for s in self._shards if s["name"] not in bad]
+        self._write_index()
+        for name in bad:
+            (self.path / SHARDS / name).unlink(missing_ok=True)
+        return dropped
 
     def commit(self, tmp_name: str, shard: "EncodedShard") -> str:
         """Commit a shard file another process wrote as ``shards/<tmp_name>`` (the encoding of
@@ -283,7 +329,7 @@ class StateStore:
     def _read_shard(self, shard: dict) -> dict[str, np.ndarray]:
         from safetensors.numpy import load
 
-        p = self.path / SHARDS / shard["name"]
+        p = member(self.path / SHARDS, shard["name"], self.path / INDEX)
         if not p.is_file():
             raise LatentSiftError(f"The shard {p} listed in {self.path / INDEX} is missing; the store is damaged "
                                   "(delete the directory and re-run extract).")
@@ -453,6 +499,7 @@ class ExtractReport:
     n_windowed: int      # trajectories longer than the context (sliding-window rule applied)
     seconds: float
     shards: list[str] = field(default_factory=list)
+    redone: list[str] = field(default_factory=list)  # stored in a missing or damaged shard: extracted again
 
     @property
     def tokens_per_s(self) -> float:
@@ -567,6 +614,7 @@ def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.P
     report = ExtractReport(len(trajs), 0, 0, 0, 0, 0, 0.0)
     with store.lock():
         store.open_or_create(policy.fingerprint, settings)
+        report.redone = store.drop_damaged()  # a truncated or deleted shard is not "already stored"
         todo = [t for t in trajs if not store.has(t.traj_id)]
         report.n_skipped = len(trajs) - len(todo)
         if progress:

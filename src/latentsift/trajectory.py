@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from ._io import atomic_path
 from ._io import iter_jsonl as _iter_records
 from ._validation import LatentSiftError
 
@@ -167,13 +169,40 @@ class Trajectory:
             raise LatentSiftError(f"{where}: unknown field(s) {sorted(extra)} in a canonical trajectory.")
         if not isinstance(d["steps"], list):
             raise LatentSiftError(f"{where}: field 'steps' must be a list.")
+        check_field_types(d, TRAJECTORY_TYPES, where, "")
         step_keys = {f.name for f in fields(Step)}
         steps = []
         for i, s in enumerate(d["steps"]):
             if not isinstance(s, dict) or set(s) - step_keys:
                 raise LatentSiftError(f"{where}: field 'steps[{i}]' is not a canonical step.")
+            check_field_types(s, STEP_TYPES, where, f"steps[{i}].")
             steps.append(Step(**s))
         return cls(**{k: v for k, v in d.items() if k != "steps"}, steps=steps)
+
+
+#: JSON types of the canonical fields (checked where a record enters, with file and line).
+TRAJECTORY_TYPES: dict[str, tuple[type, ...]] = {
+    "traj_id": (str,), "instance_id": (str,), "repo": (str,), "task_prompt": (str,), "patch": (str,),
+    "reward": (int, float, type(None)), "tests": (dict,), "system_prompt": (str, type(None)), "agent": (str,),
+    "run": (str,), "source_format": (str,), "source_id": (str,), "meta": (dict,), "context": (list,)}
+STEP_TYPES: dict[str, tuple[type, ...]] = {"cot": (str,), "fn": (str,), "obs": (str,), "fn_style": (str,),
+                                           "obs_role": (str,), "meta": (dict,), "layout": (list,)}
+_JSON_NAMES = {str: "a string", int: "a number", float: "a number", dict: "an object", list: "a list",
+               type(None): "null"}
+
+
+def check_field_types(d: dict, types: dict[str, tuple[type, ...]], where: str, prefix: str) -> None:
+    """Each present field of ``d`` has its JSON type (booleans are not numbers; numbers are finite)."""
+    for key, typ in types.items():
+        if key not in d:
+            continue
+        v = d[key]
+        if (isinstance(v, bool) or not isinstance(v, typ)) or (isinstance(v, float) and not math.isfinite(v)):
+            want = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in typ))
+            got = ("a boolean" if isinstance(v, bool) else repr(v) if isinstance(v, float)
+                   else _JSON_NAMES.get(type(v), type(v).__name__))
+            raise LatentSiftError(f"{where}: field '{prefix}{key}' must be {want}"
+                                  f"{' (finite)' if float in typ else ''}, got {got}.")
 
 
 @dataclass
@@ -198,20 +227,23 @@ def _open(path: Path, mode: str, gz: bool | None = None):
 
 
 def dumps(traj: Trajectory) -> str:
-    return json.dumps(traj.to_dict(), ensure_ascii=False, separators=(",", ":"))
+    """One canonical JSON line; never a bare NaN or Infinity (not JSON): such a value is an error."""
+    try:
+        return json.dumps(traj.to_dict(), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise LatentSiftError(f"trajectory {traj.traj_id!r} holds NaN or infinity (not JSON); "
+                              "fix the value in its source.") from None
 
 
 def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> int:
     """Write canonical JSONL atomically (write then rename). Returns the number written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     n = 0
-    with _open(tmp, "w", gz=path.suffix == ".gz") as f:
+    with atomic_path(path) as tmp, _open(tmp, "w", gz=path.suffix == ".gz") as f:
         for t in trajectories:
             f.write(dumps(t) + "\n")
             n += 1
-    tmp.replace(path)
     return n
 
 

@@ -10,6 +10,8 @@ from typing import Optional
 
 import typer
 
+from .._guard import check_output
+
 bank_app = typer.Typer(add_completion=False, no_args_is_help=True,
                        help="Positive/negative banks of distance states (SPEC 3).")
 scorer_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -55,6 +57,7 @@ def build_cmd(
     if repos is not None and exclude_repos is not None:
         from .._validation import LatentSiftError
         raise LatentSiftError("Pass either --repos or --exclude-repos, not both.")
+    check_output(out, [states_dir, pools], kind="bank")
     bank = Bank(layer=layer, normalize=_opt_choice(normalize), center=_opt_choice(center),
                 channels=tuple(_csv(channels) or ()), backend=backend)
     with console.status("loading states and building the banks ..."):
@@ -88,6 +91,7 @@ def train_cmd(
     from ..scorer import CURVE_PNG, LinearScorer, train_scorer
     from ._progress import StageProgress
 
+    check_output(out, [bank_dir, states], kind="scorer")
     console = Console(stderr=True)
     scorer = LinearScorer(lr=lr, weight_decay=weight_decay, accumulation=accumulation, max_epochs=max_epochs,
                           val_frac=val_frac, seed=seed, init=init, patience=patience)

@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from .._guard import check_output
+
 
 def register(app: typer.Typer) -> None:
     app.command("crossval")(crossval_cmd)
@@ -38,6 +40,7 @@ def crossval_cmd(
     from ..protocol import crossval
     from ._progress import StageProgress
 
+    check_output(out, [pools, states, verifier], kind="run")
     console = Console(stderr=True)
     with StageProgress(console) as bar:
         report = crossval(pools, states, out, group_by=group_by, n_folds=folds, ks=tuple(k or (4, 5, 6)),

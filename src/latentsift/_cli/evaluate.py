@@ -11,6 +11,7 @@ from typing import List, Optional
 
 import typer
 
+from .._guard import check_output
 from .._validation import LatentSiftError
 
 
@@ -53,6 +54,7 @@ def evaluate_cmd(
     from ..evaluate import evaluate_run, load_pool_file, load_scores
     from ..report import write_report
 
+    check_output(out, [pools, *scores, ablations, names], kind="report")
     pool_specs, records = load_pool_file(pools)
     inputs = [load_scores(p, known_ids=records.keys()) for p in scores]
     seen: dict[str, str] = {}
@@ -136,6 +138,9 @@ def verify_cmd(
     from ..trajectory import load_jsonl
     from ..verifier import EFVerifier, LocalBackend, OpenAIBackend, save_results
 
+    check_output(out, [trajectories, model, ids], kind="verifier")
+    if cache is not None:
+        check_output(cache, [trajectories, model, ids], option="--cache")
     trajs = load_jsonl(trajectories)
     if ids is not None:
         wanted = [l.strip() for l in Path(ids).read_text(encoding="utf-8").splitlines() if l.strip()]

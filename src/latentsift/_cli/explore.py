@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from .._guard import check_output
+
 
 def register(app: typer.Typer) -> None:
     app.command("explore")(explore_cmd)
@@ -26,6 +28,7 @@ def explore_cmd(
 
     from ..explore import write_filter_site
 
+    check_output(out, [filter_json, pools, bank], kind="site", replaces=True)
     console = Console(stderr=True)
     with console.status("writing pages ..."):
         index = write_filter_site(filter_json, pools, out, bank_dir=bank)

@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from .._guard import check_output
+from ..model import AUTO_DTYPE, DTYPES
 from .._validation import LatentSiftError
 
 
@@ -24,6 +26,13 @@ def _parse_layers(value: str):
     except ValueError:
         raise LatentSiftError(f"--layers must be 'all', 'final' or comma-separated layer indices. "
                               f"Got {value!r} instead.") from None
+
+
+def _check_options(**options) -> None:
+    """Option values checked before anything loads (the model load takes a while), named as options."""
+    for name, value in options.items():
+        if value is not None and value < 1:
+            raise LatentSiftError(f"--{name.replace('_', '-')} must be a positive number. Got {value} instead.")
 
 
 def extract_cmd(
@@ -66,12 +75,21 @@ def extract_cmd(
     from ..store import extract_pools
     from ..trajectory import load_jsonl
 
+    check_output(out, [pools, model], kind="store")
+    _check_options(max_tokens=max_tokens, instances=instances, max_span_tokens=max_span_tokens,
+                   max_prompt_tokens=max_prompt_tokens, chunk_tokens=chunk_tokens, shard_size=shard_size,
+                   threads=threads, patch_step_tokens=patch_step_tokens, workers=workers)
+    if dtype != AUTO_DTYPE and dtype not in DTYPES:
+        raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
+    if device is not None and device.split(":")[0] not in ("cpu", "cuda"):
+        raise LatentSiftError(f"--device must be cpu or cuda. Got {device!r} instead.")
+    if model is not None and not model.exists():
+        raise LatentSiftError(f"--model {model} does not exist; pass a local Hugging Face model folder or a .gguf file.")
+    layer_sel = _parse_layers(layers)
     console = Console(stderr=True)
     if threads is not None:
         import torch
 
-        if threads < 1:
-            raise LatentSiftError(f"--threads must be a positive int. Got {threads} instead.")
         torch.set_num_threads(threads)
     trajs = load_jsonl(pools)
     if ray is not None:  # scale-out (issue 16): the same store, written by Ray workers
@@ -89,7 +107,7 @@ def extract_cmd(
                                        gpus_per_worker=gpus_per_worker, dtype=dtype, device=device,
                                        threads=threads or 1, max_span_tokens=max_span_tokens,
                                        max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
-                                       instances=instances, layers=_parse_layers(layers), chunk_tokens=chunk_tokens,
+                                       instances=instances, layers=layer_sel, chunk_tokens=chunk_tokens,
                                        shard_size=shard_size, renderer="render_per_step" if per_step else "render",
                                        patch_step_tokens=patch_step_tokens, progress=rprogress)
         console.print(f"{report.n_extracted} extracted, {report.n_skipped} already stored, "
@@ -106,9 +124,12 @@ def extract_cmd(
 
         report = extract_pools(policy, trajs, out, max_span_tokens=max_span_tokens,
                                max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens, instances=instances,
-                               layers=_parse_layers(layers), chunk_tokens=chunk_tokens, shard_size=shard_size,
+                               layers=layer_sel, chunk_tokens=chunk_tokens, shard_size=shard_size,
                                renderer="render_per_step" if per_step else "render",
                                patch_step_tokens=patch_step_tokens, progress=progress)
+    if report.redone:
+        console.print(f"{len(report.redone)} stored trajectories were in a missing or damaged shard and were "
+                      "extracted again.")
     console.print(f"{report.n_extracted} extracted, {report.n_skipped} already stored, "
                   f"{report.n_tokens:,} tokens in {report.seconds:.1f} s ({report.tokens_per_s:,.0f} tok/s); "
                   f"{report.n_truncated} cut by --max-tokens, {report.n_windowed} longer than the context "

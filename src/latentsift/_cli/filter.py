@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from .._guard import check_output
 from .._validation import LatentSiftError
 
 
@@ -62,6 +63,9 @@ def filter_cmd(
     console = Console(width=None if sys.stdout.isatty() else 160)
     if distance_only and learned_only:
         raise LatentSiftError("Pass at most one of --distance-only and --learned-only.")
+    if show < 0:
+        raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
+    check_output(out, [pools, states, bank, scorer, sifter])
     settings: dict = {"min_keep": min_keep, "frac": frac, "seed": seed}
     if method == "latentsift":
         settings |= {"channels": tuple(x.strip() for x in channels.split(",") if x.strip()),
@@ -110,7 +114,7 @@ def filter_cmd(
             row += [_fmt(getattr(c, k)) for k in extra] + [_fmt(c.s), "yes" if c.retained else ""]
             t.add_row(*row)
         console.print(t)
-    if len(run.pools) > show:
+    if 0 < show < len(run.pools):
         console.print(f"... {len(run.pools) - show} more pools in {out}")
     for w in warnings:
         console.print(f"[yellow]shift ({on_shift}): {w}[/yellow]")

@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from .._guard import check_output
+
 
 def register(app: typer.Typer) -> None:
     app.command("fit")(fit_cmd)
@@ -25,6 +27,7 @@ def fit_cmd(
 
     from ..sifter import fit_sifter
 
+    check_output(out, [pools, states], kind="sifter", replaces=True)
     console = Console(stderr=True)
     sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
                         log=console.print)

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+from .._guard import check_output
+from .._io import atomic_write_text
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +31,9 @@ def register(app: typer.Typer) -> None:
         from ..importers import import_paths
         from ..trajectory import save_jsonl
 
+        check_output(out, [*inputs, *(labels or ())])
+        if summary_json is not None:
+            check_output(summary_json, [*inputs, *(labels or ()), out], option="--summary-json")
         console = Console(stderr=True)
         with console.status("importing ..."):
             result = import_paths(inputs, format=format, labels=labels, skip_bad=skip_bad)
@@ -37,6 +42,4 @@ def register(app: typer.Typer) -> None:
         typer.echo(result.summary.to_text())
         typer.echo(f"wrote {n} trajectories to {out}")
         if summary_json is not None:
-            tmp = summary_json.with_name(summary_json.name + ".tmp")
-            tmp.write_text(json.dumps(result.summary.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
-            os.replace(tmp, summary_json)
+            atomic_write_text(summary_json, json.dumps(result.summary.to_dict(), indent=1, ensure_ascii=False))

@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from .._guard import check_output
+
 from ..reproduce import ReproduceSettings
 
 _DEFAULT = {name: f.default for name, f in ReproduceSettings.__dataclass_fields__.items()}
@@ -50,6 +52,7 @@ def reproduce_cmd(
     from ..reproduce import reproduce
     from ._progress import StageProgress
 
+    check_output(out, [data, model], kind="run")
     console = Console(stderr=True)
     s = ReproduceSettings(data=str(data), out=str(out), full=full, model=str(model) if model else None, dtype=dtype,
                           include_leaky=include_leaky, n_unresolved=n_unresolved, max_instances=max_instances, max_span_tokens=max_span_tokens,

@@ -1,6 +1,7 @@
 """Strict field access and the error that names file, line and field."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .._validation import LatentSiftError
@@ -45,6 +46,8 @@ class Where:
             raise self.error(name, f"must be {_tname(typ)}, got a boolean")
         if not isinstance(v, typ):
             raise self.error(name, f"must be {_tname(typ)}, got {type(v).__name__}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise self.error(name, f"must be a finite number, got {v}")
         return v
 
 

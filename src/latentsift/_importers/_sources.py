@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
@@ -80,8 +81,8 @@ def _file_sources(f: Path, rel: str, skipped_files: list[tuple[str, str]]) -> It
     if name.endswith(".gz"):
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise LatentSiftError(f"{f}: not a valid gzip file ({e}).") from None
+        except (OSError, EOFError, zlib.error) as e:
+            raise LatentSiftError(f"{f}: not a valid gzip file ({e or type(e).__name__}).") from None
     rel_inner = _strip_gz(rel)
     yield Source(name=str(f), path=rel_inner, group=str(f.parent.resolve()), data=data)
 
@@ -95,16 +96,25 @@ def _tar_sources(f: Path, skipped_files: list[tuple[str, str]]) -> Iterator[Sour
         tf = tarfile.open(f, "r:*")
     except (tarfile.TarError, OSError) as e:
         raise LatentSiftError(f"{f}: not a readable tar archive ({e}).") from None
+    broken = (tarfile.TarError, OSError, EOFError, zlib.error)
     with tf:
-        members = sorted((m for m in tf.getmembers() if m.isfile()), key=lambda m: m.name)
+        try:
+            members = sorted((m for m in tf.getmembers() if m.isfile()), key=lambda m: m.name)
+        except broken as e:
+            raise LatentSiftError(f"{f}: the archive is truncated or corrupt ({e or type(e).__name__}); "
+                                  "re-create or re-download it.") from None
         for m in members:
             inner = _strip_gz(m.name)
             if not _wanted(inner):
                 skipped_files.append((f"{f}:{m.name}", "not a trajectory or label file (by name)"))
                 continue
-            fh = tf.extractfile(m)
-            data = fh.read() if fh is not None else b""
-            if m.name.endswith(".gz"):
-                data = gzip.decompress(data)
+            try:
+                fh = tf.extractfile(m)
+                data = fh.read() if fh is not None else b""
+                if m.name.endswith(".gz"):
+                    data = gzip.decompress(data)
+            except broken as e:
+                raise LatentSiftError(f"{f}: member {m.name!r} is truncated or corrupt ({e or type(e).__name__}); "
+                                      "re-create or re-download the archive.") from None
             parent = str(PurePosixPath(m.name).parent).lstrip(".")
             yield Source(name=f"{f}:{m.name}", path=inner, group=f"{f.resolve()}:{parent}", data=data)

@@ -9,6 +9,7 @@ The site opens from disk: every page's data is written into the page; scripts ar
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -16,7 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .._io import atomic_write_json
+from .._guard import SITE_MANIFEST
+from .._io import atomic_write_json, read_json
 from .._validation import LatentSiftError
 from ..trajectory import Trajectory, load_jsonl
 from .data import RETAINED_FORMAT, Limits, pool_pages, summary_charts, summary_tables
@@ -38,6 +40,26 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 def _pct(x: Any) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}"
+
+
+def unique_slugs(pages: list[dict]) -> None:
+    """Make every page's file name unique, also on case-insensitive file systems: two ids that clean
+    to the same name (``proj/x-1``, ``proj_x-1``) each get a short hash of their id appended."""
+    seen: dict[str, int] = {}
+    for p in pages:
+        seen[p["slug"].lower()] = seen.get(p["slug"].lower(), 0) + 1
+    for p in pages:
+        if seen[p["slug"].lower()] > 1:
+            p["slug"] = f"{p['slug']}-{hashlib.sha256(p['instance_id'].encode()).hexdigest()[:8]}"
+
+
+def _site_files(out: Path) -> list[str]:
+    """The files an earlier run of the explorer wrote into ``out`` (its manifest), else []."""
+    path = out / SITE_MANIFEST
+    if not path.is_file():
+        return []
+    files = read_json(path).get("files", [])
+    return [f for f in files if isinstance(f, str) and ".." not in Path(f).parts and not Path(f).is_absolute()]
 
 
 def write_site(out_dir: str | Path, trajectories: Sequence[Trajectory], *, detail: Mapping[str, Any] | None = None,
@@ -64,11 +86,20 @@ def write_site(out_dir: str | Path, trajectories: Sequence[Trajectory], *, detai
     bank = bank_trajectories if isinstance(bank_trajectories, Mapping) else {t.traj_id: t for t in bank_trajectories}
     bank = {t.traj_id: t for t in trajectories} | dict(bank)
     pages = pool_pages(trajectories, detail, kept, bank, limits)
+    unique_slugs(pages)
     # filter columns shown: the summary's headline filters when there is one, else every filter given
     shown = [f for f in ((summary or {}).get("settings", {}).get("headline") or kept) if f in kept]
     out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp-explore")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = out.with_name(out.name + f".tmp-explore{os.getpid()}")
+    try:
+        _render(tmp, pages, summary, detail, info, names, shown, title, limits)
+        _swap_in(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out / "index.html"
+
+
+def _render(tmp: Path, pages, summary, detail, info, names, shown, title, limits) -> None:
     (tmp / "instances").mkdir(parents=True)
     (tmp / "static").mkdir()
     static = resources.files("latentsift.explore") / "static"
@@ -96,21 +127,25 @@ def write_site(out_dir: str | Path, trajectories: Sequence[Trajectory], *, detai
         nxt = pages[i + 1]["slug"] if i + 1 < len(pages) else None
         (tmp / "instances" / f"{p['slug']}.html").write_text(
             tpl.render(**common, root="../", p=p, prev=prev, next=nxt), encoding="utf-8")
-    # swap in: an old site is replaced only once the new one is complete
-    if out.exists():
-        # reproduce writes the site into report/ beside summary.json: replace only the explorer's files
-        for name in ("index.html", "instances.html", "instances", "static"):
-            src, dst = tmp / name, out / name
-            if dst.is_dir():
-                shutil.rmtree(dst)
-            elif dst.exists():
-                dst.unlink()
-            os.replace(src, dst)
-        shutil.rmtree(tmp)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, out)
-    return out / "index.html"
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Move the complete new site into ``out`` file by file and delete only the files an earlier run
+    listed in its manifest (``SITE_MANIFEST``): anything else in ``out`` (reproduce's report beside
+    it, a user's files) is never touched."""
+    new = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+    old = _site_files(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / SITE_MANIFEST, {"files": sorted(set(old) | set(new))})  # a kill leaves a full list
+    for rel in new:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / rel, out / rel)
+    for rel in sorted(set(old) - set(new)):
+        (out / rel).unlink(missing_ok=True)
+    for d in ("instances", "static"):
+        if (out / d).is_dir() and not any((out / d).iterdir()):
+            (out / d).rmdir()
+    atomic_write_json(out / SITE_MANIFEST, {"files": new})
 
 
 # ------------------------------------------------------------------------------- reproduce runs

@@ -152,6 +152,7 @@ def _drive(ray, pool, store, trajs, report, progress, t0, shard_size) -> None:
                               "model path and dtype.")
     fp, settings = Fingerprint.from_dict(infos[0]["fingerprint"]), infos[0]["settings"]
     store.open_or_create(fp, settings)
+    report.redone = store.drop_damaged()  # as extract_pools: a truncated or deleted shard is not "stored"
     todo = [t for t in trajs if not store.has(t.traj_id)]
     report.n_skipped = len(trajs) - len(todo)
     if progress:

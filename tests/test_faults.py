@@ -1,0 +1,329 @@
+"""Bad inputs and faults against every command that writes: exit code 2, one line naming the problem,
+no traceback, inputs byte-identical afterwards (hashed), no stray temporary files.
+
+Most cases need no model: the fixture trajectories (tests/fixtures) and the shared dataset. Cases that
+need a store, bank, scorer or run folder reuse the session's tiny end-to-end run (conftest
+``tiny_run``) instead of extracting again.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from latentsift.cli import app
+from latentsift.trajectory import load_jsonl, save_jsonl
+
+FIX = Path(__file__).parent / "fixtures" / "trajectories"
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def digest(*paths: Path) -> dict[str, str]:
+    """sha256 of every file under ``paths`` (files or folders), by path."""
+    out = {}
+    for p in paths:
+        for f in ([p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file())):
+            out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def refused(r, *words: str) -> None:
+    """Exit code 2, one ``error:`` line naming the problem, no traceback."""
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit), r.output
+    lines = [l for l in r.output.splitlines() if l.startswith("error: ")]
+    assert len(lines) == 1, r.output
+    for w in words:
+        assert w in lines[0], r.output
+
+
+def no_tmp(*folders: Path) -> None:
+    stray = [p for d in folders for p in d.rglob("*") if ".tmp" in p.name]
+    assert not stray, stray
+
+
+@pytest.fixture(scope="module")
+def canonical(tmp_path_factory) -> Path:
+    """A canonical JSONL of the fixture trajectories (written by the import command itself)."""
+    d = tmp_path_factory.mktemp("canon")
+    r = cli("import", FIX / "openai_toolcalls.jsonl", FIX / "mini_run", "--out", d / "pools.jsonl")
+    assert r.exit_code == 0, r.output
+    return d / "pools.jsonl"
+
+
+# --------------------------------------------------------------------------- section 3: values
+BAD_FIELDS = {
+    "reward NaN": (lambda d: d.__setitem__("reward", float("nan")), "'reward'"),
+    "reward string": (lambda d: d.__setitem__("reward", "yes"), "'reward'"),
+    "reward bool": (lambda d: d.__setitem__("reward", True), "'reward'"),
+    "numeric traj_id": (lambda d: d.__setitem__("traj_id", 5), "'traj_id'"),
+    "cot a number": (lambda d: d["steps"][0].__setitem__("cot", 5), "'steps[0].cot'"),
+    "obs a list": (lambda d: d["steps"][0].__setitem__("obs", [1]), "'steps[0].obs'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FIELDS))
+def test_import_and_extract_check_every_field_with_file_and_line(case, canonical, tmp_path):
+    change, field = BAD_FIELDS[case]
+    lines = canonical.read_text().splitlines()
+    rec = json.loads(lines[1])
+    change(rec)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([lines[0], json.dumps(rec)] + lines[2:]) + "\n")  # json writes NaN as NaN
+    before = digest(bad)
+    r = cli("import", bad, "--out", tmp_path / "out.jsonl")
+    refused(r, f"{bad}:2", field)
+    # extract reads the same records: refused before the model loads, no store started
+    r = cli("extract", bad, "--out", tmp_path / "states")
+    refused(r, f"{bad}:2", field)
+    assert digest(bad) == before and not (tmp_path / "out.jsonl").exists() and not (tmp_path / "states").exists()
+    no_tmp(tmp_path)
+
+
+def test_import_never_writes_a_bare_nan(canonical, tmp_path):
+    from latentsift._validation import LatentSiftError
+    t = load_jsonl(canonical)[0]
+    t.meta["score"] = float("nan")
+    with pytest.raises(LatentSiftError, match="NaN"):
+        save_jsonl([t], tmp_path / "x.jsonl")
+    assert list(tmp_path.iterdir()) == []  # neither the file nor a temporary
+
+
+def test_a_truncated_archive_is_a_message(tmp_path):
+    import tarfile
+    full = tmp_path / "runs.tar.gz"
+    with tarfile.open(full, "w:gz") as tf:
+        tf.add(FIX / "openai_toolcalls.jsonl", arcname="openai_toolcalls.jsonl")
+        tf.add(FIX / "mini_run", arcname="mini_run")
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(full.read_bytes()[: full.stat().st_size // 2])
+    before = digest(cut)
+    r = cli("import", cut, "--out", tmp_path / "out.jsonl")
+    refused(r, str(cut), "truncated or corrupt")
+    assert digest(cut) == before and not (tmp_path / "out.jsonl").exists()
+
+
+def test_extract_option_errors_come_before_the_model(canonical, tmp_path):
+    for opt, value in (("--chunk-tokens", 0), ("--shard-size", -1), ("--threads", 0), ("--max-span-tokens", 0)):
+        r = cli("extract", canonical, "--out", tmp_path / "s", opt, value)
+        refused(r, opt)
+        assert "extract_pools" not in r.output and "model:" not in r.output and "loading the model" not in r.output
+    refused(cli("extract", canonical, "--out", tmp_path / "s", "--layers", "x"), "--layers")
+    refused(cli("extract", canonical, "--out", tmp_path / "s", "--dtype", "int8"), "--dtype")
+    refused(cli("extract", canonical, "--out", tmp_path / "s", "--model", tmp_path / "nope"), "--model")
+    assert not (tmp_path / "s").exists()
+
+
+def test_reproduce_checks_its_selection_before_any_work(data_dir, tmp_path):
+    refused(cli("reproduce", "--data", data_dir, "--out", tmp_path / "run", "--max-instances", -4),
+            "max_instances")
+    assert not (tmp_path / "run").exists()
+    # 8 instances cannot give 4 repository folds with both classes in every bank: said before extraction
+    r = cli("reproduce", "--data", data_dir, "--out", tmp_path / "run", "--max-instances", 8)
+    refused(r, "fold", "--folds")
+    assert not (tmp_path / "run" / "states").exists()
+
+
+def test_fold_errors_name_the_group_kind(canonical, data_dir, tmp_path):
+    from latentsift._validation import LatentSiftError
+    from latentsift.reproduce import ReproduceSettings, Run
+    trajs = load_jsonl(canonical)
+    for group_by, noun in (("instance", "instances"), ("repo", "repositories")):
+        run = Run(ReproduceSettings(data=str(data_dir), out=str(tmp_path / "run"), group_by=group_by, n_folds=9), log=lambda m: None)
+        with pytest.raises(LatentSiftError, match=f"come from {len({run.group(t) for t in trajs})} {noun}"):
+            run.folds(trajs)
+
+
+def test_filter_show_must_not_be_negative(canonical, tmp_path):
+    refused(cli("filter", canonical, "--states", tmp_path / "s", "--method", "random", "--show", -1,
+                "--out", tmp_path / "f.json"), "--show")
+    assert not (tmp_path / "f.json").exists()
+
+
+# --------------------------------------------------------------------------- section 4: the file system
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_a_failing_write_is_a_message_and_leaves_nothing(code, canonical, tmp_path, monkeypatch):
+    """A full disk, a read-only file system, a folder without write permission (simulated at the
+    write: the tests may run as root, whom permissions do not stop)."""
+    def failing_fsync(fd):
+        raise OSError(code, os.strerror(code))
+
+    out = tmp_path / "out"
+    before = digest(canonical)
+    # the write itself fails: import (streamed JSONL) and the atomic writers (fsync)
+    monkeypatch.setattr("latentsift.trajectory.dumps", lambda t: (_ for _ in ()).throw(OSError(code, os.strerror(code))))
+    r = cli("import", canonical, "--out", out / "pools.jsonl", "--format", "canonical")
+    refused(r, str(out / "pools.jsonl"), {errno.ENOSPC: "no space", errno.EROFS: "read-only",
+                                          errno.EACCES: "permission"}[code])
+    monkeypatch.undo()
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    r = cli("import", canonical, "--out", out / "p2.jsonl", "--summary-json", out / "summary.json")
+    refused(r, str(out / "summary.json"))
+    assert digest(canonical) == before and not (out / "pools.jsonl").exists() and not (out / "summary.json").exists()
+    no_tmp(tmp_path)
+
+
+def test_a_read_only_folder_is_a_message(canonical, tmp_path):
+    """A real read-only folder where permissions apply (not as root)."""
+    if os.geteuid() == 0:
+        pytest.skip("root ignores folder permissions (the simulated case above covers the message)")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        refused(cli("import", canonical, "--out", ro / "x.jsonl"), "permission denied")
+    finally:
+        ro.chmod(0o700)
+    assert list(ro.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- section 2: outputs vs inputs
+def test_import_out_over_its_input(canonical, tmp_path):
+    src = tmp_path / "pools.jsonl"
+    shutil.copy(canonical, src)
+    before = digest(src)
+    refused(cli("import", src, "--out", src), "is the input")
+    refused(cli("import", FIX / "mini_run", "--out", FIX / "mini_run" / "x.jsonl"), "lies inside the input")
+    assert digest(src) == before and not (FIX / "mini_run" / "x.jsonl").exists()
+
+
+def test_explore_page_names_are_unique_and_it_deletes_only_its_files(canonical, tmp_path):
+    from latentsift._guard import SITE_MANIFEST
+    from latentsift.explore.site import write_site
+    t1, t2 = load_jsonl(canonical)[:2]
+    t1.instance_id, t1.traj_id = "proj/x-1", "run/proj/x-1"
+    t2.instance_id, t2.traj_id = "proj_x-1", "run/proj_x-1"
+    out = tmp_path / "site"
+    (out / "instances").mkdir(parents=True)
+    (out / "instances" / "mine.html").write_text("the user's page")
+    (out / "notes.txt").write_text("the user's notes")
+    write_site(out, [t1, t2])
+    pages = sorted(p.name for p in (out / "instances").iterdir())
+    assert len(pages) == 3 and "mine.html" in pages  # two distinct pages + the user's
+    listed = json.loads((out / SITE_MANIFEST).read_text())["files"]
+    assert all((out / f).is_file() for f in listed) and "instances/mine.html" not in listed
+    # a rerun with one page fewer removes that page (listed) and nothing of the user's
+    write_site(out, [t1])
+    assert sorted(p.name for p in (out / "instances").iterdir()) == ["mine.html", "proj_x-1.html"]
+    assert (out / "instances" / "mine.html").read_text() == "the user's page"
+    assert (out / "notes.txt").read_text() == "the user's notes"
+    no_tmp(tmp_path)
+
+
+# --------------------------------------------------------------------------- on the tiny run's artefacts
+@pytest.fixture(scope="module")
+def tiny(tiny_run, tmp_path_factory, one_torch_thread):
+    """The tiny run's folder, a sifter fitted from it (by the CLI) and copies of its bank outside it."""
+    run = Path(tiny_run["out"])
+    d = tmp_path_factory.mktemp("faults")
+    r = cli("fit", run / "pools.jsonl", "--states", run / "states", "--out", d / "sifter", "--scorer-epochs", 2)
+    assert r.exit_code == 0, r.output
+    shutil.copytree(run / "folds" / "fold-0" / "paper" / "bank", d / "bank")
+    return run, d
+
+
+@pytest.mark.model
+def test_no_output_may_destroy_an_input_or_another_artefact(tiny, data_dir, tmp_path):
+    run, d = tiny
+    pools, states, report = run / "pools.jsonl", run / "states", run / "report"
+    fold = run / "folds" / "fold-0" / "paper"
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me")
+    before = digest(run, d, user)
+    cases = [
+        (["bank", "build", states, "--pools", pools, "--out", states], "is the input"),
+        (["bank", "build", states, "--pools", pools, "--out", fold / "bank"], "a run folder"),
+        (["scorer", "train", d / "bank", "--out", states / "scorer"], "a state store"),
+        (["scorer", "train", d / "bank", "--out", d / "sifter" / "scorer"], "a sifter"),
+        (["filter", pools, "--states", states, "--bank", fold / "bank", "--out", pools], "is the input"),
+        (["filter", pools, "--states", states, "--sifter", d / "sifter", "--out", d / "sifter" / "f.json"],
+         "lies inside the input"),
+        (["filter", d / "nope.jsonl", "--states", d / "nope", "--method", "random", "--out", d / "sifter" / "f.json"],
+         "a sifter"),
+        (["fit", pools, "--states", states, "--out", user], "non-empty folder"),
+        (["fit", pools, "--states", states, "--out", d / "bank"], "a bank"),
+        (["extract", pools, "--out", d / "bank"], "a bank"),
+        (["crossval", pools, "--states", states, "--out", states], "is the input"),
+        (["evaluate", "--pools", d / "p.jsonl", "--scores", run / "verifier", "--out", report], "a run folder"),
+        (["explore", run / "stage1" / "latentsift.json", "--pools", pools, "--out", pools], "is the input"),
+        (["explore", run / "stage1" / "latentsift.json", "--pools", pools, "--out", user], "non-empty folder"),
+        (["verify", "--trajectories", pools, "--out", states], "is a state store"),
+        (["reproduce", "--data", data_dir, "--out", states], "is a state store"),
+        (["reproduce", "--data", data_dir, "--out", data_dir / "x"], "lies inside the input"),
+        (["import", pools, "--out", d / "bank" / "pools.jsonl"], "a bank"),
+    ]
+    for args, words in cases:
+        refused(cli(*args), words)
+    assert digest(run, d, user) == before
+    no_tmp(run, d, user)
+
+
+@pytest.mark.model
+def test_filter_refuses_a_bank_of_other_span_settings_and_a_manifest_naming_outside_files(tiny, tmp_path):
+    run, d = tiny
+    pools, states = run / "pools.jsonl", run / "states"
+    r = cli("bank", "build", states, "--pools", pools, "--out", tmp_path / "bank")
+    assert r.exit_code == 0, r.output
+    other = tmp_path / "states-other"
+    shutil.copytree(states, other)
+    man = json.loads((other / "manifest.json").read_text())
+    man["settings"]["max_span_tokens"] = 64
+    (other / "manifest.json").write_text(json.dumps(man))
+    before = digest(other, tmp_path / "bank")
+    refused(cli("filter", pools, "--states", other, "--bank", tmp_path / "bank", "--distance-only",
+                "--out", tmp_path / "f.json"), "max_span_tokens=8 (these states: 64)")
+    # a bank manifest that names a file outside its folder is refused with the reason
+    bad = tmp_path / "bad-bank"
+    shutil.copytree(tmp_path / "bank", bad)
+    man = json.loads((bad / "manifest.json").read_text())
+    man["tensors"] = "../bank/bank.safetensors"
+    (bad / "manifest.json").write_text(json.dumps(man))
+    refused(cli("filter", pools, "--states", states, "--bank", bad, "--distance-only", "--out", tmp_path / "f.json"),
+            "inside its own folder")
+    # Stage 1 must keep someone
+    refused(cli("filter", pools, "--states", states, "--bank", tmp_path / "bank", "--distance-only",
+                "--min-keep", 0, "--frac", 0, "--out", tmp_path / "f.json"), "min_keep")
+    assert digest(other, tmp_path / "bank") == before and not (tmp_path / "f.json").exists()
+
+
+@pytest.mark.model
+def test_a_resumed_store_trusts_no_damaged_shard(tiny, tmp_path):
+    from latentsift.store import StateStore
+    run, _ = tiny
+    copy = tmp_path / "states"
+    shutil.copytree(run / "states", copy)
+    store = StateStore(copy).open()
+    n = len(store)
+    shard = sorted((copy / "shards").iterdir())[0]
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated
+    with store.lock():
+        dropped = StateStore(copy).open().drop_damaged()
+    assert dropped and all(not StateStore(copy).open().has(t) for t in dropped)
+    assert len(StateStore(copy).open()) == n - len(dropped) and not shard.exists()
+    StateStore(copy).open().verify()  # what is left is whole
+
+
+@pytest.mark.model
+def test_write_report_writes_summary_last(tiny_run, tmp_path, monkeypatch):
+    import latentsift.report as report
+    summary = json.loads(tiny_run["summary"])
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")  # an older, finished report
+    monkeypatch.setattr(report, "render_markdown", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("crash")))
+    with pytest.raises(RuntimeError):
+        report.write_report(summary, out)
+    assert not (out / "summary.json").exists()  # a crash never leaves a summary that reads as finished
+    monkeypatch.undo()
+    report.write_report(summary, out)
+    assert json.loads((out / "summary.json").read_text()) == summary
