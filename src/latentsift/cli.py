@@ -35,7 +35,7 @@ app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pre
                   help="LatentSift: token-free Stage-1 filtering of SWE-agent candidates.")
 
 _COMMANDS = ("import_", "extract", "bank", "filter", "evaluate", "reproduce", "crossval", "fit",
-             "explore")
+             "explore", "transfer")
 for _name in _COMMANDS:
     try:
         _mod = importlib.import_module(f"latentsift._cli.{_name}")

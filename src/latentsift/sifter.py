@@ -11,6 +11,9 @@ is not run here (``config["choice"]`` says so). ``save(dir)`` writes one directo
     SIFTER_DIR/scorer/      the gated linear scorer (safetensors + json)
     SIFTER_DIR/sifter.json  format, model fingerprint, configuration and its evidence, the agents,
                             scaffolds and repositories seen, the shift guard's reference numbers
+    SIFTER_DIR/library/     with ``fit(per_agent=True)``: a bank and scorer per agent (and per
+                            scaffold where they differ), listed in sifter.json "library" with each
+                            one's shift reference (``latentsift.library``)
 
 The directory is written beside the target and renamed into place: a failed save leaves nothing.
 ``Sifter.load(path)`` gives a Stage-1 filter with the verbs of the others (``prepare``,
@@ -29,6 +32,8 @@ import numpy as np
 from ._io import atomic_write_json, member, read_json
 from ._validation import FingerprintMismatch, LatentSiftError
 from .bank import Bank, as_fingerprint
+from .library import BANK_CHOICES, SubBank, fit_sub_banks, load_sub_banks, load_runs, nearest_choice, pool_distances, \
+    save_sub_banks
 from .scorer import LinearScorer
 from .sift import LatentSift
 from .trajectory import Trajectory, group_pools
@@ -56,8 +61,13 @@ class Sifter(LatentSift):
             super().__init__(bank, scorer, **settings)
 
     # ------------------------------------------------------------------ fit
-    def fit(self, trajs: Sequence[Trajectory], states, *, fingerprint: Any = None, log=lambda m: None) -> "Sifter":
-        """Bank + scorer from every trajectory of ``trajs`` (all labelled); ``states``: dict or store."""
+    def fit(self, trajs: Sequence[Trajectory], states, *, fingerprint: Any = None, per_agent: bool = False,
+            log=lambda m: None) -> "Sifter":
+        """Bank + scorer from every trajectory of ``trajs`` (all labelled); ``states``: dict or store.
+
+        ``per_agent``: also a sub-bank and scorer per agent (and per scaffold where they differ) in
+        ``library_`` (``latentsift.library``), for ``filter --bank-choice nearest``.
+        """
         from .protocol import check_labelled
         from .shift import Reference, scaffold_of
         from .sift import resolve_states
@@ -86,6 +96,11 @@ class Sifter(LatentSift):
                       "n_trajectories": len(trajs), "n_instances": len({t.instance_id for t in trajs}),
                       "label_counts": bank.label_counts()}
         self.reference_ = Reference.from_bank(bank, agents=agents, scaffolds=scaffolds)
+        self.library_: list[SubBank] = []
+        self.library_skipped_: list[dict] = []
+        if per_agent:
+            self.library_, self.library_skipped_ = fit_sub_banks(trajs, sts, fp, scorer_epochs=self.scorer_epochs,
+                                                                 seed=seed, log=log)
         return self
 
     # ------------------------------------------------------------------ io
@@ -94,7 +109,9 @@ class Sifter(LatentSift):
         return _jsonable({"format": SIFTER_FORMAT, "version": SIFTER_VERSION,
                           "fingerprint": self.bank.fingerprint_.to_dict(), "config": self.config_,
                           "seen": self.seen_, "shift_reference": self.reference_.to_dict(),
-                          "parts": {"bank": "bank", "scorer": "scorer"}})
+                          "parts": {"bank": "bank", "scorer": "scorer"},
+                          "library": [s.to_dict() for s in getattr(self, "library_", [])],
+                          "library_skipped": getattr(self, "library_skipped_", [])})
 
     def save(self, path: str | Path) -> Path:
         """Write SIFTER_DIR (module docstring) into a sibling temporary folder, then rename it."""
@@ -106,6 +123,7 @@ class Sifter(LatentSift):
         try:
             self.bank.save(tmp / "bank", source={"sifter": True})
             self.scorer.save(tmp / "scorer", plot=False)
+            save_sub_banks(getattr(self, "library_", []), tmp)
             atomic_write_json(tmp / SIFTER_JSON, self.manifest())
             if path.exists():
                 if not (path / SIFTER_JSON).is_file():
@@ -142,6 +160,8 @@ class Sifter(LatentSift):
         s = cls(bank, scorer, scorer_epochs=man["config"].get("scorer_epochs", 40), **params)
         s.config_, s.seen_ = man["config"], man["seen"]
         s.reference_ = Reference(**man["shift_reference"])
+        s.library_ = load_sub_banks(man.get("library", []), path)
+        s.library_skipped_ = man.get("library_skipped", [])
         s.path_ = str(path.resolve())
         return s
 
@@ -194,21 +214,19 @@ def in_bank_evidence(bank: Bank, trajs: Sequence[Trajectory], states, fingerprin
 
 
 def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
-               log=print) -> Sifter:
-    """``latentsift fit``: a sifter from every labelled candidate of a pools file, saved to ``out``.
+               per_agent: bool = False, log=print) -> Sifter:
+    """``latentsift fit``: a sifter from every labelled candidate of one or several pools files, saved to ``out``.
 
-    ``instances``: only the first N instances by id (the rule of ``extract --instances N``).
+    ``pools_path`` / ``states_dir``: a path or a list of paths (several runs, e.g. the Lite pools and
+    the Verified pairs); the stores must share the model fingerprint and the value-changing extraction
+    settings (refused before any work otherwise, ``library.open_stores``). ``instances``: only the
+    first N instances by id of each pools file (the rule of ``extract --instances N``). ``per_agent``:
+    also a sub-bank and scorer per agent (``Sifter.fit``).
     """
-    from .protocol import check_labelled, check_states_present
-    from .store import StateStore, select_instances
-    from .trajectory import load_jsonl
-    trajs = select_instances(load_jsonl(pools_path), instances)
-    check_labelled(trajs, "fit")
-    if not Path(states_dir).is_dir():
-        raise LatentSiftError(f"fit: no state store at {str(states_dir)!r}; run 'latentsift extract' first.")
-    store = StateStore(states_dir).open()
-    check_states_present(store, trajs, "fit")
-    sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, log=log)
+    pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
+    states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
+    trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)
+    sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, per_agent=per_agent, log=log)
     sifter.save(out)
     return sifter
 
@@ -247,4 +265,69 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
                     fingerprint=store.fingerprint.to_dict(), pools=results)
     run.extra = {"configuration": {"config": sifter.config_, "seen": sifter.seen_},
                  "shift": shift}
+    return run, warnings
+
+
+def run_sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice: str = "nearest",
+                             on_shift: str = "warn", instances: Sequence[str] | None = None, **settings):
+    """``latentsift filter --sifter --bank-choice nearest``: each pool scored with the sub-bank nearest to it.
+
+    The sifter must have a bank library (``fit --per-agent``). Per pool: the median nearest-bank
+    distance of its candidates to every sub-bank (the shift guard's distance), the nearest one's bank
+    and scorer score it, and the shift guard judges it against that sub-bank's reference. The
+    ``FilterRun`` gains ``bank_choice`` (mode, sub-banks, per pool the choice and the distances).
+    ``bank_choice="all"`` is ``run_sifter_filter``.
+    """
+    from ._validation import check_choice
+    from .shift import ON_SHIFT, guard
+    from .sift import FilterRun, load_selected_pools
+    from .store import StateStore
+    check_choice(bank_choice, "bank_choice", "filter", BANK_CHOICES)
+    if bank_choice == "all":
+        return run_sifter_filter(pools_path, states_dir, sifter_dir, on_shift=on_shift, instances=instances,
+                                 **settings)
+    check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
+    if states_dir is None:
+        raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
+    pools = load_selected_pools(pools_path, instances)
+    store = StateStore(states_dir).open()
+    sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
+    if not sifter.library_:
+        raise LatentSiftError(f"filter --bank-choice {bank_choice}: the sifter {str(sifter_dir)!r} has no bank "
+                              "library; refit it with 'latentsift fit --per-agent', or use --bank-choice all.")
+    ids = [c.traj_id for p in pools for c in p.candidates]
+    missing = [t for t in ids if not store.has(t)]
+    if missing:
+        raise LatentSiftError(f"filter: the state store {str(states_dir)!r} has no states for {len(missing)} "
+                              f"candidates, e.g. {missing[0]!r}; run 'latentsift extract' on the pools first.")
+    states = store.load(ids)
+    dist = pool_distances(pools, states, sifter.library_)
+    chosen = nearest_choice(dist)
+    subs = {s.name: s for s in sifter.library_}
+    params = sifter.get_params()
+    results, shift_pools, warnings = [], [], []
+    for name in sorted(set(chosen.values())):
+        sub = subs[name]
+        group = [p for p in pools if chosen[p.instance_id] == name]
+        res = LatentSift(sub.bank, sub.scorer, **params).score_pools(group, states, fingerprint=store.fingerprint)
+        sh, w = guard(res, group, states, sub.bank, sub.reference, on_shift)
+        shift_pools += [dict(x, bank=name) for x in sh["pools"]]
+        warnings += w
+        results += res
+    results.sort(key=lambda r: r.instance_id)
+    shift_pools.sort(key=lambda x: x["instance_id"])
+    inputs = {"pools": str(Path(pools_path).resolve()), "states_dir": str(Path(states_dir).resolve()),
+              "sifter_dir": sifter.path_}
+    run = FilterRun(method=sifter.name, settings=params, inputs=inputs, fingerprint=store.fingerprint.to_dict(),
+                    pools=results)
+    run.extra = {"configuration": {"config": sifter.config_, "seen": sifter.seen_},
+                 "bank_choice": {"mode": bank_choice,
+                                 "rule": "per pool, the sub-bank with the smallest median nearest-bank distance of "
+                                         "the pool's candidates (the shift guard's distance)",
+                                 "sub_banks": [{k: v for k, v in s.to_dict().items() if k != "parts"}
+                                               for s in sifter.library_],
+                                 "pools": [{"instance_id": i, "chosen": chosen[i], "distances": dist[i]}
+                                           for i in sorted(chosen)]},
+                 "shift": {"on_shift": on_shift, "reference": "the chosen sub-bank's (sub_banks[].shift_reference)",
+                           "n_shifted": sum(x["shifted"] for x in shift_pools), "pools": shift_pools}}
     return run, warnings

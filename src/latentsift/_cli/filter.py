@@ -52,6 +52,9 @@ def filter_cmd(
     on_shift: str = typer.Option("warn", "--on-shift", help="For a pool unlike the sifter's or bank's "
                                  "trajectories: warn, keep-all (skip Stage 1 for it) or error. A bare --bank "
                                  "records no agents: only its state-space check runs."),
+    bank_choice: str = typer.Option("all", "--bank-choice", help="With --sifter: all (the all-agent bank) or "
+                                    "nearest (per pool, the sub-bank of 'fit --per-agent' nearest to its "
+                                    "candidates' states; the choice and distances are in the JSON)."),
 ) -> None:
     """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
     from rich.console import Console
@@ -79,15 +82,18 @@ def filter_cmd(
         if approx is not None:
             raise LatentSiftError("Pass --approx or --ray/--bank-shards, not both.")
     warnings: list[str] = []
+    if bank_choice != "all" and sifter is None:
+        raise LatentSiftError("--bank-choice needs --sifter (a sifter fitted with 'latentsift fit --per-agent').")
     if sifter is not None:
-        from ..sifter import run_sifter_filter
+        from ..sifter import run_sifter_filter_chosen
         if bank is not None or scorer is not None or method != "latentsift":
             raise LatentSiftError("--sifter replaces --bank, --scorer and --method: pass only --sifter.")
         if ray is not None or bank_shards is not None or approx is not None:
             raise LatentSiftError("--sifter runs in one process: drop --ray, --bank-shards and --approx.")
         settings = {"min_keep": min_keep, "frac": frac, "seed": seed, "n_evidence": evidence}
         with Console(stderr=True).status("scoring ..."):
-            run, warnings = run_sifter_filter(pools, states, sifter, on_shift=on_shift, instances=inst, **settings)
+            run, warnings = run_sifter_filter_chosen(pools, states, sifter, bank_choice=bank_choice,
+                                                     on_shift=on_shift, instances=inst, **settings)
         settings["channels"] = tuple(run.settings["channels"])
     else:
         with Console(stderr=True).status("scoring ..."):
@@ -116,6 +122,9 @@ def filter_cmd(
         console.print(t)
     if 0 < show < len(run.pools):
         console.print(f"... {len(run.pools) - show} more pools in {out}")
+    for c in run.extra.get("bank_choice", {}).get("pools", [])[:show]:
+        console.print(f"bank for {c['instance_id']}: {c['chosen']} (median nearest-bank distances "
+                      + ", ".join(f"{k} {_fmt(v)}" for k, v in c["distances"].items()) + ")")
     for w in warnings:
         console.print(f"[yellow]shift ({on_shift}): {w}[/yellow]")
     shared = run.inputs.get("repos_shared_with_bank")

@@ -1,8 +1,8 @@
-"""``latentsift fit``: a saved sifter from every labelled candidate of a pools file (parsing and printing only)."""
+"""``latentsift fit``: a saved sifter from every labelled candidate of one or several pools files (parsing and printing only)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -14,13 +14,17 @@ def register(app: typer.Typer) -> None:
 
 
 def fit_cmd(
-    pools: Path = typer.Argument(..., help="Canonical JSONL of labelled candidates (every candidate has a reward)."),
-    states: Path = typer.Option(..., "--states", help="STATES_DIR holding every candidate's states."),
+    pools: List[Path] = typer.Argument(..., help="Canonical JSONL of labelled candidates (every candidate has a "
+                                       "reward); several files (runs) make one sifter."),
+    states: List[Path] = typer.Option(..., "--states", help="STATES_DIR holding candidates' states (repeat for "
+                                      "several stores of the same model and settings)."),
     out: Path = typer.Option(..., "--out", help="SIFTER_DIR to write (replaced only once complete)."),
     scorer_epochs: int = typer.Option(40, "--scorer-epochs", help="Epochs of the gated scorer."),
     seed: int = typer.Option(0, "--seed"),
     instances: Optional[int] = typer.Option(None, "--instances", help="Only the first N instances by id "
                                             "(as 'extract --instances N')."),
+    per_agent: bool = typer.Option(False, "--per-agent", help="Also keep a bank and scorer per agent (and per "
+                                   "scaffold where they differ) for 'filter --bank-choice nearest'."),
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
     from rich.console import Console
@@ -30,10 +34,14 @@ def fit_cmd(
     check_output(out, [pools, states], kind="sifter", replaces=True)
     console = Console(stderr=True)
     sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
-                        log=console.print)
+                        per_agent=per_agent, log=console.print)
     ev = sifter.config_["evidence"].get("paper-distance_within_pool_auc")
     seen = sifter.seen_
     console.print(f"[bold green]Sifter:[/] {out} ({seen['n_trajectories']} trajectories of {seen['n_instances']} "
                   f"instances; agents {seen['agents']}; in-bank within-pool AUC of the distance branch "
                   f"{'n/a' if ev is None else f'{ev:.3f}'}; configuration: {sifter.config_['choice']['chosen']}, "
                   "choice restricted to the paper's method)")
+    for sub in sifter.library_:
+        console.print(f"  sub-bank {sub.name}: {sub.n_trajectories} trajectories {sub.label_counts}")
+    for sk in sifter.library_skipped_:
+        console.print(f"  [yellow]no sub-bank {sk['name']}: {sk['reason']}[/yellow]")

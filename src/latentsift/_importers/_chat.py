@@ -7,7 +7,9 @@ Shapes read (one trajectory per JSON file, or one per JSONL line):
   "function": {"name", "arguments": "<JSON string>"}}]`` and ``reasoning_content``, ``tool`` replies
   with ``tool_call_id``). Content may be a string, ``null``, or a list of ``{"type": "text"}`` parts.
 - OpenHands completion logs (``log_completions``): ``{"messages": [...], "response": {"choices":
-  [{"message": {...}}]}}``: the response message is appended as the last assistant turn.
+  [{"message": {...}}]}}``, or the same log with the reply kept as ``"final_response": {...}`` (the
+  SWE-bench Verified pairs): the reply is appended as the last assistant turn. Such a log's agent is
+  ``openhands`` unless the record names one.
 - mini-swe-agent trajectories (``trajectory_format`` ``mini-swe-agent-1`` / ``-1.1``): the same
   ``messages`` list; an assistant action is the single fenced ``bash`` (v1) or
   ``mswea_bash_command`` (v2) block; zero or several blocks are a format error and no call.
@@ -29,6 +31,11 @@ from ._common import Where, repo_from_instance
 
 MINI_FENCE = re.compile(r"```(?:bash|mswea_bash_command)\s*\n(.*?)\n```", re.DOTALL)
 OBS_SEP = "\n\n"
+OPENHANDS = "openhands"  # the agent of an OpenHands completion log
+
+
+def _is_completion_log(rec: dict) -> bool:
+    return isinstance(rec.get("response"), dict) or isinstance(rec.get("final_response"), dict)
 
 
 def messages_of(record: Any) -> list | None:
@@ -42,6 +49,8 @@ def messages_of(record: Any) -> list | None:
             msg = resp["choices"][0].get("message") if isinstance(resp["choices"][0], dict) else None
             if isinstance(msg, dict):
                 msgs.append(msg)
+        elif isinstance(record.get("final_response"), dict):
+            msgs.append(record["final_response"])
         return msgs
     return None
 
@@ -120,7 +129,8 @@ def parse(record: Any, msgs: list, where: Where, *, mini: bool, instance_id: str
                   if isinstance(v, str)), "")
     system_prompt = next((c["content"] for c in context if c["role"] == "system"), None)
     fmt = "minisweagent" if mini else "openai"
-    agent = rec.get("agent") if isinstance(rec.get("agent"), str) else fmt
+    agent = rec.get("agent") if isinstance(rec.get("agent"), str) else \
+        OPENHANDS if not mini and _is_completion_log(rec) else fmt
     return Trajectory(
         traj_id=f"{run}/{instance_id}", instance_id=instance_id,
         repo=rec.get("repo") if isinstance(rec.get("repo"), str) else repo_from_instance(instance_id),
