@@ -282,6 +282,8 @@ def test_filter_refuses_a_bank_of_other_span_settings_and_a_manifest_naming_outs
     before = digest(other, tmp_path / "bank")
     refused(cli("filter", pools, "--states", other, "--bank", tmp_path / "bank", "--distance-only",
                 "--out", tmp_path / "f.json"), "max_span_tokens=8 (these states: 64)")
+    refused(cli("filter", pools, "--states", other, "--sifter", d / "sifter", "--out", tmp_path / "f.json"),
+            "max_span_tokens=8 (these states: 64)")
     # a bank manifest that names a file outside its folder is refused with the reason
     bad = tmp_path / "bad-bank"
     shutil.copytree(tmp_path / "bank", bad)
