@@ -172,6 +172,16 @@ def test_a_failing_write_is_a_message_and_leaves_nothing(code, canonical, tmp_pa
     no_tmp(tmp_path)
 
 
+def test_a_read_only_output_is_refused_before_any_work(canonical, tmp_path, monkeypatch):
+    """What ``os.access`` reports for a read-only mount (also to root): refused before reading inputs."""
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if Path(p) == tmp_path else real(p, mode, **k))
+    for args in (["import", canonical], ["extract", canonical], ["bank", "build", tmp_path / "s", "--pools", canonical],
+                 ["fit", canonical, "--states", tmp_path / "s"]):
+        refused(cli(*args, "--out", tmp_path / "out"), "is read-only")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_read_only_folder_is_a_message(canonical, tmp_path):
     """A real read-only folder where permissions apply (not as root)."""
     if os.geteuid() == 0:

@@ -94,6 +94,10 @@ def write_site(out_dir: str | Path, trajectories: Sequence[Trajectory], *, detai
     try:
         _render(tmp, pages, summary, detail, info, names, shown, title, limits)
         _swap_in(tmp, out)
+    except OSError as e:
+        if e.filename is None:  # a failed write (a full disk): name the site being written
+            raise type(e)(e.errno, e.strerror, str(out)) from None
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out / "index.html"
