@@ -339,3 +339,15 @@ def test_write_report_writes_summary_last(tiny_run, tmp_path, monkeypatch):
     monkeypatch.undo()
     report.write_report(summary, out)
     assert json.loads((out / "summary.json").read_text()) == summary
+
+
+def test_malformed_inputs_name_their_file(tmp_path, data_dir):
+    junk, binary = tmp_path / "junk.jsonl", tmp_path / "bin.jsonl"
+    junk.write_text("not json\n")
+    binary.write_bytes(b"\xff\xfe bad")
+    refused(cli("import", junk, "--out", tmp_path / "o.jsonl"), f"{junk}:1", "not valid JSON")
+    refused(cli("extract", binary, "--out", tmp_path / "s"), f"{binary}:1", "not UTF-8")
+    refused(cli("explore", junk, "--pools", junk, "--out", tmp_path / "site"), str(junk), "not valid JSON")
+    refused(cli("evaluate", "--pools", binary, "--scores", tmp_path / "sc", "--out", tmp_path / "r"), str(binary))
+    refused(cli("reproduce", "--data", tmp_path / "nope", "--out", tmp_path / "run"), "dataset folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin.jsonl", "junk.jsonl"]  # nothing written
