@@ -172,6 +172,16 @@ def test_a_failing_write_is_a_message_and_leaves_nothing(code, canonical, tmp_pa
     no_tmp(tmp_path)
 
 
+def test_a_read_only_output_is_refused_before_any_work(canonical, tmp_path, monkeypatch):
+    """What ``os.access`` reports for a read-only mount (also to root): refused before reading inputs."""
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if Path(p) == tmp_path else real(p, mode, **k))
+    for args in (["import", canonical], ["extract", canonical], ["bank", "build", tmp_path / "s", "--pools", canonical],
+                 ["fit", canonical, "--states", tmp_path / "s"]):
+        refused(cli(*args, "--out", tmp_path / "out"), "is read-only")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_read_only_folder_is_a_message(canonical, tmp_path):
     """A real read-only folder where permissions apply (not as root)."""
     if os.geteuid() == 0:
@@ -282,6 +292,8 @@ def test_filter_refuses_a_bank_of_other_span_settings_and_a_manifest_naming_outs
     before = digest(other, tmp_path / "bank")
     refused(cli("filter", pools, "--states", other, "--bank", tmp_path / "bank", "--distance-only",
                 "--out", tmp_path / "f.json"), "max_span_tokens=8 (these states: 64)")
+    refused(cli("filter", pools, "--states", other, "--sifter", d / "sifter", "--out", tmp_path / "f.json"),
+            "max_span_tokens=8 (these states: 64)")
     # a bank manifest that names a file outside its folder is refused with the reason
     bad = tmp_path / "bad-bank"
     shutil.copytree(tmp_path / "bank", bad)
@@ -327,3 +339,15 @@ def test_write_report_writes_summary_last(tiny_run, tmp_path, monkeypatch):
     monkeypatch.undo()
     report.write_report(summary, out)
     assert json.loads((out / "summary.json").read_text()) == summary
+
+
+def test_malformed_inputs_name_their_file(tmp_path, data_dir):
+    junk, binary = tmp_path / "junk.jsonl", tmp_path / "bin.jsonl"
+    junk.write_text("not json\n")
+    binary.write_bytes(b"\xff\xfe bad")
+    refused(cli("import", junk, "--out", tmp_path / "o.jsonl"), f"{junk}:1", "not valid JSON")
+    refused(cli("extract", binary, "--out", tmp_path / "s"), f"{binary}:1", "not UTF-8")
+    refused(cli("explore", junk, "--pools", junk, "--out", tmp_path / "site"), str(junk), "not valid JSON")
+    refused(cli("evaluate", "--pools", binary, "--scores", tmp_path / "sc", "--out", tmp_path / "r"), str(binary))
+    refused(cli("reproduce", "--data", tmp_path / "nope", "--out", tmp_path / "run"), "dataset folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin.jsonl", "junk.jsonl"]  # nothing written

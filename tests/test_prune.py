@@ -233,3 +233,23 @@ def test_pruner_example_stops_the_known_hopeless_candidates(policy, one_torch_th
     # stopped candidates generated nothing after their stop
     assert all(res["generated"][t] <= 3 for t in res["stopped"])
     assert len(res["survivors"]) >= 3
+
+
+def test_offline_evaluation_uses_the_protocols_grouping(world):
+    """Folds by instance (the protocol's ``group_by="instance"``): the folds name instance ids and the
+    evaluation groups by them; grouped by repository, the same folds would match nothing."""
+    trajs, states, tokens = world
+    insts = sorted({t.instance_id for t in trajs})
+    held = [i for i in insts if i.startswith("eval0__")]
+    folds = [([i for i in insts if i not in held], held)]
+    seen = []
+
+    def fit(name, bank_trajs):
+        seen.append({t.instance_id for t in bank_trajs})
+        return _fit(bank_trajs, states)
+
+    kw = dict(fit=fit, schedules={"steps": (2,)}, thresholds=(1.0,), n_boot=20, inner=False)
+    with pytest.raises(LatentSiftError, match="no fold has evaluation pools"):
+        evaluate_pruning(trajs, states, FP, folds, tokens, **kw)
+    res = evaluate_pruning(trajs, states, FP, folds, tokens, group=lambda t: t.instance_id, **kw)
+    assert res["n_instances"] == len(held) and seen and not any(s & set(held) for s in seen)

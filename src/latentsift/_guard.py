@@ -100,6 +100,10 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
     if replaces and o.is_dir() and artefact_kind(o) != kind and any(o.iterdir()):
         raise LatentSiftError(f"{option} {out} is a non-empty folder that is not {KIND_NAMES[kind]}; its files "
                               f"could be replaced: choose a new or empty {option}.")
+    existing = next(a for a in (o, *o.parents) if a.exists())
+    if not os.access(existing if existing.is_dir() else existing.parent, os.W_OK):
+        raise LatentSiftError(f"{option} {out}: {existing} is read-only (a read-only file system or no write "
+                              f"permission); choose another {option}.")
     if o.exists() and kind is not None and not o.is_dir():
         raise LatentSiftError(f"{option} {out} is a file, but this command writes a folder there: "
                               f"choose another {option}.")

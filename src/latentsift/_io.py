@@ -76,6 +76,8 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise LatentSiftError(f"{p}: not valid JSON ({e.msg}).") from None
+    except UnicodeDecodeError as e:
+        raise LatentSiftError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}).") from None
 
 
 def iter_jsonl(path: str | os.PathLike, *, opener=None):
@@ -87,7 +89,20 @@ def iter_jsonl(path: str | os.PathLike, *, opener=None):
     from ._validation import LatentSiftError
     p = Path(path)
     with (opener(p) if opener else open(p, encoding="utf-8")) as f:
-        for lineno, line in enumerate(f, 1):
+        lineno, lines = 0, iter(f)
+        while True:
+            try:
+                line = next(lines)
+            except StopIteration:
+                break
+            except UnicodeDecodeError as e:
+                raise LatentSiftError(f"{p}:{lineno + 1}: not UTF-8 text ({e.reason}).") from None
+            except (EOFError, OSError) as e:  # a truncated .gz (OSError: a file that is not gzip)
+                if isinstance(e, OSError) and e.errno is not None:
+                    raise
+                raise LatentSiftError(f"{p}: truncated or not a valid compressed file "
+                                      f"({e or type(e).__name__}).") from None
+            lineno += 1
             if not line.strip():
                 continue
             where = f"{p}:{lineno}"

@@ -725,6 +725,7 @@ def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print
     """Run the whole job; returns the report folder. Reruns reuse every cached stage."""
     from .protocol import evaluate_protocol
 
+    check_data_dir(settings.data)  # before anything is written
     run = Run(settings, log=log, progress=progress)
     out = run.out
     out.mkdir(parents=True, exist_ok=True)

@@ -121,7 +121,8 @@ class Sifter(LatentSift):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
         try:
-            self.bank.save(tmp / "bank", source={"sifter": True})
+            recorded = getattr(self, "store_settings_", None)  # the states' settings, checked by filter
+            self.bank.save(tmp / "bank", source={"sifter": True} | ({"store_settings": recorded} if recorded else {}))
             self.scorer.save(tmp / "scorer", plot=False)
             save_sub_banks(getattr(self, "library_", []), tmp)
             atomic_write_json(tmp / SIFTER_JSON, self.manifest())
@@ -227,6 +228,7 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
     trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)
     sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, per_agent=per_agent, log=log)
+    sifter.store_settings_ = store.settings
     sifter.save(out)
     return sifter
 
@@ -241,13 +243,14 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     from ._validation import check_choice
     from .shift import ON_SHIFT, guard
     from .sift import FilterRun, load_selected_pools
-    from .store import StateStore
+    from .store import StateStore, check_recorded_settings
     check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
     pools = load_selected_pools(pools_path, instances)
     if states_dir is None:
         raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
     store = StateStore(states_dir).open()
     sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
+    check_recorded_settings(sifter.bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
     ids = [c.traj_id for p in pools for c in p.candidates]
     missing = [t for t in ids if not store.has(t)]
     if missing:

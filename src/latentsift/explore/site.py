@@ -94,6 +94,10 @@ def write_site(out_dir: str | Path, trajectories: Sequence[Trajectory], *, detai
     try:
         _render(tmp, pages, summary, detail, info, names, shown, title, limits)
         _swap_in(tmp, out)
+    except OSError as e:
+        if e.filename is None:  # a failed write (a full disk): name the site being written
+            raise type(e)(e.errno, e.strerror, str(out)) from None
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out / "index.html"
@@ -220,9 +224,10 @@ def write_filter_site(filter_json: str | Path, pools: str | Path, out_dir: str |
     fpath = Path(filter_json)
     if not fpath.is_file():
         raise LatentSiftError(f"The filter output {str(fpath)!r} does not exist (write it with 'latentsift filter').")
-    detail = json.loads(fpath.read_text())
-    if detail.get("format") != FILTER_FORMAT:
-        raise LatentSiftError(f"{fpath} is not a 'latentsift filter' output (format {detail.get('format')!r}).")
+    detail = read_json(fpath)
+    if not isinstance(detail, dict) or detail.get("format") != FILTER_FORMAT:
+        fmt = detail.get("format") if isinstance(detail, dict) else type(detail).__name__
+        raise LatentSiftError(f"{fpath} is not a 'latentsift filter' output (format {fmt!r}).")
     every = load_jsonl(pools)
     inst = {p["instance_id"] for p in detail["pools"]}
     trajs = [t for t in every if t.instance_id in inst]
@@ -235,7 +240,7 @@ def write_filter_site(filter_json: str | Path, pools: str | Path, out_dir: str |
         man = Path(bdir) / "manifest.json"
         if not man.is_file():
             raise LatentSiftError(f"The bank folder {str(bdir)!r} has no manifest.json.")
-        src = (json.loads(man.read_text()).get("source") or {}).get("pools")
+        src = (read_json(man).get("source") or {}).get("pools")
         if src and Path(src).is_file():
             bank |= {t.traj_id: t for t in load_jsonl(src)}
     info = {"filter output": str(fpath.resolve()), "pools": str(Path(pools).resolve()),
