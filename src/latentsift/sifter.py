@@ -212,23 +212,29 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     return sifter
 
 
-def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "warn",
+def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "warn", on_leak: str = "allow",
                       instances: Sequence[str] | None = None, **settings):
     """``latentsift filter --sifter``: the saved sifter on every pool, with the shift guard.
 
     Returns the ``FilterRun`` (the format of ``filter``) with ``configuration`` (the sifter's
-    config and what it has seen) and ``shift`` (per pool: the decision and its numbers).
+    config and what it has seen), ``shift`` (per pool: the decision and its numbers) and ``leak``.
+    ``on_leak`` defaults to "allow": a sifter is a deployed filter, and a bank that has seen other
+    attempts at a pool's task is knowledge, not leakage (``latentsift.leak``); each such pool is
+    named in the output and in the warnings.
     """
     from ._validation import check_choice
+    from .leak import ON_LEAK, apply_on_leak
     from .shift import ON_SHIFT, guard
     from .sift import FilterRun, load_selected_pools
     from .store import StateStore
     check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
+    check_choice(on_leak, "on_leak", "filter", ON_LEAK)
     pools = load_selected_pools(pools_path, instances)
     if states_dir is None:
         raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
     store = StateStore(states_dir).open()
     sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
+    pools, leak, leak_warnings = apply_on_leak(pools, sifter.bank, on_leak)
     ids = [c.traj_id for p in pools for c in p.candidates]
     missing = [t for t in ids if not store.has(t)]
     if missing:
@@ -245,5 +251,5 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     run = FilterRun(method=sifter.name, settings=sifter.get_params(), inputs=inputs,
                     fingerprint=store.fingerprint.to_dict(), pools=results)
     run.extra = {"configuration": {"config": sifter.config_, "seen": sifter.seen_},
-                 "shift": shift}
+                 "shift": shift, "leak": {**leak, "warnings": leak_warnings}}
     return run, warnings

@@ -51,6 +51,12 @@ def filter_cmd(
     on_shift: str = typer.Option("warn", "--on-shift", help="For a pool unlike the sifter's or bank's "
                                  "trajectories: warn, keep-all (skip Stage 1 for it) or error. A bare --bank "
                                  "records no agents: only its state-space check runs."),
+    on_leak: Optional[str] = typer.Option(None, "--on-leak", help="For a pool whose instance is in the bank: "
+                                          "error (refuse the run), skip (leave that pool out, score the others) "
+                                          "or allow (score it). Default: error with --bank (evaluation: that "
+                                          "overlap is leakage); allow with --sifter (deployment: a bank that has "
+                                          "seen other attempts at the same task is knowledge). Each such pool is "
+                                          "named in the output."),
 ) -> None:
     """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
     from rich.console import Console
@@ -83,13 +89,15 @@ def filter_cmd(
             raise LatentSiftError("--sifter runs in one process: drop --ray, --bank-shards and --approx.")
         settings = {"min_keep": min_keep, "frac": frac, "seed": seed, "n_evidence": evidence}
         with Console(stderr=True).status("scoring ..."):
-            run, warnings = run_sifter_filter(pools, states, sifter, on_shift=on_shift, instances=inst, **settings)
+            run, warnings = run_sifter_filter(pools, states, sifter, on_shift=on_shift, on_leak=on_leak or "allow",
+                                              instances=inst, **settings)
         settings["channels"] = tuple(run.settings["channels"])
     else:
         with Console(stderr=True).status("scoring ..."):
             run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
                              ray_address=ray, bank_shards=bank_shards, approx=approx,
-                             on_shift=on_shift if method == "latentsift" else None, **settings)
+                             on_shift=on_shift if method == "latentsift" else None, on_leak=on_leak or "error",
+                             **settings)
         warnings = list(run.extra.get("shift", {}).get("warnings", []))
     run.save(out)
     for res in run.pools[:show]:
@@ -112,6 +120,9 @@ def filter_cmd(
         console.print(t)
     if len(run.pools) > show:
         console.print(f"... {len(run.pools) - show} more pools in {out}")
+    leak = run.extra.get("leak", {})
+    for w in leak.get("warnings", []):
+        console.print(f"[yellow]leak ({leak['on_leak']}): {w}[/yellow]")
     for w in warnings:
         console.print(f"[yellow]shift ({on_shift}): {w}[/yellow]")
     shared = run.inputs.get("repos_shared_with_bank")
