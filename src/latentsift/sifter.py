@@ -56,10 +56,15 @@ class Sifter(LatentSift):
             super().__init__(bank, scorer, **settings)
 
     # ------------------------------------------------------------------ fit
-    def fit(self, trajs: Sequence[Trajectory], states, *, fingerprint: Any = None, log=lambda m: None) -> "Sifter":
-        """Bank + scorer from every trajectory of ``trajs`` (all labelled); ``states``: dict or store."""
+    def fit(self, trajs: Sequence[Trajectory], states, *, fingerprint: Any = None, log=lambda m: None,
+            false_alarm: float | None = None, reference_kind: str | None = None) -> "Sifter":
+        """Bank + scorer from every trajectory of ``trajs`` (all labelled); ``states``: dict or store.
+
+        ``false_alarm`` / ``reference_kind``: the shift guard's stated false-alarm rate and in-bank
+        reference (``shift.Reference.from_bank``; defaults ``shift.FALSE_ALARM``, ``shift.REFERENCE_KIND``).
+        """
         from .protocol import check_labelled
-        from .shift import Reference, scaffold_of
+        from .shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
         from .sift import resolve_states
         trajs = list(trajs)
         check_labelled(trajs, "fit")
@@ -85,7 +90,9 @@ class Sifter(LatentSift):
         self.seen_ = {"agents": agents, "scaffolds": scaffolds, "repos": sorted({t.repo for t in trajs}),
                       "n_trajectories": len(trajs), "n_instances": len({t.instance_id for t in trajs}),
                       "label_counts": bank.label_counts()}
-        self.reference_ = Reference.from_bank(bank, agents=agents, scaffolds=scaffolds)
+        self.reference_ = Reference.from_bank(bank, agents=agents, scaffolds=scaffolds,
+                                              kind=reference_kind or REFERENCE_KIND,
+                                              false_alarm=FALSE_ALARM if false_alarm is None else false_alarm)
         return self
 
     # ------------------------------------------------------------------ io
