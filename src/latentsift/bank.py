@@ -297,7 +297,7 @@ class Bank:
     def check_candidates(self, instance_ids: Sequence[str], traj_ids: Sequence[str] = ()) -> None:
         """Refuse candidates whose instance (or trajectory) is in the bank (SPEC 3)."""
         self._check_fitted()
-        inst = self.instance_ids_
+        inst = self.instance_ids_ - set(getattr(self, "allowed_instances_", ()))  # leak.apply_on_leak("allow")
         bad = sorted({i for i in instance_ids if i in inst})
         if bad:
             raise LatentSiftError(f"{len(bad)} candidate instance(s) are in the bank, e.g. {bad[0]!r}: a "

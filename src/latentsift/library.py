@@ -154,8 +154,10 @@ def library_groups(trajs: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
 
 
 def fit_sub_bank(name: str, trajs: Sequence[Trajectory], states: Mapping[str, TrajectoryStates], fingerprint, *,
-                 scorer_epochs: int, seed: int, bank_params: Mapping[str, Any] | None = None) -> SubBank:
-    """A bank, a gated scorer and the shift reference from one group's trajectories (both classes)."""
+                 scorer_epochs: int, seed: int, bank_params: Mapping[str, Any] | None = None,
+                 reference_kw: Mapping[str, Any] | None = None) -> SubBank:
+    """A bank, a gated scorer and the shift reference from one group's trajectories (both classes);
+    ``reference_kw``: ``Reference.from_bank``'s ``kind`` / ``false_alarm``."""
     ids = sorted(t.traj_id for t in trajs)
     by = {t.traj_id: t for t in trajs}
     labels = {i: int(by[i].label) for i in ids}
@@ -166,12 +168,13 @@ def fit_sub_bank(name: str, trajs: Sequence[Trajectory], states: Mapping[str, Tr
                                                                    fingerprint=fingerprint)
     agents = sorted({t.agent for t in trajs})
     scaffolds = sorted({scaffold_of(t) for t in trajs})
-    return SubBank(name, agents, scaffolds, bank, scorer, Reference.from_bank(bank, agents=agents, scaffolds=scaffolds),
-                   len(ids), bank.label_counts())
+    ref = Reference.from_bank(bank, agents=agents, scaffolds=scaffolds, **dict(reference_kw or {}))
+    return SubBank(name, agents, scaffolds, bank, scorer, ref, len(ids), bank.label_counts())
 
 
 def fit_sub_banks(trajs: Sequence[Trajectory], states: Mapping[str, TrajectoryStates], fingerprint, *,
                   scorer_epochs: int, seed: int, bank_params: Mapping[str, Any] | None = None,
+                  reference_kw: Mapping[str, Any] | None = None,
                   log: Callable[[str], None] = lambda m: None) -> tuple[list[SubBank], list[dict]]:
     """Every ``library_groups`` entry with both classes as a ``SubBank``; the others as skipped notes."""
     subs, skipped = [], []
@@ -183,7 +186,7 @@ def fit_sub_banks(trajs: Sequence[Trajectory], states: Mapping[str, TrajectorySt
             continue
         log(f"[fit] sub-bank {name}: {len(ts)} trajectories ({n_pos} resolved)")
         subs.append(fit_sub_bank(name, ts, states, fingerprint, scorer_epochs=scorer_epochs, seed=seed,
-                                 bank_params=bank_params))
+                                 bank_params=bank_params, reference_kw=reference_kw))
     return subs, skipped
 
 

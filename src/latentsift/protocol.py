@@ -27,6 +27,7 @@ from ._validation import LatentSiftError, check_choice, check_positive_int
 from .trajectory import Trajectory, group_pools
 
 GROUP_BY = ("repo", "agent", "instance")
+ON_LEAK_CROSSVAL = ("error", "skip")
 NO_VERIFIER = "no verifier results given: Stage 4 keeps every survivor (Best@K = expected label of a " \
               "uniform pick among them) and no verifier tokens are charged; 'EF calls' counts the survivors " \
               "a verifier would have scored"
@@ -63,9 +64,14 @@ class CrossvalSettings:
     verifier: str | None = None
     instances: int | None = None
     sweep: tuple[str, ...] = ()
+    on_leak: str = "error"
 
     def __post_init__(self):
         check_choice(self.group_by, "group_by", "crossval", GROUP_BY)
+        if self.on_leak == "allow":
+            raise LatentSiftError("crossval: --on-leak allow would score pools against banks holding their own "
+                                  "instance (leakage, not an evaluation); pass --on-leak error or skip.")
+        check_choice(self.on_leak, "on_leak", "crossval", ON_LEAK_CROSSVAL)
         for name in ("n_folds", "n_draws", "n_boot", "scorer_epochs"):
             check_positive_int(getattr(self, name), name, "crossval")
         self.ks = tuple(check_positive_int(k, "ks", "crossval") for k in self.ks)
@@ -129,6 +135,17 @@ def check_group_by(trajs: Sequence[Trajectory], group_by: str, owner: str) -> No
                 f"folds by {group_by} must keep whole pools together (the bank refuses instances it holds). "
                 "Use --group-by repo, or pools with one " + group_by + " each (the report's agent-transfer "
                 "table already trains on one agent and evaluates on mixed pools).")
+
+
+def leaking_pools(trajs: Sequence[Trajectory], group_by: str) -> list[dict]:
+    """The pools that straddle fold groups (their instance would sit in a bank that scores them), with
+    the groups they span, sorted by instance."""
+    out = []
+    for p in sorted(group_pools(trajs), key=lambda p: p.instance_id):
+        gs = sorted({group_of(c, group_by) for c in p.candidates})
+        if len(gs) > 1:
+            out.append({"instance_id": p.instance_id, "groups": gs, "action": "pool skipped: not evaluated"})
+    return out
 
 
 def no_verifier_table(trajs: Sequence[Trajectory]) -> dict:
@@ -283,6 +300,16 @@ def crossval(pools_path: str | Path, states_dir: str | Path, out: str | Path, *,
                               f"{pools_path} --out {states_dir}' first.")
     store = StateStore(states_dir).open()
     check_states_present(store, trajs, "crossval")
+    leak = {"on_leak": s.on_leak, "pools": []}
+    if s.on_leak == "skip":  # leave out (named) the pools whose instance a fold's bank would hold
+        leak["pools"] = leaking_pools(trajs, group_by)
+        bad = {x["instance_id"] for x in leak["pools"]}
+        trajs = [t for t in trajs if t.instance_id not in bad]
+        for x in leak["pools"]:
+            log(f"[leak] {x['instance_id']}: candidates of several {group_by}s {x['groups']}; {x['action']}")
+        if not trajs:
+            raise LatentSiftError(f"crossval: every pool straddles {group_by}s; nothing is left to evaluate. "
+                                  "Use --group-by repo.")
     check_group_by(trajs, group_by, "crossval")
     run = Run(s, log=log, progress=progress)
     folds = run.folds(trajs)
@@ -303,5 +330,6 @@ def crossval(pools_path: str | Path, states_dir: str | Path, out: str | Path, *,
                                                   "format": 1})
     meta = {"crossval": s.to_dict(), "group_by": group_by,
             "stage3": "not evaluated (no generated tests): Stage 3 is skipped and never charged",
-            "stage2": "regression = tests.p2p_passed where the pools record it; rule 'skip-stage'"}
+            "stage2": "regression = tests.p2p_passed where the pools record it; rule 'skip-stage'",
+            "leak": leak}
     return evaluate_protocol(run, trajs, store, tokenizer=None, verifier=ef, meta=meta, t_all=t_all)

@@ -12,6 +12,14 @@ applied to an agent or scaffold it never saw can do worse than random, silently.
   trajectory of another instance, i.e. what a new task of a known agent looks like). The pool is
   out of distribution when the median of its candidates' distances exceeds the ``quantile`` of that
   reference distribution.
+- reference (``Reference.from_bank(bank, kind=..., false_alarm=...)``): each bank pool (the bank's
+  trajectories of one instance) is scored as a new pool against the rest of the bank, leaving out
+  its whole repository (``kind="repository"``, the default: what the repository-disjoint protocol
+  assumes, so a pool of a repository the bank never saw is not flagged for that alone) or only its
+  instance (``kind="instance"``; also the fallback for a bank of one repository, which has no
+  leave-one-repository-out reference). The threshold is
+  the ``1 - false_alarm`` quantile of those in-bank pool medians: the guard flags about
+  ``false_alarm`` of pools like the bank's.
 
 ``on_shift``: "warn" (report it, filter as usual), "keep-all" (Stage 1 skipped for that pool: every
 candidate goes on to the next stage) or "error" (refuse; nothing is written).
@@ -29,6 +37,9 @@ from .states import CHANNEL_ID, TrajectoryStates
 
 ON_SHIFT = ("warn", "keep-all", "error")
 QUANTILE = 0.95
+REFERENCE_KINDS = ("repository", "instance")
+REFERENCE_KIND = "repository"     # leave-one-repository-out in-bank reference pools
+FALSE_ALARM = 0.05                # stated false-alarm rate on pools like the bank's: threshold quantile 1 - 0.05
 
 
 def scaffold_of(traj) -> str:
@@ -70,6 +81,29 @@ def loo_distances(ids: Sequence[str], vecs: np.ndarray, instances: Mapping[str, 
     return out[np.isfinite(out)]
 
 
+def nearest_other_group(ids: Sequence[str], vecs: np.ndarray, groups: Mapping[str, str]) -> np.ndarray:
+    """Each bank trajectory's distance to the nearest bank trajectory of another group (inf: none)."""
+    dist = cdist(vecs, vecs)
+    g = np.array([groups[t] for t in ids])
+    dist[g[:, None] == g[None, :]] = np.inf
+    return dist.min(axis=1)
+
+
+def reference_pool_medians(ids: Sequence[str], vecs: np.ndarray, instances: Mapping[str, str],
+                           groups: Mapping[str, str]) -> np.ndarray:
+    """Per bank instance (sorted): the median of its trajectories' nearest-other-group distances,
+    i.e. the guard's pool statistic for that bank pool scored as a new pool (NaN-free; instances
+    with no other group are left out)."""
+    near = nearest_other_group(ids, vecs, groups)
+    inst = np.array([instances[t] for t in ids])
+    out = []
+    for i in sorted(set(inst.tolist())):
+        d = near[(inst == i) & np.isfinite(near)]
+        if len(d):
+            out.append(float(np.median(d)))
+    return np.asarray(out, dtype=np.float64)
+
+
 @dataclass
 class Reference:
     """What the guard compares pools with (saved with a sifter; computed from a bank otherwise)."""
@@ -80,6 +114,9 @@ class Reference:
     loo_median: float
     n_loo: int
     quantile: float = QUANTILE
+    kind: str = "instance"            # absent from sifters saved before the setting: they used instance
+    false_alarm: float | None = None  # the stated rate the threshold was chosen for (None: old sifters)
+    pool_medians: list[float] | None = None  # in-bank reference pool statistics (the trade-off curve)
 
     def __post_init__(self):
         # JSON stores NaN as null: no reference distribution (a bank of one instance)
@@ -87,14 +124,25 @@ class Reference:
         self.loo_median = float("nan") if self.loo_median is None else float(self.loo_median)
 
     @classmethod
-    def from_bank(cls, bank, *, agents=None, scaffolds=None, quantile: float = QUANTILE) -> "Reference":
+    def from_bank(cls, bank, *, agents=None, scaffolds=None, kind: str = REFERENCE_KIND,
+                  false_alarm: float = FALSE_ALARM) -> "Reference":
+        """The reference of ``bank``: in-bank pools left out by ``kind`` ("repository"/"instance"),
+        threshold at their ``1 - false_alarm`` quantile (module docstring)."""
+        check_choice(kind, "kind", "Reference.from_bank", REFERENCE_KINDS)
+        if not 0.0 < false_alarm < 1.0:
+            raise LatentSiftError(f"The 'false_alarm' parameter of Reference.from_bank must be in (0, 1). "
+                                  f"Got {false_alarm!r} instead.")
         ids, vecs = bank_vectors(bank)
-        loo = loo_distances(ids, vecs, bank.instances_)
-        q = float(np.quantile(loo, quantile)) if len(loo) else float("nan")
-        med = float(np.median(loo)) if len(loo) else float("nan")
+        if kind == "repository" and len({bank.repos_[t] for t in ids}) < 2:
+            kind = "instance"  # one repository: no leave-one-repository-out reference exists
+        groups = bank.repos_ if kind == "repository" else bank.instances_
+        med = reference_pool_medians(ids, vecs, bank.instances_, groups)
+        q = float(np.quantile(med, 1.0 - false_alarm)) if len(med) else float("nan")
         return cls(agents=None if agents is None else sorted(agents),
                    scaffolds=None if scaffolds is None else sorted(scaffolds),
-                   loo_quantile=q, loo_median=med, n_loo=int(len(loo)), quantile=quantile)
+                   loo_quantile=q, loo_median=float(np.median(med)) if len(med) else float("nan"),
+                   n_loo=int(len(med)), quantile=1.0 - false_alarm, kind=kind, false_alarm=false_alarm,
+                   pool_medians=[float(x) for x in med])
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -139,7 +187,8 @@ def check_pools(pools, states: Mapping[str, TrajectoryStates], bank, reference: 
             reasons.append(f"scaffold(s) {unseen_s} absent from the bank (seen: {reference.scaffolds})")
         if med is not None and np.isfinite(thr) and med > thr:
             reasons.append(f"median nearest-bank distance {med:.4g} > {thr:.4g} (the {reference.quantile:.0%} "
-                           f"quantile of the bank's leave-one-instance-out distances, median {reference.loo_median:.4g})")
+                           f"quantile of the bank's leave-one-{reference.kind}-out distances, median "
+                           f"{reference.loo_median:.4g})")
         out.append(PoolShift(p.instance_id, bool(reasons), reasons, unseen_a, unseen_s, med,
                              None if not np.isfinite(thr) else thr, near))
     return out

@@ -34,6 +34,7 @@ import numpy as np
 from ._validation import LatentSiftError, check_choice, param_error
 from .bank import Bank, as_fingerprint
 from .fuse import FUSION_WEIGHT, fuse
+from .leak import ON_LEAK, apply_on_leak
 from .margin import DISTANCES, WEIGHTINGS, channel_scores_grouped, signed_evidence
 from .rank import min_channel_rank, normalized_ranks
 from .retain import KEEP_FRAC, MIN_KEEP, check_retention, select_retained
@@ -597,7 +598,8 @@ def load_selected_pools(pools_path, instances: Sequence[str] | None = None) -> l
 
 def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str = "latentsift",
                instances: Sequence[str] | None = None, ray_address: str | None = None, bank_shards: int | None = None,
-               approx: str | None = None, on_shift: str | None = None, **settings) -> FilterRun:
+               approx: str | None = None, on_shift: str | None = None, on_leak: str = "error",
+               **settings) -> FilterRun:
     """``latentsift filter``: score every pool of a canonical JSONL file.
 
     ``method`` is "latentsift" (needs ``bank_dir``, and ``scorer_dir`` unless
@@ -608,12 +610,15 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     ("ivf" or "hnsw") searches it approximately with FAISS (off by default). ``on_shift``
     ("warn", "keep-all", "error"; None = no guard) runs the shift guard's state-space check against
     the bank (``latentsift.shift``; a bare bank records no agents, so that check is skipped).
+    ``on_leak`` ("error", "skip", "allow"; ``latentsift.leak``) decides, per pool, what happens to a
+    pool whose instance is in the bank; the decisions go to the output's ``leak`` section.
     """
     from pathlib import Path
 
     from .store import StateStore, check_recorded_settings
 
     check_choice(method, "method", "run_filter", METHODS)
+    check_choice(on_leak, "on_leak", "filter", ON_LEAK)
     if on_shift is not None:
         from .shift import ON_SHIFT
         check_choice(on_shift, "on_shift", "run_filter", ON_SHIFT)
@@ -641,6 +646,7 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
                 raise LatentSiftError("The latentsift filter needs --scorer (or --distance-only).")
             scorer = LinearScorer.load(scorer_dir)
         filt: Stage1Filter = LatentSift(bank, scorer, **settings)
+        pools, leak, leak_warnings = apply_on_leak(pools, bank, on_leak)
         inputs |= {"bank_dir": str(Path(bank_dir).resolve()), "bank_repos": bank.repo_names_,
                    "bank_label_counts": bank.label_counts(),
                    "scorer_dir": None if scorer_dir is None or scorer is None else str(Path(scorer_dir).resolve())}
@@ -655,6 +661,8 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
             filt.bank.close()
     fp = store.fingerprint.to_dict() if store is not None else None
     run = FilterRun(method=filt.name, settings=filt.get_params(), inputs=inputs, fingerprint=fp, pools=results)
+    if method == "latentsift":
+        run.extra["leak"] = {**leak, "warnings": leak_warnings}
     if method == "latentsift" and on_shift is not None:
         # shift guard (issue 15) with a bare bank: it records no agents or scaffolds, so only the
         # state-space check runs (candidates' nearest-bank distances against the bank's own
@@ -662,5 +670,5 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
         from .shift import Reference, guard
         states = store.load([c.traj_id for p in pools for c in p.candidates])
         shift, warnings = guard(results, pools, states, base_bank, Reference.from_bank(base_bank), on_shift)
-        run.extra = {"shift": {**shift, "warnings": warnings}}
+        run.extra["shift"] = {**shift, "warnings": warnings}
     return run

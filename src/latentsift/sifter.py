@@ -62,14 +62,17 @@ class Sifter(LatentSift):
 
     # ------------------------------------------------------------------ fit
     def fit(self, trajs: Sequence[Trajectory], states, *, fingerprint: Any = None, per_agent: bool = False,
-            log=lambda m: None) -> "Sifter":
+            log=lambda m: None, false_alarm: float | None = None, reference_kind: str | None = None) -> "Sifter":
         """Bank + scorer from every trajectory of ``trajs`` (all labelled); ``states``: dict or store.
 
         ``per_agent``: also a sub-bank and scorer per agent (and per scaffold where they differ) in
         ``library_`` (``latentsift.library``), for ``filter --bank-choice nearest``.
+        ``false_alarm`` / ``reference_kind``: the shift guard's stated false-alarm rate and in-bank
+        reference (``shift.Reference.from_bank``; defaults ``shift.FALSE_ALARM``, ``shift.REFERENCE_KIND``),
+        for the all-agent bank and every sub-bank.
         """
         from .protocol import check_labelled
-        from .shift import Reference, scaffold_of
+        from .shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
         from .sift import resolve_states
         trajs = list(trajs)
         check_labelled(trajs, "fit")
@@ -95,12 +98,14 @@ class Sifter(LatentSift):
         self.seen_ = {"agents": agents, "scaffolds": scaffolds, "repos": sorted({t.repo for t in trajs}),
                       "n_trajectories": len(trajs), "n_instances": len({t.instance_id for t in trajs}),
                       "label_counts": bank.label_counts()}
-        self.reference_ = Reference.from_bank(bank, agents=agents, scaffolds=scaffolds)
+        ref_kw = {"kind": reference_kind or REFERENCE_KIND,
+                  "false_alarm": FALSE_ALARM if false_alarm is None else false_alarm}
+        self.reference_ = Reference.from_bank(bank, agents=agents, scaffolds=scaffolds, **ref_kw)
         self.library_: list[SubBank] = []
         self.library_skipped_: list[dict] = []
         if per_agent:
             self.library_, self.library_skipped_ = fit_sub_banks(trajs, sts, fp, scorer_epochs=self.scorer_epochs,
-                                                                 seed=seed, log=log)
+                                                                 seed=seed, log=log, reference_kw=ref_kw)
         return self
 
     # ------------------------------------------------------------------ io
@@ -233,24 +238,30 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     return sifter
 
 
-def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "warn",
+def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "warn", on_leak: str = "allow",
                       instances: Sequence[str] | None = None, **settings):
     """``latentsift filter --sifter``: the saved sifter on every pool, with the shift guard.
 
     Returns the ``FilterRun`` (the format of ``filter``) with ``configuration`` (the sifter's
-    config and what it has seen) and ``shift`` (per pool: the decision and its numbers).
+    config and what it has seen), ``shift`` (per pool: the decision and its numbers) and ``leak``.
+    ``on_leak`` defaults to "allow": a sifter is a deployed filter, and a bank that has seen other
+    attempts at a pool's task is knowledge, not leakage (``latentsift.leak``); each such pool is
+    named in the output and in the warnings.
     """
     from ._validation import check_choice
+    from .leak import ON_LEAK, apply_on_leak
     from .shift import ON_SHIFT, guard
     from .sift import FilterRun, load_selected_pools
     from .store import StateStore, check_recorded_settings
     check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
+    check_choice(on_leak, "on_leak", "filter", ON_LEAK)
     pools = load_selected_pools(pools_path, instances)
     if states_dir is None:
         raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
     store = StateStore(states_dir).open()
     sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
     check_recorded_settings(sifter.bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
+    pools, leak, leak_warnings = apply_on_leak(pools, sifter.bank, on_leak)
     ids = [c.traj_id for p in pools for c in p.candidates]
     missing = [t for t in ids if not store.has(t)]
     if missing:
@@ -267,29 +278,33 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     run = FilterRun(method=sifter.name, settings=sifter.get_params(), inputs=inputs,
                     fingerprint=store.fingerprint.to_dict(), pools=results)
     run.extra = {"configuration": {"config": sifter.config_, "seen": sifter.seen_},
-                 "shift": shift}
+                 "shift": shift, "leak": {**leak, "warnings": leak_warnings}}
     return run, warnings
 
 
 def run_sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice: str = "nearest",
-                             on_shift: str = "warn", instances: Sequence[str] | None = None, **settings):
+                             on_shift: str = "warn", on_leak: str = "allow", instances: Sequence[str] | None = None,
+                             **settings):
     """``latentsift filter --sifter --bank-choice nearest``: each pool scored with the sub-bank nearest to it.
 
     The sifter must have a bank library (``fit --per-agent``). Per pool: the median nearest-bank
     distance of its candidates to every sub-bank (the shift guard's distance), the nearest one's bank
     and scorer score it, and the shift guard judges it against that sub-bank's reference. The
     ``FilterRun`` gains ``bank_choice`` (mode, sub-banks, per pool the choice and the distances).
-    ``bank_choice="all"`` is ``run_sifter_filter``.
+    ``bank_choice="all"`` is ``run_sifter_filter``. ``on_leak`` as there, against the all-agent bank
+    (every sub-bank's trajectories are in it).
     """
     from ._validation import check_choice
+    from .leak import ON_LEAK, apply_on_leak
     from .shift import ON_SHIFT, guard
     from .sift import FilterRun, load_selected_pools
-    from .store import StateStore
+    from .store import StateStore, check_recorded_settings
     check_choice(bank_choice, "bank_choice", "filter", BANK_CHOICES)
     if bank_choice == "all":
-        return run_sifter_filter(pools_path, states_dir, sifter_dir, on_shift=on_shift, instances=instances,
-                                 **settings)
+        return run_sifter_filter(pools_path, states_dir, sifter_dir, on_shift=on_shift, on_leak=on_leak,
+                                 instances=instances, **settings)
     check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
+    check_choice(on_leak, "on_leak", "filter", ON_LEAK)
     if states_dir is None:
         raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
     pools = load_selected_pools(pools_path, instances)
@@ -298,6 +313,10 @@ def run_sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice:
     if not sifter.library_:
         raise LatentSiftError(f"filter --bank-choice {bank_choice}: the sifter {str(sifter_dir)!r} has no bank "
                               "library; refit it with 'latentsift fit --per-agent', or use --bank-choice all.")
+    check_recorded_settings(sifter.bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
+    pools, leak, leak_warnings = apply_on_leak(pools, sifter.bank, on_leak)
+    for sub in sifter.library_:  # the overlap allowed on the all-agent bank holds for its parts too
+        sub.bank.allowed_instances_ = set(getattr(sifter.bank, "allowed_instances_", set()))
     ids = [c.traj_id for p in pools for c in p.candidates]
     missing = [t for t in ids if not store.has(t)]
     if missing:
@@ -332,5 +351,6 @@ def run_sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice:
                                  "pools": [{"instance_id": i, "chosen": chosen[i], "distances": dist[i]}
                                            for i in sorted(chosen)]},
                  "shift": {"on_shift": on_shift, "reference": "the chosen sub-bank's (sub_banks[].shift_reference)",
-                           "n_shifted": sum(x["shifted"] for x in shift_pools), "pools": shift_pools}}
+                           "n_shifted": sum(x["shifted"] for x in shift_pools), "pools": shift_pools},
+                 "leak": {**leak, "warnings": leak_warnings}}
     return run, warnings

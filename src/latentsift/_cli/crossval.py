@@ -33,6 +33,10 @@ def crossval_cmd(
                                   "and the inner-CV default."),
     agent_transfer: bool = typer.Option(True, "--agent-transfer/--no-agent-transfer",
                                         help="Also train on one agent's trajectories only (report: agent transfer)."),
+    on_leak: str = typer.Option("error", "--on-leak", help="A pool whose candidates span several fold groups "
+                                "(its instance would be in the bank that scores it): error (refuse) or skip "
+                                "(leave it out, named in the report's manifest; the other pools are evaluated). "
+                                "No 'allow': in evaluation that overlap is leakage."),
 ) -> None:
     """Cross-validate LatentSift, its variants and the baselines on your own labelled pools; write the report."""
     from rich.console import Console
@@ -45,6 +49,6 @@ def crossval_cmd(
     with StageProgress(console) as bar:
         report = crossval(pools, states, out, group_by=group_by, n_folds=folds, ks=tuple(k or (4, 5, 6)),
                           n_draws=draws, seed=seed, verifier=verifier, instances=instances, n_boot=boot, scorer_epochs=scorer_epochs,
-                          variants=variants, agent_transfer=agent_transfer, log=bar.print, progress=bar.update)
+                          variants=variants, agent_transfer=agent_transfer, on_leak=on_leak, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")
     console.print(f"[bold green]Explorer:[/] {report / 'index.html'}")

@@ -55,6 +55,12 @@ def filter_cmd(
     bank_choice: str = typer.Option("all", "--bank-choice", help="With --sifter: all (the all-agent bank) or "
                                     "nearest (per pool, the sub-bank of 'fit --per-agent' nearest to its "
                                     "candidates' states; the choice and distances are in the JSON)."),
+    on_leak: Optional[str] = typer.Option(None, "--on-leak", help="For a pool whose instance is in the bank: "
+                                          "error (refuse the run), skip (leave that pool out, score the others) "
+                                          "or allow (score it). Default: error with --bank (evaluation: that "
+                                          "overlap is leakage); allow with --sifter (deployment: a bank that has "
+                                          "seen other attempts at the same task is knowledge). Each such pool is "
+                                          "named in the output."),
 ) -> None:
     """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
     from rich.console import Console
@@ -93,13 +99,15 @@ def filter_cmd(
         settings = {"min_keep": min_keep, "frac": frac, "seed": seed, "n_evidence": evidence}
         with Console(stderr=True).status("scoring ..."):
             run, warnings = run_sifter_filter_chosen(pools, states, sifter, bank_choice=bank_choice,
-                                                     on_shift=on_shift, instances=inst, **settings)
+                                                     on_shift=on_shift, on_leak=on_leak or "allow", instances=inst,
+                                                     **settings)
         settings["channels"] = tuple(run.settings["channels"])
     else:
         with Console(stderr=True).status("scoring ..."):
             run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
                              ray_address=ray, bank_shards=bank_shards, approx=approx,
-                             on_shift=on_shift if method == "latentsift" else None, **settings)
+                             on_shift=on_shift if method == "latentsift" else None, on_leak=on_leak or "error",
+                             **settings)
         warnings = list(run.extra.get("shift", {}).get("warnings", []))
     run.save(out)
     for res in run.pools[:show]:
@@ -125,6 +133,9 @@ def filter_cmd(
     for c in run.extra.get("bank_choice", {}).get("pools", [])[:show]:
         console.print(f"bank for {c['instance_id']}: {c['chosen']} (median nearest-bank distances "
                       + ", ".join(f"{k} {_fmt(v)}" for k, v in c["distances"].items()) + ")")
+    leak = run.extra.get("leak", {})
+    for w in leak.get("warnings", []):
+        console.print(f"[yellow]leak ({leak['on_leak']}): {w}[/yellow]")
     for w in warnings:
         console.print(f"[yellow]shift ({on_shift}): {w}[/yellow]")
     shared = run.inputs.get("repos_shared_with_bank")
