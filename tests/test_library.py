@@ -128,3 +128,19 @@ def test_transfer_matrix_on_the_tiny_run(two_runs, tmp_path):
         # every bank is repository-disjoint from the pools it scored
         assert all(len(f) >= 1 for f in r["folds"])
     assert "## Which bank" in (out / "report.md").read_text()
+
+
+def test_crossval_takes_several_runs_and_stores(two_runs, tiny_run, tmp_path):
+    from latentsift.protocol import crossval
+
+    d, states, _, _ = two_runs
+    trajs = load_jsonl(tiny_run["out"] / "pools.jsonl")
+    for a in ("acr", "sweagent"):
+        save_jsonl([t for t in trajs if t.agent == a], tmp_path / f"{a}.jsonl")
+    report = crossval([tmp_path / "acr.jsonl", tmp_path / "sweagent.jsonl"], [states, d / "swe_states"],
+                      tmp_path / "cv", n_folds=2, ks=(2,), n_draws=5, n_boot=20, scorer_epochs=2, variants=False,
+                      agent_transfer=False, curve_fractions=(1.0,), log=lambda m: None)
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["settings"]["meta"]["crossval"]["sources"]["states"] == [str(states), str(d / "swe_states")]
+    combined = load_jsonl(tmp_path / "cv" / "pools.jsonl")
+    assert sorted(t.traj_id for t in combined) == sorted(t.traj_id for t in trajs)
