@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 DATA    ?= ../shared/datasets/swebench-lite-pools
 OUT     ?= runs/demo
 
-.PHONY: demo test install bench sweep clean browser test-avx2 demo-avx2
+.PHONY: demo test install bench sweep clean browser test-avx2 demo-avx2 verified transfer
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,23 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/latentsift reproduce --data $(DATA) --out $(OUT)
+
+# The SWE-bench Verified pairs (Gemini 3 Pro / mini-swe-agent, OpenHands / Claude 3.5 Sonnet) with the
+# default run's model, dtype and span settings, so that their store combines with runs/demo/states
+# (fit, crossval and transfer take both). Resumable: a rerun extracts only what is missing.
+VERIFIED ?= ../shared/datasets/swebench-verified-pairs
+VOUT     ?= runs/verified
+DTYPE    ?= $(shell $(PY) -c "import json; print(json.load(open('$(OUT)/states/manifest.json'))['settings']['dtype'])" 2>/dev/null || echo auto)
+verified: $(STAMP)
+	test -f $(VOUT)/pools.jsonl || $(BIN)/latentsift import $(VERIFIED)/gemini-3-pro_mini-swe-agent.jsonl.gz \
+		$(VERIFIED)/openhands_claude-3.5-sonnet.jsonl.gz --labels $(VERIFIED)/candidates.csv --out $(VOUT)/pools.jsonl
+	$(BIN)/latentsift extract $(VOUT)/pools.jsonl --out $(VOUT)/states --max-span-tokens 16 --max-prompt-tokens 128 \
+		--dtype $(DTYPE) --shard-size 8
+
+# The transfer matrix over the four agents (needs runs/demo and runs/verified).
+transfer: $(STAMP)
+	$(BIN)/latentsift transfer $(OUT)/pools.jsonl $(VOUT)/pools.jsonl --states $(OUT)/states --states $(VOUT)/states \
+		--out runs/transfer
 
 # The full sweep (Gemma-3-270M encoder, longer spans, a longer patch-writing step): reuses runs/demo's caches.
 sweep: $(STAMP)

@@ -262,3 +262,24 @@ def test_step_layout_default_and_checks():
                                    {"role": "user", "parts": [["obs", 3]]}]
     t = Trajectory("r/i", "i", "", "task", [s], system_prompt="sys")
     assert t.context_messages() == [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+
+
+def test_the_verified_pairs_import_with_their_steps_and_labels(data_dir):
+    """Both files of the SWE-bench Verified pairs: R2E-Gym records (Gemini / mini-swe-agent) and OpenAI
+    chat records whose last reply is ``final_response`` (OpenHands): steps and labels as candidates.csv."""
+    import csv
+
+    from latentsift.importers import import_paths
+
+    d = data_dir.parent / "swebench-verified-pairs"
+    res = import_paths([d / "gemini-3-pro_mini-swe-agent.jsonl.gz", d / "openhands_claude-3.5-sonnet.jsonl.gz"],
+                       labels=[d / "candidates.csv"])
+    rows = {(r["run"], r["instance_id"]): r for r in csv.DictReader(open(d / "candidates.csv"))}
+    trajs = res.trajectories
+    assert len(trajs) == len(rows) == 1000
+    assert {t.agent for t in trajs} == {"minisweagent", "openhands"}
+    for t in trajs:
+        r = rows[(t.run, t.instance_id)]
+        assert t.n_steps == int(r["n_steps"]) and t.label == int(r["resolved"])
+    oh = next(t for t in trajs if t.agent == "openhands" and t.steps[-1].fn)
+    assert json.loads(oh.steps[-1].fn)["name"]  # the final_response's call is the last step

@@ -92,21 +92,27 @@ def open_stores(dirs: Sequence[str | Path], owner: str) -> StoreUnion:
 
 
 def load_runs(pools_paths: Sequence[str | Path], states_dirs: Sequence[str | Path], owner: str, *,
-              instances: int | None = None) -> tuple[list[Trajectory], StoreUnion]:
-    """The labelled trajectories of every pools file (ids distinct) and their stores as one."""
+              instances: int | None = None, sources: dict | None = None) -> tuple[list[Trajectory], StoreUnion]:
+    """The labelled trajectories of every pools file (ids distinct) and their stores as one.
+
+    ``sources``: a dict filled with traj_id -> the index of its pools file."""
     from .protocol import check_labelled, check_states_present
     from .store import select_instances
     from .trajectory import load_jsonl
     union = open_stores(states_dirs, owner)  # refused before the pools are read
     trajs: list[Trajectory] = []
     seen: dict[str, str] = {}
+    seen_files: list[str] = []
     for p in pools_paths:
         for t in select_instances(load_jsonl(p), instances):
             if t.traj_id in seen:
                 raise LatentSiftError(f"{owner}: the trajectory id {t.traj_id!r} is in both {seen[t.traj_id]} and "
                                       f"{p}; pass each run once.")
             seen[t.traj_id] = str(p)
+            if sources is not None:
+                sources[t.traj_id] = len(seen_files)
             trajs.append(t)
+        seen_files.append(str(p))
     check_labelled(trajs, owner)
     check_states_present(union, trajs, owner)
     return trajs, union

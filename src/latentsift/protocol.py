@@ -65,6 +65,7 @@ class CrossvalSettings:
     instances: int | None = None
     sweep: tuple[str, ...] = ()
     on_leak: str = "error"
+    sources: dict | None = None  # several pools files / stores: their paths (``pools`` is then their union)
 
     def __post_init__(self):
         check_choice(self.group_by, "group_by", "crossval", GROUP_BY)
@@ -289,17 +290,28 @@ def crossval(pools_path: str | Path, states_dir: str | Path, out: str | Path, *,
     from .store import StateStore, select_instances
     from .trajectory import load_jsonl
 
+    several = not isinstance(pools_path, (str, Path)) or not isinstance(states_dir, (str, Path))
+    if several:  # several runs and stores (same model and settings): read as one (latentsift.library)
+        from .library import load_runs
+        pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
+        states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
+        pools_path = Path(out) / "pools.jsonl"  # the combined pools, written below (the explorer reads them)
+        protocol.setdefault("sources", {"pools": [str(p) for p in pools_paths], "states": [str(d) for d in states_dirs]})
+        states_dir = states_dirs[0]
     s = CrossvalSettings(pools=str(pools_path), states=str(states_dir), out=str(out), group_by=group_by,
                          n_folds=n_folds, ks=tuple(ks), n_draws=n_draws, seed=seed,
                          verifier=None if verifier is None else str(verifier), instances=instances, **protocol)
     t_all = time.perf_counter()
-    trajs = select_instances(load_jsonl(pools_path), instances)
-    check_labelled(trajs, "crossval")
-    if not Path(states_dir).is_dir():
-        raise LatentSiftError(f"crossval: no state store at {str(states_dir)!r}; run 'latentsift extract "
-                              f"{pools_path} --out {states_dir}' first.")
-    store = StateStore(states_dir).open()
-    check_states_present(store, trajs, "crossval")
+    if several:
+        trajs, store = load_runs(pools_paths, states_dirs, "crossval", instances=instances)
+    else:
+        trajs = select_instances(load_jsonl(pools_path), instances)
+        check_labelled(trajs, "crossval")
+        if not Path(states_dir).is_dir():
+            raise LatentSiftError(f"crossval: no state store at {str(states_dir)!r}; run 'latentsift extract "
+                                  f"{pools_path} --out {states_dir}' first.")
+        store = StateStore(states_dir).open()
+        check_states_present(store, trajs, "crossval")
     leak = {"on_leak": s.on_leak, "pools": []}
     if s.on_leak == "skip":  # leave out (named) the pools whose instance a fold's bank would hold
         leak["pools"] = leaking_pools(trajs, group_by)
@@ -324,6 +336,9 @@ def crossval(pools_path: str | Path, states_dir: str | Path, out: str | Path, *,
                                   f"{len(missing)} candidates, e.g. {missing[0]!r}.")
         ef = {t.traj_id: ef[t.traj_id] for t in trajs}
     run.out.mkdir(parents=True, exist_ok=True)
+    if several:
+        from .trajectory import save_jsonl
+        save_jsonl(trajs, pools_path)
     if (run.out / "report" / "summary.json").exists():
         (run.out / "report" / "summary.json").unlink()  # presence of summary.json = this run finished
     atomic_write_json(run.out / "manifest.json", {"command": "latentsift crossval", "settings": s.to_dict(),

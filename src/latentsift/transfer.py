@@ -85,10 +85,12 @@ class EvalSet:
                 "n_mixed_pools": mixed, "repos": sorted({p.candidates[0].repo for p in self.pools})}
 
 
-def eval_sets(trajs: Sequence[Trajectory]) -> list[EvalSet]:
+def eval_sets(trajs: Sequence[Trajectory], sources: Mapping[str, int] | None = None) -> list[EvalSet]:
     """Per agent, its own pools where it wrote >= 2 candidates per instance; per group of agents that
     share instances, their joint pools when no single agent's pools have 2 candidates (pairs) or
-    when the joint pools reach K >= RETENTION_MIN_K (mixed pools, for retention)."""
+    when the joint pools reach K >= RETENTION_MIN_K (mixed pools, for retention). ``sources``
+    (traj_id -> pools file index): joint pools are formed within one pools file (an instance in two
+    datasets stays two pools)."""
     by_agent: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_agent.setdefault(t.agent, []).append(t)
@@ -100,7 +102,10 @@ def eval_sets(trajs: Sequence[Trajectory]) -> list[EvalSet]:
             single.add(a)
     # joint pools: agents connected by sharing pools of the same source (same set of runs per instance)
     joint: dict[tuple[str, ...], list[Pool]] = {}
-    for p in group_pools(trajs):
+    by_source: dict[int, list[Trajectory]] = {}
+    for t in trajs:
+        by_source.setdefault(0 if sources is None else sources[t.traj_id], []).append(t)
+    for p in (p for _, ts in sorted(by_source.items()) for p in group_pools(ts)):
         agents = tuple(sorted({c.agent for c in p.candidates}))
         if len(agents) >= 2:
             joint.setdefault(agents, []).append(p)
@@ -254,13 +259,14 @@ def transfer_matrix(pools_paths: Sequence[str | Path], states_dirs: Sequence[str
     """``latentsift transfer``: the matrix over every evaluation set; writes OUT/summary.json and report.md."""
     s = TransferSettings(pools=[str(p) for p in pools_paths], states=[str(d) for d in states_dirs], out=str(out),
                          **settings)
-    trajs, union = load_runs(pools_paths, states_dirs, "transfer")
+    sources: dict[str, int] = {}
+    trajs, union = load_runs(pools_paths, states_dirs, "transfer", sources=sources)
     out = Path(out)
     for p in map(Path, list(pools_paths) + list(states_dirs)):
         if out.resolve() == p.resolve() or p.resolve() in out.resolve().parents:
             raise LatentSiftError(f"transfer: --out {out} is inside the input {p}; choose another folder.")
     all_agents = {t.agent for t in trajs}
-    sets = [es for es in eval_sets(trajs) if all_agents - set(es.agents)]  # a bank needs another agent
+    sets = [es for es in eval_sets(trajs, sources) if all_agents - set(es.agents)]  # a bank needs another agent
     if not sets:
         raise LatentSiftError("transfer: no pools of two or more candidates with another agent to bank from; "
                               "a transfer matrix needs two or more agents.")

@@ -14,8 +14,10 @@ def register(app: typer.Typer) -> None:
 
 
 def crossval_cmd(
-    pools: Path = typer.Argument(..., help="Canonical JSONL of labelled candidate pools (every candidate has a reward)."),
-    states: Path = typer.Option(..., "--states", help="STATES_DIR holding every candidate's states (latentsift extract)."),
+    pools: List[Path] = typer.Argument(..., help="Canonical JSONL of labelled candidate pools (every candidate has a "
+                                       "reward); several files (runs) are evaluated as one."),
+    states: List[Path] = typer.Option(..., "--states", help="STATES_DIR holding the candidates' states (latentsift "
+                                      "extract); repeat for several stores of the same model and settings."),
     out: Path = typer.Option(..., "--out", help="RUN_DIR: cached folds and report/ (the files of reproduce)."),
     group_by: str = typer.Option("repo", "--group-by", help="Disjoint folds by repo (paper), agent or instance."),
     folds: int = typer.Option(4, "--folds", help="Number of disjoint folds."),
@@ -47,7 +49,8 @@ def crossval_cmd(
     check_output(out, [pools, states, verifier], kind="run")
     console = Console(stderr=True)
     with StageProgress(console) as bar:
-        report = crossval(pools, states, out, group_by=group_by, n_folds=folds, ks=tuple(k or (4, 5, 6)),
+        report = crossval(pools[0] if len(pools) == 1 else pools,
+                          states[0] if len(states) == 1 else states, out, group_by=group_by, n_folds=folds, ks=tuple(k or (4, 5, 6)),
                           n_draws=draws, seed=seed, verifier=verifier, instances=instances, n_boot=boot, scorer_epochs=scorer_epochs,
                           variants=variants, agent_transfer=agent_transfer, on_leak=on_leak, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")
