@@ -351,3 +351,23 @@ def test_malformed_inputs_name_their_file(tmp_path, data_dir):
     refused(cli("evaluate", "--pools", binary, "--scores", tmp_path / "sc", "--out", tmp_path / "r"), str(binary))
     refused(cli("reproduce", "--data", tmp_path / "nope", "--out", tmp_path / "run"), "dataset folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin.jsonl", "junk.jsonl"]  # nothing written
+
+
+@pytest.mark.model
+def test_a_full_disk_during_filter_bank_and_fit_leaves_nothing(tiny, tmp_path, monkeypatch):
+    run, d = tiny
+    pools, states = run / "pools.jsonl", run / "states"
+    before = digest(run, d)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    out = tmp_path / "out"
+    for args in (["bank", "build", states, "--pools", pools, "--out", out / "bank"],
+                 ["fit", pools, "--states", states, "--out", out / "sifter", "--scorer-epochs", 1],
+                 ["filter", pools, "--states", states, "--method", "random", "--out", out / "f.json"]):
+        refused(cli(*args), "no space left")
+    assert digest(run, d) == before
+    assert not [p for p in out.rglob("*") if p.is_file()] if out.exists() else True
+    no_tmp(tmp_path, run, d)

@@ -3,6 +3,7 @@ evaluation and the online Pruner (with the embedded model in the example loop)."
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -253,3 +254,23 @@ def test_offline_evaluation_uses_the_protocols_grouping(world):
         evaluate_pruning(trajs, states, FP, folds, tokens, **kw)
     res = evaluate_pruning(trajs, states, FP, folds, tokens, group=lambda t: t.instance_id, **kw)
     assert res["n_instances"] == len(held) and seen and not any(s & set(held) for s in seen)
+
+
+@pytest.mark.model
+def test_token_cache_is_keyed_by_the_model(policy, world, tmp_path):
+    """The cached per-step token counts are reused for the same model only (prune/tokens.json)."""
+    from dataclasses import replace
+
+    from latentsift.prune import cached_step_tokens, step_tokens
+    trajs = world[0][:4]
+    path = tmp_path / "tokens.json"
+    fp = policy.fingerprint
+    first = cached_step_tokens(path, trajs, policy.tokenizer, fp)
+    key = json.loads(path.read_text())["key"]
+    again = cached_step_tokens(path, trajs, policy.tokenizer, fp)
+    assert json.loads(path.read_text())["key"] == key and again.keys() == first.keys()
+    other = replace(fp, tokenizer_sha="another-tokenizer")
+    cached_step_tokens(path, trajs, policy.tokenizer, other)
+    assert json.loads(path.read_text())["key"] != key  # recomputed for the other model, not reused
+    direct = step_tokens(trajs, policy.tokenizer)
+    assert all((first[t].gen == direct[t].gen).all() and (first[t].obs == direct[t].obs).all() for t in direct)

@@ -24,11 +24,18 @@ class _Commands(TyperGroup):
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:  # noqa: BLE001 - mapped or re-raised unchanged
-            message = user_message(e)
-            if message is None:
+            if not _report(e):
                 raise
-            typer.secho(f"error: {' '.join(message.split())}", fg="red", err=True)
             ctx.exit(2)
+
+
+def _report(e: BaseException) -> bool:
+    """Print the one-line message of a user-fixable error (``_errors.user_message``); False for a bug."""
+    message = user_message(e)
+    if message is None:
+        return False
+    typer.secho(f"error: {' '.join(message.split())}", fg="red", err=True)
+    return True
 
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -50,10 +57,8 @@ def main() -> None:  # pragma: no cover - thin wrapper
     try:
         app()
     except Exception as e:  # an error raised outside a command (e.g. while parsing)
-        message = user_message(e)
-        if message is None:
+        if not _report(e):
             raise
-        typer.secho(f"error: {' '.join(message.split())}", fg="red", err=True)
         sys.exit(2)
 
 

@@ -36,6 +36,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -694,29 +695,32 @@ class Pruner:
 
 
 # ---------------------------------------------------------------------------------- the reproduce entry
+def cached_step_tokens(path: str | Path, trajs: Sequence[Trajectory], tokenizer, fingerprint) -> dict[str, StepTokens]:
+    """``step_tokens`` cached in the JSON file ``path``, keyed by the trajectory ids AND the model's
+    fingerprint (the counts depend on the tokenizer: another model never reuses them)."""
+    import json
+
+    from ._io import atomic_write_json
+    from .reproduce import _digest
+    path = Path(path)
+    key = _digest({"ids": sorted(t.traj_id for t in trajs), "fp": fingerprint.digest})
+    if path.is_file():
+        d = json.loads(path.read_text())
+        if d.get("key") == key:
+            return {t: StepTokens(np.array(v[0], np.int64), np.array(v[1], np.int64)) for t, v in d["tokens"].items()}
+    tokens = step_tokens(trajs, tokenizer)
+    atomic_write_json(path, {"key": key, "tokens": {t: [v.gen.tolist(), v.obs.tolist()] for t, v in tokens.items()}})
+    return tokens
+
+
 def reproduce_pruning(run, trajs: Sequence[Trajectory], store, tokenizer, folds, *, cascade=None,
                       policies: Sequence[str] = POLICIES, thresholds: Sequence[float] = THRESHOLDS,
                       schedules: Mapping[str, Sequence] | None = None) -> dict:
     """The pruning evaluation of ``latentsift reproduce`` (``run`` = ``reproduce.Run``): token counts
     cached in OUT/prune/tokens.json, outer banks and scorers reused from the folds' cache, inner ones
     cached under OUT/folds/fold-<k>/prune-inner-<j>."""
-    import json
-
-    from ._io import atomic_write_json
-    from .reproduce import _digest
     s = run.s
-    path = run.out / "prune" / "tokens.json"
-    # the counts depend on the tokenizer: the model's fingerprint is part of the key
-    key = _digest({"ids": sorted(t.traj_id for t in trajs), "fp": store.fingerprint.digest})
-    tokens = None
-    if path.is_file():
-        d = json.loads(path.read_text())
-        if d.get("key") == key:
-            tokens = {t: StepTokens(np.array(v[0], np.int64), np.array(v[1], np.int64)) for t, v in d["tokens"].items()}
-    if tokens is None:
-        tokens = step_tokens(trajs, tokenizer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {"key": key, "tokens": {t: [v.gen.tolist(), v.obs.tolist()] for t, v in tokens.items()}})
+    tokens = cached_step_tokens(run.out / "prune" / "tokens.json", trajs, tokenizer, store.fingerprint)
     states = store.load([t.traj_id for t in trajs])
     fp = store.fingerprint
 
