@@ -27,7 +27,7 @@ def test_plant_outcome_copies_and_writes_the_label(tiny_run):
     assert [s.obs[len(text):] for s in p.steps if s.obs] == [s.obs for s in t.steps if s.obs]
     last = plant_outcome(t, steps="last")
     assert sum(s.obs.startswith(text) for s in last.steps) == 1
-    t.label = None
+    t.reward = None
     with pytest.raises(LatentSiftError, match="no label"):
         plant_outcome(t)
 

@@ -63,3 +63,20 @@ def test_repository_reference_leaves_out_the_whole_repository(tiny_run):
     assert len(repo.pool_medians) == len(inst.pool_medians) == len(bank.instance_ids_)
     assert np.all(np.array(repo.pool_medians) >= np.array(inst.pool_medians))
     assert repo.loo_quantile == pytest.approx(np.quantile(repo.pool_medians, 0.95))
+
+
+def test_fit_saves_the_stated_false_alarm_rate_and_reference(tiny_run, tmp_path):
+    from latentsift._validation import LatentSiftError
+    from latentsift.sifter import Sifter, fit_sifter
+    from latentsift.trajectory import save_jsonl
+
+    run = tiny_run["out"]
+    save_jsonl([t for t in load_jsonl(run / "pools.jsonl") if t.agent == "acr"], tmp_path / "acr.jsonl")
+    fit_sifter(tmp_path / "acr.jsonl", run / "states", tmp_path / "s", scorer_epochs=2, false_alarm=0.25,
+               reference_kind="instance", log=lambda m: None)
+    ref = Sifter.load(tmp_path / "s").reference_
+    assert ref.kind == "instance" and ref.false_alarm == 0.25
+    assert ref.loo_quantile == pytest.approx(np.quantile(ref.pool_medians, 0.75))
+    with pytest.raises(LatentSiftError, match="reference"):
+        fit_sifter(tmp_path / "acr.jsonl", run / "states", tmp_path / "t", reference_kind="repo")
+    assert not (tmp_path / "t").exists()

@@ -200,7 +200,7 @@ def in_bank_evidence(bank: Bank, trajs: Sequence[Trajectory], states, fingerprin
 
 
 def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
-               log=print) -> Sifter:
+               false_alarm: float | None = None, reference_kind: str | None = None, log=print) -> Sifter:
     """``latentsift fit``: a sifter from every labelled candidate of a pools file, saved to ``out``.
 
     ``instances``: only the first N instances by id (the rule of ``extract --instances N``).
@@ -208,13 +208,20 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     from .protocol import check_labelled, check_states_present
     from .store import StateStore, select_instances
     from .trajectory import load_jsonl
+    from ._validation import check_choice
+    from .shift import REFERENCE_KINDS
+    if reference_kind is not None:
+        check_choice(reference_kind, "reference", "fit", REFERENCE_KINDS)
+    if false_alarm is not None and not 0.0 < false_alarm < 1.0:
+        raise LatentSiftError(f"fit: --false-alarm must be in (0, 1); got {false_alarm}.")
     trajs = select_instances(load_jsonl(pools_path), instances)
     check_labelled(trajs, "fit")
     if not Path(states_dir).is_dir():
         raise LatentSiftError(f"fit: no state store at {str(states_dir)!r}; run 'latentsift extract' first.")
     store = StateStore(states_dir).open()
     check_states_present(store, trajs, "fit")
-    sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, log=log)
+    sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, log=log, false_alarm=false_alarm,
+                                                                reference_kind=reference_kind)
     sifter.save(out)
     return sifter
 

@@ -19,6 +19,10 @@ def fit_cmd(
     seed: int = typer.Option(0, "--seed"),
     instances: Optional[int] = typer.Option(None, "--instances", help="Only the first N instances by id "
                                             "(as 'extract --instances N')."),
+    false_alarm: float = typer.Option(0.05, "--false-alarm", help="The shift guard's stated false-alarm rate: its "
+                                      "threshold is the 1 - RATE quantile of the bank's own pools (saved)."),
+    reference: str = typer.Option("repository", "--reference", help="The guard's in-bank reference: repository "
+                                  "(each bank pool against the bank without its repository) or instance."),
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
     from rich.console import Console
@@ -27,7 +31,7 @@ def fit_cmd(
 
     console = Console(stderr=True)
     sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
-                        log=console.print)
+                        false_alarm=false_alarm, reference_kind=reference, log=console.print)
     ev = sifter.config_["evidence"].get("paper-distance_within_pool_auc")
     seen = sifter.seen_
     console.print(f"[bold green]Sifter:[/] {out} ({seen['n_trajectories']} trajectories of {seen['n_instances']} "
