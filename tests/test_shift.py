@@ -36,15 +36,23 @@ def acr_sifter(tiny_run, tmp_path_factory, one_torch_thread):
     return d, run / "states"
 
 
-def test_reference_is_the_banks_leave_one_instance_out_distribution(acr_sifter):
+def test_reference_is_the_banks_pools_scored_against_the_rest(acr_sifter):
     d, _ = acr_sifter
     s = Sifter.load(d / "sifter")
     ids, vecs = bank_vectors(s.bank)
     loo = loo_distances(ids, vecs, s.bank.instances_)
     assert len(ids) == 9 and len(loo) == 9 and np.all(loo > 0)
-    ref = Reference.from_bank(s.bank, agents=["acr"], scaffolds=["r2egym"])
-    assert ref.loo_quantile == pytest.approx(np.quantile(loo, 0.95)) == pytest.approx(s.reference_.loo_quantile)
+    # one repository (django): no leave-one-repository-out reference, the instance rule is used
+    assert s.reference_.kind == "instance" and s.reference_.false_alarm == 0.05
+    inst = np.array([s.bank.instances_[t] for t in ids])
+    med = np.array([np.median(loo[inst == i]) for i in sorted(set(inst))])  # one statistic per bank pool
+    assert s.reference_.pool_medians == pytest.approx(med.tolist())
+    ref = Reference.from_bank(s.bank, agents=["acr"], scaffolds=["r2egym"], false_alarm=0.2)
+    assert ref.loo_quantile == pytest.approx(np.quantile(med, 0.8)) and ref.quantile == pytest.approx(0.8)
+    assert s.reference_.loo_quantile == pytest.approx(np.quantile(med, 0.95))
     assert s.reference_.agents == ["acr"] and s.reference_.scaffolds == ["r2egym"]
+    with pytest.raises(LatentSiftError, match="false_alarm"):
+        Reference.from_bank(s.bank, false_alarm=0.0)
 
 
 def test_guard_fires_on_another_agent_and_stays_quiet_on_the_banks(acr_sifter):
@@ -107,4 +115,4 @@ def test_a_bare_bank_gets_the_state_space_check(acr_sifter):
     assert same.extra["shift"]["n_shifted"] == 0
     keep = run_filter(d / "hidden_pools.jsonl", states, on_shift="keep-all", **kw)
     assert all(c.retained for p in keep.pools for c in p.candidates)
-    assert run_filter(d / "hidden_pools.jsonl", states, **kw).extra == {}  # no guard unless asked
+    assert "shift" not in run_filter(d / "hidden_pools.jsonl", states, **kw).extra  # no guard unless asked

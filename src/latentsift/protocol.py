@@ -66,6 +66,7 @@ class CrossvalSettings:
     sweep: tuple[str, ...] = ()
     on_leak: str = "error"
     sources: dict | None = None  # several pools files / stores: their paths (``pools`` is then their union)
+    guard_false_alarm: float = 0.05   # shift.FALSE_ALARM: the guard's stated false-alarm rate
 
     def __post_init__(self):
         check_choice(self.group_by, "group_by", "crossval", GROUP_BY)
@@ -186,6 +187,16 @@ def evaluate_protocol(run, trajs: Sequence[Trajectory], store, *, tokenizer=None
     transfer_scorers, transfer_info = ({}, {})
     if getattr(settings, "agent_transfer", False):
         transfer_scorers, transfer_info = run.agent_transfer(trajs, folds, states, fingerprint)
+    # --- shift guard's error rates (issue 24): false alarms per fold, detection across agents ---
+    from .shift import FALSE_ALARM
+    from .shift_eval import protocol_guard
+    t0 = time.perf_counter()
+    guard_info = protocol_guard(run, trajs, folds, states, fingerprint,
+                                false_alarm=getattr(settings, "guard_false_alarm", FALSE_ALARM),
+                                n_boot=settings.n_boot, seed=settings.seed,
+                                agent_transfer=getattr(settings, "agent_transfer", False))
+    run._timed("shift_guard", t0)
+    # --- end shift guard ---
     ef = verifier() if callable(verifier) else verifier
     del states
     sweep_info = {}
@@ -243,6 +254,7 @@ def evaluate_protocol(run, trajs: Sequence[Trajectory], store, *, tokenizer=None
         "sweep": sweep_info,
         "agent_transfer": transfer_info,
     }
+    data["shift_guard"] = guard_info
     run._timed("evaluate", t0)
     # --- pruning (issue 17) ---
     # offline early pruning by prefix truncation of the stored states (latentsift.prune); reuses the

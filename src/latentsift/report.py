@@ -159,6 +159,7 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
     rows = [[_name(data, f)] + [_ci_pct(ret[f][k]) for k in ks] for f in head if f in ret]
     lines += [_table(["Stage-1 filter"] + [f"K={k}" for k in ks], rows), ""]
     lines += _agent_transfer_markdown(data)
+    lines += _shift_guard_markdown(data)
 
     # tokens by K
     lines += ["## Verification tokens by K", "", "Per instance, in thousands: EF / total.", ""]
@@ -366,7 +367,8 @@ def write_figures(data: dict, out: Path) -> dict[str, Path]:
     written = {}
     for fname, fn in (("score_distributions.png", _fig_distributions), ("best_at_k_tokens.png", _fig_best_tokens_k),
                       ("best_vs_tokens.png", _fig_best_vs_tokens), ("token_savings.png", _fig_savings),
-                      ("training_size.png", _fig_training_size), ("pruning.png", _fig_pruning)):
+                      ("training_size.png", _fig_training_size), ("pruning.png", _fig_pruning),
+                      ("shift_guard.png", _fig_shift_guard)):
         fig = fn(data, plt)
         if fig is None:
             continue
@@ -512,6 +514,73 @@ def _fig_training_size(data: dict, plt):
     ax.set_xlabel("bank used for training (% of instances)")
     ax.set_ylabel("within-pool AUC")
     ax.legend(fontsize=7)
+    return fig
+
+
+# ----------------------------------------------------------------------------- the shift guard's error rates
+
+def _rate(r: Mapping | None) -> str:
+    if not r or r.get("rate") is None:
+        return "-"
+    return f"{100 * r['rate']:.1f} [{100 * r['lo']:.1f}, {100 * r['hi']:.1f}] (n={r['n_pools']})"
+
+
+def _shift_guard_markdown(data: dict) -> list[str]:
+    """'Shift guard': false alarms on held-out pools of the bank's agents, detection of another agent."""
+    g = data.get("shift_guard") or {}
+    if not g:
+        return []
+    kinds = g.get("reference_kinds", [])
+    lines = ["## Shift guard: false alarms and detection", "",
+             f"Share of pools flagged (%, 95% interval over pools). Threshold: the "
+             f"{1 - g['false_alarm_setting']:.0%} quantile of the bank's own pools scored against the rest of the "
+             "bank, leaving out their repository or their instance (reference kind). Distance check and name "
+             "check (an agent or scaffold absent from the bank) separately.", ""]
+    rows = []
+    fa = g["false_alarms"]["pooled"]
+    for kind in kinds:
+        rows.append(["false alarm: held-out folds, same agents", kind, _rate(fa[kind]["distance"]),
+                     _rate(fa[kind]["name"])])
+    for pair, d in sorted(g.get("detection", {}).items()):
+        for kind in kinds:
+            rows.append([f"detection: bank of {d['bank_agent']}, pools of {d['pool_agent']} only", kind,
+                         _rate(d[kind]["distance"]), _rate(d[kind]["name"])])
+    lines += [_table(["pools", "reference", "distance check", "name check"], rows), ""]
+    per = g["false_alarms"].get("per_fold", [])
+    if per:
+        rows = [[str(f["fold"]), kind, _num(f["threshold"][kind]), f["reference_kind_used"][kind],
+                 _rate(f["false_alarm"][kind]["distance"])] for f in per for kind in kinds]
+        lines += ["Per outer fold (distance check):", "",
+                  _table(["fold", "reference", "threshold", "kind used", "false alarms"], rows), ""]
+    for pair, why in sorted(g.get("detection_unavailable", {}).items()):
+        lines += [f"No detection row for {pair}: {why}.", ""]
+    if g.get("detection_note"):
+        lines += [f"Detection: {g['detection_note']}.", ""]
+    return lines
+
+
+def _fig_shift_guard(data: dict, plt):
+    """Flag rate of the distance check against the threshold's reference quantile: false alarms
+    (held-out pools of the bank's agents) and detection (another agent's pools)."""
+    g = data.get("shift_guard") or {}
+    if not g or not g.get("quantiles"):
+        return None
+    q = g["quantiles"]
+    fig, ax = plt.subplots(figsize=(4.8, 3.3))
+    styles = {"repository": "-", "instance": "--"}
+    for kind in g.get("reference_kinds", []):
+        curve = g["false_alarms"]["pooled"][kind]["tradeoff"]
+        if curve:
+            ax.plot(q, curve, styles.get(kind, "-"), color="C0", marker="o", ms=3, label=f"false alarm ({kind})")
+        for j, (pair, d) in enumerate(sorted(g.get("detection", {}).items())):
+            if d[kind]["tradeoff"]:
+                ax.plot(q, d[kind]["tradeoff"], styles.get(kind, "-"), color=f"C{j + 1}", marker="o", ms=3,
+                        label=f"detection {pair} ({kind})")
+    ax.axvline(1 - g["false_alarm_setting"], color="grey", linewidth=0.6, linestyle=":")
+    ax.set_xlabel("threshold: quantile of the in-bank reference")
+    ax.set_ylabel("pools flagged (distance check)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=6)
     return fig
 
 

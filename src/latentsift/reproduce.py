@@ -97,6 +97,7 @@ class ReproduceSettings:
     full: bool = False
     group_by: str = "repo"              # folds by "repo" (paper), "agent" or "instance" (protocol.GROUP_BY)
     agent_transfer: bool = True         # the report's agent-transfer table (banks/scorers from one agent)
+    guard_false_alarm: float = 0.05     # shift.FALSE_ALARM: the shift guard's stated false-alarm rate
 
     def __post_init__(self):
         if self.full:

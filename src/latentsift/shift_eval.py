@@ -13,7 +13,7 @@ the stated ``false_alarm`` rate (``shift.Reference.from_bank``).
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -56,6 +56,10 @@ def tradeoff(medians: Sequence[float], reference_medians: Sequence[float],
     return [float(np.mean(m > np.quantile(ref, q))) for q in quantiles]
 
 
+def _nan_to_none(x) -> list[float | None]:
+    return [None if not np.isfinite(v) else float(v) for v in np.asarray(x, dtype=np.float64)]
+
+
 def _summarise(rows: list[dict], n_boot: int, seed: int, quantiles) -> dict:
     """Pooled rates (over folds) per reference kind and check, with intervals, and the trade-off."""
     out = {}
@@ -64,10 +68,10 @@ def _summarise(rows: list[dict], n_boot: int, seed: int, quantiles) -> dict:
         out[kind] = {
             "distance": flag_rate([f["distance"] for f in flags], n_boot=n_boot, seed=seed),
             "name": flag_rate([f["name"] for f in flags], n_boot=n_boot, seed=seed),
-            "tradeoff": np.nanmean(np.array(
+            "tradeoff": _nan_to_none(np.nanmean(np.array(
                 [[np.nan if x is None else x for x in tradeoff([f["median"] for f in r["flags"][kind].values()],
                                                              r["reference"][kind], quantiles)]
-                 for r in rows], dtype=np.float64), axis=0).tolist() if rows else [],
+                 for r in rows], dtype=np.float64), axis=0)) if rows else [],
             "thresholds": [r["threshold"][kind] for r in rows],
         }
     return out
@@ -114,7 +118,7 @@ def protocol_guard(run, trajs, folds, states, fingerprint, *, false_alarm: float
                    "the bank's own pools scored against the rest of the bank, leaving out their repository or "
                    "instance (reference kind); intervals: bootstrap over pools",
            "false_alarms": {"per_fold": per_fold, "pooled": _summarise(false_rows, n_boot, seed, quantiles)},
-           "detection": {}}
+           "detection": {}, "detection_unavailable": {}}
     agents = sorted({t.agent for t in trajs})
     if not agent_transfer or len(agents) < 2:
         out["detection_note"] = "needs the agent-transfer runs and two agents or more"
@@ -131,6 +135,9 @@ def protocol_guard(run, trajs, folds, states, fingerprint, *, false_alarm: float
                 n_pos = sum(t.label == 1 for t in bank_trajs)
                 if n_pos == 0 or n_pos == len(bank_trajs):
                     rows = []
+                    out["detection_unavailable"][f"{a} -> {b}"] = (
+                        f"fold {k}: {a}'s bank trajectories ({len(bank_trajs)}) have {n_pos} resolved; a bank "
+                        "needs both classes")
                     break
                 other = [Pool(p.instance_id, [c for c in p.candidates if c.agent == b]) for p in pools
                          if run.group(p.candidates[0]) in eval_set]

@@ -220,7 +220,8 @@ def in_bank_evidence(bank: Bank, trajs: Sequence[Trajectory], states, fingerprin
 
 
 def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
-               per_agent: bool = False, log=print) -> Sifter:
+               per_agent: bool = False, false_alarm: float | None = None, reference_kind: str | None = None,
+               log=print) -> Sifter:
     """``latentsift fit``: a sifter from every labelled candidate of one or several pools files, saved to ``out``.
 
     ``pools_path`` / ``states_dir``: a path or a list of paths (several runs, e.g. the Lite pools and
@@ -229,10 +230,17 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     first N instances by id of each pools file (the rule of ``extract --instances N``). ``per_agent``:
     also a sub-bank and scorer per agent (``Sifter.fit``).
     """
+    from ._validation import check_choice
+    from .shift import REFERENCE_KINDS
+    if reference_kind is not None:
+        check_choice(reference_kind, "reference", "fit", REFERENCE_KINDS)
+    if false_alarm is not None and not 0.0 < false_alarm < 1.0:
+        raise LatentSiftError(f"fit: --false-alarm must be in (0, 1); got {false_alarm}.")
     pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
     states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
     trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)
-    sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, per_agent=per_agent, log=log)
+    sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, per_agent=per_agent, log=log,
+                                                                false_alarm=false_alarm, reference_kind=reference_kind)
     sifter.store_settings_ = store.settings
     sifter.save(out)
     return sifter

@@ -25,6 +25,10 @@ def fit_cmd(
                                             "(as 'extract --instances N')."),
     per_agent: bool = typer.Option(False, "--per-agent", help="Also keep a bank and scorer per agent (and per "
                                    "scaffold where they differ) for 'filter --bank-choice nearest'."),
+    false_alarm: float = typer.Option(0.05, "--false-alarm", help="The shift guard's stated false-alarm rate: its "
+                                      "threshold is the 1 - RATE quantile of the bank's own pools (saved)."),
+    reference: str = typer.Option("repository", "--reference", help="The guard's in-bank reference: repository "
+                                  "(each bank pool against the bank without its repository) or instance."),
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
     from rich.console import Console
@@ -34,7 +38,8 @@ def fit_cmd(
     check_output(out, [pools, states], kind="sifter", replaces=True)
     console = Console(stderr=True)
     sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
-                        per_agent=per_agent, log=console.print)
+                        per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference,
+                        log=console.print)
     ev = sifter.config_["evidence"].get("paper-distance_within_pool_auc")
     seen = sifter.seen_
     console.print(f"[bold green]Sifter:[/] {out} ({seen['n_trajectories']} trajectories of {seen['n_instances']} "

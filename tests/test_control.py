@@ -1,0 +1,53 @@
+"""The planted sensitivity control: the outcome written into the text must be seen by the paper's method.
+
+Reuses the session's tiny end-to-end run (conftest ``tiny_run``): its pools are planted, extracted
+with the tiny span settings, and cross-validated beside the original pools.
+"""
+import json
+
+import pytest
+
+from latentsift._validation import LatentSiftError
+from latentsift.control import PLANTED, plant_outcome, plant_pools
+from latentsift.protocol import crossval
+from latentsift.store import extract_pools
+from latentsift.trajectory import load_jsonl, save_jsonl
+
+pytestmark = pytest.mark.model
+
+
+def test_plant_outcome_copies_and_writes_the_label(tiny_run):
+    trajs = load_jsonl(tiny_run["out"] / "pools.jsonl")
+    t = trajs[0]
+    before = t.to_dict()
+    p = plant_outcome(t)
+    assert t.to_dict() == before  # the input is untouched
+    text = PLANTED[int(t.label)]
+    assert all(s.obs.startswith(text) for s in p.steps if s.obs)
+    assert [s.obs[len(text):] for s in p.steps if s.obs] == [s.obs for s in t.steps if s.obs]
+    last = plant_outcome(t, steps="last")
+    assert sum(s.obs.startswith(text) for s in last.steps) == 1
+    t.reward = None
+    with pytest.raises(LatentSiftError, match="no label"):
+        plant_outcome(t)
+
+
+def test_the_paper_method_sees_a_planted_outcome(tiny_run, policy, tmp_path, one_torch_thread):
+    run, tiny = tiny_run["out"], tiny_run["settings"]
+    trajs = load_jsonl(run / "pools.jsonl")
+    save_jsonl(plant_pools(trajs), tmp_path / "planted.jsonl")
+    extract_pools(policy, load_jsonl(tmp_path / "planted.jsonl"), tmp_path / "states",
+                  max_span_tokens=tiny["max_span_tokens"], max_prompt_tokens=tiny["max_prompt_tokens"])
+    kw = dict(n_folds=2, ks=(2,), n_draws=10, n_boot=50, scorer_epochs=tiny["scorer_epochs"], variants=False,
+              agent_transfer=False, log=lambda m: None)
+    auc = {}
+    for name, pools, states in (("original", run / "pools.jsonl", run / "states"),
+                                ("planted", tmp_path / "planted.jsonl", tmp_path / "states")):
+        rdir = crossval(pools, states, tmp_path / name, **kw)
+        scores = json.loads((rdir / "summary.json").read_text())["selection"]["diagnostics"]["scores"]
+        auc[name] = {f: scores[f]["auc"]["auc"] for f in ("latentsift", "shortest_chars", "branch:distance")}
+    # the paper's method ranks planted resolved candidates above planted unresolved ones more often
+    assert auc["planted"]["latentsift"] > auc["original"]["latentsift"]
+    assert auc["planted"]["branch:distance"] > auc["original"]["branch:distance"]
+    # the planted sentences have the same form for both outcomes: the length rule barely moves
+    assert abs(auc["planted"]["shortest_chars"] - auc["original"]["shortest_chars"]) < 0.1
