@@ -299,8 +299,8 @@ def verdict(results: Sequence[dict]) -> dict:
             rows.append({"set": r["set"]["name"], "branch": br, "all": a["auc"]["auc"], "nearest": n["auc"]["auc"]})
     wins = sum(x["nearest"] > x["all"] for x in rows)
     return {"sets": rows, "nearest_higher": wins, "all_higher": sum(x["nearest"] < x["all"] for x in rows),
-            "default": "nearest" if rows and wins > len(rows) / 2 else "all",
-            "rule": "nearest becomes the default only if its AUC is higher on most held-out sets"}
+            "default": "nearest" if rows and wins == len(rows) else "all",
+            "rule": "nearest becomes the default only if its AUC is higher on every held-out set"}
 
 
 def _fmt_ci(a: dict | None) -> str:
