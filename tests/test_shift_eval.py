@@ -83,3 +83,11 @@ def test_fit_saves_the_stated_false_alarm_rate_and_reference(tiny_run, tmp_path)
     with pytest.raises(LatentSiftError, match="reference"):
         fit_sifter(tmp_path / "acr.jsonl", run / "states", tmp_path / "t", reference_kind="repo")
     assert not (tmp_path / "t").exists()
+
+
+def test_the_stated_rate_is_checked():
+    from latentsift._validation import LatentSiftError
+    from latentsift.protocol import CrossvalSettings
+
+    with pytest.raises(LatentSiftError, match="guard-false-alarm"):
+        CrossvalSettings(pools="p", states="s", out="o", guard_false_alarm=1.5)
