@@ -70,7 +70,9 @@ def main() -> None:
     trajs = load_jsonl(run / "pools.jsonl")
     save_jsonl(plant_pools(trajs, steps=args.steps), planted)
     t0 = time.perf_counter()
-    rep = extract_pools(load_policy(s.get("model")), load_jsonl(planted), out / "planted" / "states",
+    # the run's states' dtype (its fingerprint), so planted and original states differ by the text only
+    dtype = json.loads((run / "states" / "manifest.json").read_text())["fingerprint"]["dtype"]
+    rep = extract_pools(load_policy(s.get("model"), dtype=dtype), load_jsonl(planted), out / "planted" / "states",
                         max_span_tokens=s["max_span_tokens"], max_prompt_tokens=s["max_prompt_tokens"])
     print(f"extracted {len(trajs)} planted candidates in {time.perf_counter() - t0:.0f} s ({rep})", flush=True)
     kw = dict(group_by=s.get("group_by", "repo"), n_folds=s["n_folds"], ks=tuple(s["ks"]), n_draws=s["n_draws"],

@@ -34,12 +34,15 @@ def test_summary_holds_false_alarms_and_detection(tiny_run):
     assert len(pooled["tradeoff"]) == len(g["quantiles"])
     curve = [x for x in pooled["tradeoff"] if x is not None]
     assert curve == sorted(curve, reverse=True)  # a higher quantile never flags more pools
+    at = g["quantiles"].index(1 - g["false_alarm_setting"])  # the curve passes through the stated setting
+    assert pooled["tradeoff"][at] == pytest.approx(pooled["distance"]["rate"])
     det = g["detection"]
     assert "acr -> sweagent" in det and set(det) | set(g["detection_unavailable"]) == {"acr -> sweagent",
                                                                                      "sweagent -> acr"}
     for d in det.values():
         assert d["repository"]["name"]["rate"] == 1.0  # the other agent's name is never in the bank
         assert d["repository"]["distance"]["n_pools"] == pooled["distance"]["n_pools"]
+        assert d["repository"]["tradeoff"][at] == pytest.approx(d["repository"]["distance"]["rate"])
     md = (tiny_run["report"] / "report.md").read_text()
     assert "## Shift guard: false alarms and detection" in md and "detection: bank of acr" in md
     assert (tiny_run["report"] / "shift_guard.png").is_file()
@@ -80,3 +83,11 @@ def test_fit_saves_the_stated_false_alarm_rate_and_reference(tiny_run, tmp_path)
     with pytest.raises(LatentSiftError, match="reference"):
         fit_sifter(tmp_path / "acr.jsonl", run / "states", tmp_path / "t", reference_kind="repo")
     assert not (tmp_path / "t").exists()
+
+
+def test_the_stated_rate_is_checked():
+    from latentsift._validation import LatentSiftError
+    from latentsift.protocol import CrossvalSettings
+
+    with pytest.raises(LatentSiftError, match="guard-false-alarm"):
+        CrossvalSettings(pools="p", states="s", out="o", guard_false_alarm=1.5)

@@ -74,6 +74,8 @@ class CrossvalSettings:
             raise LatentSiftError("crossval: --on-leak allow would score pools against banks holding their own "
                                   "instance (leakage, not an evaluation); pass --on-leak error or skip.")
         check_choice(self.on_leak, "on_leak", "crossval", ON_LEAK_CROSSVAL)
+        if not 0.0 < self.guard_false_alarm < 1.0:
+            raise LatentSiftError(f"crossval: --guard-false-alarm must be in (0, 1); got {self.guard_false_alarm}.")
         for name in ("n_folds", "n_draws", "n_boot", "scorer_epochs"):
             check_positive_int(getattr(self, name), name, "crossval")
         self.ks = tuple(check_positive_int(k, "ks", "crossval") for k in self.ks)

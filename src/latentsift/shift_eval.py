@@ -46,14 +46,16 @@ def flag_rate(flags: Sequence[bool], *, n_boot: int, seed: int, level: float = C
     return {"rate": ci["mean"], "lo": ci["lo"], "hi": ci["hi"], "n_pools": int(len(v))}
 
 
-def tradeoff(medians: Sequence[float], reference_medians: Sequence[float],
-             quantiles: Sequence[float] = TRADEOFF_QUANTILES) -> list[float | None]:
-    """Flag rate of pools with ``medians`` when the threshold is each ``quantile`` of ``reference_medians``."""
-    m = np.asarray([x for x in medians if x is not None], dtype=np.float64)
+def tradeoff(medians: Sequence[float | None], reference_medians: Sequence[float],
+             quantiles: Sequence[float] = TRADEOFF_QUANTILES) -> np.ndarray:
+    """(n_quantiles, n_pools) flags of pools with ``medians`` when the threshold is each ``quantile`` of
+    ``reference_medians`` (no reference or no median: not flagged, as the guard does)."""
+    m = np.asarray([np.nan if x is None else x for x in medians], dtype=np.float64)
     ref = np.asarray(reference_medians, dtype=np.float64)
-    if not len(m) or not len(ref):
-        return [None for _ in quantiles]
-    return [float(np.mean(m > np.quantile(ref, q))) for q in quantiles]
+    if not len(ref):
+        return np.zeros((len(quantiles), len(m)), dtype=bool)
+    thr = np.quantile(ref, quantiles)
+    return np.nan_to_num(m, nan=-np.inf)[None, :] > thr[:, None]
 
 
 def _nan_to_none(x) -> list[float | None]:
@@ -68,10 +70,9 @@ def _summarise(rows: list[dict], n_boot: int, seed: int, quantiles) -> dict:
         out[kind] = {
             "distance": flag_rate([f["distance"] for f in flags], n_boot=n_boot, seed=seed),
             "name": flag_rate([f["name"] for f in flags], n_boot=n_boot, seed=seed),
-            "tradeoff": _nan_to_none(np.nanmean(np.array(
-                [[np.nan if x is None else x for x in tradeoff([f["median"] for f in r["flags"][kind].values()],
-                                                             r["reference"][kind], quantiles)]
-                 for r in rows], dtype=np.float64), axis=0)) if rows else [],
+            "tradeoff": _nan_to_none(np.concatenate(
+                [tradeoff([f["median"] for f in r["flags"][kind].values()], r["reference"][kind], quantiles)
+                 for r in rows], axis=1).mean(axis=1)) if rows else [],
             "thresholds": [r["threshold"][kind] for r in rows],
         }
     return out

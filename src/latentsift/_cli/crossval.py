@@ -39,6 +39,9 @@ def crossval_cmd(
                                 "(its instance would be in the bank that scores it): error (refuse) or skip "
                                 "(leave it out, named in the report's manifest; the other pools are evaluated). "
                                 "No 'allow': in evaluation that overlap is leakage."),
+    guard_false_alarm: float = typer.Option(0.05, "--guard-false-alarm", help="The shift guard's stated false-alarm "
+                                            "rate (threshold = the 1 - RATE quantile of each fold bank's own pools); "
+                                            "the report measures its actual rates."),
 ) -> None:
     """Cross-validate LatentSift, its variants and the baselines on your own labelled pools; write the report."""
     from rich.console import Console
@@ -52,6 +55,6 @@ def crossval_cmd(
         report = crossval(pools[0] if len(pools) == 1 else pools,
                           states[0] if len(states) == 1 else states, out, group_by=group_by, n_folds=folds, ks=tuple(k or (4, 5, 6)),
                           n_draws=draws, seed=seed, verifier=verifier, instances=instances, n_boot=boot, scorer_epochs=scorer_epochs,
-                          variants=variants, agent_transfer=agent_transfer, on_leak=on_leak, log=bar.print, progress=bar.update)
+                          variants=variants, agent_transfer=agent_transfer, on_leak=on_leak, guard_false_alarm=guard_false_alarm, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")
     console.print(f"[bold green]Explorer:[/] {report / 'index.html'}")
