@@ -79,7 +79,10 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
     refused too. Returns the resolved output path.
     """
     o = _resolved(out)
-    for raw in inputs:
+    flat = []
+    for raw in inputs:  # an option given several times (fit/crossval: several pools files and stores) is a list
+        flat.extend(raw if isinstance(raw, (list, tuple)) else [raw])
+    for raw in flat:
         if raw is None:
             continue
         i = _resolved(raw)
