@@ -72,3 +72,13 @@ def tiny_run(data_dir, tmp_path_factory, policy):
     with at_threads(1):
         report = reproduce(ReproduceSettings(**settings), log=lambda m: None)
     return {"settings": settings, "out": out, "report": report, "summary": (report / "summary.json").read_text()}
+
+
+def refused(r, *words: str) -> None:
+    """Exit code 2, one ``error:`` line naming the problem, no traceback."""
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit), r.output
+    lines = [l for l in r.output.splitlines() if l.startswith("error: ")]
+    assert len(lines) == 1, r.output
+    for w in words:
+        assert w in lines[0], r.output

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import refused  # tests/conftest.py
 from latentsift.cli import app
 from latentsift.trajectory import load_jsonl, save_jsonl
 
@@ -34,16 +35,6 @@ def digest(*paths: Path) -> dict[str, str]:
         for f in ([p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file())):
             out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
     return out
-
-
-def refused(r, *words: str) -> None:
-    """Exit code 2, one ``error:`` line naming the problem, no traceback."""
-    assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit), r.output
-    lines = [l for l in r.output.splitlines() if l.startswith("error: ")]
-    assert len(lines) == 1, r.output
-    for w in words:
-        assert w in lines[0], r.output
 
 
 def no_tmp(*folders: Path) -> None:
