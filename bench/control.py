@@ -9,22 +9,25 @@ AUC with its 95% interval and retention at each K, original -> planted. The stat
 towards 1, the length rules must not move (the sentences have the same form for both outcomes).
 
 Leaky-runs control (--leaky, expensive: extracts two more runs): ``reproduce --include-leaky
---no-variants`` into OUT/leaky and the same rows against the original run folder.
+--no-variants`` into OUT/leaky and the same rows against the original run folder. OUT/leaky/states
+starts as a copy of the run's states (same model and settings), so only the two leaky runs are extracted.
 
 Usage:
 
-    .venv/bin/python bench/control.py RUN_DIR --out OUT [--steps all|last] [--boot 1000] [--leaky]
+    .venv/bin/python bench/control.py RUN_DIR --out OUT [--steps all|last] [--boot 1000] [--leaky] [--no-planted]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
 from latentsift.control import plant_pools
 from latentsift.model import load_policy
 from latentsift.protocol import crossval
+from latentsift.reproduce import ReproduceSettings, reproduce
 from latentsift.store import extract_pools
 from latentsift.trajectory import load_jsonl, save_jsonl
 
@@ -59,40 +62,45 @@ def main() -> None:
     ap.add_argument("--steps", default="all", help="plant in every step's observation (all) or the last (last)")
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--leaky", action="store_true", help="also the leaky-runs control (reproduce --include-leaky)")
+    ap.add_argument("--no-planted", action="store_true", help="skip the planted control (with --leaky: that one only)")
     args = ap.parse_args()
     run, out = args.run.resolve(), args.out.resolve()
     if out == run or run in out.parents:
         raise SystemExit("--out must lie outside RUN_DIR (the run folder is an input)")
     s = json.loads((run / "manifest.json").read_text())["settings"]
     out.mkdir(parents=True, exist_ok=True)
-    planted = out / "planted" / "pools.jsonl"
-    planted.parent.mkdir(parents=True, exist_ok=True)
-    trajs = load_jsonl(run / "pools.jsonl")
-    save_jsonl(plant_pools(trajs, steps=args.steps), planted)
-    t0 = time.perf_counter()
-    # the run's states' dtype (its fingerprint), so planted and original states differ by the text only
+    # the run's states' dtype (its fingerprint), so new states differ from the run's by the text only
     dtype = json.loads((run / "states" / "manifest.json").read_text())["fingerprint"]["dtype"]
-    rep = extract_pools(load_policy(s.get("model"), dtype=dtype), load_jsonl(planted), out / "planted" / "states",
-                        max_span_tokens=s["max_span_tokens"], max_prompt_tokens=s["max_prompt_tokens"])
-    print(f"extracted {len(trajs)} planted candidates in {time.perf_counter() - t0:.0f} s ({rep})", flush=True)
-    kw = dict(group_by=s.get("group_by", "repo"), n_folds=s["n_folds"], ks=tuple(s["ks"]), n_draws=s["n_draws"],
-              seed=s["seed"], n_boot=args.boot, scorer_epochs=s["scorer_epochs"], variants=False,
-              agent_transfer=False, log=lambda m: None)
-    summaries = {}
-    for name, pools, states in (("original", run / "pools.jsonl", run / "states"),
-                                ("planted", planted, out / "planted" / "states")):
+    if not args.no_planted:
+        planted = out / "planted" / "pools.jsonl"
+        planted.parent.mkdir(parents=True, exist_ok=True)
+        trajs = load_jsonl(run / "pools.jsonl")
+        save_jsonl(plant_pools(trajs, steps=args.steps), planted)
         t0 = time.perf_counter()
-        rdir = crossval(pools, states, out / name / "crossval", **kw)
-        summaries[name] = json.loads((rdir / "summary.json").read_text())
-        print(f"crossval {name}: {time.perf_counter() - t0:.0f} s", flush=True)
-    print(f"\nPlanted control ({args.steps} steps; {len(trajs)} candidates of {run}):\n")
-    print("\n".join(_rows(summaries["original"], summaries["planted"])))
+        rep = extract_pools(load_policy(s.get("model"), dtype=dtype), load_jsonl(planted), out / "planted" / "states",
+                            max_span_tokens=s["max_span_tokens"], max_prompt_tokens=s["max_prompt_tokens"])
+        print(f"extracted {len(trajs)} planted candidates in {time.perf_counter() - t0:.0f} s ({rep})", flush=True)
+        kw = dict(group_by=s.get("group_by", "repo"), n_folds=s["n_folds"], ks=tuple(s["ks"]), n_draws=s["n_draws"],
+                  seed=s["seed"], n_boot=args.boot, scorer_epochs=s["scorer_epochs"], variants=False,
+                  agent_transfer=False, log=lambda m: None)
+        summaries = {}
+        for name, pools, states in (("original", run / "pools.jsonl", run / "states"),
+                                    ("planted", planted, out / "planted" / "states")):
+            t0 = time.perf_counter()
+            rdir = crossval(pools, states, out / name / "crossval", **kw)
+            summaries[name] = json.loads((rdir / "summary.json").read_text())
+            print(f"crossval {name}: {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"\nPlanted control ({args.steps} steps; {len(trajs)} candidates of {run}):\n")
+        print("\n".join(_rows(summaries["original"], summaries["planted"])))
     if args.leaky:
-        from latentsift.reproduce import ReproduceSettings, reproduce
         leaky = {k: v for k, v in s.items() if k in ReproduceSettings.__dataclass_fields__}
-        leaky |= {"out": str(out / "leaky"), "include_leaky": True, "variants": False}
+        leaky |= {"out": str(out / "leaky"), "include_leaky": True, "variants": False, "dtype": dtype}
+        if not (out / "leaky" / "states").exists():  # the run's own states: only the leaky runs are new
+            shutil.copytree(run / "states", out / "leaky" / "states")
+        t0 = time.perf_counter()
         rdir = reproduce(ReproduceSettings(**leaky), log=lambda m: None)
         base = json.loads((run / "report" / "summary.json").read_text())
+        print(f"reproduce --include-leaky --no-variants: {time.perf_counter() - t0:.0f} s", flush=True)
         print("\nLeaky-runs control (acr-val-only and acr-val-sbfl included; original run -> with them):\n")
         print("\n".join(_rows(base, json.loads((rdir / "summary.json").read_text()))))
 
