@@ -1,4 +1,4 @@
-"""Stage 1 (SPEC 4-7): LatentSift and the baselines on synthetic states, then on real data."""
+"""Stage 1: LatentSift and the baselines on synthetic states, then on real data."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from latentsift import FingerprintMismatch, LatentSiftError
 from latentsift.bank import Bank
-from latentsift.margin import channel_score
+from latentsift.margin import channel_scores_grouped
 from latentsift.model import Fingerprint
 from latentsift.rank import normalized_ranks
 from latentsift.retain import retain_count
@@ -77,7 +77,7 @@ def test_fields_follow_the_spec_equations(world):
         for j, c in enumerate(CHANNELS):
             sel = s.channel == CHANNEL_ID[c]
             d_pos, d_neg, _, _ = bank.distances(s.distance_states()[sel], c)
-            q[i, j] = channel_score(d_pos, d_neg, s.step[sel])
+            q[i, j] = channel_scores_grouped(d_pos, d_neg, s.step[sel], np.zeros(len(d_pos), dtype=np.int64), 1)[0]
             assert res.candidates[i].q[c] == pytest.approx(q[i, j], rel=1e-9)
     r = np.stack([normalized_ranks(q[:, j]) for j in range(3)])
     s_dist = r.min(axis=0)

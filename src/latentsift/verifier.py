@@ -1,4 +1,4 @@
-"""The execution-free (EF) verifier: an LLM judge read as P(YES) / (P(YES) + P(NO)) (SPEC.md section 8).
+"""The execution-free (EF) verifier: an LLM judge read as P(YES) / (P(YES) + P(NO)) (paper appendix "EF verifier configurations").
 
 Prompt
 ------
@@ -270,11 +270,12 @@ def condense(traj, budget: int, count_prompt: Callable[[str, str], int], count_t
     ``count_text`` counts one block (to choose what to condense); ``head(text, n)`` keeps the first
     ``n`` tokens of a text. Returns (system, user, n_tokens, per-rule counts).
     """
-    p = _parts(traj)
-    n = count_prompt(system_prompt, render_log(p, question))
+    system, user = build_prompt(traj, system_prompt=system_prompt, question=question)
+    n = count_prompt(system, user)
     counts = {"thoughts": 0, "observations": 0, "blocks": 0, "steps_dropped": 0, "patch": 0}
     if n <= budget:
-        return system_prompt, render_log(p, question), n, counts
+        return system, user, n, counts
+    p = _parts(traj)
     ph = count_text(THOUGHT_PLACEHOLDER)
 
     def run(cands: list[tuple[int, Callable[[], int]]], key: str, n: int) -> int:
