@@ -1,4 +1,4 @@
-"""Stage 1: the LatentSift filter and the baseline filters under one interface (SPEC.md sections 4-7).
+"""Stage 1: the LatentSift filter and the baseline filters under one interface (paper sections "Distance scoring and latent filtering" and "Linear scorer and signal fusion").
 
 Every filter answers three verbs:
 
@@ -7,7 +7,7 @@ Every filter answers three verbs:
   computed once per pool. ``prepare_many(pools, states)`` does all pools with one nearest-neighbour
   search per channel.
 - ``rank_subset(prepared, traj_ids) -> {traj_id: s}``: the final score s of each candidate of a
-  subset (e.g. a draw of K of the pool's n candidates), ranked *within that subset* (SPEC 6: ranks
+  subset (e.g. a draw of K of the pool's n candidates), ranked *within that subset* (ranks
   are never pooled across instances or draws).
 - ``score(pool, states) -> PoolResult``: everything for the whole pool, with the retained set
   (``max(3, floor(K/2))`` best by s; ties at the cut by ``retain.select_retained``'s rule).
@@ -15,7 +15,7 @@ Every filter answers three verbs:
 ``states`` is a dict traj_id -> ``TrajectoryStates`` (then pass ``fingerprint=``) or a states store
 (any object with ``load(traj_ids)`` and ``fingerprint``, e.g. ``StateStore``).
 
-Missing-channel rule (SPEC 4.3): a candidate with no channel-c state has q_c = NaN (missing) and
+Missing-channel rule: a candidate with no channel-c state has q_c = NaN (missing) and
 ranks lowest in channel c (``rank.normalized_ranks``); so its s_dist is the lowest rank among the
 candidates, whatever its other channels say.
 
@@ -391,7 +391,7 @@ class LatentSift(Stage1Filter):
 
     def _channel(self, ch: str, sts: list[TrajectoryStates], ids: list[str],
                  evidence: dict[str, list[Evidence]]) -> np.ndarray:
-        """q_c of every candidate (SPEC 4.1-4.3) with one bank search for all their channel-c states."""
+        """q_c of every candidate (Eq. 2) with one bank search for all their channel-c states."""
         cid = CHANNEL_ID[ch]
         zs, steps, owner = [], [], []
         for i, s in enumerate(sts):
@@ -416,7 +416,7 @@ class LatentSift(Stage1Filter):
         e = signed_evidence(d_pos, d_neg, self.distance)
         w = t.astype(np.float64) if self.weighting == "linear" else np.ones(len(t))
         wsum = np.bincount(o, weights=w, minlength=len(ids))
-        if self.weighting == "linear":  # SPEC 4.3: only step 0 present -> plain mean
+        if self.weighting == "linear":  # only step 0 present -> plain mean
             flat = wsum[o] == 0
             w = np.where(flat, 1.0, w)
             wsum = np.bincount(o, weights=w, minlength=len(ids))
@@ -442,12 +442,12 @@ class LatentSift(Stage1Filter):
         out: dict[str, np.ndarray] = {}
         if self._uses_distance:
             r = np.stack([normalized_ranks(prepared.q[idx, j]) for j in range(len(prepared.channels))])
-            out["r"] = r  # r_c: within-subset normalised rank per channel (SPEC 4.4, 6)
-            out["s_dist"] = min_channel_rank(r)  # s_dist = min_c r_c (SPEC 4.5)
+            out["r"] = r  # r_c: within-subset normalised rank per channel (Eq. 4)
+            out["s_dist"] = min_channel_rank(r)  # s_dist = min_c r_c (Eq. 4)
         if self._uses_learned:
-            out["s_lin"] = normalized_ranks(prepared.q_lin[idx])  # s_lin (SPEC 5)
+            out["s_lin"] = normalized_ranks(prepared.q_lin[idx])  # s_lin: q_lin ranked within the subset
         if self.branches == "both":
-            out["s"] = fuse(out["s_dist"], out["s_lin"], self.fusion_weight)  # s = w s_dist + (1-w) s_lin (SPEC 7)
+            out["s"] = fuse(out["s_dist"], out["s_lin"], self.fusion_weight)  # s = w s_dist + (1-w) s_lin (Eq. 3)
         else:
             out["s"] = out["s_dist"] if self.branches == "distance" else out["s_lin"]
         return out
@@ -596,6 +596,38 @@ def load_selected_pools(pools_path, instances: Sequence[str] | None = None) -> l
     return pools
 
 
+def filter_options(*, method: str = "latentsift", bank_dir=None, scorer_dir=None, sifter_dir=None,
+                   bank_choice: str = "all", on_leak: str | None = None, ray_address: str | None = None,
+                   bank_shards: int | None = None, approx: str | None = None, distance_only: bool = False,
+                   learned_only: bool = False) -> dict[str, str]:
+    """Check a ``latentsift filter`` combination of options before any work; the settings they resolve to.
+
+    A sifter (``sifter_dir``) replaces the bank, the scorer and the method, and runs in one process;
+    ``bank_choice`` other than "all" needs a sifter; Ray (``ray_address`` / ``bank_shards``) and the
+    approximate search (``approx``) exclude each other, and Ray must be installed. A conflict raises
+    ``LatentSiftError`` naming the options. Returns ``{"branches", "on_leak"}``: the LatentSift
+    branches (both, or one of ``distance_only`` / ``learned_only``) and ``on_leak``, which defaults
+    to "error" with a bank (evaluation: a bank holding a pool's instance is leakage) and to "allow"
+    with a sifter (deployment: a bank that has seen other attempts at the task is knowledge).
+    """
+    if distance_only and learned_only:
+        raise LatentSiftError("Pass at most one of --distance-only and --learned-only.")
+    if ray_address is not None or bank_shards is not None:
+        from .scale.cluster import require_ray  # the Ray backend is imported only when asked for
+        require_ray()
+        if approx is not None:
+            raise LatentSiftError("Pass --approx or --ray/--bank-shards, not both.")
+    if bank_choice != "all" and sifter_dir is None:
+        raise LatentSiftError("--bank-choice needs --sifter (a sifter fitted with 'latentsift fit --per-agent').")
+    if sifter_dir is not None:
+        if bank_dir is not None or scorer_dir is not None or method != "latentsift":
+            raise LatentSiftError("--sifter replaces --bank, --scorer and --method: pass only --sifter.")
+        if ray_address is not None or bank_shards is not None or approx is not None:
+            raise LatentSiftError("--sifter runs in one process: drop --ray, --bank-shards and --approx.")
+    branches = "distance" if distance_only else "learned" if learned_only else "both"
+    return {"branches": branches, "on_leak": on_leak or ("allow" if sifter_dir is not None else "error")}
+
+
 def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str = "latentsift",
                instances: Sequence[str] | None = None, ray_address: str | None = None, bank_shards: int | None = None,
                approx: str | None = None, on_shift: str | None = None, on_leak: str = "error",
@@ -631,7 +663,7 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
             raise LatentSiftError("The latentsift filter needs --bank and --states.")
         bank = base_bank = Bank.load(bank_dir)
         check_recorded_settings(base_bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
-        # scale-out (issue 16): the same bank searched on Ray shards, or approximately with FAISS
+        # scale-out: the same bank searched on Ray shards, or approximately with FAISS
         if approx is not None:
             from .scale.approx import approx_bank
             bank = approx_bank(bank, approx)
@@ -664,7 +696,7 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     if method == "latentsift":
         run.extra["leak"] = {**leak, "warnings": leak_warnings}
     if method == "latentsift" and on_shift is not None:
-        # shift guard (issue 15) with a bare bank: it records no agents or scaffolds, so only the
+        # shift guard with a bare bank: it records no agents or scaffolds, so only the
         # state-space check runs (candidates' nearest-bank distances against the bank's own
         # leave-one-instance-out distances)
         from .shift import Reference, guard
