@@ -1,4 +1,4 @@
-"""Early pruning (issue 17): prefix scores, the stop rule, the tokens-saved arithmetic, the offline
+"""Early pruning: prefix scores, the stop rule, the tokens-saved arithmetic, the offline
 evaluation and the online Pruner (with the embedded model in the example loop)."""
 from __future__ import annotations
 

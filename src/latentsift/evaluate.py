@@ -1,4 +1,4 @@
-"""The paper's evaluation protocol (SPEC.md section 9): Best@K, Oracle Pass@K, random selection,
+"""The paper's evaluation protocol (paper section "Experimental setup"): Best@K, Oracle Pass@K, random selection,
 oracle retention, token ledger and bootstrap intervals, over seeded draws from fixed pools.
 
 Protocol
@@ -15,7 +15,7 @@ For every instance (a fixed pool of ``n`` candidates) and every ``K`` in ``ks``:
   of the pick, whether the retained set keeps a resolved candidate, and its token charges.
 - **Per-instance values** are means over the draws; reported numbers are means over instances.
   Oracle retention is a ratio over instances: sum of P(draw solvable and retained set solvable)
-  over sum of P(draw solvable) (SPEC 9: among the draws whose K contain a resolved candidate).
+  over sum of P(draw solvable) (among the draws whose K contain a resolved candidate).
 - **Bootstrap**: 95% percentile intervals from ``n_boot`` (1000) resamples of instances with
   replacement, seeded by ``(seed, K)``; the same resamples for every filter and metric.
 

@@ -222,7 +222,7 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
     if data.get("selection"):
         lines += _selection_markdown(data)
     if data.get("pruning"):
-        lines += _pruning_markdown(data["pruning"])  # early pruning (issue 17)
+        lines += _pruning_markdown(data["pruning"])  # early pruning
     if figures:
         lines += ["## Figures", ""]
         lines += [f"![{f}]({f})" for f in figures] + [""]
@@ -584,7 +584,7 @@ def _fig_shift_guard(data: dict, plt):
     return fig
 
 
-# ----------------------------------------------------------------------------- early pruning (issue 17)
+# ----------------------------------------------------------------------------- early pruning
 
 def _pruning_rows(rows: list) -> list[list[str]]:
     out = []
