@@ -43,9 +43,10 @@ import numpy as np
 from ._validation import LatentSiftError, NotFittedError, param_error, check_positive_int
 from ._io import atomic_path, atomic_write_bytes, atomic_write_json, member, read_json
 from ._threads import fixed_threads
-from .bank import as_fingerprint
+from .bank import Bank, as_fingerprint
 from .model import Fingerprint
 from .states import TrajectoryStates
+from .store import StateStore
 
 SCORER_FORMAT = "latentsift-scorer"
 SCORER_VERSION = 1
@@ -442,9 +443,6 @@ def train_scorer(bank_dir: str | Path, *, states_dir: str | Path | None = None,
     The states come from ``states_dir`` or, by default, the store the bank was built from
     (recorded in its manifest); their fingerprint must be the bank's.
     """
-    from .bank import Bank
-    from .store import StateStore
-
     bank = Bank.load(bank_dir)
     sdir = states_dir if states_dir is not None else bank.source_.get("states_dir")
     if not sdir:

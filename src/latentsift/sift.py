@@ -27,10 +27,12 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ._io import atomic_write_json
 from ._validation import LatentSiftError, check_choice, param_error
 from .bank import Bank, as_fingerprint
 from .fuse import FUSION_WEIGHT, fuse
@@ -39,8 +41,10 @@ from .margin import DISTANCES, WEIGHTINGS, channel_scores_grouped, signed_eviden
 from .rank import min_channel_rank, normalized_ranks
 from .retain import KEEP_FRAC, MIN_KEEP, check_retention, select_retained
 from .scorer import LinearScorer
+from .shift import ON_SHIFT, Reference, guard
 from .states import TrajectoryStates
-from .trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory
+from .store import StateStore, check_recorded_settings
+from .trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory, load_pools
 
 BRANCHES = ("both", "distance", "learned")
 N_EVIDENCE = 3  # strongest steps reported per channel
@@ -574,9 +578,6 @@ class FilterRun:
                 **_jsonable(self.extra), "pools": [p.to_dict() for p in self.pools]}
 
     def save(self, path) -> None:
-        from pathlib import Path
-
-        from ._io import atomic_write_json
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, self.to_dict())
@@ -584,8 +585,6 @@ class FilterRun:
 
 def load_selected_pools(pools_path, instances: Sequence[str] | None = None) -> list:
     """The pools of a canonical JSONL file, only those of ``instances`` when given (unknown ids: error)."""
-    from .trajectory import load_pools
-
     pools = load_pools(pools_path)
     if instances is not None:
         want = set(instances)
@@ -645,14 +644,9 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     ``on_leak`` ("error", "skip", "allow"; ``latentsift.leak``) decides, per pool, what happens to a
     pool whose instance is in the bank; the decisions go to the output's ``leak`` section.
     """
-    from pathlib import Path
-
-    from .store import StateStore, check_recorded_settings
-
     check_choice(method, "method", "run_filter", METHODS)
     check_choice(on_leak, "on_leak", "filter", ON_LEAK)
     if on_shift is not None:
-        from .shift import ON_SHIFT
         check_choice(on_shift, "on_shift", "run_filter", ON_SHIFT)
     pools = load_selected_pools(pools_path, instances)
     store = StateStore(states_dir).open() if states_dir is not None else None
@@ -699,7 +693,6 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
         # shift guard with a bare bank: it records no agents or scaffolds, so only the
         # state-space check runs (candidates' nearest-bank distances against the bank's own
         # leave-one-instance-out distances)
-        from .shift import Reference, guard
         states = store.load([c.traj_id for p in pools for c in p.candidates])
         shift, warnings = guard(results, pools, states, base_bank, Reference.from_bank(base_bank), on_shift)
         run.extra["shift"] = {**shift, "warnings": warnings}

@@ -69,6 +69,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ._io import atomic_write_text, iter_jsonl, read_json
 from ._validation import LatentSiftError, check_positive_int, param_error
+from .model import load_policy
 
 THOUGHT_PLACEHOLDER = "<Thought condensed for saving context>"
 OBS_MARKER = "\n<Observation truncated for saving context>"
@@ -398,7 +399,6 @@ class LocalBackend:
     def __init__(self, model: str | os.PathLike | None = None, *, policy=None, dtype: str = "auto",
                  device: str | None = None, reuse_head: bool = True):
         if policy is None:
-            from .model import load_policy
             policy = load_policy(model, dtype=dtype, device=device)
         self.policy = policy
         self.tokenizer = policy.tokenizer
