@@ -108,7 +108,7 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
               f"intervals over instances ({s['n_boot']} resamples). Reference workflow for savings: "
               f"`{ref}`.", ""]
     if s.get("meta"):
-        lines += ["Run: " + ", ".join(f"{k} = `{v}`" for k, v in s["meta"].items()), ""]
+        lines += _run_markdown(s["meta"])
     lines += ["## Pools", ""]
     sizes = ", ".join(f"{c} pools of {n}" for n, c in pools["pool_sizes"].items())
     lines += [f"{pools['n_instances']} instances, {pools['n_candidates']} candidates ({sizes}); "
@@ -227,6 +227,96 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
         lines += ["## Figures", ""]
         lines += [f"![{f}]({f})" for f in figures] + [""]
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the run's settings
+
+#: Keys of ``settings.meta`` that hold the settings of the command that made the run.
+COMMANDS = ("reproduce", "crossval")
+
+
+def _flat(v: Any) -> bool:
+    """A scalar, or a list of scalars: one table cell."""
+    scalar = (str, int, float, bool, type(None))
+    return isinstance(v, scalar) or (isinstance(v, list) and all(isinstance(x, scalar) for x in v))
+
+
+def _cell(v: Any) -> str:
+    """A setting's value as table cell text: lists comma-separated, flat mappings as 'name: value; ...'."""
+    if isinstance(v, dict):
+        text = "; ".join(f"{k}: {_cell(x)}" for k, x in v.items())
+    elif isinstance(v, list):
+        text = ", ".join(_cell(x) for x in v) if v else "none"
+    elif isinstance(v, bool):
+        text = "yes" if v else "no"
+    else:
+        text = "none" if v is None else str(v)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _run_markdown(meta: Mapping) -> list[str]:
+    """The run's settings as a name | value table, and the fold details in a folded section.
+
+    ``meta`` is the summary's ``settings.meta``: the command's settings (``reproduce`` or
+    ``crossval``: one row per setting), flat mappings (one row each), sentences (notes under the
+    table), the folds (tables inside ``<details>``) and any other nested entry (its JSON, inside the
+    same section). Every value is also in summary.json.
+    """
+    rows, notes, nested = [], [], {}
+    for key, value in meta.items():
+        if key in COMMANDS and isinstance(value, dict):
+            rows.append(["command", f"`latentsift {key}`"])
+            rows += [[f"`{k}`", _cell(v)] if _flat(v) else [f"`{k}`", "see below"] for k, v in value.items()]
+            nested |= {f"{key}.{k}": v for k, v in value.items() if not _flat(v)}
+        elif isinstance(value, str) and " " in value:  # a sentence: a note under the table
+            notes.append(f"- {key.replace('_', ' ')}: {value}")
+        elif _flat(value) or (isinstance(value, dict) and all(_flat(v) for v in value.values())):
+            rows.append([key.replace("_", " "), _cell(value)])
+        else:
+            nested[key] = value
+    lines = ["## Run", "", _table(["name", "value"], rows, ["l", "l"]), ""]
+    if notes:
+        lines += notes + [""]
+    if not nested:
+        return lines
+    folds = nested.pop("folds", None)
+    lines += ["<details><summary>Folds and further run details (also in summary.json, "
+              "<code>settings.meta</code>)</summary>", ""]
+    if isinstance(folds, list) and folds and all(isinstance(f, dict) for f in folds):
+        lines += _folds_markdown(folds)
+    elif folds is not None:
+        nested = {"folds": folds, **nested}
+    for key, value in nested.items():
+        lines += [f"`{key}`:", "", "```json", json.dumps(value, indent=1, ensure_ascii=False), "```", ""]
+    lines += ["</details>", ""]
+    return lines
+
+
+def _folds_markdown(folds: list[dict]) -> list[str]:
+    """Per fold: the bank's and the scored groups, bank size, and the inner-CV evidence of the default."""
+    rows = []
+    for f in folds:
+        v = f.get("variants", {})
+        rows.append([str(f.get("fold", "")), _cell(f.get("bank_repos")), _cell(f.get("eval_repos")),
+                     f"{f.get('n_bank_trajectories', 'n/a')} ({f.get('n_bank_positive', 'n/a')})",
+                     str(f.get("n_eval_instances", "n/a")),
+                     f"`{v['chosen_default']}`" if "chosen_default" in v else "n/a"])
+    lines = ["Folds (bank and scored groups are disjoint):", "",
+             _table(["fold", "bank groups", "scored groups", "bank trajectories (resolved)", "scored instances",
+                     "default (inner CV)"], rows, ["r", "l", "l", "r", "r", "l"]), ""]
+    configs = list(dict.fromkeys(c for f in folds for c in f.get("variants", {}).get("inner_cv_within_pool_auc") or {}))
+    if configs:
+        rows = [[str(f.get("fold", ""))] + [_num((f.get("variants", {}).get("inner_cv_within_pool_auc") or {}).get(c))
+                                            for c in configs] for f in folds]
+        lines += ["Inner cross-validation inside each fold's bank: cross-fitted within-pool AUC per "
+                  "configuration (the default is the best; the stack weights are in summary.json, "
+                  "<code>settings.meta.folds[].variants.stack_weights</code>):", "",
+                  _table(["fold"] + [f"`{c}`" for c in configs], rows, ["r"] * (len(configs) + 1)), ""]
+    extra = sorted({k for f in folds for k in f} - {"fold", "bank_repos", "eval_repos", "n_bank_trajectories",
+                                                    "n_bank_positive", "n_eval_instances", "variants"})
+    if extra:
+        lines += [f"Further per-fold fields ({', '.join(extra)}) are in summary.json.", ""]
+    return lines
 
 
 def _num(x: Any, digits: int = 3) -> str:
