@@ -15,7 +15,7 @@ from latentsift.rank import normalized_ranks
 from latentsift.retain import retain_count
 from latentsift.scorer import LinearScorer
 from latentsift.sift import (FewestStepsFilter, LatentSift, RandomFilter, ShortestCharsFilter,
-                             ShortestTokensFilter, make_baseline)
+                             ShortestTokensFilter, filter_options, make_baseline)
 from latentsift.states import TrajectoryStates
 from latentsift.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory
 
@@ -353,3 +353,19 @@ def test_acceptance_real_data(real):
     save_jsonl([t for t in load_jsonl(d / "bank.jsonl") if t.label == 0], unresolved)
     r = _cli("bank", "build", d / "states", "--pools", unresolved, "--out", d / "b3")
     assert r.exit_code == 2 and "empty positive class" in r.output  # a message, no traceback
+
+
+def test_filter_options_refuse_conflicts_before_any_work_and_resolve_the_defaults():
+    assert filter_options(bank_dir="b") == {"branches": "both", "on_leak": "error"}     # evaluation: leakage
+    assert filter_options(sifter_dir="s") == {"branches": "both", "on_leak": "allow"}   # deployment: knowledge
+    assert filter_options(bank_dir="b", distance_only=True, on_leak="skip") == {"branches": "distance",
+                                                                                "on_leak": "skip"}
+    assert filter_options(method="random")["branches"] == "both"
+    for kw, words in ((dict(distance_only=True, learned_only=True), "at most one of --distance-only"),
+                      (dict(bank_dir="b", bank_choice="nearest"), "--bank-choice needs --sifter"),
+                      (dict(sifter_dir="s", scorer_dir="c"), "pass only --sifter"),
+                      (dict(sifter_dir="s", method="random"), "pass only --sifter"),
+                      (dict(sifter_dir="s", approx="ivf"), "runs in one process")):
+        with pytest.raises(LatentSiftError, match=words):
+            filter_options(**kw)
+
