@@ -1,4 +1,6 @@
-"""Stage 1: the LatentSift filter and the baseline filters under one interface (paper sections "Distance scoring and latent filtering" and "Linear scorer and signal fusion").
+"""Stage 1: the LatentSift filter and the baseline filters under one interface.
+
+The paper's sections "Distance scoring and latent filtering" and "Linear scorer and signal fusion".
 
 Every filter answers three verbs:
 
@@ -21,6 +23,9 @@ candidates, whatever its other channels say.
 
 Determinism: candidates are processed in traj_id order and every result is keyed by traj_id, so the
 output does not depend on the order of the pool; the retention tie rule hashes (seed, traj_id).
+
+``latentsift filter`` on files is here too (``filter_options``, ``run_filter``, ``FilterRun``): it
+is the one place where the filters, the baselines and the output format meet (about 700 lines).
 """
 from __future__ import annotations
 
