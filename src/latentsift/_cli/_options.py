@@ -24,12 +24,12 @@ StatesDirs = Annotated[List[Path], typer.Option(
 StatesDir = Annotated[Optional[Path], typer.Option(
     "--states", help="STATES_DIR holding the candidates' states ('latentsift extract').")]
 FirstInstances = Annotated[Optional[int], typer.Option(
-    "--instances", help="Only the first N instances by id (as 'extract --instances N').")]
+    "--instances", help="Only the first N instances, in instance-id order.")]
 Channels = Annotated[str, typer.Option("--channels", help="Channels, comma-separated: cot, obs, fn.")]
 
 # --- the evaluation protocol --------------------------------------------------------------------
-Folds = Annotated[int, typer.Option("--folds", help="Number of disjoint folds (banks never hold the scored "
-                                                    "pools' repositories).")]
+Folds = Annotated[int, typer.Option("--folds", help="Number of disjoint folds: no bank holds a repository (or "
+                                                    "the group of --group-by) of the pools it scores.")]
 Ks = Annotated[List[int], typer.Option("--k", help="K values: candidates drawn per instance (repeat).")]
 Draws = Annotated[int, typer.Option("--draws", help="Seeded draws of K candidates per instance and K.")]
 Boot = Annotated[int, typer.Option("--boot", help="Bootstrap resamples of instances for the intervals.")]
