@@ -46,7 +46,7 @@ sweep: $(STAMP)
 	$(BIN)/pip install -q -e ".[test,gemma]"
 	$(BIN)/latentsift reproduce --data $(DATA) --out $(OUT) --sweep all
 
-# The explorer's browser test (issue 18) drives Debian's chromium (a browser build that
+# The explorer's browser test drives Debian's chromium (a browser build that
 # `playwright install` downloads cannot be fetched on the test machines).
 CHROMIUM ?= /usr/bin/chromium
 browser:

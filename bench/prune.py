@@ -1,4 +1,4 @@
-"""Cost of the early-pruning evaluation (issue 17) that ``reproduce`` adds, and the Pruner's per-step latency.
+"""Cost of the early-pruning evaluation that ``reproduce`` adds, and the Pruner's per-step latency.
 
 On the real shared pools: the ``--instances`` first instances of the default selection (hash order,
 as ``reproduce --max-instances``), states extracted with the demo's settings into ``--out``

@@ -1,4 +1,4 @@
-"""Benchmark of the Ray scale-out (issue 16), in one run, side by side:
+"""Benchmark of the Ray scale-out, in one run, side by side:
 
 1. extraction tokens/s: single process vs Ray with 1 and 2 workers (the packaged SmolLM2, real
    trajectories, 1 torch thread per process, float32 store);

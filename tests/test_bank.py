@@ -1,4 +1,4 @@
-"""Banks (SPEC 3): exact retrieval with row owners, guards, persistence, repository splits."""
+"""Banks: exact retrieval with row owners, guards, persistence, repository splits."""
 from __future__ import annotations
 
 import json

@@ -1,3 +1,4 @@
+import csv
 import json
 import time
 
@@ -6,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from latentsift.diagnostics import (auc_difference_ci, diagnostics_table, paired_bootstrap, per_agent_auc,
-                                    read_candidates_csv, retention_difference_ci, same_agent_auc,
+                                    retention_difference_ci, same_agent_auc,
                                     spearman_with, within_pool_auc)
 from latentsift.rank import grouped_normalized_ranks
 
@@ -38,7 +39,15 @@ def brute_auc(inst, lab, score, keep_pair=lambda i, j: True, weighting="pairs"):
 
 @pytest.fixture(scope="module")
 def real(data_dir):
-    return read_candidates_csv(data_dir / "candidates.csv", runs=RUNS)
+    """The shared data's candidates.csv (runs RUNS) as a diagnostics_table candidate table."""
+    with (data_dir / "candidates.csv").open(newline="", encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["run"] in RUNS]
+    return {"instance_id": np.array([r["instance_id"] for r in rows]),
+            "traj_id": np.array([f"{r['run']}/{r['instance_id']}" for r in rows]),
+            "agent": np.array([r["agent"] for r in rows]),
+            "label": np.array([int(r["resolved"]) for r in rows], dtype=np.int8),
+            "n_chars": np.array([int(r["trajectory_chars"]) for r in rows], dtype=np.int64),
+            "n_steps": np.array([int(r["n_steps"]) for r in rows], dtype=np.int64)}
 
 
 # ----------------------------------------------------------------------------- AUC
@@ -294,22 +303,3 @@ def test_real_data_diagnostics_table_is_json_and_fast(real):
     steps = out["scores"]["neg_steps"]
     assert steps["vs_reference"]["lo"] < steps["vs_reference"]["estimate"] < steps["vs_reference"]["hi"]
     assert out == diagnostics_table(real, scores, n_boot=1000, seed=0)   # deterministic
-
-
-def test_read_candidates_csv_is_strict(tmp_path):
-    head = "run,agent,instance_id,resolved,n_steps,trajectory_chars\n"
-    p = tmp_path / "c.csv"
-    p.write_text(head + "r1,acr,i1,1,3,100\nr1,acr,i2,2,3,100\n")
-    with pytest.raises(ValueError, match=r"c\.csv: line 3: field 'resolved'"):
-        read_candidates_csv(p)
-    p.write_text(head + "r1,acr,i1,1,,100\n")
-    with pytest.raises(ValueError, match=r"line 2: field 'n_steps'"):
-        read_candidates_csv(p)
-    p.write_text("run,agent,instance_id\nr1,acr,i1\n")
-    with pytest.raises(ValueError, match="missing columns"):
-        read_candidates_csv(p)
-    p.write_text(head + "r1,acr,i1,1,3,100\nr2,swe,i1,0,5,50\n")
-    t = read_candidates_csv(p, runs=["r2"])
-    assert t["traj_id"].tolist() == ["r2/i1"] and t["n_chars"].tolist() == [50] and t["label"].tolist() == [0]
-    with pytest.raises(ValueError, match="runs"):
-        read_candidates_csv(p, runs=["r3"])

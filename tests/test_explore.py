@@ -1,4 +1,4 @@
-"""The explorer (issue 18): the site of the tiny end-to-end run driven in headless Chromium.
+"""The explorer: the site of the tiny end-to-end run driven in headless Chromium.
 
 The browser is Debian's ``chromium`` package driven by Playwright (``playwright install`` downloads
 a browser build, which the test machines cannot fetch). Without it these tests FAIL with how to

@@ -1,8 +1,21 @@
 import numpy as np
 import pytest
 
-from latentsift.margin import (channel_score, channel_scores_grouped, step_margins,
-                               step_weighted_mean, uniform_mean)
+from latentsift.margin import channel_scores_grouped, step_margins, step_weighted_mean_grouped, uniform_mean_grouped
+
+
+def step_weighted_mean(margins, steps) -> float:
+    """One candidate's Eq. 2 step-weighted mean (the grouped form with a single owner)."""
+    return float(step_weighted_mean_grouped(margins, steps, np.zeros(len(margins), dtype=np.int64), 1)[0])
+
+
+def uniform_mean(margins) -> float:
+    return float(uniform_mean_grouped(margins, np.zeros(len(margins), dtype=np.int64), 1)[0])
+
+
+def channel_score(d_pos, d_neg, steps, **kw) -> float:
+    """q_c of one candidate (the grouped form with a single owner)."""
+    return float(channel_scores_grouped(d_pos, d_neg, steps, np.zeros(len(d_pos), dtype=np.int64), 1, **kw)[0])
 
 
 def test_margin_sign():

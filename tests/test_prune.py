@@ -1,4 +1,4 @@
-"""Early pruning (issue 17): prefix scores, the stop rule, the tokens-saved arithmetic, the offline
+"""Early pruning: prefix scores, the stop rule, the tokens-saved arithmetic, the offline
 evaluation and the online Pruner (with the embedded model in the example loop)."""
 from __future__ import annotations
 
@@ -197,7 +197,8 @@ def test_offline_evaluation_runs_and_chooses_thresholds_in_bank(world):
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-    from latentsift.report import _fig_pruning, _pruning_markdown
+    from latentsift.figures import _fig_pruning
+    from latentsift.report import _pruning_markdown
     md = "\n".join(_pruning_markdown(res))
     assert res["verdict"]["sentence"] in md and "| latentsift | steps | in-bank |" in md
     assert f"{100 * rows[('latentsift', 'steps', 1.0)]['gen_saved']['mean']:.2f}" in md

@@ -102,3 +102,27 @@ def test_training_size_curves_are_tabulated_and_drawn(tmp_path, summary):
     import matplotlib.image as mpimg
     img = mpimg.imread(written["training_size.png"])
     assert img.shape[0] > 200 and img[..., :3].std() > 0.05
+
+
+def test_the_run_settings_are_a_short_table_and_the_folds_are_folded(summary):
+    data = json.loads(json.dumps(summary.data if hasattr(summary, "data") else summary))
+    folds = [{"fold": k, "bank_repos": ["a/a", "b/b"], "eval_repos": ["c/c"], "n_bank_trajectories": 40 + k,
+              "n_bank_positive": 20, "n_eval_instances": 5,
+              "variants": {"chosen_default": "probe", "inner_cv_within_pool_auc": {"probe": 0.75, "stack:states": 0.7},
+                           "stack_weights": {"probe": {"probe": 2.5}}}} for k in range(4)]
+    data["settings"]["meta"] = {"reproduce": {"n_folds": 4, "ks": [4, 5, 6], "model": None, "variants": True},
+                                "selection": {"n_solvable": 87}, "stage2": "regression = passed count | rule",
+                                "folds": folds, "fingerprint": {"n_layers": 30, "digest": "abc"},
+                                "leak": {"on_leak": "skip", "pools": [{"instance_id": "x"}]}}
+    md = render_markdown(data)
+    run = md.split("## Run\n")[1].split("\n## ")[0]
+    head, details = run.split("<details>")
+    assert "| command | `latentsift reproduce` |" in head and "| `n_folds` | 4 |" in head
+    assert "| `ks` | 4, 5, 6 |" in head and "| `model` | none |" in head and "| `variants` | yes |" in head
+    assert "| selection | n_solvable: 87 |" in head and "| fingerprint | n_layers: 30; digest: abc |" in head
+    assert "- stage2: regression = passed count | rule" in head  # a sentence: a note under the table
+    assert max(len(line) for line in head.splitlines()) < 200 and "{" not in head  # no Python repr
+    assert "| 3 | a/a, b/b | c/c | 43 (20) | 5 | `probe` |" in details
+    assert "| 0 | 0.750 | 0.700 |" in details and "stack_weights" in details and "2.5" not in details
+    assert '"on_leak": "skip"' in details and details.rstrip().endswith("</details>")
+    assert "Run:" not in md

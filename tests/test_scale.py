@@ -1,4 +1,4 @@
-"""Scale-out on Ray (issue 16): a local loopback cluster of 2 workers gives the same states, distances,
+"""Scale-out on Ray: a local loopback cluster of 2 workers gives the same states, distances,
 owners, scores and retained sets as one process; failures end with clear errors and valid stores."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The learned branch (SPEC 5): the gated head's equations, training, determinism, persistence."""
+"""The learned branch: the gated head's equations, training, determinism, persistence."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Stage 1 (SPEC 4-7): LatentSift and the baselines on synthetic states, then on real data."""
+"""Stage 1: LatentSift and the baselines on synthetic states, then on real data."""
 from __future__ import annotations
 
 import json
@@ -9,13 +9,13 @@ import pytest
 
 from latentsift import FingerprintMismatch, LatentSiftError
 from latentsift.bank import Bank
-from latentsift.margin import channel_score
+from latentsift.margin import channel_scores_grouped
 from latentsift.model import Fingerprint
 from latentsift.rank import normalized_ranks
 from latentsift.retain import retain_count
 from latentsift.scorer import LinearScorer
 from latentsift.sift import (FewestStepsFilter, LatentSift, RandomFilter, ShortestCharsFilter,
-                             ShortestTokensFilter, make_baseline)
+                             ShortestTokensFilter, filter_options, make_baseline)
 from latentsift.states import TrajectoryStates
 from latentsift.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory
 
@@ -77,7 +77,7 @@ def test_fields_follow_the_spec_equations(world):
         for j, c in enumerate(CHANNELS):
             sel = s.channel == CHANNEL_ID[c]
             d_pos, d_neg, _, _ = bank.distances(s.distance_states()[sel], c)
-            q[i, j] = channel_score(d_pos, d_neg, s.step[sel])
+            q[i, j] = channel_scores_grouped(d_pos, d_neg, s.step[sel], np.zeros(len(d_pos), dtype=np.int64), 1)[0]
             assert res.candidates[i].q[c] == pytest.approx(q[i, j], rel=1e-9)
     r = np.stack([normalized_ranks(q[:, j]) for j in range(3)])
     s_dist = r.min(axis=0)
@@ -353,3 +353,19 @@ def test_acceptance_real_data(real):
     save_jsonl([t for t in load_jsonl(d / "bank.jsonl") if t.label == 0], unresolved)
     r = _cli("bank", "build", d / "states", "--pools", unresolved, "--out", d / "b3")
     assert r.exit_code == 2 and "empty positive class" in r.output  # a message, no traceback
+
+
+def test_filter_options_refuse_conflicts_before_any_work_and_resolve_the_defaults():
+    assert filter_options(bank_dir="b") == {"branches": "both", "on_leak": "error"}     # evaluation: leakage
+    assert filter_options(sifter_dir="s") == {"branches": "both", "on_leak": "allow"}   # deployment: knowledge
+    assert filter_options(bank_dir="b", distance_only=True, on_leak="skip") == {"branches": "distance",
+                                                                                "on_leak": "skip"}
+    assert filter_options(method="random")["branches"] == "both"
+    for kw, words in ((dict(distance_only=True, learned_only=True), "at most one of --distance-only"),
+                      (dict(bank_dir="b", bank_choice="nearest"), "--bank-choice needs --sifter"),
+                      (dict(sifter_dir="s", scorer_dir="c"), "pass only --sifter"),
+                      (dict(sifter_dir="s", method="random"), "pass only --sifter"),
+                      (dict(sifter_dir="s", approx="ivf"), "runs in one process")):
+        with pytest.raises(LatentSiftError, match=words):
+            filter_options(**kw)
+

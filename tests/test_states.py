@@ -1,4 +1,4 @@
-"""States (SPEC.md section 2): hooked pooling, chunked prefill, sliding window, online capture.
+"""States: hooked pooling, chunked prefill, sliding window, online capture.
 
 Tolerances (relative L2 error per (span, layer) vector, ``_rel``):
 - float32: hooked pooling = output_hidden_states pooling, chunked = single forward, online =

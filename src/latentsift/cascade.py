@@ -1,4 +1,4 @@
-"""The four-stage hybrid verification cascade (SPEC.md section 8).
+"""The four-stage hybrid verification cascade (paper section "Overview", appendix "Token accounting details").
 
 One cascade run takes the K drawn candidates of one instance and returns the expected label of the
 candidate it selects, which candidates survived each stage, and what the run was charged:
@@ -12,7 +12,7 @@ candidate it selects, which candidates survived each stage, and what the run was
    is *skipped, and not charged*, when no candidate of the pool has a generated-test score.
 4. **Stage 4** (EF verifier): pick the highest EF score among the survivors.
 
-Two workflows (SPEC.md section 8, paper appendix A.2):
+Two workflows (paper appendix "EF verifier configurations"):
 
 - *original*: the Stage-1 filter is an EF verifier (a :class:`VerifierTable`); all K drawn
   candidates are charged in Stage 1 and Stage 4 reuses those scores (no new calls);
@@ -147,7 +147,7 @@ def filter_kind(f: Any, name: str = "filter") -> str:
 
 def stage1_retain(ids: Sequence[str], scores: Sequence[float | None], *, seed: int = 0,
                   min_keep: int = MIN_KEEP, keep_frac: float = KEEP_FRAC) -> list[str]:
-    """Stage 1 (SPEC 7): the ``retain_count(K)`` best of the K drawn ids, in drawn order.
+    """Stage 1: the ``retain_count(K)`` best of the K drawn ids, in drawn order.
 
     ``latentsift.retain.select_retained`` decides: higher score first, ties at the cut by
     sha256 of ``(seed, traj_id)``. A ``None`` score (EF failure) is passed as NaN, which ranks
@@ -322,7 +322,7 @@ def after_stage1(ids: list[str], s1: list[str], records: Mapping[str, CandidateR
 
 
 def total_tokens(ef_tokens: float, stage3_rate: float, testgen_tokens: float) -> float:
-    """Verification tokens per instance: V = EF tokens + (Stage-3 reach rate) x test-gen cost (SPEC 9)."""
+    """Verification tokens per instance: V = EF tokens + (Stage-3 reach rate) x test-gen cost (paper appendix "Token accounting details")."""
     return ef_tokens + stage3_rate * testgen_tokens
 
 

@@ -4,13 +4,14 @@ Each command group lives in ``latentsift._cli.<name>`` and exposes ``register(ap
 """
 from __future__ import annotations
 
-import importlib
 import sys
 
 import click
 import typer
 from typer.core import TyperGroup
 
+from ._cli import bank, crossval, evaluate, explore, extract, fit, import_, reproduce, transfer
+from ._cli import filter as filter_
 from ._errors import user_message
 
 
@@ -41,16 +42,8 @@ def _report(e: BaseException) -> bool:
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="LatentSift: token-free Stage-1 filtering of SWE-agent candidates.")
 
-_COMMANDS = ("import_", "extract", "bank", "filter", "evaluate", "reproduce", "crossval", "fit",
-             "explore", "transfer")
-for _name in _COMMANDS:
-    try:
-        _mod = importlib.import_module(f"latentsift._cli.{_name}")
-    except ModuleNotFoundError as e:  # a command group not written yet
-        if e.name != f"latentsift._cli.{_name}":
-            raise
-        continue
-    _mod.register(app)
+for _commands in (import_, extract, bank, filter_, evaluate, reproduce, crossval, fit, explore, transfer):
+    _commands.register(app)
 
 
 def main() -> None:  # pragma: no cover - thin wrapper

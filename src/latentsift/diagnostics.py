@@ -15,8 +15,9 @@ Conventions
   and all-same-label pools contribute nothing. ``weighting="instances"`` gives the per-instance-
   weighted variant instead: the mean over mixed instances of each instance's own AUC (every mixed
   pool counts once, however many pairs it has). With no pair at all the AUC is NaN and ``n_pairs = 0``.
-- **Within-instance Spearman.** Each variable is turned into SPEC section 6 within-instance
-  normalised ranks (ties get mean ranks, NaN lowest); the Pearson correlation of those ranks is
+- **Within-instance Spearman.** Each variable is turned into within-instance normalised ranks
+  (paper appendix, "Within-instance rank normalization"; ties get mean ranks, NaN lowest); the
+  Pearson correlation of those ranks is
   taken over the candidates of instances that have >= 2 candidates and in which *neither* variable
   is constant (such instances carry no within-instance information about the association; with 2+
   candidates the normalised ranks of every instance have mean 1/2, so pooling them is a pure
@@ -41,7 +42,6 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
-from scipy.stats import rankdata
 
 from .rank import _grouped_normalized_ranks
 from ._validation import LatentSiftError, check_choice, check_scores, param_error
@@ -55,7 +55,7 @@ TABLE_COLUMNS = ("instance_id", "traj_id", "agent", "label", "n_chars", "n_steps
 
 __all__ = ["AUC", "Spearman", "PairedDifference", "within_pool_auc", "same_agent_auc", "per_agent_auc",
            "spearman_with", "paired_bootstrap", "auc_difference_ci", "retention_difference_ci",
-           "diagnostics_table", "read_candidates_csv", "N_BOOT", "CI_LEVEL", "BUILTIN_SCORES"]
+           "diagnostics_table", "N_BOOT", "CI_LEVEL", "BUILTIN_SCORES"]
 
 
 class AUC(NamedTuple):
@@ -189,6 +189,13 @@ def _build_pairs(instance: np.ndarray, label: np.ndarray) -> _Pairs:
     return _Pairs(pos=pos_rep, neg=neg, inst=code[pos_rep], n_inst=n_inst, instances=instances)
 
 
+def _rankdata(x: np.ndarray) -> np.ndarray:
+    """Ordinary ranks 1..n, ties averaged (scipy's ``rankdata``, imported on first use: scipy takes
+    ~0.3 s to import, and the command line starts without it)."""
+    from scipy.stats import rankdata
+    return rankdata(x, method="average")
+
+
 def _fill_missing(score: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(score), -np.inf, score)       # NaN = missing = lowest
 
@@ -307,7 +314,7 @@ def spearman_with(score, covariate, instance=None) -> Spearman:
     agent names), coded 0 for the first and 1 for the second in sorted order (``"acr"`` -> 0,
     ``"sweagent"`` -> 1). Without ``instance``: the ordinary (pooled) Spearman rho with mean ranks
     for ties, ``n_instances = None``. With ``instance``: the within-instance version, the Pearson
-    correlation of SPEC section 6 within-instance normalised ranks over instances with >= 2
+    correlation of within-instance normalised ranks over instances with >= 2
     candidates where neither variable is constant (``n`` and ``n_instances`` count what was used).
     NaN when undefined (a constant variable, or no usable instance).
     """
@@ -316,20 +323,20 @@ def spearman_with(score, covariate, instance=None) -> Spearman:
     n = s.shape[0]
     cov, _ = _covariate(covariate, owner, n)
     if instance is None:
-        rs = rankdata(_fill_missing(s), method="average")
-        return Spearman(_pearson(rs, rankdata(cov, method="average")), n, None)
+        rs = _rankdata(_fill_missing(s))
+        return Spearman(_pearson(rs, _rankdata(cov)), n, None)
     inst = _check_ids(instance, "instance", owner, n)
     return _within_spearman(s, cov, np.unique(inst, return_inverse=True)[1])
 
 
 def _grouped_ranks(values: np.ndarray, code: np.ndarray) -> np.ndarray:
-    """SPEC 6 within-instance ranks (NaN lowest) for integer instance codes: ``rank``'s core."""
+    """Within-instance normalised ranks (NaN lowest) for integer instance codes: ``rank``'s core."""
     return _grouped_normalized_ranks(np.asarray(values, dtype=np.float64), code)
 
 
 def _within_spearman(s: np.ndarray, cov: np.ndarray, code: np.ndarray, *,
                      score_ranks: np.ndarray | None = None, cov_ranks: np.ndarray | None = None) -> Spearman:
-    # SPEC 6 ranks, never pooled across instances
+    # within-instance ranks, never pooled across instances
     rs = _grouped_ranks(s, code) if score_ranks is None else score_ranks
     rc = _grouped_ranks(cov, code) if cov_ranks is None else cov_ranks
     n_inst = code.max() + 1
@@ -572,7 +579,7 @@ def diagnostics_table(candidates: Mapping[str, Any], scores: Mapping[str, Any], 
     covs = {c: t[c].astype(np.float64) for c in ("n_chars", "n_steps")}
     if agent_cov is not None:
         covs["agent"] = agent_cov
-    covs = {c: (v, rankdata(v, method="average"), _grouped_ranks(v, inst_code))
+    covs = {c: (v, _rankdata(v), _grouped_ranks(v, inst_code))
             for c, v in covs.items()}
     boot = np.vstack([np.ones((1, pairs.n_inst)), _resample_weights(pairs.n_inst, n_boot, seed)])
 
@@ -592,7 +599,7 @@ def diagnostics_table(candidates: Mapping[str, Any], scores: Mapping[str, Any], 
         other = "instances" if weighting == "pairs" else "pairs"
         vs_ref = _paired_difference(boot_auc[name], boot_auc[reference], level, n_boot, pairs.n_inst)
 
-        score_ranks = rankdata(_fill_missing(s), method="average")
+        score_ranks = _rankdata(_fill_missing(s))
         score_within = _grouped_ranks(s, inst_code)
 
         def sp(cov: str) -> dict:
@@ -621,54 +628,3 @@ def diagnostics_table(candidates: Mapping[str, Any], scores: Mapping[str, Any], 
                   "agent_coding": {a: i for i, a in enumerate(agents)} if len(agents) == 2 else None},
         "scores": out_scores,
     }
-
-
-# ----------------------------------------------------------------------------- candidates.csv
-
-_CSV_INT = {"resolved": "label", "n_steps": "n_steps", "trajectory_chars": "n_chars"}
-
-
-def read_candidates_csv(path: str | Path, runs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-    """Read the shared data's ``candidates.csv`` into a :func:`diagnostics_table` candidate table.
-
-    Columns used: ``run, agent, instance_id, resolved (-> label), n_steps, trajectory_chars (-> n_chars)``;
-    ``traj_id`` is ``"<run>/<instance_id>"`` and ``run`` is kept as an extra column. ``runs`` keeps
-    only those runs (each must occur in the file). Parsing is strict: a missing column, an empty
-    or non-integer value or a label other than 0/1 raises an error naming file, line and field.
-    """
-    owner = "read_candidates_csv"
-    path = Path(path)
-    cols: dict[str, list] = {k: [] for k in ("run", "agent", "instance_id", "label", "n_steps", "n_chars")}
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        need = ["run", "agent", "instance_id", *_CSV_INT]
-        absent = [c for c in need if c not in (reader.fieldnames or [])]
-        if absent:
-            raise LatentSiftError(f"{path}: line 1: missing columns {absent}.")
-        for row in reader:
-            line = reader.line_num
-            for c in ("run", "agent", "instance_id"):
-                if not row[c]:
-                    raise LatentSiftError(f"{path}: line {line}: field '{c}' is empty.")
-                cols[c].append(row[c])
-            for c, dst in _CSV_INT.items():
-                v = row[c]
-                if v is None or not v.strip().isdigit():
-                    raise LatentSiftError(f"{path}: line {line}: field '{c}' must be a non-negative integer. "
-                                          f"Got {v!r} instead.")
-                if c == "resolved" and v not in ("0", "1"):
-                    raise LatentSiftError(f"{path}: line {line}: field 'resolved' must be 0 or 1. Got {v!r} instead.")
-                cols[dst].append(int(v))
-    if not cols["run"]:
-        raise LatentSiftError(f"{path}: no candidate rows.")
-    out = {k: np.array(v, dtype=str if k in ("run", "agent", "instance_id") else np.int64) for k, v in cols.items()}
-    if runs is not None:
-        runs = list(runs)
-        unknown = sorted(set(runs) - set(out["run"].tolist()))
-        if unknown or not runs:
-            raise param_error("runs", owner, f"runs present in {path.name}", unknown or runs)
-        keep = np.isin(out["run"], runs)
-        out = {k: v[keep] for k, v in out.items()}
-    out["traj_id"] = np.char.add(np.char.add(out["run"], "/"), out["instance_id"])
-    out["label"] = out["label"].astype(np.int8)
-    return out

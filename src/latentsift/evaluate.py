@@ -1,4 +1,4 @@
-"""The paper's evaluation protocol (SPEC.md section 9): Best@K, Oracle Pass@K, random selection,
+"""The paper's evaluation protocol (paper section "Experimental setup"): Best@K, Oracle Pass@K, random selection,
 oracle retention, token ledger and bootstrap intervals, over seeded draws from fixed pools.
 
 Protocol
@@ -15,7 +15,7 @@ For every instance (a fixed pool of ``n`` candidates) and every ``K`` in ``ks``:
   of the pick, whether the retained set keeps a resolved candidate, and its token charges.
 - **Per-instance values** are means over the draws; reported numbers are means over instances.
   Oracle retention is a ratio over instances: sum of P(draw solvable and retained set solvable)
-  over sum of P(draw solvable) (SPEC 9: among the draws whose K contain a resolved candidate).
+  over sum of P(draw solvable) (among the draws whose K contain a resolved candidate).
 - **Bootstrap**: 95% percentile intervals from ``n_boot`` (1000) resamples of instances with
   replacement, seeded by ``(seed, K)``; the same resamples for every filter and metric.
 
@@ -42,6 +42,7 @@ from ._io import atomic_path, atomic_write_text, iter_jsonl
 from .cascade import (MISSING_RULES, TIE_RULES, CandidateRecord, Filter, PoolSpec, VerifierTable,
                       after_stage1, filter_kind, pool_priority, saving, stage1_retain, stage1_scores)
 from .retain import KEEP_FRAC, MIN_KEEP, retain_count
+from .verifier import RESULTS_FILE, load_results
 
 N_DRAWS = 200       # paper: 200 seeded draws per K
 N_BOOT = 1000       # bootstrap resamples over instances
@@ -184,8 +185,6 @@ def load_scores(path: str | Path, *, known_ids: Iterable[str] | None = None) -> 
     ``scores.jsonl`` (filter) or ``verdicts.jsonl`` (EF verifier), or one such ``.jsonl`` file, or a
     ``.parquet`` table with columns ``traj_id``, ``score`` and optional numeric component columns.
     With ``known_ids``, a candidate id in no pool is an error naming file and line."""
-    from .verifier import RESULTS_FILE, load_results
-
     p = Path(path)
     if not p.exists():
         raise LatentSiftError(f"No such score file or folder: {str(p)!r}.")

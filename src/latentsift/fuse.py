@@ -1,4 +1,4 @@
-"""Fusion of the two branch scores (paper Eq. 3, SPEC.md section 7)."""
+"""Fusion of the two branch scores (paper Eq. 3, section "Linear scorer and signal fusion")."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Exact nearest-neighbour distances from query states to a bank (SPEC.md section 4.1).
+"""Exact nearest-neighbour distances from query states to a bank (paper section "Distance scoring and latent filtering").
 
 ``nearest_distances(queries, bank)`` returns, for every query row, the L2 distance to its nearest
 bank row. The reference backend is a blocked GEMM in torch:

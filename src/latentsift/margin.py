@@ -1,11 +1,11 @@
-"""The distance branch's per-channel score (paper Eq. 2, SPEC.md section 4).
+"""The distance branch's per-channel score (paper Eq. 2, section "Distance scoring and latent filtering").
 
 Inputs are the nearest-neighbour distances of one candidate's channel-c states: ``d_pos[i]``,
 ``d_neg[i]`` and the step index ``steps[i]`` of state i. A channel with no state gives NaN (missing):
 the rank stage puts missing scores lowest (see ``rank.normalized_ranks``).
 
-Segmented variants (``*_grouped``) score many candidates at once: ``owner[i]`` is the candidate
-number of state i in ``0..n_owners-1``.
+The aggregations are segmented (``*_grouped``) and score many candidates at once: ``owner[i]`` is
+the candidate number of state i in ``0..n_owners-1`` (one candidate: ``owner = zeros``, ``n_owners = 1``).
 """
 from __future__ import annotations
 
@@ -53,17 +53,6 @@ def uniform_mean_grouped(values, owner, n_owners: int) -> np.ndarray:
         return np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
 
 
-def step_weighted_mean(margins, steps) -> float:
-    """Single-candidate form of ``step_weighted_mean_grouped``."""
-    m = np.asarray(margins, dtype=np.float64)
-    return float(step_weighted_mean_grouped(m, steps, np.zeros(m.shape[0], dtype=np.int64), 1)[0])
-
-
-def uniform_mean(margins) -> float:
-    m = np.asarray(margins, dtype=np.float64)
-    return float(uniform_mean_grouped(m, np.zeros(m.shape[0], dtype=np.int64), 1)[0])
-
-
 def channel_scores_grouped(d_pos, d_neg, steps, owner, n_owners: int, *, distance: str = "two-sided",
                            weighting: str = "linear") -> np.ndarray:
     """q_c for every owner: evidence per step (Eq. 2 or ablation) aggregated over steps."""
@@ -74,9 +63,3 @@ def channel_scores_grouped(d_pos, d_neg, steps, owner, n_owners: int, *, distanc
         return uniform_mean_grouped(ev, owner, n_owners)
     raise ValueError(f"The 'weighting' parameter must be one of {list(WEIGHTINGS)}. Got {weighting!r} instead.")
 
-
-def channel_score(d_pos, d_neg, steps, *, distance: str = "two-sided", weighting: str = "linear") -> float:
-    """q_c of one candidate in one channel; NaN when the candidate has no channel-c state."""
-    n = np.asarray(d_pos).shape[0]
-    return float(channel_scores_grouped(d_pos, d_neg, steps, np.zeros(n, dtype=np.int64), 1,
-                                        distance=distance, weighting=weighting)[0])

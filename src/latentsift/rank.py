@@ -1,6 +1,6 @@
-"""Within-instance rank normalisation (paper Eq. 4, SPEC.md section 6).
+"""Within-instance rank normalisation (paper Eq. 4, appendix "Within-instance rank normalization").
 
-Missing scores (NaN; e.g. a candidate with no state in a channel, SPEC 4.3) rank below every present
+Missing scores (NaN; e.g. a candidate with no state in a channel) rank below every present
 score; several missing scores tie with each other and share the mean of the ranks they occupy.
 """
 from __future__ import annotations

@@ -1,16 +1,13 @@
-"""Markdown report and PNG figures from an evaluation summary (pure: data in, files out).
+"""Markdown report from an evaluation summary (pure: data in, files out).
 
 ``write_report(summary, out_dir)`` writes, only into ``out_dir``:
 
 - ``summary.json``: the summary (every number the report prints is read from it);
 - ``ledger.jsonl``: per (instance, K, filter) means over draws, when the summary carries them;
-- ``report.md``: the paper's tables (main result, Best@K by K, oracle retention, token ledger and
-  savings, ablations) and diagnostics;
-- figures (matplotlib, Agg backend): ``score_distributions.png`` (resolved vs unresolved per
-  panel, dashed class means), ``best_at_k_tokens.png`` (verification tokens per instance as bars,
-  Best@K / Oracle Pass@K / random as curves, against K), ``best_vs_tokens.png`` (Best@K against
-  verification tokens), ``token_savings.png`` (tokens saved against the reference workflow),
-  ``training_size.png`` (learned-branch AUC against the bank fraction, when the summary has curves).
+- ``report.md``: the run's settings (a name | value table; the folds in a folded section), the
+  paper's tables (main result, Best@K by K, oracle retention, token ledger and savings, ablations),
+  diagnostics, and the sections of a protocol run (selection, agent transfer, shift guard, pruning);
+- the PNG figures of :mod:`latentsift.figures`.
 
 ``write_report`` accepts a :class:`~latentsift.evaluate.Summary` or the summary.json dict, so a
 saved summary renders to the same report.
@@ -23,9 +20,10 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ._io import atomic_path, atomic_write_text
-
-FIGURES = ("score_distributions.png", "best_at_k_tokens.png", "best_vs_tokens.png", "token_savings.png")
+from ._io import atomic_write_text
+from .figures import FIGURES, write_figures
+from .figures import filter_name as _name
+from .figures import k_labels as _ks
 
 
 def _data(summary: Any) -> tuple[dict, list]:
@@ -82,14 +80,6 @@ def _table(header: list[str], rows: list[list[str]], align: list[str] | None = N
     return "\n".join(lines)
 
 
-def _name(data: dict, f: str) -> str:
-    return data["settings"].get("names", {}).get(f, f)
-
-
-def _ks(data: dict) -> list[str]:
-    return [str(k) for k in data["settings"]["ks"]]
-
-
 # ----------------------------------------------------------------------------- markdown
 
 def render_markdown(data: dict, figures: list[str] | None = None) -> str:
@@ -108,7 +98,7 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
               f"intervals over instances ({s['n_boot']} resamples). Reference workflow for savings: "
               f"`{ref}`.", ""]
     if s.get("meta"):
-        lines += ["Run: " + ", ".join(f"{k} = `{v}`" for k, v in s["meta"].items()), ""]
+        lines += _run_markdown(s["meta"])
     lines += ["## Pools", ""]
     sizes = ", ".join(f"{c} pools of {n}" for n, c in pools["pool_sizes"].items())
     lines += [f"{pools['n_instances']} instances, {pools['n_candidates']} candidates ({sizes}); "
@@ -222,11 +212,101 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
     if data.get("selection"):
         lines += _selection_markdown(data)
     if data.get("pruning"):
-        lines += _pruning_markdown(data["pruning"])  # early pruning (issue 17)
+        lines += _pruning_markdown(data["pruning"])  # early pruning
     if figures:
         lines += ["## Figures", ""]
         lines += [f"![{f}]({f})" for f in figures] + [""]
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the run's settings
+
+#: Keys of ``settings.meta`` that hold the settings of the command that made the run.
+COMMANDS = ("reproduce", "crossval")
+
+
+def _flat(v: Any) -> bool:
+    """A scalar, or a list of scalars: one table cell."""
+    scalar = (str, int, float, bool, type(None))
+    return isinstance(v, scalar) or (isinstance(v, list) and all(isinstance(x, scalar) for x in v))
+
+
+def _cell(v: Any) -> str:
+    """A setting's value as table cell text: lists comma-separated, flat mappings as 'name: value; ...'."""
+    if isinstance(v, dict):
+        text = "; ".join(f"{k}: {_cell(x)}" for k, x in v.items())
+    elif isinstance(v, list):
+        text = ", ".join(_cell(x) for x in v) if v else "none"
+    elif isinstance(v, bool):
+        text = "yes" if v else "no"
+    else:
+        text = "none" if v is None else str(v)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _run_markdown(meta: Mapping) -> list[str]:
+    """The run's settings as a name | value table, and the fold details in a folded section.
+
+    ``meta`` is the summary's ``settings.meta``: the command's settings (``reproduce`` or
+    ``crossval``: one row per setting), flat mappings (one row each), sentences (notes under the
+    table), the folds (tables inside ``<details>``) and any other nested entry (its JSON, inside the
+    same section). Every value is also in summary.json.
+    """
+    rows, notes, nested = [], [], {}
+    for key, value in meta.items():
+        if key in COMMANDS and isinstance(value, dict):
+            rows.append(["command", f"`latentsift {key}`"])
+            rows += [[f"`{k}`", _cell(v)] if _flat(v) else [f"`{k}`", "see below"] for k, v in value.items()]
+            nested |= {f"{key}.{k}": v for k, v in value.items() if not _flat(v)}
+        elif isinstance(value, str) and " " in value:  # a sentence: a note under the table
+            notes.append(f"- {key.replace('_', ' ')}: {value}")
+        elif _flat(value) or (isinstance(value, dict) and all(_flat(v) for v in value.values())):
+            rows.append([key.replace("_", " "), _cell(value)])
+        else:
+            nested[key] = value
+    lines = ["## Run", "", _table(["name", "value"], rows, ["l", "l"]), ""]
+    if notes:
+        lines += notes + [""]
+    if not nested:
+        return lines
+    folds = nested.pop("folds", None)
+    lines += ["<details><summary>Folds and further run details (also in summary.json, "
+              "<code>settings.meta</code>)</summary>", ""]
+    if isinstance(folds, list) and folds and all(isinstance(f, dict) for f in folds):
+        lines += _folds_markdown(folds)
+    elif folds is not None:
+        nested = {"folds": folds, **nested}
+    for key, value in nested.items():
+        lines += [f"`{key}`:", "", "```json", json.dumps(value, indent=1, ensure_ascii=False), "```", ""]
+    lines += ["</details>", ""]
+    return lines
+
+
+def _folds_markdown(folds: list[dict]) -> list[str]:
+    """Per fold: the bank's and the scored groups, bank size, and the inner-CV evidence of the default."""
+    rows = []
+    for f in folds:
+        v = f.get("variants", {})
+        rows.append([str(f.get("fold", "")), _cell(f.get("bank_repos")), _cell(f.get("eval_repos")),
+                     f"{f.get('n_bank_trajectories', 'n/a')} ({f.get('n_bank_positive', 'n/a')})",
+                     str(f.get("n_eval_instances", "n/a")),
+                     f"`{v['chosen_default']}`" if "chosen_default" in v else "n/a"])
+    lines = ["Folds (bank and scored groups are disjoint):", "",
+             _table(["fold", "bank groups", "scored groups", "bank trajectories (resolved)", "scored instances",
+                     "default (inner CV)"], rows, ["r", "l", "l", "r", "r", "l"]), ""]
+    configs = list(dict.fromkeys(c for f in folds for c in f.get("variants", {}).get("inner_cv_within_pool_auc") or {}))
+    if configs:
+        rows = [[str(f.get("fold", ""))] + [_num((f.get("variants", {}).get("inner_cv_within_pool_auc") or {}).get(c))
+                                            for c in configs] for f in folds]
+        lines += ["Inner cross-validation inside each fold's bank: cross-fitted within-pool AUC per "
+                  "configuration (the default is the best; the stack weights are in summary.json, "
+                  "<code>settings.meta.folds[].variants.stack_weights</code>):", "",
+                  _table(["fold"] + [f"`{c}`" for c in configs], rows, ["r"] * (len(configs) + 1)), ""]
+    extra = sorted({k for f in folds for k in f} - {"fold", "bank_repos", "eval_repos", "n_bank_trajectories",
+                                                    "n_bank_positive", "n_eval_instances", "variants"})
+    if extra:
+        lines += [f"Further per-fold fields ({', '.join(extra)}) are in summary.json.", ""]
+    return lines
 
 
 def _num(x: Any, digits: int = 3) -> str:
@@ -356,167 +436,6 @@ def _training_size_markdown(sel: dict, diag: dict) -> list[str]:
                    rows), ""]
 
 
-# ----------------------------------------------------------------------------- figures
-
-def write_figures(data: dict, out: Path) -> dict[str, Path]:
-    """Draw the figures that the summary has data for; returns name -> path."""
-    import matplotlib
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    written = {}
-    for fname, fn in (("score_distributions.png", _fig_distributions), ("best_at_k_tokens.png", _fig_best_tokens_k),
-                      ("best_vs_tokens.png", _fig_best_vs_tokens), ("token_savings.png", _fig_savings),
-                      ("training_size.png", _fig_training_size), ("pruning.png", _fig_pruning),
-                      ("shift_guard.png", _fig_shift_guard)):
-        fig = fn(data, plt)
-        if fig is None:
-            continue
-        try:
-            with atomic_path(out / fname, ".png") as tmp:
-                fig.savefig(tmp, dpi=130, bbox_inches="tight")
-        finally:
-            plt.close(fig)
-        written[fname] = out / fname
-    return written
-
-
-def _fig_distributions(data: dict, plt):
-    import numpy as np
-    panels = (data.get("distributions") or {}).get("panels") or {}
-    if not panels:
-        return None
-    n = len(panels)
-    fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 2.9), squeeze=False)
-    for i, (ax, (name, p)) in enumerate(zip(axes[0], panels.items())):
-        allv = p["resolved"] + p["unresolved"]
-        if not allv:
-            ax.set_title(f"({chr(97 + i)}) {name}: no values", fontsize=9)
-            continue
-        bins = np.histogram_bin_edges(allv, bins=30)
-        for key, color, lab in (("unresolved", "tab:red", "unresolved"), ("resolved", "tab:green", "resolved")):
-            v = p[key]
-            if v:
-                ax.hist(v, bins=bins, density=True, alpha=0.45, color=color, label=f"{lab} (n={len(v)})")
-                ax.axvline(p[f"mean_{key}"], color=color, linestyle="--", linewidth=1.4)
-        ax.set_title(f"({chr(97 + i)}) {name}", fontsize=9, pad=12)
-        ax.set_xlabel("score", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("density", fontsize=8)
-    fig.suptitle(f"Score distributions of resolved vs unresolved candidates "
-                 f"({data['distributions']['n_instances']} instances; dashed = class means)", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def _fig_best_tokens_k(data: dict, plt):
-    import numpy as np
-    s = data["settings"]
-    ks = _ks(data)
-    head = s["headline"]
-    tok, best = data["tokens"]["workflows"], data["best_at_k"]
-    x = np.arange(len(ks))
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    w = 0.8 / max(len(head), 1)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, f in enumerate(head):
-        ax.bar(x - 0.4 + w * (i + 0.5), [tok[f][k]["total"]["mean"] / 1000 for k in ks], width=w,
-               color=colors[i % len(colors)], alpha=0.35, label=f"tokens: {_name(data, f)}")
-    ax.set_xticks(x, [str(k) for k in ks])
-    ax.set_xlabel("K (candidates per instance)")
-    ax.set_ylabel("verification tokens per instance (K)")
-    ax2 = ax.twinx()
-    for i, f in enumerate(head):
-        m = [100 * best["filters"][f][k]["mean"] for k in ks]
-        lo = [100 * best["filters"][f][k]["lo"] for k in ks]
-        hi = [100 * best["filters"][f][k]["hi"] for k in ks]
-        ax2.plot(x, m, marker="o", color=colors[i % len(colors)], label=f"Best@K: {_name(data, f)}")
-        ax2.fill_between(x, lo, hi, color=colors[i % len(colors)], alpha=0.08)
-    ax2.plot(x, [100 * best["oracle_pass"][k]["mean"] for k in ks], "k--", marker="^", label="Oracle Pass@K")
-    ax2.plot(x, [100 * best["random"][k]["mean"] for k in ks], ":", color="gray", marker="v", label="Random")
-    ax2.set_ylabel("resolution rate (%)")
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax2.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left", bbox_to_anchor=(1.12, 1.0))
-    ax.set_title("Verification tokens (bars) and Best@K (curves) against K", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def _fig_best_vs_tokens(data: dict, plt):
-    s = data["settings"]
-    ks = _ks(data)
-    tok, best = data["tokens"]["workflows"], data["best_at_k"]
-    fig, ax = plt.subplots(figsize=(5.6, 4.0))
-    for f in s["headline"]:
-        xs = [tok[f][k]["total"]["mean"] / 1000 for k in ks]
-        ys = [100 * best["filters"][f][k]["mean"] for k in ks]
-        ax.plot(xs, ys, marker="o", label=_name(data, f))
-        for k, xv, yv in zip(ks, xs, ys):
-            ax.annotate(f"K={k}", (xv, yv), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel("verification tokens per instance (K)")
-    ax.set_ylabel("hybrid Best@K (%)")
-    ax.set_title("Best@K against verification tokens", fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def _fig_savings(data: dict, plt):
-    sav = data["tokens"].get("savings") or {}
-    ref = data["tokens"].get("reference")
-    show = [f for f in data["settings"]["headline"] if f in sav]
-    if not show or ref is None:
-        return None
-    ks = _ks(data)
-    fig, ax = plt.subplots(figsize=(5.6, 3.8))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, f in enumerate(show):
-        c = colors[i % len(colors)]
-        tot = [sav[f][k]["total"]["mean"] for k in ks]
-        ef = [sav[f][k]["ef"]["mean"] for k in ks]
-        ax.plot([int(k) for k in ks], [100 * v if v is not None else float("nan") for v in tot], "-o", color=c,
-                label=f"{_name(data, f)}: total")
-        ax.plot([int(k) for k in ks], [100 * v if v is not None else float("nan") for v in ef], "--", color=c,
-                marker="x", markersize=7, label=f"{_name(data, f)}: EF only")
-    ax.axhline(0, color="gray", linewidth=0.8)
-    ax.set_xticks([int(k) for k in ks])
-    ax.set_xlabel("K")
-    ax.set_ylabel(f"tokens saved vs {_name(data, ref)} (%)")
-    ax.set_title("Verification tokens saved", fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def _fig_training_size(data: dict, plt):
-    """Within-pool AUC of each learned-branch learner against the bank fraction, 95% bands, chance line."""
-    sel = data.get("selection") or {}
-    ts, diag = sel.get("training_size") or {}, (sel.get("diagnostics") or {}).get("scores", {})
-    fracs = ts.get("fractions") or []
-    learners = sorted({n.split(":", 1)[1].split("@")[0] for n in diag if n.startswith("curve:")})
-    if not fracs or not learners:
-        return None
-    x = [float(f.rstrip("%")) for f in fracs]
-    fig, ax = plt.subplots(figsize=(4.6, 3.2))
-    for ln in learners:
-        rows = [diag.get(f"curve:{ln}@{f}") for f in fracs]
-        pts = [(xi, r["auc"]["auc"], r["auc"]["ci"]) for xi, r in zip(x, rows) if r and r["auc"]["auc"] is not None]
-        if not pts:
-            continue
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=ln)
-        ax.fill_between([p[0] for p in pts], [p[2][0] for p in pts], [p[2][1] for p in pts], alpha=0.15)
-    ref = diag.get(sel.get("reference", ""), {}).get("auc", {}).get("auc")
-    if ref is not None:
-        ax.axhline(ref, color="grey", linestyle="--", label=sel.get("reference"))
-    ax.axhline(0.5, color="black", linewidth=0.6, linestyle=":")
-    ax.set_xlabel("bank used for training (% of instances)")
-    ax.set_ylabel("within-pool AUC")
-    ax.legend(fontsize=7)
-    return fig
-
-
 # ----------------------------------------------------------------------------- the shift guard's error rates
 
 def _rate(r: Mapping | None) -> str:
@@ -559,32 +478,7 @@ def _shift_guard_markdown(data: dict) -> list[str]:
     return lines
 
 
-def _fig_shift_guard(data: dict, plt):
-    """Flag rate of the distance check against the threshold's reference quantile: false alarms
-    (held-out pools of the bank's agents) and detection (another agent's pools)."""
-    g = data.get("shift_guard") or {}
-    if not g or not g.get("quantiles"):
-        return None
-    q = g["quantiles"]
-    fig, ax = plt.subplots(figsize=(4.8, 3.3))
-    styles = {"repository": "-", "instance": "--"}
-    for kind in g.get("reference_kinds", []):
-        curve = g["false_alarms"]["pooled"][kind]["tradeoff"]
-        if curve:
-            ax.plot(q, curve, styles.get(kind, "-"), color="C0", marker="o", ms=3, label=f"false alarm ({kind})")
-        for j, (pair, d) in enumerate(sorted(g.get("detection", {}).items())):
-            if d[kind]["tradeoff"]:
-                ax.plot(q, d[kind]["tradeoff"], styles.get(kind, "-"), color=f"C{j + 1}", marker="o", ms=3,
-                        label=f"detection {pair} ({kind})")
-    ax.axvline(1 - g["false_alarm_setting"], color="grey", linewidth=0.6, linestyle=":")
-    ax.set_xlabel("threshold: quantile of the in-bank reference")
-    ax.set_ylabel("pools flagged (distance check)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=6)
-    return fig
-
-
-# ----------------------------------------------------------------------------- early pruning (issue 17)
+# ----------------------------------------------------------------------------- early pruning
 
 def _pruning_rows(rows: list) -> list[list[str]]:
     out = []
@@ -624,28 +518,3 @@ def _pruning_markdown(pr: dict) -> list[str]:
         lines += ["<details><summary>Every threshold</summary>", "",
                   _table(head, _pruning_rows(rest), ["l", "l", "l"] + ["r"] * 5), "", "</details>", ""]
     return lines
-
-
-def _fig_pruning(data: dict, plt):
-    pr = data.get("pruning")
-    if not pr:
-        return None
-    kinds = sorted({r["schedule"] for r in pr["rows"] if r["checkpoints"]})
-    fig, axes = plt.subplots(1, len(kinds), figsize=(5.2 * len(kinds), 4.0), squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
-        for pol in dict.fromkeys(r["policy"] for r in pr["rows"] if r["schedule"] == kind):
-            rs = sorted((r for r in pr["rows"] if r["schedule"] == kind and r["policy"] == pol
-                         and not isinstance(r["threshold"], str)), key=lambda r: r["threshold"])
-            line, = ax.plot([100 * r["gen_saved"]["mean"] for r in rs], [100 * r["retention"]["mean"] for r in rs],
-                            marker="o", ms=3, label=pol, ls="--" if pol in ("longest-so-far", "most-steps-so-far",
-                                                                            "random") else "-")
-            ib = [r for r in pr["rows"] if r["schedule"] == kind and r["policy"] == pol and r["threshold"] == "in-bank"]
-            for r in ib:
-                ax.plot(100 * r["gen_saved"]["mean"], 100 * r["retention"]["mean"], marker="*", ms=10,
-                        color=line.get_color())
-        ax.set_xlabel("model-written tokens saved (%)")
-        ax.set_ylabel("retention of a resolved candidate (%)")
-        ax.set_title(f"Early pruning, {kind} checkpoints (star = in-bank threshold)", fontsize=9)
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    return fig

@@ -1,4 +1,4 @@
-"""Stage-1 retention: keep the max(3, floor(K/2)) highest-scoring candidates (SPEC.md section 7).
+"""Stage-1 retention: keep the max(3, floor(K/2)) highest-scoring candidates (paper appendix, "Candidate selection").
 
 Tie rule at the cut (deterministic, independent of candidate order): higher score first; among equal
 scores, the smaller value of sha256(f"{seed}:{traj_id}") first. NaN scores count as lowest.

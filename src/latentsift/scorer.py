@@ -1,4 +1,4 @@
-"""The learned branch: a gated linear head over all-layer span states (SPEC.md section 5, paper A.3).
+"""The learned branch: a gated linear head over all-layer span states (paper section "Linear scorer and signal fusion", appendix "Learned scorer architecture and training").
 
 For each model-authored span j (cot and fn, observations excluded) the head reads the per-layer
 mean-pooled states u[j][l], l = 1..L, and computes
@@ -43,9 +43,10 @@ import numpy as np
 from ._validation import LatentSiftError, NotFittedError, param_error, check_positive_int
 from ._io import atomic_path, atomic_write_bytes, atomic_write_json, member, read_json
 from ._threads import fixed_threads
-from .bank import as_fingerprint
+from .bank import Bank, as_fingerprint
 from .model import Fingerprint
 from .states import TrajectoryStates
+from .store import StateStore
 
 SCORER_FORMAT = "latentsift-scorer"
 SCORER_VERSION = 1
@@ -60,13 +61,18 @@ GATE_EPS = 1e-8  # Eq. (linear-scorer): max(sum_j sigmoid(g_j), 1e-8)
 def span_outputs(u, W, b):
     """(g, v) per span = sum_l W_l u[j][l] + b (Eq. linear-head); u (S, L, d), W (L, d, 2) -> (S, 2).
 
-    Computed as one (2, L*d) x (L*d, S) product on zero-copy views of u (the concatenated vector
-    is never formed); this orientation is ~3x faster on CPU than (S, L*d) x (L*d, 2), and its
-    gradient g^T u reads u once.
+    ``u`` may also be a sequence of (S_i, L, d) blocks: their spans in order, as if concatenated
+    (the blocks are never copied into one tensor). Computed as one (2, L*d) x (L*d, S_i) product per
+    block on zero-copy views (the concatenated vector u~ is never formed); this orientation is ~3x
+    faster on CPU than (S, L*d) x (L*d, 2), and its gradient g^T u reads u once. The bias is added
+    once, after the blocks are joined.
     """
+    import torch
     L, d = W.shape[0], W.shape[1]
     Wt = W.permute(2, 0, 1).reshape(2, L * d)  # (2, L*d), a 2 x 17k copy of the weights only
-    return (Wt @ u.reshape(-1, L * d).T).T + b
+    blocks = [u] if torch.is_tensor(u) else list(u)
+    outs = [(Wt @ x.reshape(-1, L * d).T).T for x in blocks]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs)) + b
 
 
 def gated_logits(out, owner, n_traj: int):
@@ -108,16 +114,13 @@ class _Packed:
         """Span outputs (g, v) of trajectories ``idx`` (per-trajectory views, no gather copy) and
         the owner number 0..len(idx)-1 of each span."""
         import torch
-        L, d = W.shape[0], W.shape[1]
-        Wt = W.permute(2, 0, 1).reshape(2, L * d)
-        u2 = self.u.reshape(-1, L * d)
         lo, hi = self.offsets[idx], self.offsets[idx + 1]
         if np.all(lo[1:] == hi[:-1]):  # contiguous run of trajectories: one product
-            out = (Wt @ u2[lo[0]:hi[-1]].T).T
+            out = span_outputs(self.u[lo[0]:hi[-1]], W, b)
         else:
-            out = torch.cat([(Wt @ u2[a:z].T).T for a, z in zip(lo, hi)])
+            out = span_outputs([self.u[a:z] for a, z in zip(lo, hi)], W, b)
         owner = torch.from_numpy(np.repeat(np.arange(len(idx)), self.sizes[idx]))
-        return out + b, owner
+        return out, owner
 
 
 class LinearScorer:
@@ -187,7 +190,7 @@ class LinearScorer:
         return W.float(), b.float()
 
     def split(self, traj_ids: Sequence[str]) -> tuple[list[str], list[str]]:
-        """The seeded train/validation split of sorted ``traj_ids`` (SPEC 5: 80/20, seed 0)."""
+        """The seeded train/validation split of sorted ``traj_ids`` (the paper's 80/20, seed 0)."""
         ids = sorted(traj_ids)
         perm = np.random.default_rng(int(self.seed)).permutation(len(ids))
         n_val = int(round(self.val_frac * len(ids)))
@@ -440,9 +443,6 @@ def train_scorer(bank_dir: str | Path, *, states_dir: str | Path | None = None,
     The states come from ``states_dir`` or, by default, the store the bank was built from
     (recorded in its manifest); their fingerprint must be the bank's.
     """
-    from .bank import Bank
-    from .store import StateStore
-
     bank = Bank.load(bank_dir)
     sdir = states_dir if states_dir is not None else bank.source_.get("states_dir")
     if not sdir:

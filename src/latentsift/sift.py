@@ -1,4 +1,6 @@
-"""Stage 1: the LatentSift filter and the baseline filters under one interface (SPEC.md sections 4-7).
+"""Stage 1: the LatentSift filter and the baseline filters under one interface.
+
+The paper's sections "Distance scoring and latent filtering" and "Linear scorer and signal fusion".
 
 Every filter answers three verbs:
 
@@ -7,7 +9,7 @@ Every filter answers three verbs:
   computed once per pool. ``prepare_many(pools, states)`` does all pools with one nearest-neighbour
   search per channel.
 - ``rank_subset(prepared, traj_ids) -> {traj_id: s}``: the final score s of each candidate of a
-  subset (e.g. a draw of K of the pool's n candidates), ranked *within that subset* (SPEC 6: ranks
+  subset (e.g. a draw of K of the pool's n candidates), ranked *within that subset* (ranks
   are never pooled across instances or draws).
 - ``score(pool, states) -> PoolResult``: everything for the whole pool, with the retained set
   (``max(3, floor(K/2))`` best by s; ties at the cut by ``retain.select_retained``'s rule).
@@ -15,22 +17,27 @@ Every filter answers three verbs:
 ``states`` is a dict traj_id -> ``TrajectoryStates`` (then pass ``fingerprint=``) or a states store
 (any object with ``load(traj_ids)`` and ``fingerprint``, e.g. ``StateStore``).
 
-Missing-channel rule (SPEC 4.3): a candidate with no channel-c state has q_c = NaN (missing) and
+Missing-channel rule: a candidate with no channel-c state has q_c = NaN (missing) and
 ranks lowest in channel c (``rank.normalized_ranks``); so its s_dist is the lowest rank among the
 candidates, whatever its other channels say.
 
 Determinism: candidates are processed in traj_id order and every result is keyed by traj_id, so the
 output does not depend on the order of the pool; the retention tie rule hashes (seed, traj_id).
+
+``latentsift filter`` on files is here too (``filter_options``, ``run_filter``, ``FilterRun``): it
+is the one place where the filters, the baselines and the output format meet (about 700 lines).
 """
 from __future__ import annotations
 
 import hashlib
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ._io import atomic_write_json
 from ._validation import LatentSiftError, check_choice, param_error
 from .bank import Bank, as_fingerprint
 from .fuse import FUSION_WEIGHT, fuse
@@ -39,8 +46,10 @@ from .margin import DISTANCES, WEIGHTINGS, channel_scores_grouped, signed_eviden
 from .rank import min_channel_rank, normalized_ranks
 from .retain import KEEP_FRAC, MIN_KEEP, check_retention, select_retained
 from .scorer import LinearScorer
+from .shift import ON_SHIFT, Reference, guard
 from .states import TrajectoryStates
-from .trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory
+from .store import StateStore, check_recorded_settings
+from .trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory, load_pools
 
 BRANCHES = ("both", "distance", "learned")
 N_EVIDENCE = 3  # strongest steps reported per channel
@@ -391,7 +400,7 @@ class LatentSift(Stage1Filter):
 
     def _channel(self, ch: str, sts: list[TrajectoryStates], ids: list[str],
                  evidence: dict[str, list[Evidence]]) -> np.ndarray:
-        """q_c of every candidate (SPEC 4.1-4.3) with one bank search for all their channel-c states."""
+        """q_c of every candidate (Eq. 2) with one bank search for all their channel-c states."""
         cid = CHANNEL_ID[ch]
         zs, steps, owner = [], [], []
         for i, s in enumerate(sts):
@@ -416,7 +425,7 @@ class LatentSift(Stage1Filter):
         e = signed_evidence(d_pos, d_neg, self.distance)
         w = t.astype(np.float64) if self.weighting == "linear" else np.ones(len(t))
         wsum = np.bincount(o, weights=w, minlength=len(ids))
-        if self.weighting == "linear":  # SPEC 4.3: only step 0 present -> plain mean
+        if self.weighting == "linear":  # only step 0 present -> plain mean
             flat = wsum[o] == 0
             w = np.where(flat, 1.0, w)
             wsum = np.bincount(o, weights=w, minlength=len(ids))
@@ -442,12 +451,12 @@ class LatentSift(Stage1Filter):
         out: dict[str, np.ndarray] = {}
         if self._uses_distance:
             r = np.stack([normalized_ranks(prepared.q[idx, j]) for j in range(len(prepared.channels))])
-            out["r"] = r  # r_c: within-subset normalised rank per channel (SPEC 4.4, 6)
-            out["s_dist"] = min_channel_rank(r)  # s_dist = min_c r_c (SPEC 4.5)
+            out["r"] = r  # r_c: within-subset normalised rank per channel (Eq. 4)
+            out["s_dist"] = min_channel_rank(r)  # s_dist = min_c r_c (Eq. 4)
         if self._uses_learned:
-            out["s_lin"] = normalized_ranks(prepared.q_lin[idx])  # s_lin (SPEC 5)
+            out["s_lin"] = normalized_ranks(prepared.q_lin[idx])  # s_lin: q_lin ranked within the subset
         if self.branches == "both":
-            out["s"] = fuse(out["s_dist"], out["s_lin"], self.fusion_weight)  # s = w s_dist + (1-w) s_lin (SPEC 7)
+            out["s"] = fuse(out["s_dist"], out["s_lin"], self.fusion_weight)  # s = w s_dist + (1-w) s_lin (Eq. 3)
         else:
             out["s"] = out["s_dist"] if self.branches == "distance" else out["s_lin"]
         return out
@@ -574,9 +583,6 @@ class FilterRun:
                 **_jsonable(self.extra), "pools": [p.to_dict() for p in self.pools]}
 
     def save(self, path) -> None:
-        from pathlib import Path
-
-        from ._io import atomic_write_json
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, self.to_dict())
@@ -584,8 +590,6 @@ class FilterRun:
 
 def load_selected_pools(pools_path, instances: Sequence[str] | None = None) -> list:
     """The pools of a canonical JSONL file, only those of ``instances`` when given (unknown ids: error)."""
-    from .trajectory import load_pools
-
     pools = load_pools(pools_path)
     if instances is not None:
         want = set(instances)
@@ -594,6 +598,38 @@ def load_selected_pools(pools_path, instances: Sequence[str] | None = None) -> l
             raise LatentSiftError(f"{pools_path} has no pool for instance(s) {unknown[:5]}.")
         pools = [p for p in pools if p.instance_id in want]
     return pools
+
+
+def filter_options(*, method: str = "latentsift", bank_dir=None, scorer_dir=None, sifter_dir=None,
+                   bank_choice: str = "all", on_leak: str | None = None, ray_address: str | None = None,
+                   bank_shards: int | None = None, approx: str | None = None, distance_only: bool = False,
+                   learned_only: bool = False) -> dict[str, str]:
+    """Check a ``latentsift filter`` combination of options before any work; the settings they resolve to.
+
+    A sifter (``sifter_dir``) replaces the bank, the scorer and the method, and runs in one process;
+    ``bank_choice`` other than "all" needs a sifter; Ray (``ray_address`` / ``bank_shards``) and the
+    approximate search (``approx``) exclude each other, and Ray must be installed. A conflict raises
+    ``LatentSiftError`` naming the options. Returns ``{"branches", "on_leak"}``: the LatentSift
+    branches (both, or one of ``distance_only`` / ``learned_only``) and ``on_leak``, which defaults
+    to "error" with a bank (evaluation: a bank holding a pool's instance is leakage) and to "allow"
+    with a sifter (deployment: a bank that has seen other attempts at the task is knowledge).
+    """
+    if distance_only and learned_only:
+        raise LatentSiftError("Pass at most one of --distance-only and --learned-only.")
+    if ray_address is not None or bank_shards is not None:
+        from .scale.cluster import require_ray  # the Ray backend is imported only when asked for
+        require_ray()
+        if approx is not None:
+            raise LatentSiftError("Pass --approx or --ray/--bank-shards, not both.")
+    if bank_choice != "all" and sifter_dir is None:
+        raise LatentSiftError("--bank-choice needs --sifter (a sifter fitted with 'latentsift fit --per-agent').")
+    if sifter_dir is not None:
+        if bank_dir is not None or scorer_dir is not None or method != "latentsift":
+            raise LatentSiftError("--sifter replaces --bank, --scorer and --method: pass only --sifter.")
+        if ray_address is not None or bank_shards is not None or approx is not None:
+            raise LatentSiftError("--sifter runs in one process: drop --ray, --bank-shards and --approx.")
+    branches = "distance" if distance_only else "learned" if learned_only else "both"
+    return {"branches": branches, "on_leak": on_leak or ("allow" if sifter_dir is not None else "error")}
 
 
 def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str = "latentsift",
@@ -613,14 +649,9 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     ``on_leak`` ("error", "skip", "allow"; ``latentsift.leak``) decides, per pool, what happens to a
     pool whose instance is in the bank; the decisions go to the output's ``leak`` section.
     """
-    from pathlib import Path
-
-    from .store import StateStore, check_recorded_settings
-
     check_choice(method, "method", "run_filter", METHODS)
     check_choice(on_leak, "on_leak", "filter", ON_LEAK)
     if on_shift is not None:
-        from .shift import ON_SHIFT
         check_choice(on_shift, "on_shift", "run_filter", ON_SHIFT)
     pools = load_selected_pools(pools_path, instances)
     store = StateStore(states_dir).open() if states_dir is not None else None
@@ -631,7 +662,7 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
             raise LatentSiftError("The latentsift filter needs --bank and --states.")
         bank = base_bank = Bank.load(bank_dir)
         check_recorded_settings(base_bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
-        # scale-out (issue 16): the same bank searched on Ray shards, or approximately with FAISS
+        # scale-out: the same bank searched on Ray shards, or approximately with FAISS
         if approx is not None:
             from .scale.approx import approx_bank
             bank = approx_bank(bank, approx)
@@ -664,10 +695,9 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     if method == "latentsift":
         run.extra["leak"] = {**leak, "warnings": leak_warnings}
     if method == "latentsift" and on_shift is not None:
-        # shift guard (issue 15) with a bare bank: it records no agents or scaffolds, so only the
+        # shift guard with a bare bank: it records no agents or scaffolds, so only the
         # state-space check runs (candidates' nearest-bank distances against the bank's own
         # leave-one-instance-out distances)
-        from .shift import Reference, guard
         states = store.load([c.traj_id for p in pools for c in p.candidates])
         shift, warnings = guard(results, pools, states, base_bank, Reference.from_bank(base_bank), on_shift)
         run.extra["shift"] = {**shift, "warnings": warnings}

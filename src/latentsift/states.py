@@ -1,4 +1,4 @@
-"""Policy states (SPEC.md section 2): exact-token replay, online capture, and the states contract.
+"""Policy states (paper section "Three-channel representations and bank construction"): exact-token replay, online capture, and the states contract.
 
 CONTRACT (used by banks and the scorer): ``TrajectoryStates``.
 
@@ -162,11 +162,11 @@ class _SpanSums:
         if self.src is None:
             return
         flat = hidden.reshape(-1, hidden.shape[-1])
-        # sum_p h_l[p] over the span's tokens (SPEC 2: numerator of the span mean)
+        # sum_p h_l[p] over the span's tokens (numerator of the span mean)
         self.sums[i].index_add_(0, self.tgt, flat.index_select(0, self.src).float())
 
     def means(self, n_spans: int) -> np.ndarray:
-        """(n_spans, L, d_model) float32: u[j][l] = sums / counts (SPEC 2)."""
+        """(n_spans, L, d_model) float32: u[j][l] = sums / counts (the span mean)."""
         cnt = np.maximum(self.counts[:n_spans], 1).astype(np.float32)
         out = self.sums[:, :n_spans].transpose(0, 1).cpu().numpy()
         return np.ascontiguousarray(out / cnt[:, None, None])
@@ -439,7 +439,7 @@ class StateRecorder:
             if len(ok):
                 src = torch.as_tensor(ok + (lo - first), device=buf.device)
                 tgt = torch.as_tensor(span[ok], device=buf.device)
-                # sum_p h_l[p] over the span's tokens (SPEC 2), all layers at once
+                # sum_p h_l[p] over the span's tokens, all layers at once
                 self._acc.sums.index_add_(1, tgt, buf.index_select(1, src))
                 np.add.at(self._acc.counts, span[ok], 1)
             if hi == first + m:  # every token of the block is labelled and pooled: drop it

@@ -1,7 +1,7 @@
 """The canonical trajectory model shared by every stage.
 
 A ``Trajectory`` is one candidate: the task prompt, then steps ``t = 0..T-1``, each with up to three
-spans (SPEC.md section 1):
+spans (paper section "Three-channel representations and bank construction"):
 
 - ``cot``: model-authored reasoning outside function calls (``<think>`` content included);
 - ``fn``: the function call exactly as the policy emitted it (tool name and arguments);

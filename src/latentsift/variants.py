@@ -161,7 +161,7 @@ class LogisticProbe:
 
 # ------------------------------------------------------------------------ stacked fusion
 def pool_rank_features(raw: Mapping[str, np.ndarray], instance: np.ndarray) -> np.ndarray:
-    """(n, n_features) within-pool normalised ranks of every raw signal (SPEC 6 per signal)."""
+    """(n, n_features) within-pool normalised ranks of every raw signal (rank normalisation per signal)."""
     return np.stack([grouped_normalized_ranks(raw[k], instance) for k in sorted(raw)], axis=1)
 
 

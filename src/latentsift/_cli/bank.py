@@ -9,24 +9,24 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 
 from .._guard import check_output
+from .._validation import LatentSiftError
+from ..bank import Bank, build_bank
+from ..scorer import CURVE_PNG, LinearScorer, train_scorer
+from ._options import Channels, Seed, csv_list
+from ._progress import StageProgress
 
 bank_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                       help="Positive/negative banks of distance states (SPEC 3).")
+                       help="Positive/negative banks of distance states.")
 scorer_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                         help="The learned linear scorer (SPEC 5).")
+                         help="The learned linear scorer.")
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(bank_app, name="bank")
     app.add_typer(scorer_app, name="scorer")
-
-
-def _csv(value: Optional[str]) -> Optional[list[str]]:
-    if value is None:
-        return None
-    return [x.strip() for x in value.split(",") if x.strip()]
 
 
 def _opt_choice(value: str) -> Optional[str]:
@@ -45,23 +45,18 @@ def build_cmd(
                               "(-1 = final, the paper)."),
     normalize: str = typer.Option("none", "--normalize", help="none (paper), l2 or whiten (ZCA fitted on the bank)."),
     center: str = typer.Option("none", "--center", help="none (paper) or mean (subtract the bank mean)."),
-    channels: str = typer.Option("cot,obs,fn", "--channels", help="Channels to index."),
+    channels: Channels = "cot,obs,fn",
     backend: str = typer.Option("torch", "--backend", help="Nearest-neighbour backend: torch or faiss."),
 ) -> None:
     """Build positive and negative banks from stored states and outcome labels."""
-    from rich.console import Console
-
-    from ..bank import Bank, build_bank
-
     console = Console(stderr=True)
     if repos is not None and exclude_repos is not None:
-        from .._validation import LatentSiftError
         raise LatentSiftError("Pass either --repos or --exclude-repos, not both.")
     check_output(out, [states_dir, pools], kind="bank")
     bank = Bank(layer=layer, normalize=_opt_choice(normalize), center=_opt_choice(center),
-                channels=tuple(_csv(channels) or ()), backend=backend)
+                channels=tuple(csv_list(channels) or ()), backend=backend)
     with console.status("loading states and building the banks ..."):
-        bank = build_bank(states_dir, pools, repos=_csv(repos), exclude_repos=_csv(exclude_repos), bank=bank)
+        bank = build_bank(states_dir, pools, repos=csv_list(repos), exclude_repos=csv_list(exclude_repos), bank=bank)
         bank.save(out)
     lc, sc = bank.label_counts(), bank.state_counts()
     console.print(f"bank: {lc['pos']} positive and {lc['neg']} negative trajectories from "
@@ -80,17 +75,12 @@ def train_cmd(
     accumulation: int = typer.Option(16, "--accumulation", help="Trajectories per optimizer step."),
     max_epochs: int = typer.Option(40, "--max-epochs", help="At most this many epochs."),
     val_frac: float = typer.Option(0.2, "--val-frac", help="Validation fraction of the bank trajectories."),
-    seed: int = typer.Option(0, "--seed", help="Split and shuffling seed."),
+    seed: Seed = 0,
     init: str = typer.Option("zeros", "--init", help="zeros (W = 0, bias at the base-rate logit) or torch."),
     patience: Optional[int] = typer.Option(None, "--patience", help="Stop after N epochs without a better "
                                            "validation loss (default: never)."),
 ) -> None:
     """Train the gated linear scorer on the bank trajectories; keep the best validation checkpoint."""
-    from rich.console import Console
-
-    from ..scorer import CURVE_PNG, LinearScorer, train_scorer
-    from ._progress import StageProgress
-
     check_output(out, [bank_dir, states], kind="scorer")
     console = Console(stderr=True)
     scorer = LinearScorer(lr=lr, weight_decay=weight_decay, accumulation=accumulation, max_epochs=max_epochs,

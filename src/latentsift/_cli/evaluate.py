@@ -6,6 +6,7 @@ Parsing and progress only; the logic is in ``latentsift.evaluate``, ``latentsift
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -13,6 +14,12 @@ import typer
 
 from .._guard import check_output
 from .._validation import LatentSiftError
+from ..evaluate import evaluate_run, load_pool_file, load_scores
+from ..report import write_report
+from ..trajectory import load_jsonl
+from ..verifier import EFVerifier, LocalBackend, OpenAIBackend, save_results
+from ._options import Draws, Dtype, Model, Seed, Threads
+from ._progress import StageProgress
 
 
 def register(app: typer.Typer) -> None:
@@ -30,8 +37,8 @@ def evaluate_cmd(
     reference: Optional[str] = typer.Option(None, "--reference", help="Workflow that savings are measured "
                                             "against (default: the first EF input)."),
     k: Optional[List[int]] = typer.Option(None, "--k", help="K values (repeat; default 2..smallest pool)."),
-    draws: int = typer.Option(200, "--draws", help="Seeded draws per instance and K."),
-    seed: int = typer.Option(0, "--seed"),
+    draws: Draws = 200,
+    seed: Seed = 0,
     tie: str = typer.Option("mean", "--tie", help="Ties after Stage 4: mean (expected label) or random."),
     missing: str = typer.Option("skip-stage", "--missing", help="Missing Stage-2/3 values: skip-stage or keep."),
     bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples over instances."),
@@ -49,11 +56,6 @@ def evaluate_cmd(
     names: Optional[Path] = typer.Option(None, "--names", help="JSON: filter -> display name."),
 ) -> None:
     """Run the four-stage cascade for every Stage-1 filter and write the evaluation report."""
-    from ._progress import StageProgress
-
-    from ..evaluate import evaluate_run, load_pool_file, load_scores
-    from ..report import write_report
-
     check_output(out, [pools, *scores, ablations, names], kind="report")
     pool_specs, records = load_pool_file(pools)
     inputs = [load_scores(p, known_ids=records.keys()) for p in scores]
@@ -115,7 +117,7 @@ def verify_cmd(
     name: str = typer.Option("ef", "--name", help="Name of this verifier in the evaluation."),
     backend: str = typer.Option("local", "--backend", help="local (a local model) or openai (an "
                                 "OpenAI-compatible endpoint)."),
-    model: Optional[Path] = typer.Option(None, "--model", help="Local model dir or .gguf (default: packaged SmolLM2)."),
+    model: Model = None,
     base_url: Optional[str] = typer.Option(None, "--base-url", help="Endpoint root, e.g. http://127.0.0.1:8000/v1."),
     api_model: Optional[str] = typer.Option(None, "--api-model", help="Model name sent to the endpoint."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
@@ -125,19 +127,13 @@ def verify_cmd(
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds per remote call."),
     retries: int = typer.Option(3, "--retries", help="Retries per remote call."),
     concurrency: int = typer.Option(4, "--concurrency", help="Parallel remote calls."),
-    dtype: str = typer.Option("auto", "--dtype", help="Local backend dtype: auto (bfloat16 on CUDA and on CPUs "
-                              "with native bf16, else float32), bfloat16, float16 or float32."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads for the local backend "
-                                          "(1 is faster on a machine shared with other jobs)."),
+    dtype: Dtype = "auto",
+    threads: Threads = None,
 ) -> None:
-    """Score trajectories with the execution-free verifier (P(YES) from the first answer token)."""
-    import os
+    """Score trajectories with the execution-free verifier (P(YES) from the first answer token).
 
-    from ._progress import StageProgress
-
-    from ..trajectory import load_jsonl
-    from ..verifier import EFVerifier, LocalBackend, OpenAIBackend, save_results
-
+    --model, --dtype and --threads apply to the local backend.
+    """
     check_output(out, [trajectories, model, ids], kind="verifier")
     if cache is not None:
         check_output(cache, [trajectories, model, ids], option="--cache")

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 
 from .._guard import check_output
+from ..explore import write_filter_site
 
 
 def register(app: typer.Typer) -> None:
@@ -24,10 +26,6 @@ def explore_cmd(
     out: Path = typer.Option(..., "--out", help="SITE_DIR to write (index.html, instances.html, instances/)."),
 ) -> None:
     """Write a static HTML site: pools, candidates side by side, trajectories with their evidence."""
-    from rich.console import Console
-
-    from ..explore import write_filter_site
-
     check_output(out, [filter_json, pools, bank], kind="site", replaces=True)
     console = Console(stderr=True)
     with console.status("writing pages ..."):

@@ -4,13 +4,19 @@ Parsing and printing only; the logic is ``latentsift.sift.run_filter``.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from .._guard import check_output
 from .._validation import LatentSiftError
+from ..sift import filter_options, run_filter
+from ..sifter import run_sifter_filter_chosen
+from ._options import Channels, Seed, StatesDir, csv_list
 
 
 def register(app: typer.Typer) -> None:
@@ -23,13 +29,13 @@ def _fmt(x) -> str:
 
 def filter_cmd(
     pools: Path = typer.Argument(..., help="Canonical JSONL of the candidate pools."),
-    states: Optional[Path] = typer.Option(None, "--states", help="STATES_DIR holding the candidates' states."),
+    states: StatesDir = None,
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
     out: Path = typer.Option(..., "--out", help="FILTER.json to write."),
     method: str = typer.Option("latentsift", "--method", help="latentsift, or a baseline: random, "
                                "shortest-tokens, shortest-chars, fewest-steps."),
-    channels: str = typer.Option("cot,obs,fn", "--channels", help="Channel subset (s_dist = min rank over it)."),
+    channels: Channels = "cot,obs,fn",
     distance: str = typer.Option("two-sided", "--distance", help="two-sided (d_neg - d_pos), pos (-d_pos) or "
                                  "neg (d_neg)."),
     weighting: str = typer.Option("linear", "--weighting", help="Step weights: linear (t) or uniform."),
@@ -38,7 +44,7 @@ def filter_cmd(
     fusion_weight: float = typer.Option(0.5, "--fusion-weight", help="s = w s_dist + (1 - w) s_lin."),
     min_keep: int = typer.Option(3, "--min-keep", help="Retain max(min_keep, floor(frac K))."),
     frac: float = typer.Option(0.5, "--frac", help="Retain max(min_keep, floor(frac K))."),
-    seed: int = typer.Option(0, "--seed", help="Tie rule at the cut (and the random baseline)."),
+    seed: Seed = 0,
     evidence: int = typer.Option(3, "--evidence", help="Strongest steps reported per channel (0 = none)."),
     instances: Optional[str] = typer.Option(None, "--instances", help="Only these instance ids (comma-separated)."),
     show: int = typer.Option(10, "--show", help="Print the table of at most N pools (the JSON has all)."),
@@ -63,50 +69,30 @@ def filter_cmd(
                                           "named in the output."),
 ) -> None:
     """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from ..sift import run_filter
-
-    import sys
-    console = Console(width=None if sys.stdout.isatty() else 160)
-    if distance_only and learned_only:
-        raise LatentSiftError("Pass at most one of --distance-only and --learned-only.")
+    resolved = filter_options(method=method, bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
+                              bank_choice=bank_choice, on_leak=on_leak, ray_address=ray, bank_shards=bank_shards,
+                              approx=approx, distance_only=distance_only, learned_only=learned_only)
     if show < 0:
         raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
     check_output(out, [pools, states, bank, scorer, sifter])
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    inst = csv_list(instances) if instances else None
     settings: dict = {"min_keep": min_keep, "frac": frac, "seed": seed}
-    if method == "latentsift":
-        settings |= {"channels": tuple(x.strip() for x in channels.split(",") if x.strip()),
-                     "distance": distance, "weighting": weighting, "fusion_weight": fusion_weight,
-                     "branches": "distance" if distance_only else "learned" if learned_only else "both",
-                     "n_evidence": evidence}
-    inst = [x.strip() for x in instances.split(",") if x.strip()] if instances else None
-    if ray is not None or bank_shards is not None:
-        from ..scale.cluster import require_ray
-        require_ray()
-        if approx is not None:
-            raise LatentSiftError("Pass --approx or --ray/--bank-shards, not both.")
-    warnings: list[str] = []
-    if bank_choice != "all" and sifter is None:
-        raise LatentSiftError("--bank-choice needs --sifter (a sifter fitted with 'latentsift fit --per-agent').")
     if sifter is not None:
-        from ..sifter import run_sifter_filter_chosen
-        if bank is not None or scorer is not None or method != "latentsift":
-            raise LatentSiftError("--sifter replaces --bank, --scorer and --method: pass only --sifter.")
-        if ray is not None or bank_shards is not None or approx is not None:
-            raise LatentSiftError("--sifter runs in one process: drop --ray, --bank-shards and --approx.")
-        settings = {"min_keep": min_keep, "frac": frac, "seed": seed, "n_evidence": evidence}
+        settings["n_evidence"] = evidence
         with Console(stderr=True).status("scoring ..."):
             run, warnings = run_sifter_filter_chosen(pools, states, sifter, bank_choice=bank_choice,
-                                                     on_shift=on_shift, on_leak=on_leak or "allow", instances=inst,
-                                                     **settings)
+                                                     on_shift=on_shift, on_leak=resolved["on_leak"],
+                                                     instances=inst, **settings)
         settings["channels"] = tuple(run.settings["channels"])
     else:
+        if method == "latentsift":
+            settings |= {"channels": tuple(csv_list(channels)), "distance": distance, "weighting": weighting,
+                         "fusion_weight": fusion_weight, "branches": resolved["branches"], "n_evidence": evidence}
         with Console(stderr=True).status("scoring ..."):
             run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
                              ray_address=ray, bank_shards=bank_shards, approx=approx,
-                             on_shift=on_shift if method == "latentsift" else None, on_leak=on_leak or "error",
+                             on_shift=on_shift if method == "latentsift" else None, on_leak=resolved["on_leak"],
                              **settings)
         warnings = list(run.extra.get("shift", {}).get("warnings", []))
     run.save(out)

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import typer
+from rich.console import Console
 
 from .._guard import check_output
+from ..sifter import fit_sifter
+from ._options import FirstInstances, ScorerEpochs, Seed, StatesDirs
 
 
 def register(app: typer.Typer) -> None:
@@ -16,13 +19,11 @@ def register(app: typer.Typer) -> None:
 def fit_cmd(
     pools: List[Path] = typer.Argument(..., help="Canonical JSONL of labelled candidates (every candidate has a "
                                        "reward); several files (runs) make one sifter."),
-    states: List[Path] = typer.Option(..., "--states", help="STATES_DIR holding candidates' states (repeat for "
-                                      "several stores of the same model and settings)."),
+    states: StatesDirs = ...,
     out: Path = typer.Option(..., "--out", help="SIFTER_DIR to write (replaced only once complete)."),
-    scorer_epochs: int = typer.Option(40, "--scorer-epochs", help="Epochs of the gated scorer."),
-    seed: int = typer.Option(0, "--seed"),
-    instances: Optional[int] = typer.Option(None, "--instances", help="Only the first N instances by id "
-                                            "(as 'extract --instances N')."),
+    scorer_epochs: ScorerEpochs = 40,
+    seed: Seed = 0,
+    instances: FirstInstances = None,
     per_agent: bool = typer.Option(False, "--per-agent", help="Also keep a bank and scorer per agent (and per "
                                    "scaffold where they differ) for 'filter --bank-choice nearest'."),
     false_alarm: float = typer.Option(0.05, "--false-alarm", help="The shift guard's stated false-alarm rate: its "
@@ -31,10 +32,6 @@ def fit_cmd(
                                   "(each bank pool against the bank without its repository) or instance."),
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
-    from rich.console import Console
-
-    from ..sifter import fit_sifter
-
     check_output(out, [pools, states], kind="sifter", replaces=True)
     console = Console(stderr=True)
     sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,

@@ -6,9 +6,12 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.console import Console
 
 from .._guard import check_output
 from .._io import atomic_write_text
+from ..importers import import_paths
+from ..trajectory import save_jsonl
 
 
 def register(app: typer.Typer) -> None:
@@ -26,11 +29,6 @@ def register(app: typer.Typer) -> None:
                                                     help="Also write the import summary as JSON."),
     ) -> None:
         """Import trajectories into canonical JSONL (one trajectory per line) and print a summary."""
-        from rich.console import Console
-
-        from ..importers import import_paths
-        from ..trajectory import save_jsonl
-
         check_output(out, [*inputs, *(labels or ())])
         if summary_json is not None:
             check_output(summary_json, [*inputs, *(labels or ()), out], option="--summary-json")

@@ -20,6 +20,8 @@ from typing import Any, Mapping, Sequence
 from .._guard import SITE_MANIFEST
 from .._io import atomic_write_json, read_json
 from .._validation import LatentSiftError
+from ..cascade import stage1_retain
+from ..sift import FILTER_FORMAT, FilterRun
 from ..trajectory import Trajectory, load_jsonl
 from .data import RETAINED_FORMAT, Limits, pool_pages, summary_charts, summary_tables
 
@@ -164,8 +166,6 @@ def save_stage1(draw_scorers: Mapping[str, Any], out_dir: str | Path, *, detail:
     (the ``latentsift filter`` output format: s, ranks, evidence per candidate) and ``retained.json``
     (every filter's retained set per instance).
     """
-    from ..cascade import stage1_retain
-    from ..sift import FilterRun
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = {}
@@ -220,7 +220,6 @@ def write_filter_site(filter_json: str | Path, pools: str | Path, out_dir: str |
     ``source.pools``, from ``bank_dir`` or the filter output's ``inputs.bank_dir``) when it exists,
     else from ``pools``.
     """
-    from ..sift import FILTER_FORMAT
     fpath = Path(filter_json)
     if not fpath.is_file():
         raise LatentSiftError(f"The filter output {str(fpath)!r} does not exist (write it with 'latentsift filter').")

@@ -1,0 +1,57 @@
+"""Typer options shared by the commands: one flag name, type and help text per option, defined once.
+
+Each is an ``Annotated`` type; a command declares ``seed: Seed = 0`` and keeps its default in the
+signature (or reads it from its settings object), so the same option reads the same in every
+command's ``--help``::
+
+    def crossval_cmd(states: StatesDirs, folds: Folds = 4, k: Ks = (4, 5, 6), seed: Seed = 0): ...
+
+An option whose meaning differs between commands (``--out``, ``--pools``) stays in its command.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from ..model import AUTO_DTYPE, DTYPES
+
+# --- inputs -------------------------------------------------------------------------------------
+StatesDirs = Annotated[List[Path], typer.Option(
+    "--states", help="STATES_DIR holding the candidates' states ('latentsift extract'); repeat for several "
+                     "stores of the same model and settings.")]
+StatesDir = Annotated[Optional[Path], typer.Option(
+    "--states", help="STATES_DIR holding the candidates' states ('latentsift extract').")]
+FirstInstances = Annotated[Optional[int], typer.Option(
+    "--instances", help="Only the first N instances, in instance-id order.")]
+Channels = Annotated[str, typer.Option("--channels", help="Channels, comma-separated: cot, obs, fn.")]
+
+# --- the evaluation protocol --------------------------------------------------------------------
+Folds = Annotated[int, typer.Option("--folds", help="Number of disjoint folds: no bank holds a repository (or "
+                                                    "the group of --group-by) of the pools it scores.")]
+Ks = Annotated[List[int], typer.Option("--k", help="K values: candidates drawn per instance (repeat).")]
+Draws = Annotated[int, typer.Option("--draws", help="Seeded draws of K candidates per instance and K.")]
+Boot = Annotated[int, typer.Option("--boot", help="Bootstrap resamples of instances for the intervals.")]
+ScorerEpochs = Annotated[int, typer.Option("--scorer-epochs", help="Epochs of the gated linear scorer (0 = the "
+                                                                   "distance branch only).")]
+Variants = Annotated[bool, typer.Option("--variants/--no-variants", help="Also evaluate the beyond-paper "
+                                                                         "variants and the inner-CV default.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the draws, splits, shuffling and tie rule.")]
+
+# --- the policy model ---------------------------------------------------------------------------
+Model = Annotated[Optional[Path], typer.Option(
+    "--model", help="Local HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct GGUF).")]
+Dtype = Annotated[str, typer.Option(
+    "--dtype", help=f"Model dtype: {AUTO_DTYPE} (bfloat16 on CUDA and on CPUs with native bf16, else float32), "
+                    + ", ".join(DTYPES) + ".")]
+Threads = Annotated[Optional[int], typer.Option(
+    "--threads", help="torch CPU threads (default: torch's choice; 1 is faster on a machine shared with other "
+                      "jobs).")]
+
+
+def csv_list(value: Optional[str]) -> Optional[list[str]]:
+    """A comma-separated option value as a list of its non-empty items (None stays None)."""
+    if value is None:
+        return None
+    return [x.strip() for x in value.split(",") if x.strip()]
