@@ -25,7 +25,7 @@ from pathlib import Path
 from latentsift.control import plant_pools
 from latentsift.model import load_policy
 from latentsift.protocol import crossval
-from latentsift.store import extract_pools
+from latentsift.extract import extract_pools
 from latentsift.trajectory import load_jsonl, save_jsonl
 
 

@@ -14,7 +14,8 @@ import pytest
 from latentsift._validation import FingerprintMismatch, LatentSiftError
 from latentsift.model import DEFAULT_GGUF_FILE, Fingerprint
 from latentsift.states import TrajectoryStates
-from latentsift.store import StateStore, extract_pools, extract_settings, resolve_layers
+from latentsift.extract import extract_pools, extract_settings, resolve_layers
+from latentsift.store import StateStore
 
 FP = Fingerprint("TinyLM", n_layers=3, d_model=8, tokenizer_sha="t", template_sha="c", weights_sha="w",
                  dtype="float32")
@@ -183,7 +184,7 @@ CHILD = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)      # as the parent test: results must match bit for bit
     from latentsift.model import load_policy
-    from latentsift.store import extract_pools
+    from latentsift.extract import extract_pools
     from latentsift.trajectory import load_jsonl
     kill_after = int(sys.argv[3])
     def progress(p):
