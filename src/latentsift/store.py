@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ._io import atomic_write_bytes, member
+from ._io import ArtefactKind, atomic_write_bytes, member, read_artefact, sha256_hex, write_artefact
 from ._validation import LatentSiftError, param_error
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -46,6 +45,8 @@ STORE_DTYPES = ("float16", "float32")
 MATCHED_SETTINGS = ("max_span_tokens", "max_prompt_tokens", "max_tokens", "context", "layers", "store_dtype",
                     "renderer", "patch_step_tokens")
 RENDERERS = ("render", "render_per_step")
+STORE_ARTEFACT = ArtefactKind(FORMAT, FORMAT_VERSION, MANIFEST, noun="a state store",
+                              make="run 'latentsift extract' first", redo="delete the directory and re-run extract")
 
 
 def check_recorded_settings(recorded: dict | None, store: "StateStore", what: str) -> None:
@@ -64,10 +65,6 @@ def check_recorded_settings(recorded: dict | None, store: "StateStore", what: st
                               + "; extract the states with the same settings or rebuild it from these states.")
 # value of a matched setting in a store written before the setting existed
 SETTING_DEFAULTS = {"patch_step_tokens": None}
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class StateStore:
@@ -98,13 +95,11 @@ class StateStore:
             raise LatentSiftError(f"{self.path} already holds a state store; open it instead "
                                   "(or choose another --out).")
         (self.path / SHARDS).mkdir(parents=True, exist_ok=True)
-        manifest = {"format": FORMAT, "version": FORMAT_VERSION,
-                    "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        manifest = {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     "fingerprint": fingerprint.to_dict(), "settings": dict(settings)}
         json.dumps(manifest)  # settings must be JSON
         self._write_index()
-        atomic_write_bytes(self.path / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
-        self.manifest = manifest
+        self.manifest = write_artefact(self.path, STORE_ARTEFACT, manifest)
         return self
 
     def open(self) -> "StateStore":
@@ -112,20 +107,7 @@ class StateStore:
         and shards the index does not reference)."""
         import pyarrow.parquet as pq
 
-        mpath = self.path / MANIFEST
-        if not mpath.is_file():
-            raise LatentSiftError(f"{self.path} is not a state store (no {MANIFEST}); run 'latentsift extract' first.")
-        try:
-            manifest = json.loads(mpath.read_text())
-        except json.JSONDecodeError as e:
-            raise LatentSiftError(f"{mpath}:{e.lineno}: not valid JSON ({e.msg}).") from None
-        if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
-            raise LatentSiftError(f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r} "
-                                  f"is not {FORMAT!r} version {FORMAT_VERSION}.")
-        for key in ("fingerprint", "settings"):
-            if key not in manifest:
-                raise LatentSiftError(f"{mpath}: missing field {key!r}.")
-        self.manifest = manifest
+        self.manifest, _ = read_artefact(self.path, STORE_ARTEFACT, required=("fingerprint", "settings"))
         ipath = self.path / INDEX
         if not ipath.is_file():
             raise LatentSiftError(f"{self.path}: the index {INDEX} is missing; the store is damaged "
@@ -159,8 +141,6 @@ class StateStore:
 
     def _require_open(self) -> None:
         if self.manifest is None:
-            if not self.exists:
-                raise LatentSiftError(f"{self.path} is not a state store (no {MANIFEST}); run 'latentsift extract' first.")
             self.open()
 
     def _cleanup(self) -> None:
@@ -270,7 +250,7 @@ class StateStore:
         bad = []
         for s in self._shards:
             p = member(self.path / SHARDS, s["name"], self.path / INDEX)
-            if not p.is_file() or _sha256(p.read_bytes()) != s["sha256"]:
+            if not p.is_file() or sha256_hex(p.read_bytes()) != s["sha256"]:
                 bad.append(s["name"])
         return bad
 
@@ -300,7 +280,7 @@ class StateStore:
         if not src.is_file():
             raise LatentSiftError(f"The shard file {src} written by a worker is missing; is the store on a "
                                   "filesystem that all workers and the driver share?")
-        got = _sha256(src.read_bytes())
+        got = sha256_hex(src.read_bytes())
         if got != shard.sha256:
             raise LatentSiftError(f"The shard file {src} does not match the checksum its worker reported; "
                                   "it was not committed.")
@@ -339,7 +319,7 @@ class StateStore:
             raise LatentSiftError(f"The shard {p} listed in {self.path / INDEX} is missing; the store is damaged "
                                   "(delete the directory and re-run extract).")
         data = p.read_bytes()
-        got = _sha256(data)
+        got = sha256_hex(data)
         if got != shard["sha256"]:
             raise LatentSiftError(f"The shard {p} is corrupted: sha256 {got[:16]}... does not match the index "
                                   f"({shard['sha256'][:16]}...). Delete the store directory and re-run extract.")
@@ -451,7 +431,7 @@ def encode_shard(states: Sequence[TrajectoryStates], instance_ids: Sequence[str]
     meta = json.dumps({"format": FORMAT, "fingerprint": fp.digest, "traj_ids": [s.traj_id for s in states],
                        "offsets": offsets}, sort_keys=True)
     data = save(tensors, metadata={"latentsift": meta})
-    return EncodedShard(data=data, sha256=_sha256(data), n_bytes=len(data), traj_ids=[s.traj_id for s in states],
+    return EncodedShard(data=data, sha256=sha256_hex(data), n_bytes=len(data), traj_ids=[s.traj_id for s in states],
                         instance_ids=instance_ids, offsets=[int(x) for x in offsets],
                         step=tensors["step"].astype(int).tolist(), channel=tensors["channel"].astype(int).tolist(),
                         n_tokens=[int(s.n_tokens) for s in states])
