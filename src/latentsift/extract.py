@@ -11,8 +11,9 @@ lock, asks the backend for the model's fingerprint and the manifest settings, sk
 stored, and is the only one that commits: the backend yields :class:`Extracted` records (finished
 trajectories, and a finished batch's encoded shard) and the driver appends each shard to the store
 (``StateStore.append`` for bytes in memory, ``StateStore.commit`` for a file a worker wrote). A
-worker's partial output is never visible as stored. Backends give the same store: each
-trajectory's states are the same bit for bit (same model, dtype and device kind).
+worker's partial output is never visible as stored. Backends give the same states, each
+trajectory's bit for bit (same model, dtype and device kind); only the grouping into shards may
+differ (the Ray backend batches the longest trajectories first).
 
 ``latentsift.backends.open_backend`` turns the command-line choices (``--model``, ``--dtype``,
 ``--device``, ``--threads``, ``--ray``, ``--workers``, ``--gpus-per-worker``) into a backend.
