@@ -51,7 +51,8 @@ def open_run(run_dir: Path):
     """(Run, trajectories, state store) of a reproduce or crossval run folder."""
     from latentsift.protocol import CrossvalSettings
     from latentsift.reproduce import ReproduceSettings, Run
-    from latentsift.store import StateStore, select_instances
+    from latentsift.extract import select_instances
+    from latentsift.store import StateStore
     from latentsift.trajectory import load_jsonl
 
     man_path = run_dir / "manifest.json"

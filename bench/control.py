@@ -27,8 +27,8 @@ from pathlib import Path
 from latentsift.control import plant_pools
 from latentsift.model import load_policy
 from latentsift.protocol import crossval
+from latentsift.extract import extract_pools
 from latentsift.reproduce import ReproduceSettings, reproduce
-from latentsift.store import extract_pools
 from latentsift.trajectory import load_jsonl, save_jsonl
 
 

@@ -103,7 +103,8 @@ def main() -> None:
     from latentsift.importers import import_paths
     from latentsift.model import load_policy
     from latentsift.states import replay
-    from latentsift.store import StateStore, extract_pools
+    from latentsift.extract import extract_pools
+    from latentsift.store import StateStore
 
     policy = load_policy(dtype=args.dtype)
     half = args.n // 2

@@ -34,8 +34,8 @@ def bench_extract(args, ray) -> None:
 
     from latentsift.importers import import_paths
     from latentsift.model import load_policy
-    from latentsift.scale import extract_pools_ray
-    from latentsift.store import extract_pools
+    from latentsift.extract import extract_pools
+    from latentsift.scale import RayBackend
 
     torch.set_num_threads(1)
     trajs = import_paths(DATA / "r2egym" / "acr-run-1.jsonl.gz").trajectories[:args.n]
@@ -48,9 +48,10 @@ def bench_extract(args, ray) -> None:
         base = rep.tokens_per_s
         for w in (1, 2):
             start = []
-            rep = extract_pools_ray(args.model, trajs, Path(tmp) / f"ray{w}", workers=w, dtype="float32",
-                                    device=args.device, cpus_per_worker=0.9, gpus_per_worker=args.gpus,
-                                    progress=lambda p: start.append(p.elapsed) if p.done == 0 else None, **kw)
+            backend = RayBackend(args.model, workers=w, dtype="float32", device=args.device, cpus_per_worker=0.9,
+                                 gpus_per_worker=args.gpus)
+            rep = extract_pools(backend, trajs, Path(tmp) / f"ray{w}",
+                                progress=lambda p: start.append(p.elapsed) if p.done == 0 else None, **kw)
             steady = rep.n_tokens / (rep.seconds - start[0])
             print(f"ray, {w} worker(s)      {rep.n_tokens:7,d} tokens  {rep.seconds:6.1f} s  "
                   f"{steady:8,.0f} tok/s after the workers loaded the model ({steady / base:.2f}x single; "

@@ -10,7 +10,7 @@ import pytest
 from latentsift._validation import LatentSiftError
 from latentsift.control import PLANTED, plant_outcome, plant_pools
 from latentsift.protocol import crossval
-from latentsift.store import extract_pools
+from latentsift.extract import extract_pools
 from latentsift.trajectory import load_jsonl, save_jsonl
 
 pytestmark = pytest.mark.model

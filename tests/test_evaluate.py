@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from latentsift import LatentSiftError
+from latentsift._io import jsonable
 from latentsift.cascade import CandidateRecord, PoolSpec, run_cascade
+from latentsift.evaluate import bootstrap_indices, bootstrap_weights
 from latentsift.evaluate import (draw_subsets, evaluate_run, instance_seed, load_pool_file, load_scores,
                                  pools_from_trajectories, save_pool_file, save_scores)
 from latentsift.verifier import Verdict, VerifierFailure, save_results
@@ -203,3 +205,18 @@ def test_cli_evaluate_writes_the_report(tmp_path, tiny):
     assert summary["best_at_k"]["filters"]["smol"]["4"]["mean"] == 1.0
     assert summary["settings"]["filter_kinds"] == {"latentsift": "table", "smol": "ef", "none": "none"}
     assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "best_at_k_tokens.png").is_file()
+
+
+def test_one_resampler_gives_indices_and_their_weights():
+    idx = bootstrap_indices(5, 40, np.random.default_rng(3))
+    w = bootstrap_weights(5, 40, np.random.default_rng(3))  # the same draws, as multiplicities
+    assert w.shape == (40, 5) and np.all(w.sum(axis=1) == 5)
+    assert np.array_equal(w, np.stack([np.bincount(r, minlength=5) for r in idx]).astype(np.float64))
+
+
+def test_jsonable_writes_nan_as_null_and_inf_only_when_asked():
+    x = {"a": (np.float32(1.5), np.int64(2), np.bool_(True)), 3: [float("nan"), float("inf")]}
+    assert jsonable(x) == {"a": [1.5, 2, True], "3": [None, float("inf")]}
+    assert jsonable(x, finite=True)["3"] == [None, None]
+    assert json.dumps(jsonable(x, finite=True), allow_nan=False)
+

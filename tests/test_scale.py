@@ -10,11 +10,13 @@ ray = None  # imported by the cluster fixture (the Ray tests skip without the ex
 from latentsift import LatentSiftError  # noqa: E402
 from latentsift.bank import Bank  # noqa: E402
 from latentsift.model import load_policy  # noqa: E402
-from latentsift.scale import connect, extract_pools_ray, shard_bank  # noqa: E402
+from latentsift.backends import open_backend  # noqa: E402
+from latentsift.extract import LocalBackend, extract_pools  # noqa: E402
+from latentsift.scale import RayBackend, connect, shard_bank  # noqa: E402
 from latentsift.scale.extract import ACTOR_PREFIX  # noqa: E402
 from latentsift.sift import LatentSift  # noqa: E402
 from latentsift.states import TrajectoryStates  # noqa: E402
-from latentsift.store import StateStore, extract_pools  # noqa: E402
+from latentsift.store import StateStore  # noqa: E402
 from latentsift.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory  # noqa: E402
 
 from synthetic import FP, make_states  # noqa: E402  (tests/synthetic.py)
@@ -61,6 +63,10 @@ def single(tiny_model, trajs, tmp_path_factory, one_torch_thread):
     return StateStore(out).open()
 
 
+def on_ray(model, workers: int = 2) -> RayBackend:
+    return RayBackend(model, workers=workers, dtype="float32", device="cpu")
+
+
 def assert_same_store(a: StateStore, b: StateStore):
     assert sorted(a.traj_ids()) == sorted(b.traj_ids())
     b.verify()
@@ -73,13 +79,25 @@ def assert_same_store(a: StateStore, b: StateStore):
 
 
 def test_two_workers_give_the_single_process_states(cluster, tiny_model, trajs, single, tmp_path):
-    rep = extract_pools_ray(tiny_model, trajs, tmp_path / "s", workers=2, dtype="float32", device="cpu", **EXTRACT)
+    rep = extract_pools(on_ray(tiny_model), trajs, tmp_path / "s", **EXTRACT)
     assert (rep.n_extracted, rep.n_skipped) == (5, 0) and len(rep.shards) == 3
     assert rep.n_tokens == sum(t["n_tokens"] for t in single.trajectories())
     store = StateStore(tmp_path / "s").open()
     assert store.fingerprint == single.fingerprint and store.settings["layers"] == single.settings["layers"]
     assert_same_store(single, store)
     assert not list((tmp_path / "s" / "shards").glob("*.tmp"))
+
+
+def test_one_driver_runs_the_backend_the_options_name(cluster, tiny_model, trajs, single, tmp_path):
+    local = open_backend(tiny_model, dtype="float32", device="cpu")
+    remote = open_backend(tiny_model, dtype="float32", device="cpu", ray="local", workers=2)
+    assert isinstance(local, LocalBackend) and isinstance(remote, RayBackend) and remote.workers == 2
+    reports = {name: extract_pools(b, trajs[:3], tmp_path / name, **EXTRACT)
+               for name, b in (("local", local), ("ray", remote))}
+    assert [(r.n_extracted, r.n_tokens, len(r.shards)) for r in reports.values()] == [(3, reports["local"].n_tokens, 2)] * 2
+    assert_same_store(StateStore(tmp_path / "local").open(), StateStore(tmp_path / "ray").open())
+    with pytest.raises(LatentSiftError, match="--dtype"):
+        open_backend(tiny_model, dtype="int8", ray="local")  # checked before any worker starts
 
 
 def test_killed_worker_loses_only_its_batch_and_a_rerun_completes(cluster, tiny_model, trajs, single, tmp_path):
@@ -92,10 +110,9 @@ def test_killed_worker_loses_only_its_batch_and_a_rerun_completes(cluster, tiny_
             ray.kill(ray.get_actor(name))
             killed.append(name)
 
-    rep = extract_pools_ray(tiny_model, trajs, tmp_path / "s", workers=2, dtype="float32", device="cpu",
-                            progress=progress, **EXTRACT)
+    rep = extract_pools(on_ray(tiny_model), trajs, tmp_path / "s", progress=progress, **EXTRACT)
     assert killed and rep.n_extracted == 5
-    again = extract_pools_ray(tiny_model, trajs, tmp_path / "s", workers=2, dtype="float32", device="cpu", **EXTRACT)
+    again = extract_pools(on_ray(tiny_model), trajs, tmp_path / "s", **EXTRACT)
     assert (again.n_extracted, again.n_skipped) == (0, 5)
     assert_same_store(single, StateStore(tmp_path / "s").open())
 
@@ -107,12 +124,12 @@ def test_bad_input_ends_with_clear_errors_and_a_valid_store(cluster, tiny_model,
     shutil.copytree(single.path, dst)
     n = len(StateStore(dst).open())
     with pytest.raises(LatentSiftError, match="No Ray head answers at 127.0.0.1:9"):
-        extract_pools_ray(tiny_model, trajs, dst, ray_address="127.0.0.1:9", workers=1, **EXTRACT)
+        extract_pools(RayBackend(tiny_model, ray_address="127.0.0.1:9", workers=1), trajs, dst, **EXTRACT)
     broken = tmp_path / "broken-model"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
     with pytest.raises(LatentSiftError, match="could not load the model"):
-        extract_pools_ray(broken, trajs, dst, workers=1, **EXTRACT)
+        extract_pools(RayBackend(broken, workers=1), trajs, dst, **EXTRACT)
     from typer.testing import CliRunner
 
     from latentsift.cli import app
@@ -121,7 +138,7 @@ def test_bad_input_ends_with_clear_errors_and_a_valid_store(cluster, tiny_model,
     save_jsonl(trajs, tmp_path / "pools.jsonl")
     with StateStore(dst).lock():  # another writer holds the store
         with pytest.raises(LatentSiftError, match="Another process is writing"):
-            extract_pools_ray(tiny_model, trajs, dst, workers=1, dtype="float32", device="cpu", **EXTRACT)
+            extract_pools(on_ray(tiny_model, workers=1), trajs, dst, **EXTRACT)
         res = CliRunner().invoke(app, ["extract", str(tmp_path / "pools.jsonl"), "--out", str(dst), "--model",
                                        str(tiny_model), "--ray", "local", "--workers", "2", "--max-tokens", "384"])
         assert res.exit_code == 2 and "Another process is writing" in res.output  # a message, no traceback

@@ -295,7 +295,7 @@ def real(tmp_path_factory, policy, data_dir):
     one pytest instance (4 candidates: ACR runs 1-3 and SWE-agent run 1). Short renderings
     (4 tokens per span, first 96 tokens) keep the model time small; the mechanics are the same."""
     from latentsift.importers import import_paths
-    from latentsift.store import extract_pools
+    from latentsift.extract import extract_pools
     from latentsift.trajectory import save_jsonl
     runs = [data_dir / "r2egym" / f"acr-run-{i}.jsonl.gz" for i in (1, 2, 3)] + [data_dir / "sweagent" / "cost_2_1.tar.gz"]
     trajs = import_paths(runs, labels=data_dir / "candidates.csv").trajectories

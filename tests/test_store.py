@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -14,7 +15,8 @@ import pytest
 from latentsift._validation import FingerprintMismatch, LatentSiftError
 from latentsift.model import DEFAULT_GGUF_FILE, Fingerprint
 from latentsift.states import TrajectoryStates
-from latentsift.store import StateStore, extract_pools, extract_settings, resolve_layers
+from latentsift.extract import ExtractionBackend, Extracted, extract_pools, extract_settings, resolve_layers
+from latentsift.store import StateStore, encode_shard
 
 FP = Fingerprint("TinyLM", n_layers=3, d_model=8, tokenizer_sha="t", template_sha="c", weights_sha="w",
                  dtype="float32")
@@ -183,7 +185,7 @@ CHILD = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)      # as the parent test: results must match bit for bit
     from latentsift.model import load_policy
-    from latentsift.store import extract_pools
+    from latentsift.extract import extract_pools
     from latentsift.trajectory import load_jsonl
     kill_after = int(sys.argv[3])
     def progress(p):
@@ -278,3 +280,44 @@ def test_extract_cli(tmp_path, small_pools):
     assert store.layer_ids == (30,)
     for s in states.values():
         assert s.layers.shape[1:] == (1, 576) and s.n_tokens <= 200 and s.layer_ids == (30,)
+
+
+class _MadeUp(ExtractionBackend):
+    """A backend without a model: made-up states, one shard per batch (the driver's contract alone)."""
+
+    def __init__(self, fail_after: int | None = None):
+        self.fail_after, self.closed, self.batches = fail_after, False, []
+
+    def start(self, settings_kw):
+        return FP, SETTINGS
+
+    def run(self, store_path, todo, shard_size):
+        for a in range(0, len(todo), shard_size):
+            if self.fail_after is not None and len(self.batches) == self.fail_after:
+                raise LatentSiftError("worker lost")
+            batch = todo[a:a + shard_size]
+            self.batches.append([t.traj_id for t in batch])
+            states = [_states(t.traj_id, 2 + i, i) for i, t in enumerate(batch)]
+            yield Extracted([t.traj_id for t in batch], tokens=sum(s.n_tokens for s in states),
+                            shard=encode_shard(states, [t.instance_id for t in batch], FP, SETTINGS))
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_driver_commits_what_any_backend_yields_and_resumes(tmp_path):
+    trajs = [SimpleNamespace(traj_id=f"r/{i}", instance_id=f"i{i // 2}") for i in range(5)]
+    seen = []
+    failing = _MadeUp(fail_after=1)
+    with pytest.raises(LatentSiftError, match="worker lost"):
+        extract_pools(failing, trajs, tmp_path / "s", shard_size=2, progress=seen.append)
+    assert failing.closed and len(StateStore(tmp_path / "s").open()) == 2  # the committed batch stays
+    assert [p.done for p in seen] == [0, 2]
+    backend = _MadeUp()
+    rep = extract_pools(backend, trajs, tmp_path / "s", shard_size=2)
+    assert backend.closed and backend.batches == [["r/2", "r/3"], ["r/4"]]
+    assert (rep.n_skipped, rep.n_extracted, rep.shards) == (2, 3, ["shard-00001.safetensors", "shard-00002.safetensors"])
+    store = StateStore(tmp_path / "s").open()
+    assert store.traj_ids() == [t.traj_id for t in trajs] and store.verify() == 3
+    assert store.instance_of("r/4") == "i2" and rep.n_tokens == sum(t["n_tokens"] for t in store.trajectories()[2:])
+

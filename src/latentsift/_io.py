@@ -1,17 +1,28 @@
-"""Atomic file writes shared by every stage: write a temporary file beside the target, then rename.
+"""File input and output shared by every stage: atomic writes, strict JSON reading, saved artefacts.
 
-A reader never sees a half-written file, and a kill leaves either the old or the new version. The
-temporary name carries the process and thread ids, so concurrent writers (the verifier's thread
-pool) never share one.
+Atomic writes: write a temporary file beside the target, then rename. A reader never sees a
+half-written file, and a kill leaves either the old or the new version. The temporary name carries
+the process and thread ids, so concurrent writers (the verifier's thread pool) never share one.
+
+Saved artefacts (bank, scorer, sifter, state store) are folders with one JSON manifest written last
+(its presence = complete): ``write_artefact`` / ``read_artefact`` write and check its format,
+version and the sha256 of every file it names. ``jsonable`` turns numpy values into JSON ones.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import math
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from ._validation import LatentSiftError
 
 
 @contextlib.contextmanager
@@ -56,7 +67,6 @@ def member(folder: str | os.PathLike, name: Any, manifest: str | os.PathLike) ->
     """``folder / name`` for a file a saved artefact's ``manifest`` names: refused (with the reason)
     unless it is a relative path that stays inside ``folder`` (symbolic links resolved), so a
     manifest never makes a load read anything outside its own folder."""
-    from ._validation import LatentSiftError
     folder = Path(folder)
     if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
         raise LatentSiftError(f"{manifest}: refused the file name {name!r}: an artefact reads only files inside "
@@ -70,7 +80,6 @@ def member(folder: str | os.PathLike, name: Any, manifest: str | os.PathLike) ->
 
 def read_json(path: str | os.PathLike) -> Any:
     """Parse a JSON file strictly; a syntax error names the file (as a ``LatentSiftError``)."""
-    from ._validation import LatentSiftError
     p = Path(path)
     try:
         return json.loads(p.read_text(encoding="utf-8"))
@@ -86,7 +95,6 @@ def iter_jsonl(path: str | os.PathLike, *, opener=None):
     Strict: a line that is not JSON stops with an error naming the file and line (nothing is skipped
     silently). ``opener(path)`` returns a text file object (default: ``open`` in UTF-8).
     """
-    from ._validation import LatentSiftError
     p = Path(path)
     with (opener(p) if opener else open(p, encoding="utf-8")) as f:
         lineno, lines = 0, iter(f)
@@ -110,3 +118,111 @@ def iter_jsonl(path: str | os.PathLike, *, opener=None):
                 yield where, json.loads(line)
             except json.JSONDecodeError as e:
                 raise LatentSiftError(f"{where}: not valid JSON ({e.msg}).") from None
+
+
+# ---------------------------------------------------------------------- JSON values
+def jsonable(x: Any, *, finite: bool = False) -> Any:
+    """``x`` with numpy scalars as Python ones, tuples as lists and dict keys as strings, for ``json``.
+
+    NaN becomes ``None``; with ``finite=True`` so do +-inf (JSON has no infinity: the evaluation
+    tables), else inf stays a float and ``json`` writes ``Infinity`` (filter results, sifter
+    manifests: a distance to an empty bank side is infinite).
+    """
+    if isinstance(x, dict):
+        return {k if isinstance(k, str) else str(k): jsonable(v, finite=finite) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v, finite=finite) for v in x]
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return None if math.isnan(v) or (finite and math.isinf(v)) else v
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+# ---------------------------------------------------------------------- saved artefacts
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class ArtefactKind:
+    """What a saved artefact folder is, and how its errors name it.
+
+    ``format``/``version``: written into the manifest (``versions`` are the ones a load accepts,
+    default the written one); ``manifest``: the manifest's file name; ``noun``: "a bank directory";
+    ``make``: how to make one ("build one with 'latentsift bank build'"); ``redo``: what to do when a
+    file does not match its checksum ("rebuild the bank").
+    """
+
+    format: str
+    version: int
+    manifest: str
+    noun: str
+    make: str
+    redo: str
+    versions: tuple[int, ...] = ()
+
+    @property
+    def accepted(self) -> tuple[int, ...]:
+        return self.versions or (self.version,)
+
+
+def write_artefact(folder: str | os.PathLike, kind: ArtefactKind, manifest: Mapping[str, Any],
+                   files: Mapping[str, tuple[str, bytes]] | None = None) -> dict:
+    """Write an artefact folder: ``files`` (role -> (file name, bytes)) atomically, then the manifest
+    ``{"format": ..., "version": ..., **manifest}`` with, per role, the file name under ``role``
+    (unless ``manifest`` places it) and the bytes' sha256 under ``role + "_sha256"``.
+
+    The old manifest is removed first, so it never vouches for new files; a kill leaves no manifest
+    or the new one. ``manifest`` may hold ``format`` and ``version`` already (they must be the
+    kind's). Returns the manifest written.
+    """
+    folder = Path(folder)
+    if manifest.get("format", kind.format) != kind.format or manifest.get("version", kind.version) != kind.version:
+        raise ValueError(f"write_artefact: a {kind.format} v{kind.version} manifest cannot say "
+                         f"{manifest.get('format')!r} v{manifest.get('version')!r}")
+    out = {"format": kind.format, "version": kind.version, **manifest}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / kind.manifest).unlink(missing_ok=True)
+    for role, (name, data) in (files or {}).items():
+        atomic_write_bytes(folder / name, data)
+        out.setdefault(role, name)
+        out[f"{role}_sha256"] = sha256_hex(data)
+    atomic_write_json(folder / kind.manifest, out)
+    return out
+
+
+def read_artefact(folder: str | os.PathLike, kind: ArtefactKind, files: Mapping[str, str] | None = None, *,
+                  required: Iterable[str] = ()) -> tuple[dict, dict[str, bytes]]:
+    """Read an artefact folder written by ``write_artefact``: (manifest, role -> bytes).
+
+    Checks that the manifest exists, is JSON of the kind's format and an accepted version, holds the
+    ``required`` fields, and that every file of ``files`` (role -> default file name) lies inside the
+    folder, exists and matches the sha256 the manifest records (``LatentSiftError`` naming the file).
+    """
+    folder = Path(folder)
+    mpath = folder / kind.manifest
+    if not mpath.is_file():
+        raise LatentSiftError(f"{folder} is not {kind.noun} (no {kind.manifest}; {kind.make}).")
+    man = read_json(mpath)
+    if not isinstance(man, dict) or man.get("format") != kind.format or man.get("version") not in kind.accepted:
+        got = (man.get("format"), man.get("version")) if isinstance(man, dict) else (type(man).__name__, None)
+        raise LatentSiftError(f"{mpath}: not a {kind.format} v{kind.version} manifest "
+                              f"(format={got[0]!r}, version={got[1]!r}).")
+    for key in required:
+        if key not in man:
+            raise LatentSiftError(f"{mpath}: missing field {key!r}.")
+    blobs = {}
+    for role, default in (files or {}).items():
+        path = member(folder, man.get(role, default), mpath)
+        if not path.is_file():
+            raise LatentSiftError(f"{path} is missing: the {kind.noun.split(' ', 1)[1]} is incomplete "
+                                  f"({kind.redo}).")
+        data = path.read_bytes()
+        if sha256_hex(data) != man.get(f"{role}_sha256"):
+            raise LatentSiftError(f"{path} does not match {mpath} (checksum differs): {kind.redo}.")
+        blobs[role] = data
+    return man, blobs

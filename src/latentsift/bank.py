@@ -27,7 +27,7 @@ import numpy as np
 
 from ._validation import (FingerprintMismatch, LatentSiftError, NotFittedError, check_choice,
                           check_positive_int, param_error, check_states)
-from ._io import atomic_write_bytes, atomic_write_json, member, read_json
+from ._io import ArtefactKind, read_artefact, write_artefact
 from .knn import BACKENDS, bank_sqnorms, nearest_distances
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -37,6 +37,8 @@ BANK_FORMAT = "latentsift-bank"
 BANK_VERSION = 1
 MANIFEST = "manifest.json"
 TENSORS = "bank.safetensors"
+BANK_ARTEFACT = ArtefactKind(BANK_FORMAT, BANK_VERSION, MANIFEST, noun="a bank directory",
+                             make="build one with 'latentsift bank build'", redo="rebuild the bank")
 CLASSES = ("pos", "neg")
 NORMALIZATIONS = (None, "l2", "whiten")
 WHITEN_SHRINKAGE = 0.1  # ridge added to the bank covariance's eigenvalues, as a fraction of their mean
@@ -350,11 +352,7 @@ class Bank:
         for c, (mu, w) in self.whiten_.items():
             tensors[f"whiten.{c}.mean"], tensors[f"whiten.{c}.matrix"] = mu, w
         blob = st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
-        manifest = self.manifest(source)
-        manifest["tensors_sha256"] = hashlib.sha256(blob).hexdigest()
-        (path / MANIFEST).unlink(missing_ok=True)  # an old manifest must not vouch for new tensors
-        atomic_write_bytes(path / TENSORS, blob)
-        atomic_write_json(path / MANIFEST, manifest)
+        manifest = write_artefact(path, BANK_ARTEFACT, self.manifest(source), {"tensors": (TENSORS, blob)})
         self.source_ = dict(manifest["source"])
         return path
 
@@ -362,22 +360,8 @@ class Bank:
     def load(cls, path: str | Path) -> "Bank":
         """Read a bank written by ``save``; checks the format and the tensors' checksum."""
         from safetensors.numpy import load as st_load
-        path = Path(path)
-        mpath = path / MANIFEST
-        if not mpath.is_file():
-            raise LatentSiftError(f"{path} is not a bank directory (no {MANIFEST}; build one with "
-                                  "'latentsift bank build').")
-        man = read_json(mpath)
-        if man.get("format") != BANK_FORMAT or man.get("version") != BANK_VERSION:
-            raise LatentSiftError(f"{mpath}: not a {BANK_FORMAT} v{BANK_VERSION} manifest "
-                                  f"(format={man.get('format')!r}, version={man.get('version')!r}).")
-        tpath = member(path, man.get("tensors", TENSORS), mpath)
-        if not tpath.is_file():
-            raise LatentSiftError(f"{tpath} is missing: the bank directory is incomplete.")
-        blob = tpath.read_bytes()
-        if hashlib.sha256(blob).hexdigest() != man.get("tensors_sha256"):
-            raise LatentSiftError(f"{tpath} does not match {mpath} (checksum differs): rebuild the bank.")
-        arrays = st_load(blob)
+        man, blobs = read_artefact(path, BANK_ARTEFACT, {"tensors": TENSORS})
+        arrays = st_load(blobs["tensors"])
         s = man["settings"]
         bank = cls(layer=s["layer"], normalize=s["normalize"], center=s["center"],
                    channels=tuple(s["channels"]), backend=s["backend"])

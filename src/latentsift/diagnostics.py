@@ -43,6 +43,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from .evaluate import bootstrap_weights
 from .rank import _grouped_normalized_ranks
 from ._validation import LatentSiftError, check_choice, check_scores, param_error
 
@@ -357,14 +358,6 @@ def _within_spearman(s: np.ndarray, cov: np.ndarray, code: np.ndarray, *,
 
 # ----------------------------------------------------------------------------- paired bootstrap
 
-def _resample_weights(n_items: int, n_boot: int, seed: int) -> np.ndarray:
-    """(n_boot, n_items) multiplicities of items drawn with replacement (each row sums to n_items)."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n_items, size=(n_boot, n_items))
-    flat = idx + (np.arange(n_boot) * n_items)[:, None]
-    return np.bincount(flat.ravel(), minlength=n_boot * n_items).reshape(n_boot, n_items).astype(np.float64)
-
-
 def paired_bootstrap(metric_fn: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], instances,
                      n_boot: int = N_BOOT, seed: int = 0, *, level: float = CI_LEVEL) -> PairedDifference:
     """Paired bootstrap over instances of metric(A) - metric(B).
@@ -384,7 +377,7 @@ def paired_bootstrap(metric_fn: Callable[[np.ndarray], tuple[np.ndarray, np.ndar
         raise param_error("instances", owner, "a sequence of distinct instance ids", "duplicated ids")
     n_boot, seed, level = _check_n_boot(n_boot, owner), _check_seed(seed, owner), _check_level(level, owner)
     n = ids.shape[0]
-    weights = np.vstack([np.ones((1, n)), _resample_weights(n, n_boot, seed)])
+    weights = np.vstack([np.ones((1, n)), bootstrap_weights(n, n_boot, np.random.default_rng(seed))])
     a, b = (np.asarray(v, dtype=np.float64).reshape(-1) for v in metric_fn(weights))
     if a.shape != (n_boot + 1,) or b.shape != (n_boot + 1,):
         raise LatentSiftError(f"The 'metric_fn' parameter of {owner} must return two arrays of one value "
@@ -581,7 +574,8 @@ def diagnostics_table(candidates: Mapping[str, Any], scores: Mapping[str, Any], 
         covs["agent"] = agent_cov
     covs = {c: (v, _rankdata(v), _grouped_ranks(v, inst_code))
             for c, v in covs.items()}
-    boot = np.vstack([np.ones((1, pairs.n_inst)), _resample_weights(pairs.n_inst, n_boot, seed)])
+    boot = np.vstack([np.ones((1, pairs.n_inst)),
+                      bootstrap_weights(pairs.n_inst, n_boot, np.random.default_rng(seed))])
 
     sums = {name: _instance_sums(_pair_wins(s, pairs.pos, pairs.neg), pairs.inst, pairs.n_inst)
             for name, s in sc.items()}

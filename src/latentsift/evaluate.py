@@ -38,7 +38,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ._validation import LatentSiftError, check_choice, check_positive_int, param_error
-from ._io import atomic_path, atomic_write_text, iter_jsonl
+from ._io import atomic_path, atomic_write_text, iter_jsonl, jsonable
 from .cascade import (MISSING_RULES, TIE_RULES, CandidateRecord, Filter, PoolSpec, VerifierTable,
                       after_stage1, filter_kind, pool_priority, saving, stage1_retain, stage1_scores)
 from .retain import KEEP_FRAC, MIN_KEEP, retain_count
@@ -299,8 +299,16 @@ def draw_subsets(n: int, k: int, n_draws: int, rng: np.random.Generator, *, exac
 # ----------------------------------------------------------------------------- statistics
 
 def bootstrap_indices(n_items: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """(n_boot, n_items) resample indices of instances with replacement."""
+    """(n_boot, n_items) resample indices of instances with replacement: the one bootstrap resampler."""
     return rng.integers(0, n_items, size=(n_boot, n_items))
+
+
+def bootstrap_weights(n_items: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """The resamples of :func:`bootstrap_indices` (the same draws) as (n_boot, n_items) float
+    multiplicities, each row summing to n_items: for metrics computed under instance weights."""
+    idx = bootstrap_indices(n_items, n_boot, rng)
+    flat = idx + (np.arange(n_boot) * n_items)[:, None]
+    return np.bincount(flat.ravel(), minlength=n_boot * n_items).reshape(n_boot, n_items).astype(np.float64)
 
 
 def mean_ci(values: np.ndarray, boot: np.ndarray, level: float = CI_LEVEL) -> dict[str, float]:
@@ -349,20 +357,7 @@ class Summary:
         return self.data[key]
 
     def to_json(self) -> str:
-        return json.dumps(_jsonable(self.data), indent=1, ensure_ascii=False, allow_nan=True)
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        v = float(x)
-        return None if not math.isfinite(v) else v
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
+        return json.dumps(jsonable(self.data, finite=True), indent=1, ensure_ascii=False, allow_nan=True)
 
 
 def _check_inputs(pools: Sequence[PoolSpec], records: Mapping[str, CandidateRecord],

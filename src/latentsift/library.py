@@ -97,7 +97,7 @@ def load_runs(pools_paths: Sequence[str | Path], states_dirs: Sequence[str | Pat
 
     ``sources``: a dict filled with traj_id -> the index of its pools file."""
     from .protocol import check_labelled, check_states_present
-    from .store import select_instances
+    from .extract import select_instances
     from .trajectory import load_jsonl
     union = open_stores(states_dirs, owner)  # refused before the pools are read
     trajs: list[Trajectory] = []

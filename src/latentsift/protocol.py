@@ -301,7 +301,8 @@ def crossval(pools_path: str | Path, states_dir: str | Path, out: str | Path, *,
     labels, states, fold classes and verifier results. Returns the report folder.
     """
     from .reproduce import Run
-    from .store import StateStore, select_instances
+    from .extract import select_instances
+    from .store import StateStore
     from .trajectory import load_jsonl
 
     several = not isinstance(pools_path, (str, Path)) or not isinstance(states_dir, (str, Path))

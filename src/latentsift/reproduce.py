@@ -229,7 +229,8 @@ class Run:
         ``patch_step_tokens`` (the sweep's representations); the store is resumable and cached.
         """
         from .model import load_policy
-        from .store import StateStore, extract_pools
+        from .extract import extract_pools
+        from .store import StateStore
         t0 = time.perf_counter()
         policy = load_policy(model or self.s.model, dtype=self.s.dtype)
         if policy.path not in self._described:

@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ._validation import LatentSiftError, NotFittedError, param_error, check_positive_int
-from ._io import atomic_path, atomic_write_bytes, atomic_write_json, member, read_json
+from ._io import ArtefactKind, atomic_path, read_artefact, write_artefact
 from ._threads import fixed_threads
 from .bank import Bank, as_fingerprint
 from .model import Fingerprint
@@ -53,6 +53,8 @@ SCORER_VERSION = 1
 SCORER_JSON = "scorer.json"
 SCORER_TENSORS = "scorer.safetensors"
 CURVE_PNG = "training_curve.png"
+SCORER_ARTEFACT = ArtefactKind(SCORER_FORMAT, SCORER_VERSION, SCORER_JSON, noun="a scorer directory",
+                               make="train one with 'latentsift scorer train'", redo="retrain the scorer")
 INITS = ("zeros", "torch")
 GATE_EPS = 1e-8  # Eq. (linear-scorer): max(sum_j sigmoid(g_j), 1e-8)
 
@@ -387,7 +389,6 @@ class LinearScorer:
 
     def save(self, path: str | Path, *, source: Mapping[str, Any] | None = None, plot: bool = True) -> Path:
         """SCORER_DIR/scorer.safetensors (W, b), training_curve.png, then scorer.json (last = complete)."""
-        import hashlib
         from safetensors.numpy import save as st_save
         self._check_fitted()
         path = Path(path)
@@ -396,32 +397,15 @@ class LinearScorer:
         if plot:
             self.plot_history(path / CURVE_PNG)
         blob = st_save({"W": np.ascontiguousarray(self.W_), "b": np.ascontiguousarray(self.b_)})
-        atomic_write_bytes(path / SCORER_TENSORS, blob)
-        meta = self.to_json(source)
-        meta["tensors_sha256"] = hashlib.sha256(blob).hexdigest()
-        atomic_write_json(path / SCORER_JSON, meta)
+        meta = write_artefact(path, SCORER_ARTEFACT, self.to_json(source), {"tensors": (SCORER_TENSORS, blob)})
         self.source_ = dict(meta["source"])
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "LinearScorer":
-        import hashlib
         from safetensors.numpy import load as st_load
-        path = Path(path)
-        jpath = path / SCORER_JSON
-        if not jpath.is_file():
-            raise LatentSiftError(f"{path} is not a scorer directory (no {SCORER_JSON}; train one with "
-                                  "'latentsift scorer train').")
-        meta = read_json(jpath)
-        if meta.get("format") != SCORER_FORMAT or meta.get("version") != SCORER_VERSION:
-            raise LatentSiftError(f"{jpath}: not a {SCORER_FORMAT} v{SCORER_VERSION} file.")
-        tpath = member(path, meta.get("tensors", SCORER_TENSORS), jpath)
-        if not tpath.is_file():
-            raise LatentSiftError(f"{tpath} is missing: the scorer directory is incomplete.")
-        blob = tpath.read_bytes()
-        if hashlib.sha256(blob).hexdigest() != meta.get("tensors_sha256"):
-            raise LatentSiftError(f"{tpath} does not match {jpath} (checksum differs): retrain the scorer.")
-        arr = st_load(blob)
+        meta, blobs = read_artefact(path, SCORER_ARTEFACT, {"tensors": SCORER_TENSORS})
+        arr = st_load(blobs["tensors"])
         sc = cls(**meta["settings"])
         sc.W_, sc.b_ = arr["W"], arr["b"]
         sc.history_ = meta["history"]

@@ -30,14 +30,13 @@ is the one place where the filters, the baselines and the output format meet (ab
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ._io import atomic_write_json
+from ._io import atomic_write_json, jsonable
 from ._validation import LatentSiftError, check_choice, param_error
 from .bank import Bank, as_fingerprint
 from .fuse import FUSION_WEIGHT, fuse
@@ -97,7 +96,7 @@ class CandidateScore:
     evidence: list[Evidence] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return _jsonable(asdict(self))
+        return jsonable(asdict(self))
 
 
 @dataclass
@@ -145,20 +144,6 @@ class Prepared:
         if len(set(out)) != len(out):
             raise LatentSiftError(f"rank_subset: duplicate traj_ids in the subset of {self.instance_id!r}.")
         return np.asarray(out, dtype=np.int64)
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        return None if math.isnan(float(x)) else float(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
 
 
 # ---------------------------------------------------------------------- shared plumbing
@@ -577,10 +562,10 @@ class FilterRun:
 
     def to_dict(self) -> dict:
         return {"format": FILTER_FORMAT, "version": FILTER_VERSION, "method": self.method,
-                "settings": _jsonable(self.settings), "inputs": self.inputs, "fingerprint": self.fingerprint,
+                "settings": jsonable(self.settings), "inputs": self.inputs, "fingerprint": self.fingerprint,
                 "n_pools": len(self.pools), "n_candidates": sum(len(p.candidates) for p in self.pools),
                 "n_retained": sum(p.n_keep for p in self.pools),
-                **_jsonable(self.extra), "pools": [p.to_dict() for p in self.pools]}
+                **jsonable(self.extra), "pools": [p.to_dict() for p in self.pools]}
 
     def save(self, path) -> None:
         path = Path(path)

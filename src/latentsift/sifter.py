@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._io import atomic_write_json, member, read_json
+from ._io import ArtefactKind, jsonable, member, read_artefact, write_artefact
 from ._validation import FingerprintMismatch, LatentSiftError
 from .bank import Bank, as_fingerprint
 from .library import BANK_CHOICES, SubBank, fit_sub_banks, load_sub_banks, load_runs, nearest_choice, pool_distances, \
@@ -41,6 +41,8 @@ from .trajectory import Trajectory, group_pools
 SIFTER_FORMAT = "latentsift-sifter"
 SIFTER_VERSION = 1
 SIFTER_JSON = "sifter.json"
+SIFTER_ARTEFACT = ArtefactKind(SIFTER_FORMAT, SIFTER_VERSION, SIFTER_JSON, noun="a sifter directory",
+                               make="make one with 'latentsift fit'", redo="fit the sifter again")
 
 
 class Sifter(LatentSift):
@@ -110,13 +112,12 @@ class Sifter(LatentSift):
 
     # ------------------------------------------------------------------ io
     def manifest(self) -> dict:
-        from .sift import _jsonable
-        return _jsonable({"format": SIFTER_FORMAT, "version": SIFTER_VERSION,
-                          "fingerprint": self.bank.fingerprint_.to_dict(), "config": self.config_,
-                          "seen": self.seen_, "shift_reference": self.reference_.to_dict(),
-                          "parts": {"bank": "bank", "scorer": "scorer"},
-                          "library": [s.to_dict() for s in getattr(self, "library_", [])],
-                          "library_skipped": getattr(self, "library_skipped_", [])})
+        return jsonable({"format": SIFTER_FORMAT, "version": SIFTER_VERSION,
+                         "fingerprint": self.bank.fingerprint_.to_dict(), "config": self.config_,
+                         "seen": self.seen_, "shift_reference": self.reference_.to_dict(),
+                         "parts": {"bank": "bank", "scorer": "scorer"},
+                         "library": [s.to_dict() for s in getattr(self, "library_", [])],
+                         "library_skipped": getattr(self, "library_skipped_", [])})
 
     def save(self, path: str | Path) -> Path:
         """Write SIFTER_DIR (module docstring) into a sibling temporary folder, then rename it."""
@@ -130,7 +131,7 @@ class Sifter(LatentSift):
             self.bank.save(tmp / "bank", source={"sifter": True} | ({"store_settings": recorded} if recorded else {}))
             self.scorer.save(tmp / "scorer", plot=False)
             save_sub_banks(getattr(self, "library_", []), tmp)
-            atomic_write_json(tmp / SIFTER_JSON, self.manifest())
+            write_artefact(tmp, SIFTER_ARTEFACT, self.manifest())
             if path.exists():
                 if not (path / SIFTER_JSON).is_file():
                     raise LatentSiftError(f"{path} exists and is not a sifter directory; choose another --out.")
@@ -150,12 +151,7 @@ class Sifter(LatentSift):
         from .shift import Reference
         path = Path(path)
         mpath = path / SIFTER_JSON
-        if not mpath.is_file():
-            raise LatentSiftError(f"{str(path)!r} is not a sifter directory (no {SIFTER_JSON}; make one with "
-                                  "'latentsift fit').")
-        man = read_json(mpath)
-        if man.get("format") != SIFTER_FORMAT or man.get("version") != SIFTER_VERSION:
-            raise LatentSiftError(f"{mpath}: not a {SIFTER_FORMAT} v{SIFTER_VERSION} manifest.")
+        man, _ = read_artefact(path, SIFTER_ARTEFACT)
         if fingerprint is not None:
             check_sifter_fingerprint(man, fingerprint, path)
         parts = man.get("parts") if isinstance(man.get("parts"), dict) else {}

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ._validation import LatentSiftError, check_positive_int, param_error
+from .channel import Rendering
 from .trajectory import CHANNEL_ID, CHANNELS
 
 DEFAULT_CHUNK_TOKENS = 2048   # prefill chunk; measured: one forward up to 2k tokens beats 2 chunks of 1k by 5-20% on CPU
@@ -467,8 +468,6 @@ class StateRecorder:
 
     def rendering(self):
         """The exact tokens the model saw and their labels, as a ``Rendering`` (for replay)."""
-        from .channel import Rendering
-
         self._check_complete()
         n = self.n_seen
         step = np.asarray(self._step[:n], dtype=np.int32)

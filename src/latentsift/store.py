@@ -1,4 +1,4 @@
-"""On-disk store of policy states, and ``extract_pools`` (render + replay + store, resumable).
+"""On-disk store of policy states: the format, its writer and reader (``latentsift.extract`` fills it).
 
 Layout of ``STATES_DIR`` (format ``latentsift-states`` version 1)::
 
@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
-import hashlib
 import json
 import os
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ._validation import LatentSiftError, check_positive_int, param_error
+from ._io import ArtefactKind, atomic_write_bytes, member, read_artefact, sha256_hex, write_artefact
+from ._validation import LatentSiftError, param_error
 from .model import Fingerprint
-from ._io import atomic_write_bytes, member
-from .states import DEFAULT_CHUNK_TOKENS, TrajectoryStates, merge_states, replay_many
+from .states import TrajectoryStates
 
 FORMAT = "latentsift-states"
 FORMAT_VERSION = 1
@@ -47,6 +45,8 @@ STORE_DTYPES = ("float16", "float32")
 MATCHED_SETTINGS = ("max_span_tokens", "max_prompt_tokens", "max_tokens", "context", "layers", "store_dtype",
                     "renderer", "patch_step_tokens")
 RENDERERS = ("render", "render_per_step")
+STORE_ARTEFACT = ArtefactKind(FORMAT, FORMAT_VERSION, MANIFEST, noun="a state store",
+                              make="run 'latentsift extract' first", redo="delete the directory and re-run extract")
 
 
 def check_recorded_settings(recorded: dict | None, store: "StateStore", what: str) -> None:
@@ -65,10 +65,6 @@ def check_recorded_settings(recorded: dict | None, store: "StateStore", what: st
                               + "; extract the states with the same settings or rebuild it from these states.")
 # value of a matched setting in a store written before the setting existed
 SETTING_DEFAULTS = {"patch_step_tokens": None}
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class StateStore:
@@ -99,13 +95,11 @@ class StateStore:
             raise LatentSiftError(f"{self.path} already holds a state store; open it instead "
                                   "(or choose another --out).")
         (self.path / SHARDS).mkdir(parents=True, exist_ok=True)
-        manifest = {"format": FORMAT, "version": FORMAT_VERSION,
-                    "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        manifest = {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     "fingerprint": fingerprint.to_dict(), "settings": dict(settings)}
         json.dumps(manifest)  # settings must be JSON
         self._write_index()
-        atomic_write_bytes(self.path / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
-        self.manifest = manifest
+        self.manifest = write_artefact(self.path, STORE_ARTEFACT, manifest)
         return self
 
     def open(self) -> "StateStore":
@@ -113,20 +107,7 @@ class StateStore:
         and shards the index does not reference)."""
         import pyarrow.parquet as pq
 
-        mpath = self.path / MANIFEST
-        if not mpath.is_file():
-            raise LatentSiftError(f"{self.path} is not a state store (no {MANIFEST}); run 'latentsift extract' first.")
-        try:
-            manifest = json.loads(mpath.read_text())
-        except json.JSONDecodeError as e:
-            raise LatentSiftError(f"{mpath}:{e.lineno}: not valid JSON ({e.msg}).") from None
-        if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
-            raise LatentSiftError(f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r} "
-                                  f"is not {FORMAT!r} version {FORMAT_VERSION}.")
-        for key in ("fingerprint", "settings"):
-            if key not in manifest:
-                raise LatentSiftError(f"{mpath}: missing field {key!r}.")
-        self.manifest = manifest
+        self.manifest, _ = read_artefact(self.path, STORE_ARTEFACT, required=("fingerprint", "settings"))
         ipath = self.path / INDEX
         if not ipath.is_file():
             raise LatentSiftError(f"{self.path}: the index {INDEX} is missing; the store is damaged "
@@ -160,8 +141,6 @@ class StateStore:
 
     def _require_open(self) -> None:
         if self.manifest is None:
-            if not self.exists:
-                raise LatentSiftError(f"{self.path} is not a state store (no {MANIFEST}); run 'latentsift extract' first.")
             self.open()
 
     def _cleanup(self) -> None:
@@ -246,8 +225,14 @@ class StateStore:
             if s.traj_id in self._trajs:
                 raise LatentSiftError(f"The trajectory {s.traj_id!r} is already in the store {self.path}.")
         shard = encode_shard(states, instance_ids, self.fingerprint, self.settings, where=str(self.path))
-        if shard is None:
-            return None
+        return None if shard is None else self.append(shard)
+
+    def append(self, shard: "EncodedShard") -> str:
+        """Append one encoded shard (its bytes in ``shard.data``); returns its name. Atomic as ``write``."""
+        self._require_open()
+        dup = next((t for t in shard.traj_ids if t in self._trajs), None)
+        if dup is not None:
+            raise LatentSiftError(f"The trajectory {dup!r} is already in the store {self.path}.")
         name = self._next_name()
         atomic_write_bytes(self.path / SHARDS / name, shard.data)
         self._append(name, shard)
@@ -265,7 +250,7 @@ class StateStore:
         bad = []
         for s in self._shards:
             p = member(self.path / SHARDS, s["name"], self.path / INDEX)
-            if not p.is_file() or _sha256(p.read_bytes()) != s["sha256"]:
+            if not p.is_file() or sha256_hex(p.read_bytes()) != s["sha256"]:
                 bad.append(s["name"])
         return bad
 
@@ -295,7 +280,7 @@ class StateStore:
         if not src.is_file():
             raise LatentSiftError(f"The shard file {src} written by a worker is missing; is the store on a "
                                   "filesystem that all workers and the driver share?")
-        got = _sha256(src.read_bytes())
+        got = sha256_hex(src.read_bytes())
         if got != shard.sha256:
             raise LatentSiftError(f"The shard file {src} does not match the checksum its worker reported; "
                                   "it was not committed.")
@@ -334,7 +319,7 @@ class StateStore:
             raise LatentSiftError(f"The shard {p} listed in {self.path / INDEX} is missing; the store is damaged "
                                   "(delete the directory and re-run extract).")
         data = p.read_bytes()
-        got = _sha256(data)
+        got = sha256_hex(data)
         if got != shard["sha256"]:
             raise LatentSiftError(f"The shard {p} is corrupted: sha256 {got[:16]}... does not match the index "
                                   f"({shard['sha256'][:16]}...). Delete the store directory and re-run extract.")
@@ -446,7 +431,7 @@ def encode_shard(states: Sequence[TrajectoryStates], instance_ids: Sequence[str]
     meta = json.dumps({"format": FORMAT, "fingerprint": fp.digest, "traj_ids": [s.traj_id for s in states],
                        "offsets": offsets}, sort_keys=True)
     data = save(tensors, metadata={"latentsift": meta})
-    return EncodedShard(data=data, sha256=_sha256(data), n_bytes=len(data), traj_ids=[s.traj_id for s in states],
+    return EncodedShard(data=data, sha256=sha256_hex(data), n_bytes=len(data), traj_ids=[s.traj_id for s in states],
                         instance_ids=instance_ids, offsets=[int(x) for x in offsets],
                         step=tensors["step"].astype(int).tolist(), channel=tensors["channel"].astype(int).tolist(),
                         n_tokens=[int(s.n_tokens) for s in states])
@@ -469,169 +454,3 @@ class _Lock:
     def __exit__(self, *exc):
         fcntl.flock(self.f, fcntl.LOCK_UN)
         self.f.close()
-
-
-# ----------------------------------------------------------------------------------------------
-# Extraction
-
-
-@dataclass
-class ExtractProgress:
-    """Passed to the ``progress`` callback of :func:`extract_pools` (at start and after each trajectory)."""
-
-    done: int          # trajectories extracted in this call so far
-    total: int         # trajectories to extract in this call (already stored ones excluded)
-    skipped: int       # trajectories already in the store
-    tokens: int        # tokens run through the model in this call so far
-    elapsed: float     # seconds since the start of this call
-    traj_id: str | None = None
-
-
-@dataclass
-class ExtractReport:
-    """What :func:`extract_pools` did."""
-
-    n_requested: int
-    n_skipped: int
-    n_extracted: int
-    n_tokens: int
-    n_truncated: int     # trajectories cut by max_tokens (their later spans have no state)
-    n_windowed: int      # trajectories longer than the context (sliding-window rule applied)
-    seconds: float
-    shards: list[str] = field(default_factory=list)
-    redone: list[str] = field(default_factory=list)  # stored in a missing or damaged shard: extracted again
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.n_tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-def resolve_layers(layers: str | Sequence[int], n_layers: int) -> list[int]:
-    """``"all"`` -> 1..L, ``"final"`` -> [L], or a list of layer indices in 1..L (must include L,
-    the distance-state layer)."""
-    if isinstance(layers, str):
-        if layers == "all":
-            return list(range(1, n_layers + 1))
-        if layers == "final":
-            return [n_layers]
-        raise param_error("layers", "extract_pools", "'all', 'final' or a list of layer indices", layers)
-    ids = sorted({int(x) for x in layers})
-    if not ids or ids[0] < 1 or ids[-1] != n_layers:
-        raise param_error("layers", "extract_pools", f"layer indices in 1..{n_layers} including {n_layers}", layers)
-    return ids
-
-
-def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
-                     max_tokens: int | None = None, layers: str | Sequence[int] = "all",
-                     store_dtype: str = "float16", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                     shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = "render",
-                     patch_step_tokens: int | None = None) -> dict[str, Any]:
-    """The manifest settings of an extraction (validated)."""
-    if renderer not in RENDERERS:
-        raise param_error("renderer", "extract_pools", f"one of {list(RENDERERS)}", renderer)
-    for name, v in (("max_span_tokens", max_span_tokens), ("max_prompt_tokens", max_prompt_tokens),
-                    ("max_tokens", max_tokens), ("patch_step_tokens", patch_step_tokens)):
-        if v is not None:
-            check_positive_int(v, name, "extract_pools")
-    if store_dtype not in STORE_DTYPES:
-        raise param_error("store_dtype", "extract_pools", f"one of {list(STORE_DTYPES)}", store_dtype)
-    ctx = policy.context_length
-    return {"max_span_tokens": max_span_tokens, "max_prompt_tokens": max_prompt_tokens, "max_tokens": max_tokens,
-            "context": ctx, "window_stride": ctx // 2, "layers": resolve_layers(layers, policy.n_layers),
-            "store_dtype": store_dtype, "dtype": policy.fingerprint.dtype,
-            "chunk_tokens": check_positive_int(chunk_tokens, "chunk_tokens", "extract_pools"),
-            "shard_size": check_positive_int(shard_size, "shard_size", "extract_pools"),
-            "renderer": f"latentsift.channel.{renderer}", "patch_step_tokens": patch_step_tokens}
-
-
-def select_instances(trajectories: Sequence, n_instances: int | None) -> list:
-    """The trajectories of the first ``n_instances`` instances (sorted by instance id), in input order."""
-    trajectories = list(trajectories)
-    if n_instances is None:
-        return trajectories
-    n_instances = check_positive_int(n_instances, "instances", "extract_pools")
-    keep = set(sorted({t.instance_id for t in trajectories})[:n_instances])
-    return [t for t in trajectories if t.instance_id in keep]
-
-
-def extract_one(policy, trajectory, settings: dict[str, Any]) -> tuple[TrajectoryStates, bool, bool]:
-    """Render and replay one trajectory with the manifest ``settings`` of :func:`extract_settings`.
-
-    Returns (states, truncated by max_tokens, longer than the context)."""
-    from .channel import render, render_per_step
-
-    rkw = {"max_span_tokens": settings["max_span_tokens"], "max_prompt_tokens": settings["max_prompt_tokens"],
-           "patch_step_tokens": settings.get("patch_step_tokens")}
-    layer_ids = settings["layers"]
-    renderer = settings["renderer"].rsplit(".", 1)[-1]
-    t = trajectory
-    rs = [render(t, policy.tokenizer, **rkw)] if renderer == "render" else render_per_step(t, policy.tokenizer, **rkw)
-    parts = replay_many(policy, rs, chunk_tokens=settings["chunk_tokens"], max_tokens=settings["max_tokens"],
-                        layer_ids=None if len(layer_ids) == policy.n_layers else layer_ids)
-    st = parts[0] if len(parts) == 1 else merge_states(parts, t.traj_id)
-    truncated = any(p.n_tokens < r.n_tokens for p, r in zip(parts, rs))
-    windowed = any(p.n_tokens > policy.context_length for p in parts)
-    return st, truncated, windowed
-
-
-def select_unique(trajectories: Iterable, instances: int | None) -> list:
-    """``select_instances``, then an error if a trajectory id occurs twice (it would be stored once)."""
-    trajs = select_instances(trajectories, instances)
-    ids = [t.traj_id for t in trajs]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise LatentSiftError(f"The trajectory id {dup!r} occurs more than once in the input.")
-    return trajs
-
-
-def extract_pools(policy, trajectories: Iterable, store: StateStore | str | os.PathLike, *,
-                  max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
-                  max_tokens: int | None = None, instances: int | None = None,
-                  layers: str | Sequence[int] = "all", store_dtype: str = "float16",
-                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, shard_size: int = DEFAULT_SHARD_SIZE,
-                  renderer: str = "render", patch_step_tokens: int | None = None,
-                  progress: Callable[[ExtractProgress], None] | None = None) -> ExtractReport:
-    """Render each trajectory, replay it through ``policy`` and append its states to ``store``.
-
-    Resumable: trajectories already in the store are skipped, so re-running after a kill finishes
-    the work without duplicates (at most the ``shard_size`` trajectories of the interrupted
-    shard are recomputed). The store is created on first use; re-opening it with another model
-    or other value-changing settings raises an error. ``max_span_tokens`` / ``max_prompt_tokens``
-    go to ``render``; ``max_tokens`` keeps the first tokens of each rendering (later spans get no
-    state); ``instances`` keeps the first N instances by id. ``renderer="render_per_step"`` is for
-    chat templates that drop earlier ``<think>`` blocks (Qwen3): each step is replayed in the
-    context the policy saw when writing it (O(T^2) tokens) and the disjoint spans are merged.
-    ``patch_step_tokens`` keeps the first N tokens of each span of the step that wrote the final
-    patch (``channel.patch_step``) instead of ``max_span_tokens``.
-    """
-    settings = extract_settings(policy, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
-                                max_tokens=max_tokens, layers=layers, store_dtype=store_dtype,
-                                chunk_tokens=chunk_tokens, shard_size=shard_size, renderer=renderer,
-                                patch_step_tokens=patch_step_tokens)
-    store = store if isinstance(store, StateStore) else StateStore(store)
-    trajs = select_unique(trajectories, instances)
-    t0 = time.perf_counter()
-    report = ExtractReport(len(trajs), 0, 0, 0, 0, 0, 0.0)
-    with store.lock():
-        store.open_or_create(policy.fingerprint, settings)
-        report.redone = store.drop_damaged()  # a truncated or deleted shard is not "already stored"
-        todo = [t for t in trajs if not store.has(t.traj_id)]
-        report.n_skipped = len(trajs) - len(todo)
-        if progress:
-            progress(ExtractProgress(0, len(todo), report.n_skipped, 0, 0.0))
-        for a in range(0, len(todo), shard_size):
-            batch = todo[a:a + shard_size]
-            states = []
-            for t in batch:
-                st, truncated, windowed = extract_one(policy, t, settings)
-                states.append(st)
-                report.n_tokens += st.n_tokens
-                report.n_truncated += int(truncated)
-                report.n_windowed += int(windowed)
-                report.n_extracted += 1
-                if progress:
-                    progress(ExtractProgress(report.n_extracted, len(todo), report.n_skipped, report.n_tokens,
-                                             time.perf_counter() - t0, t.traj_id))
-            report.shards.append(store.write(states, [t.instance_id for t in batch]))
-    report.seconds = time.perf_counter() - t0
-    return report

@@ -1,6 +1,7 @@
 """``latentsift extract``: policy states of canonical trajectories into a state store.
 
-Parsing and progress only; the logic is ``latentsift.store.extract_pools``.
+Parsing and progress only: the backend comes from ``latentsift.backends.open_backend`` and the
+work is ``latentsift.extract.extract_pools``.
 """
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 
 from .._guard import check_output
-from ..model import AUTO_DTYPE, DTYPES
 from .._validation import LatentSiftError
+from ..backends import check_backend_options, open_backend
+from ..extract import extract_pools
+from ..trajectory import load_jsonl
+from ._progress import StageProgress
 
 
 def register(app: typer.Typer) -> None:
@@ -67,62 +72,24 @@ def extract_cmd(
     gpus_per_worker: float = typer.Option(0, "--gpus-per-worker", help="GPUs each Ray worker claims."),
 ) -> None:
     """Replay trajectories through the policy and store their pooled hidden states (resumable)."""
-    from rich.console import Console
-
-
-    from ..model import load_policy
-    from ._progress import StageProgress
-    from ..store import extract_pools
-    from ..trajectory import load_jsonl
-
     check_output(out, [pools, model], kind="store")
     _check_options(max_tokens=max_tokens, instances=instances, max_span_tokens=max_span_tokens,
                    max_prompt_tokens=max_prompt_tokens, chunk_tokens=chunk_tokens, shard_size=shard_size,
                    threads=threads, patch_step_tokens=patch_step_tokens, workers=workers)
-    if dtype != AUTO_DTYPE and dtype not in DTYPES:
-        raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
-    if device is not None and device.split(":")[0] not in ("cpu", "cuda"):
-        raise LatentSiftError(f"--device must be cpu or cuda. Got {device!r} instead.")
-    if model is not None and not model.exists():
-        raise LatentSiftError(f"--model {model} does not exist; pass a local Hugging Face model folder or a .gguf file.")
+    check_backend_options(model, dtype, device)
     layer_sel = _parse_layers(layers)
     console = Console(stderr=True)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
     trajs = load_jsonl(pools)
-    if ray is not None:  # scale-out (issue 16): the same store, written by Ray workers
-        from ..scale.cluster import require_ray
-        from ..scale.extract import extract_pools_ray
-
-        require_ray()
-        console.print(f"{len(trajs)} trajectories from {pools}; {workers} Ray workers at {ray} ...")
-        with StageProgress(console) as bar:
-            def rprogress(p) -> None:
-                rate = f"{p.tokens / p.elapsed:,.0f} tok/s" if p.elapsed > 0 else ""
-                bar.update("extract", p.done, p.total, rate)
-
-            report = extract_pools_ray(model, trajs, out, ray_address=ray, workers=workers,
-                                       gpus_per_worker=gpus_per_worker, dtype=dtype, device=device,
-                                       threads=threads or 1, max_span_tokens=max_span_tokens,
-                                       max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
-                                       instances=instances, layers=layer_sel, chunk_tokens=chunk_tokens,
-                                       shard_size=shard_size, renderer="render_per_step" if per_step else "render",
-                                       patch_step_tokens=patch_step_tokens, progress=rprogress)
-        console.print(f"{report.n_extracted} extracted, {report.n_skipped} already stored, "
-                      f"{report.n_tokens:,} tokens in {report.seconds:.1f} s ({report.tokens_per_s:,.0f} tok/s). "
-                      f"States in {out}.")
-        return
     console.print(f"{len(trajs)} trajectories from {pools}; loading the model ...")
-    policy = load_policy(model, dtype=dtype, device=device)
-    console.print(f"model: {policy.describe()}")
+    backend = open_backend(model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
+                           gpus_per_worker=gpus_per_worker)
+    console.print(backend.describe())
     with StageProgress(console) as bar:
         def progress(p) -> None:
-            rate = f"{p.tokens / p.elapsed:,.0f} tok/s" if p.elapsed > 0 else ""
+            rate = f"{p.tokens / p.elapsed:,.0f} tok/s" if p.elapsed > 0 and p.done else ""
             bar.update("extract", p.done, p.total, rate)
 
-        report = extract_pools(policy, trajs, out, max_span_tokens=max_span_tokens,
+        report = extract_pools(backend, trajs, out, max_span_tokens=max_span_tokens,
                                max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens, instances=instances,
                                layers=layer_sel, chunk_tokens=chunk_tokens, shard_size=shard_size,
                                renderer="render_per_step" if per_step else "render",

@@ -1,11 +1,12 @@
 """Scale-out on Ray: distributed state extraction and sharded bank search (docs/scale.md).
 
 Ray is an optional extra (``pip install -e ".[ray]"``) imported only inside this subpackage; the
+extraction backend ``RayBackend`` runs under the one driver ``latentsift.extract.extract_pools``, and the
 results do not depend on the backend (one process, or N Ray workers give the same store and the same
 distances). ``approx`` adds an optional FAISS IVF/HNSW bank backend (approximate, measured).
 """
 from .cluster import connect, require_ray
-from .extract import extract_pools_ray
+from .extract import RayBackend
 from .bank import ShardedBank, shard_bank
 
-__all__ = ["connect", "require_ray", "extract_pools_ray", "ShardedBank", "shard_bank"]
+__all__ = ["connect", "require_ray", "RayBackend", "ShardedBank", "shard_bank"]

@@ -17,6 +17,7 @@ import numpy as np
 
 from .._validation import LatentSiftError, check_positive_int
 from ..bank import CLASSES, Bank
+from ..knn import bank_sqnorms, nearest_distances
 from .cluster import connect, worker_cpus
 
 
@@ -26,16 +27,12 @@ class BankShard:
     def __init__(self, slices: dict, threads: int | None = 1):
         import torch
 
-        from ..knn import bank_sqnorms
-
         if threads:
             torch.set_num_threads(threads)
         self.slices = {k: (np.ascontiguousarray(rows), off, bank_sqnorms(rows) if len(rows) else None)
                        for k, (rows, off) in slices.items()}
 
     def search(self, key, q: np.ndarray):
-        from ..knn import nearest_distances
-
         rows, off, sq = self.slices[key]
         if len(rows) == 0:
             return np.full(len(q), np.inf, np.float32), np.zeros(len(q), np.int64)
