@@ -7,8 +7,8 @@ from conftest import at_threads  # tests/conftest.py
 from latentsift._validation import LatentSiftError
 from latentsift.importers import import_paths
 from latentsift.report import render_markdown
-from latentsift.reproduce import (LEAKY_RUNS, ReproduceSettings, check_data_dir, per_agent_retention, reproduce,
-                                  retention_differences, select_trajectories)
+from latentsift.protocol import per_agent_retention, retention_differences
+from latentsift.reproduce import LEAKY_RUNS, ReproduceSettings, check_data_dir, reproduce, select_trajectories
 from latentsift.trajectory import Trajectory
 
 
@@ -100,10 +100,10 @@ def test_tiny_reproduce_end_to_end_is_deterministic(tiny_run):
 
 
 def test_sweep_settings_name_known_representations(data_dir):
-    from latentsift.reproduce import SWEEP, Run
+    from latentsift.reproduce import SWEEP, ReproduceRun
     s = ReproduceSettings(data=str(data_dir), out="x", sweep=("all",))
     assert s.sweep == SWEEP and s.to_dict()["sweep"] == list(SWEEP)
-    specs = Run(ReproduceSettings(data=str(data_dir), out="x", sweep=("patch", "span"), sweep_span_tokens=96,
+    specs = ReproduceRun(ReproduceSettings(data=str(data_dir), out="x", sweep=("patch", "span"), sweep_span_tokens=96,
                                  sweep_patch_tokens=200)
                 ).sweep_specs()
     assert specs == {"patch-200": {"patch_step_tokens": 200}, "span-96": {"max_span_tokens": 96}}
@@ -113,8 +113,8 @@ def test_sweep_settings_name_known_representations(data_dir):
 
 @pytest.mark.model
 def test_a_verifier_that_scores_nothing_stops_the_run(data_dir, tmp_path, policy, one_torch_thread):
-    from latentsift.reproduce import Run
-    run = Run(ReproduceSettings(data=str(data_dir), out=str(tmp_path), max_instances=1, n_unresolved=0,
+    from latentsift.reproduce import ReproduceRun
+    run = ReproduceRun(ReproduceSettings(data=str(data_dir), out=str(tmp_path), max_instances=1, n_unresolved=0,
                                 verifier_max_tokens=64), log=lambda m: None)
     trajs, _ = run.import_pools()
     with pytest.raises(LatentSiftError, match="scored none of the .* Raise --verifier-max-tokens"):

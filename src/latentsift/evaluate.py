@@ -42,6 +42,7 @@ from ._io import atomic_path, atomic_write_text, iter_jsonl
 from .cascade import (MISSING_RULES, TIE_RULES, CandidateRecord, Filter, PoolSpec, VerifierTable,
                       after_stage1, filter_kind, pool_priority, saving, stage1_retain, stage1_scores)
 from .retain import KEEP_FRAC, MIN_KEEP, retain_count
+from .verifier import RESULTS_FILE, load_results
 
 N_DRAWS = 200       # paper: 200 seeded draws per K
 N_BOOT = 1000       # bootstrap resamples over instances
@@ -184,8 +185,6 @@ def load_scores(path: str | Path, *, known_ids: Iterable[str] | None = None) -> 
     ``scores.jsonl`` (filter) or ``verdicts.jsonl`` (EF verifier), or one such ``.jsonl`` file, or a
     ``.parquet`` table with columns ``traj_id``, ``score`` and optional numeric component columns.
     With ``known_ids``, a candidate id in no pool is an error naming file and line."""
-    from .verifier import RESULTS_FILE, load_results
-
     p = Path(path)
     if not p.exists():
         raise LatentSiftError(f"No such score file or folder: {str(p)!r}.")

@@ -51,17 +51,17 @@ def build_cmd(
     """Build positive and negative banks from stored states and outcome labels."""
     from rich.console import Console
 
-    from ..bank import Bank, build_bank
+    from ..bank import build_bank
 
     console = Console(stderr=True)
     if repos is not None and exclude_repos is not None:
         from .._validation import LatentSiftError
         raise LatentSiftError("Pass either --repos or --exclude-repos, not both.")
     check_output(out, [states_dir, pools], kind="bank")
-    bank = Bank(layer=layer, normalize=_opt_choice(normalize), center=_opt_choice(center),
-                channels=tuple(_csv(channels) or ()), backend=backend)
+    params = dict(layer=layer, normalize=_opt_choice(normalize), center=_opt_choice(center),
+                  channels=tuple(_csv(channels) or ()), backend=backend)
     with console.status("loading states and building the banks ..."):
-        bank = build_bank(states_dir, pools, repos=_csv(repos), exclude_repos=_csv(exclude_repos), bank=bank)
+        bank = build_bank(states_dir, pools, repos=_csv(repos), exclude_repos=_csv(exclude_repos), **params)
         bank.save(out)
     lc, sc = bank.label_counts(), bank.state_counts()
     console.print(f"bank: {lc['pos']} positive and {lc['neg']} negative trajectories from "
