@@ -119,3 +119,20 @@ def test_a_verifier_that_scores_nothing_stops_the_run(data_dir, tmp_path, policy
     trajs, _ = run.import_pools()
     with pytest.raises(LatentSiftError, match="scored none of the .* Raise --verifier-max-tokens"):
         run.verify(policy, trajs[:2])
+
+
+def test_the_protocol_settings_are_shared_and_checked_once(data_dir):
+    from latentsift.protocol import CrossvalSettings, ProtocolSettings
+    shared = ProtocolSettings.defaults()
+    assert {k: ReproduceSettings.defaults()[k] for k in shared} == shared
+    assert {k: CrossvalSettings.defaults()[k] for k in shared} == shared
+    for bad in ({"n_draws": 0}, {"n_boot": -1}, {"scorer_epochs": 0}, {"ks": ()}, {"ks": (0,)},
+                {"curve_fractions": (0.0,)}, {"guard_false_alarm": 1.0}, {"group_by": "org"}):
+        with pytest.raises(LatentSiftError):
+            ReproduceSettings(data=str(data_dir), out="x", **bad)
+        with pytest.raises(LatentSiftError):
+            CrossvalSettings(pools="p", states="s", out="o", **bad)
+    s = ReproduceSettings(data=str(data_dir), out="x", ks=[2, 3])
+    d = s.to_dict()
+    assert d["ks"] == [2, 3] and list(d)[:5] == ["data", "out", "runs", "include_leaky", "instances"]
+    assert set(d) == {f for f in ReproduceSettings.__dataclass_fields__}

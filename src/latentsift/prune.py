@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -44,7 +42,7 @@ from .retain import order_by_score
 from .bank import Bank
 from .sift import Evidence, LatentSift, Prepared, Stage1Filter, _RuleFilter, resolve_states
 from .states import TrajectoryStates
-from .trajectory import CHANNEL_ID, Pool, Trajectory, group_pools
+from .trajectory import CHANNEL_ID, Pool, Trajectory
 
 SCHEDULES: dict[str, tuple] = {"steps": (2, 4, 8, 16), "tokens": (0.1, 0.25, 0.5, 0.75)}
 THRESHOLDS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
