@@ -1,3 +1,4 @@
+import dataclasses
 import json
 from pathlib import Path
 
@@ -135,4 +136,4 @@ def test_the_protocol_settings_are_shared_and_checked_once(data_dir):
     s = ReproduceSettings(data=str(data_dir), out="x", ks=[2, 3])
     d = s.to_dict()
     assert d["ks"] == [2, 3] and list(d)[:5] == ["data", "out", "runs", "include_leaky", "instances"]
-    assert set(d) == {f for f in ReproduceSettings.__dataclass_fields__}
+    assert set(d) == {f.name for f in dataclasses.fields(ReproduceSettings)}

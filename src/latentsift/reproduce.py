@@ -1,8 +1,9 @@
 """The main job end to end on the shared SWE-bench Lite pools (``latentsift reproduce``).
 
-import -> select -> replay states with the embedded model -> EF verifier -> the evaluation protocol
+import -> select -> replay states with the embedded model -> the evaluation protocol
 (``latentsift.protocol``: repository-disjoint k-fold, banks and scorer from the other folds'
-repositories, Stage-1 filters, four-stage cascade, evaluation, report).
+repositories, Stage-1 filters; then the EF verifier on every candidate, which this module runs for
+the protocol; four-stage cascade, evaluation, report).
 
 Every stage writes into the run folder and is reused by a rerun with the same settings:
 
