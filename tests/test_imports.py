@@ -12,10 +12,9 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "latentsift"
 ROOT = "latentsift"
 # files of the parts of this change still to be finished (their local imports are reported apart)
-PENDING = {"store.py", "scale/extract.py", "_io.py", "_cli/extract.py", "scorer.py", "report.py", "diagnostics.py",
-           "verifier.py", "margin.py", "__init__.py", "_cli/bank.py", "_cli/evaluate.py", "_cli/filter.py",
-           "_cli/fit.py", "_cli/import_.py", "_cli/transfer.py", "_cli/explore.py", "sift.py", "states.py",
-           "explore/site.py", "scale/bank.py"}
+PENDING = {"_cli/bank.py", "_cli/evaluate.py", "_cli/explore.py", "_cli/extract.py", "_cli/filter.py", "_cli/fit.py",
+           "_cli/import_.py", "_cli/transfer.py", "_io.py", "explore/site.py", "scale/bank.py", "scale/extract.py",
+           "scorer.py", "sift.py", "states.py", "store.py", "verifier.py"}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

@@ -137,3 +137,14 @@ def test_the_protocol_settings_are_shared_and_checked_once(data_dir):
     d = s.to_dict()
     assert d["ks"] == [2, 3] and list(d)[:5] == ["data", "out", "runs", "include_leaky", "instances"]
     assert set(d) == {f.name for f in dataclasses.fields(ReproduceSettings)}
+
+
+def test_a_finished_run_opens_with_its_cached_folds(tiny_run):
+    from latentsift.reproduce import open_run_dir
+    run, trajs, store = open_run_dir(tiny_run["out"])
+    assert run.settings.to_dict() == json.loads((tiny_run["out"] / "manifest.json").read_text())["settings"]
+    folds = run.folds(trajs)
+    bank, scorer, pools = run.cached_fold(trajs, folds, 0)
+    held_out = {c.traj_id for p in pools for c in p.candidates}
+    assert pools and held_out and store.has(next(iter(held_out)))
+    assert not held_out & set(bank.traj_ids_) and scorer is not None
