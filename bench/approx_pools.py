@@ -2,8 +2,8 @@
 
 For every fold of a finished ``reproduce`` (or ``crossval``) run folder, the fold's bank and scorer
 (RUN_DIR/folds/fold-k/paper/{bank,scorer}, trained on the other folds' repositories) score that
-fold's evaluation pools (the pools of its held-out repositories: the split of ``Run.folds``, as in
-``Run.stage1_filters``) with the paper's filter, ``LatentSift(bank, scorer, seed=<run seed>)`` as
+fold's evaluation pools (the pools of its held-out repositories: ``protocol.Run.cached_fold``, the
+fold loop of Stage 1) with the paper's filter, ``LatentSift(bank, scorer, seed=<run seed>)`` as
 ``reproduce`` builds it: once with exact search and once per approximate backend
 (``scale.approx.approx_bank``, the library's default index settings unless --nprobe / --ef-search).
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from contextlib import contextmanager
@@ -47,54 +46,6 @@ Q_RTOL, Q_ATOL = 1e-5, 1e-6
 
 
 # ---------------------------------------------------------------------- the run folder
-def open_run(run_dir: Path):
-    """(Run, trajectories, state store) of a reproduce or crossval run folder."""
-    from latentsift.protocol import CrossvalSettings
-    from latentsift.reproduce import ReproduceSettings, Run
-    from latentsift.extract import select_instances
-    from latentsift.store import StateStore
-    from latentsift.trajectory import load_jsonl
-
-    man_path = run_dir / "manifest.json"
-    if not man_path.is_file():
-        raise LatentSiftError(f"{run_dir} is not a run folder (no manifest.json; run 'latentsift reproduce').")
-    man = json.loads(man_path.read_text())
-    s = dict(man.get("settings", {}))
-    if man.get("command") == "latentsift crossval":
-        cls, pools, states = CrossvalSettings, Path(s["pools"]), Path(s["states"])
-    else:
-        cls, pools, states = ReproduceSettings, run_dir / "pools.jsonl", run_dir / "states"
-    names = {f.name for f in dataclasses.fields(cls)}
-    settings = cls(**{k: v for k, v in s.items() if k in names} | {"out": str(run_dir)})
-    for p in (pools, states):
-        if not p.exists():
-            raise LatentSiftError(f"{p} is missing (paths of a crossval manifest are relative to where it ran).")
-    if not (run_dir / "report" / "summary.json").is_file():
-        print(f"warning: {run_dir} has no report/summary.json: the run is unfinished or running; its folds may "
-              "still change.", file=sys.stderr)
-    trajs = load_jsonl(pools)
-    if man.get("command") == "latentsift crossval":
-        trajs = select_instances(trajs, settings.instances)
-    return Run(settings, log=lambda m: None), trajs, StateStore(states).open()
-
-
-def fold_inputs(run, trajs, k: int, folds):
-    """Fold k's bank, scorer and evaluation pools, as ``Run.stage1_filters`` pairs them."""
-    from latentsift.bank import Bank
-    from latentsift.scorer import LinearScorer
-    from latentsift.trajectory import group_pools
-
-    bank_groups, eval_groups = map(set, folds[k])
-    pools = [p for p in group_pools(trajs) if run.group(p.candidates[0]) in eval_groups]
-    d = run.out / "folds" / f"fold-{k}" / "paper"
-    bank, scorer = Bank.load(d / "bank"), LinearScorer.load(d / "scorer")
-    want = sorted(t.traj_id for t in trajs if run.group(t) in bank_groups)
-    if list(bank.traj_ids_) != want:
-        raise LatentSiftError(f"{d / 'bank'} does not hold fold {k}'s bank trajectories of this run's split "
-                              f"({len(bank.traj_ids_)} vs {len(want)}): rerun the run to refresh its folds.")
-    return bank, scorer, pools
-
-
 # ---------------------------------------------------------------------- recorded searches
 @dataclasses.dataclass
 class SearchLog:
@@ -220,6 +171,7 @@ def run_bench(a) -> None:
     import torch
 
     from latentsift.scale.approx import KINDS, approx_bank
+    from latentsift.reproduce import open_run_dir
     from latentsift.sift import LatentSift
 
     backends = [b for b in a.backends.split(",") if b]
@@ -238,7 +190,7 @@ def run_bench(a) -> None:
     params = {"ivf": {} if a.nprobe is None else {"nprobe": a.nprobe},
               "hnsw": {} if a.ef_search is None else {"ef_search": a.ef_search}}
 
-    run, trajs, store = open_run(a.run_dir)
+    run, trajs, store = open_run_dir(a.run_dir)
     folds = run.folds(trajs)
     try:
         ks = list(range(len(folds))) if a.folds is None else [int(x) for x in a.folds.split(",") if x]
@@ -255,7 +207,7 @@ def run_bench(a) -> None:
     exact_tally, exact_build = Tally(), 0.0
     for k in ks:
         t0 = time.perf_counter()
-        bank, scorer, pools = fold_inputs(run, trajs, k, folds)
+        bank, scorer, pools = run.cached_fold(trajs, folds, k)
         if not pools:
             print(f"fold {k}: no evaluation pool")
             continue
@@ -265,7 +217,7 @@ def run_bench(a) -> None:
         sizes = {c: sum(len(getattr(bank, f"{x}_")[c]) for x in ("pos", "neg")) for c in bank.channels}
 
         def score(b):
-            filt = LatentSift(b, scorer, seed=run.s.seed)
+            filt = LatentSift(b, scorer, seed=run.settings.seed)
             with recorded(b, a.repeats) as log:
                 res = filt.score_pools(pools, states, fingerprint=store.fingerprint)
             return log, res, filt.channels

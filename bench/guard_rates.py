@@ -1,4 +1,4 @@
-"""The shift guard's error rates (``latentsift.shift_eval.protocol_guard``) on a finished run's folds.
+"""The shift guard's error rates (``latentsift.protocol.protocol_guard``) on a finished run's folds.
 
 Reads RUN_DIR (a finished ``reproduce`` run: pools.jsonl, states/, folds/fold-k/{paper,agent-*}/bank)
 and never writes there: the fold banks are loaded from the cache, not refitted (a run made before
@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from latentsift.bank import Bank
-from latentsift.reproduce import ReproduceSettings, Run
-from latentsift.shift_eval import protocol_guard
+from latentsift.protocol import Run, protocol_guard
+from latentsift.reproduce import ReproduceSettings
 from latentsift.store import StateStore
 from latentsift.trajectory import load_jsonl
 

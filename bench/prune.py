@@ -37,16 +37,14 @@ def main() -> None:
     a = ap.parse_args()
     import torch
     torch.set_num_threads(a.threads)
-    from latentsift.prune import Pruner, reproduce_pruning, step_tokens
-    from latentsift.reproduce import ReproduceSettings, Run, select_trajectories
+    from latentsift.protocol import reproduce_pruning
+    from latentsift.prune import Pruner, step_tokens
+    from latentsift.reproduce import ReproduceSettings, prepare_run, select_trajectories
     from latentsift.sift import LatentSift
     from latentsift.trajectory import group_pools
 
     s = ReproduceSettings(data=a.data, out=a.out, max_instances=a.instances)
-    run = Run(s, log=lambda m: None)
-    run.out.mkdir(parents=True, exist_ok=True)
-    trajs, _ = run.import_pools()
-    policy, store = run.extract(trajs)
+    run, trajs, policy, store = prepare_run(s, log=lambda m: None)
     states = store.load([t.traj_id for t in trajs])
     # one fold: the repository with the most candidates is evaluated, the others form the bank (a small
     # selection rarely has resolved candidates in every fold of a k-fold split)

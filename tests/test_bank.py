@@ -225,3 +225,38 @@ def test_whitening_is_fitted_on_the_bank_and_travels_with_it(data, tmp_path):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="'normalize' parameter of Bank"):
         Bank(normalize="pca").fit(*data, FP)
+
+
+# ---------------------------------------------------------------------- from trajectories, the fold loop
+def _trajectories(data):
+    from latentsift.trajectory import Trajectory
+    states, labels, inst, repos = data
+    return [Trajectory(t, inst[t], repos[t], "", [], reward=float(labels[t])) for t in sorted(states, reverse=True)]
+
+
+def test_a_bank_from_trajectories_is_the_bank_of_their_mappings(data, bank):
+    states = data[0]
+    b = Bank.from_trajectories(_trajectories(data), states, FP)
+    assert b.traj_ids_ == bank.traj_ids_ and b.labels_ == bank.labels_
+    assert b.instances_ == bank.instances_ and b.repos_ == bank.repos_
+    for c in bank.channels:
+        np.testing.assert_array_equal(b.pos_[c], bank.pos_[c])
+        np.testing.assert_array_equal(b.neg_owner_[c], bank.neg_owner_[c])
+    assert Bank.from_trajectories(_trajectories(data), states, FP, normalize="l2").normalize == "l2"
+
+
+def test_the_fold_loop_pairs_bank_trajectories_with_held_out_pools(data):
+    from latentsift.bank import inner_folds, iter_folds
+    trajs = _trajectories(data)
+    splits = split_by_repo({t.traj_id: t.repo for t in trajs}, n_folds=3)
+    folds = list(iter_folds(trajs, splits))
+    assert [f.k for f in folds] == [0, 1, 2]
+    for f in folds:
+        assert {t.repo for t in f.bank_trajs} == set(f.bank_groups)
+        assert {c.repo for p in f.eval_pools for c in p.candidates} == set(f.eval_groups)
+        assert [p.instance_id for p in f.eval_pools] == sorted(p.instance_id for p in f.eval_pools)
+    assert sorted(p.instance_id for f in folds for p in f.eval_pools) == sorted({t.instance_id for t in trajs})
+    kept = list(iter_folds(trajs, splits, bank_filter=lambda t: t.label == 1))
+    assert all(t.label == 1 for f in kept for t in f.bank_trajs)
+    inner = list(inner_folds(trajs, seed=0))
+    assert sorted(c.traj_id for f in inner for p in f.eval_pools for c in p.candidates) == sorted(data[0])

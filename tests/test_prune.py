@@ -11,9 +11,9 @@ import pytest
 
 from latentsift import LatentSiftError
 from latentsift.bank import Bank
+from latentsift.protocol import evaluate_pruning, verdict
 from latentsift.prune import (POLICIES, PoolRun, PrefixBankSift, PrefixSift, Pruner, StepTokens, cut_length,
-                              cut_states, evaluate_pruning, min_alive, prefix_prepare, simulate_pool,
-                              stop_decision, tokens_saved, verdict)
+                              cut_states, min_alive, prefix_prepare, simulate_pool, stop_decision, tokens_saved)
 from latentsift.scorer import LinearScorer
 from latentsift.sift import LatentSift, make_baseline
 from latentsift.trajectory import Pool, Step, Trajectory
@@ -262,7 +262,8 @@ def test_token_cache_is_keyed_by_the_model(policy, world, tmp_path):
     """The cached per-step token counts are reused for the same model only (prune/tokens.json)."""
     from dataclasses import replace
 
-    from latentsift.prune import cached_step_tokens, step_tokens
+    from latentsift.protocol import cached_step_tokens
+    from latentsift.prune import step_tokens
     trajs = world[0][:4]
     path = tmp_path / "tokens.json"
     fp = policy.fingerprint

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 from pathlib import Path
 
@@ -7,8 +8,8 @@ from conftest import at_threads  # tests/conftest.py
 from latentsift._validation import LatentSiftError
 from latentsift.importers import import_paths
 from latentsift.report import render_markdown
-from latentsift.reproduce import (LEAKY_RUNS, ReproduceSettings, check_data_dir, per_agent_retention, reproduce,
-                                  retention_differences, select_trajectories)
+from latentsift.protocol import per_agent_retention, retention_differences
+from latentsift.reproduce import LEAKY_RUNS, ReproduceSettings, check_data_dir, reproduce, select_trajectories
 from latentsift.trajectory import Trajectory
 
 
@@ -100,10 +101,10 @@ def test_tiny_reproduce_end_to_end_is_deterministic(tiny_run):
 
 
 def test_sweep_settings_name_known_representations(data_dir):
-    from latentsift.reproduce import SWEEP, Run
+    from latentsift.reproduce import SWEEP, ReproduceRun
     s = ReproduceSettings(data=str(data_dir), out="x", sweep=("all",))
     assert s.sweep == SWEEP and s.to_dict()["sweep"] == list(SWEEP)
-    specs = Run(ReproduceSettings(data=str(data_dir), out="x", sweep=("patch", "span"), sweep_span_tokens=96,
+    specs = ReproduceRun(ReproduceSettings(data=str(data_dir), out="x", sweep=("patch", "span"), sweep_span_tokens=96,
                                  sweep_patch_tokens=200)
                 ).sweep_specs()
     assert specs == {"patch-200": {"patch_step_tokens": 200}, "span-96": {"max_span_tokens": 96}}
@@ -113,9 +114,37 @@ def test_sweep_settings_name_known_representations(data_dir):
 
 @pytest.mark.model
 def test_a_verifier_that_scores_nothing_stops_the_run(data_dir, tmp_path, policy, one_torch_thread):
-    from latentsift.reproduce import Run
-    run = Run(ReproduceSettings(data=str(data_dir), out=str(tmp_path), max_instances=1, n_unresolved=0,
+    from latentsift.reproduce import ReproduceRun
+    run = ReproduceRun(ReproduceSettings(data=str(data_dir), out=str(tmp_path), max_instances=1, n_unresolved=0,
                                 verifier_max_tokens=64), log=lambda m: None)
     trajs, _ = run.import_pools()
     with pytest.raises(LatentSiftError, match="scored none of the .* Raise --verifier-max-tokens"):
         run.verify(policy, trajs[:2])
+
+
+def test_the_protocol_settings_are_shared_and_checked_once(data_dir):
+    from latentsift.protocol import CrossvalSettings, ProtocolSettings
+    shared = ProtocolSettings.defaults()
+    assert {k: ReproduceSettings.defaults()[k] for k in shared} == shared
+    assert {k: CrossvalSettings.defaults()[k] for k in shared} == shared
+    for bad in ({"n_draws": 0}, {"n_boot": -1}, {"scorer_epochs": 0}, {"ks": ()}, {"ks": (0,)},
+                {"curve_fractions": (0.0,)}, {"guard_false_alarm": 1.0}, {"group_by": "org"}):
+        with pytest.raises(LatentSiftError):
+            ReproduceSettings(data=str(data_dir), out="x", **bad)
+        with pytest.raises(LatentSiftError):
+            CrossvalSettings(pools="p", states="s", out="o", **bad)
+    s = ReproduceSettings(data=str(data_dir), out="x", ks=[2, 3])
+    d = s.to_dict()
+    assert d["ks"] == [2, 3] and list(d)[:5] == ["data", "out", "runs", "include_leaky", "instances"]
+    assert set(d) == {f.name for f in dataclasses.fields(ReproduceSettings)}
+
+
+def test_a_finished_run_opens_with_its_cached_folds(tiny_run):
+    from latentsift.reproduce import open_run_dir
+    run, trajs, store = open_run_dir(tiny_run["out"])
+    assert run.settings.to_dict() == json.loads((tiny_run["out"] / "manifest.json").read_text())["settings"]
+    folds = run.folds(trajs)
+    bank, scorer, pools = run.cached_fold(trajs, folds, 0)
+    held_out = {c.traj_id for p in pools for c in p.candidates}
+    assert pools and held_out and store.has(next(iter(held_out)))
+    assert not held_out & set(bank.traj_ids_) and scorer is not None

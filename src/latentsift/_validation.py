@@ -70,3 +70,23 @@ def check_states(states: Any, name: str, owner: str, *, d: int | None = None,
         row = int(np.flatnonzero(~np.isfinite(arr).all(axis=1))[0])
         raise LatentSiftError(f"The '{name}' parameter of {owner} contains NaN or inf (first in row {row}).")
     return arr
+
+
+def check_labelled(trajs, owner: str) -> None:
+    """Every candidate needs a test outcome (reward) to be evaluated or banked."""
+    if not trajs:
+        raise LatentSiftError(f"{owner}: the pools file holds no trajectory.")
+    missing = [t.traj_id for t in trajs if t.label is None]
+    if missing:
+        raise LatentSiftError(f"{owner}: {len(missing)} of {len(trajs)} candidates have no label (reward), "
+                              f"e.g. {missing[0]!r}. Cross-validation and fitting need the test outcome of every "
+                              "candidate: import the pools with --labels, or leave the unlabelled pools out.")
+
+
+def check_states_present(store, trajs, owner: str) -> None:
+    """Every candidate of ``trajs`` has states in ``store`` (said before any work)."""
+    missing = [t.traj_id for t in trajs if not store.has(t.traj_id)]
+    if missing:
+        raise LatentSiftError(f"{owner}: the state store {str(store.path)!r} has no states for {len(missing)} of "
+                              f"{len(trajs)} candidates, e.g. {missing[0]!r}; run 'latentsift extract' on the "
+                              "same pools file first.")

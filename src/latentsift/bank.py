@@ -7,6 +7,7 @@ from (so a filter can name the bank trajectories behind its evidence). Channel-c
 the channel-c rows of all entries of a class; no separate per-channel bank is built.
 
     bank = Bank().fit(states, labels, instances, repos, fingerprint)
+    bank = Bank.from_trajectories(trajs, states_or_store, fingerprint)   # the same, from labelled trajectories
     d_pos, d_neg, i_pos, i_neg = bank.distances(z, "cot")
     bank.save("runs/bank"); bank = Bank.load("runs/bank")
 
@@ -15,13 +16,17 @@ Guards: a bank refuses to score a candidate whose instance (or trajectory) is in
 
 Repository splits: ``split_by_repo`` (k folds balanced by trajectory count) and
 ``leave_one_repo_out`` give (bank_repos, eval_repos) pairs with disjoint repositories, as the paper's
-protocol requires; ``select_by_repo`` picks the trajectories of a repository subset.
+protocol requires; ``select_by_repo`` picks the trajectories of a repository subset. ``iter_folds``
+is the one fold loop (Stage 1, agent transfer, pruning, the shift guard, the inner cross-fits): per
+split, the bank side's trajectories and the evaluation side's pools; ``inner_folds`` the same on a
+bank's own trajectories.
 """
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -31,7 +36,8 @@ from ._io import ArtefactKind, read_artefact, write_artefact
 from .knn import BACKENDS, bank_sqnorms, nearest_distances
 from .model import Fingerprint
 from .states import TrajectoryStates
-from .trajectory import CHANNEL_ID, CHANNELS
+from .store import StateStore
+from .trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory, group_pools, load_jsonl
 
 BANK_FORMAT = "latentsift-bank"
 BANK_VERSION = 1
@@ -219,6 +225,23 @@ class Bank:
             setattr(self, f"{k}_owner_", {c: raw[k, c][1] for c in self.channels})
             setattr(self, f"{k}_step_", {c: raw[k, c][2] for c in self.channels})
         return self
+
+    def fit_trajectories(self, trajs: Sequence[Trajectory], states, fingerprint: Any = None) -> "Bank":
+        """``fit`` from labelled trajectories: their labels, instances and repositories come from ``trajs``,
+        their states from ``states`` (a mapping traj_id -> TrajectoryStates, or a store with ``load``
+        and ``fingerprint``; ``fingerprint`` defaults to the store's)."""
+        ids = sorted(t.traj_id for t in trajs)
+        if hasattr(states, "load") and hasattr(states, "fingerprint"):  # a state store (or a union of stores)
+            fingerprint = states.fingerprint if fingerprint is None else fingerprint
+            states = states.load(ids)
+        return self.fit({i: states[i] for i in ids},
+                        {t.traj_id: (None if t.label is None else int(t.label)) for t in trajs},
+                        {t.traj_id: t.instance_id for t in trajs}, {t.traj_id: t.repo for t in trajs}, fingerprint)
+
+    @classmethod
+    def from_trajectories(cls, trajs: Sequence[Trajectory], states, fingerprint: Any = None, **params) -> "Bank":
+        """``Bank(**params).fit_trajectories(trajs, states, fingerprint)``: a bank in one call."""
+        return cls(**params).fit_trajectories(trajs, states, fingerprint)
 
     # ------------------------------------------------------------------ use
     def _check_fitted(self) -> None:
@@ -449,18 +472,66 @@ def select_by_repo(repos: Mapping[str, str], *, include: Sequence[str] | None = 
     return sorted(t for t, r in repos.items() if r in inc and r not in exc)
 
 
+# ---------------------------------------------------------------------- the fold loop
+@dataclass
+class Fold:
+    """One fold of a split: its index, its groups, the bank side's trajectories, the evaluation pools."""
+
+    k: int
+    bank_groups: list
+    eval_groups: list
+    bank_trajs: list
+    eval_pools: list
+
+
+def _by_repo(t: Trajectory) -> str:
+    return t.repo
+
+
+def iter_folds(trajs: Sequence[Trajectory], splits: Sequence[tuple[Sequence[str], Sequence[str]]],
+               group: Callable[[Trajectory], str] = _by_repo, *, pools: Sequence[Pool] | None = None,
+               bank_filter: Callable[[Trajectory], bool] | None = None,
+               eval_order: str = "instance") -> Iterator[Fold]:
+    """The folds of ``splits`` ((bank groups, eval groups) pairs) that have evaluation pools.
+
+    ``group(traj)``: the fold group of a trajectory (repository by default); ``pools``: the pools of
+    ``trajs`` (``group_pools`` when omitted); ``bank_filter``: keep only these bank trajectories
+    (e.g. one agent's); ``eval_order``: evaluation pools by instance id ("instance") or group by
+    group in sorted group order, by instance within a group ("group").
+    """
+    check_choice(eval_order, "eval_order", "iter_folds", ("instance", "group"))
+    pools = group_pools(trajs) if pools is None else list(pools)
+    for k, (bank_groups, eval_groups) in enumerate(splits):
+        bank_set, eval_set = set(bank_groups), set(eval_groups)
+        if eval_order == "group":
+            by: dict[str, list[Pool]] = {}
+            for p in pools:
+                by.setdefault(group(p.candidates[0]), []).append(p)
+            eval_pools = [p for g in sorted(eval_set) for p in by.get(g, [])]
+        else:
+            eval_pools = [p for p in pools if group(p.candidates[0]) in eval_set]
+        if not eval_pools:
+            continue
+        bank_trajs = [t for t in trajs if group(t) in bank_set and (bank_filter is None or bank_filter(t))]
+        yield Fold(k, bank_groups, eval_groups, bank_trajs, eval_pools)
+
+
+def inner_folds(trajs: Sequence[Trajectory], group: Callable[[Trajectory], str] = _by_repo, *, n_folds: int = 2,
+                seed: int = 0) -> Iterator[Fold]:
+    """``iter_folds`` over ``split_by_repo`` of ``trajs``' own groups: the inner cross-fit of a bank."""
+    return iter_folds(trajs, split_by_repo({t.traj_id: group(t) for t in trajs}, n_folds=n_folds, seed=seed), group)
+
+
 # ---------------------------------------------------------------------- files in, bank out
 def build_bank(states_dir: str | Path, pools: str | Path, *, repos: Sequence[str] | None = None,
-               exclude_repos: Sequence[str] | None = None, bank: Bank | None = None) -> Bank:
+               exclude_repos: Sequence[str] | None = None, **params) -> Bank:
     """``latentsift bank build``: a fitted bank from a state store and a canonical pools JSONL.
 
     Every trajectory of ``pools`` whose repository is selected (``repos`` / ``exclude_repos``)
     becomes a bank entry; it must carry a reward (label = 1[reward >= 0.5]) and stored states.
-    The states directory, pools file and repository selection are recorded in ``bank.source_``.
+    The states directory, pools file and repository selection are recorded in ``bank.source_``;
+    ``params``: the ``Bank`` settings.
     """
-    from .store import StateStore
-    from .trajectory import load_jsonl
-
     trajs = {t.traj_id: t for t in load_jsonl(pools)}
     ids = select_by_repo({t: x.repo for t, x in trajs.items()}, include=repos, exclude=exclude_repos)
     if not ids:
@@ -477,9 +548,7 @@ def build_bank(states_dir: str | Path, pools: str | Path, *, repos: Sequence[str
                               "outcomes.")
     store = StateStore(states_dir).open()
     states = store.load(ids, dtype="float16")
-    bank = bank if bank is not None else Bank()
-    bank.fit(states, {t: trajs[t].label for t in ids}, {t: trajs[t].instance_id for t in ids},
-             {t: trajs[t].repo for t in ids}, store.fingerprint)
+    bank = Bank.from_trajectories([trajs[t] for t in ids], states, store.fingerprint, **params)
     bank.source_ = {"states_dir": str(Path(states_dir).resolve()), "pools": str(Path(pools).resolve()),
                     "repos": list(repos) if repos is not None else None,
                     "exclude_repos": list(exclude_repos) if exclude_repos is not None else None,

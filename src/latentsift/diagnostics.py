@@ -35,11 +35,9 @@ one resample costs one (n_instances,) dot product per score.
 """
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 

@@ -20,13 +20,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ._validation import FingerprintMismatch, LatentSiftError
+from ._validation import FingerprintMismatch, LatentSiftError, check_labelled, check_states_present
 from .bank import Bank
 from .scorer import LinearScorer
 from .shift import Reference, check_pools, scaffold_of
 from .states import TrajectoryStates
+from .extract import select_instances
 from .store import MATCHED_SETTINGS, SETTING_DEFAULTS, StateStore
-from .trajectory import Trajectory
+from .trajectory import Trajectory, load_jsonl
 
 BANK_CHOICES = ("all", "nearest")
 LIBRARY_DIR = "library"
@@ -96,9 +97,6 @@ def load_runs(pools_paths: Sequence[str | Path], states_dirs: Sequence[str | Pat
     """The labelled trajectories of every pools file (ids distinct) and their stores as one.
 
     ``sources``: a dict filled with traj_id -> the index of its pools file."""
-    from .protocol import check_labelled, check_states_present
-    from .extract import select_instances
-    from .trajectory import load_jsonl
     union = open_stores(states_dirs, owner)  # refused before the pools are read
     trajs: list[Trajectory] = []
     seen: dict[str, str] = {}
@@ -166,11 +164,9 @@ def fit_sub_bank(name: str, trajs: Sequence[Trajectory], states: Mapping[str, Tr
     ``reference_kw``: ``Reference.from_bank``'s ``kind`` / ``false_alarm``."""
     ids = sorted(t.traj_id for t in trajs)
     by = {t.traj_id: t for t in trajs}
-    labels = {i: int(by[i].label) for i in ids}
-    bank = Bank(**dict(bank_params or {})).fit({i: states[i] for i in ids}, labels,
-                                               {i: by[i].instance_id for i in ids}, {i: by[i].repo for i in ids},
-                                               fingerprint)
-    scorer = LinearScorer(max_epochs=scorer_epochs, seed=seed).fit([states[i] for i in ids], [labels[i] for i in ids],
+    bank = Bank.from_trajectories(trajs, states, fingerprint, **dict(bank_params or {}))
+    scorer = LinearScorer(max_epochs=scorer_epochs, seed=seed).fit([states[i] for i in ids],
+                                                                   [int(by[i].label) for i in ids],
                                                                    fingerprint=fingerprint)
     agents = sorted({t.agent for t in trajs})
     scaffolds = sorted({scaffold_of(t) for t in trajs})

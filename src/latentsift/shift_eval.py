@@ -1,4 +1,4 @@
-"""The shift guard's error rates inside the protocol (``crossval`` / ``reproduce``).
+"""The shift guard's error rates: the measures that ``protocol.guard.protocol_guard`` takes per fold.
 
 - false alarms: per outer fold, the share of evaluation pools the guard flags when the bank is the
   other folds (pools like the bank's: same agents), for the distance check and the name check
@@ -18,8 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from .evaluate import CI_LEVEL, bootstrap_indices, mean_ci
-from .shift import FALSE_ALARM, REFERENCE_KINDS, Reference, check_pools, scaffold_of
-from .trajectory import Pool, group_pools
+from .shift import REFERENCE_KINDS, Reference, check_pools
 
 TRADEOFF_QUANTILES = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.975, 0.99, 1.0)
 
@@ -62,7 +61,7 @@ def _nan_to_none(x) -> list[float | None]:
     return [None if not np.isfinite(v) else float(v) for v in np.asarray(x, dtype=np.float64)]
 
 
-def _summarise(rows: list[dict], n_boot: int, seed: int, quantiles) -> dict:
+def summarise_rows(rows: list[dict], n_boot: int, seed: int, quantiles) -> dict:
     """Pooled rates (over folds) per reference kind and check, with intervals, and the trade-off."""
     out = {}
     for kind in REFERENCE_KINDS:
@@ -78,7 +77,7 @@ def _summarise(rows: list[dict], n_boot: int, seed: int, quantiles) -> dict:
     return out
 
 
-def _fold_rows(pools, states, bank, agents, scaffolds, false_alarm, n_boot, seed) -> dict:
+def fold_rows(pools, states, bank, agents, scaffolds, false_alarm, n_boot, seed) -> dict:
     """Flags of ``pools`` against ``bank`` for both reference kinds, with the per-fold rates."""
     row = {"flags": {}, "reference": {}, "threshold": {}, "kind_used": {}, "rates": {}}
     for kind in REFERENCE_KINDS:
@@ -91,64 +90,3 @@ def _fold_rows(pools, states, bank, agents, scaffolds, false_alarm, n_boot, seed
         row["rates"][kind] = {c: flag_rate([f[c] for f in fl.values()], n_boot=n_boot, seed=seed)
                               for c in ("distance", "name")}
     return row
-
-
-def protocol_guard(run, trajs, folds, states, fingerprint, *, false_alarm: float = FALSE_ALARM,
-                   n_boot: int = 1000, seed: int = 0, agent_transfer: bool = True,
-                   quantiles: Sequence[float] = TRADEOFF_QUANTILES) -> dict:
-    """The ``shift_guard`` section of summary.json: false alarms per fold and pooled, detection per
-    (bank agent, pool agent) pair, trade-off curves. Uses the folds' cached banks (``run.fit_fold``)."""
-    pools = group_pools(trajs)
-    false_rows, per_fold = [], []
-    for k, (bank_groups, eval_groups) in enumerate(folds):
-        bank_set, eval_set = set(bank_groups), set(eval_groups)
-        bank_trajs = [t for t in trajs if run.group(t) in bank_set]
-        eval_pools = [p for p in pools if run.group(p.candidates[0]) in eval_set]
-        if not eval_pools:
-            continue
-        bank, _ = run.fit_fold(k, bank_trajs, states, fingerprint, {}, "paper")
-        row = _fold_rows(eval_pools, states, bank, sorted({t.agent for t in bank_trajs}),
-                         sorted({scaffold_of(t) for t in bank_trajs}), false_alarm, n_boot, seed)
-        false_rows.append(row)
-        per_fold.append({"fold": k, "n_pools": len(eval_pools), "threshold": row["threshold"],
-                         "reference_kind_used": row["kind_used"], "false_alarm": row["rates"]})
-    out = {"false_alarm_setting": false_alarm, "reference_kinds": list(REFERENCE_KINDS),
-           "quantiles": list(quantiles),
-           "rule": "flagged = the pool's median nearest-bank distance above the threshold (distance check), or an "
-                   "agent/scaffold absent from the bank (name check); threshold = the 1 - false_alarm quantile of "
-                   "the bank's own pools scored against the rest of the bank, leaving out their repository or "
-                   "instance (reference kind); intervals: bootstrap over pools",
-           "false_alarms": {"per_fold": per_fold, "pooled": _summarise(false_rows, n_boot, seed, quantiles)},
-           "detection": {}, "detection_unavailable": {}}
-    agents = sorted({t.agent for t in trajs})
-    if not agent_transfer or len(agents) < 2:
-        out["detection_note"] = "needs the agent-transfer runs and two agents or more"
-        return out
-    for a in agents:
-        slug = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in a)
-        for b in agents:
-            if b == a:
-                continue
-            rows = []
-            for k, (bank_groups, eval_groups) in enumerate(folds):
-                bank_set, eval_set = set(bank_groups), set(eval_groups)
-                bank_trajs = [t for t in trajs if run.group(t) in bank_set and t.agent == a]
-                n_pos = sum(t.label == 1 for t in bank_trajs)
-                if n_pos == 0 or n_pos == len(bank_trajs):
-                    rows = []
-                    out["detection_unavailable"][f"{a} -> {b}"] = (
-                        f"fold {k}: {a}'s bank trajectories ({len(bank_trajs)}) have {n_pos} resolved; a bank "
-                        "needs both classes")
-                    break
-                other = [Pool(p.instance_id, [c for c in p.candidates if c.agent == b]) for p in pools
-                         if run.group(p.candidates[0]) in eval_set]
-                other = [p for p in other if p.candidates]
-                if not other:
-                    continue
-                bank, _ = run.fit_fold(k, bank_trajs, states, fingerprint, {}, f"agent-{slug}")
-                rows.append(_fold_rows(other, states, bank, [a], sorted({scaffold_of(t) for t in bank_trajs}),
-                                       false_alarm, n_boot, seed))
-            if rows:
-                out["detection"][f"{a} -> {b}"] = {"bank_agent": a, "pool_agent": b,
-                                                   **_summarise(rows, n_boot, seed, quantiles)}
-    return out

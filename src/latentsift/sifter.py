@@ -30,13 +30,18 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._io import ArtefactKind, jsonable, member, read_artefact, write_artefact
-from ._validation import FingerprintMismatch, LatentSiftError
-from .bank import Bank, as_fingerprint
+from ._validation import FingerprintMismatch, LatentSiftError, check_choice, check_labelled
+from .bank import Bank, Fold, as_fingerprint, inner_folds
+from .diagnostics import within_pool_auc
+from .leak import ON_LEAK, apply_on_leak
 from .library import BANK_CHOICES, SubBank, fit_sub_banks, load_sub_banks, load_runs, nearest_choice, pool_distances, \
     save_sub_banks
+from .rank import grouped_normalized_ranks, min_channel_rank
 from .scorer import LinearScorer
-from .sift import LatentSift
-from .trajectory import Trajectory, group_pools
+from .shift import FALSE_ALARM, ON_SHIFT, REFERENCE_KIND, REFERENCE_KINDS, Reference, guard, scaffold_of
+from .sift import FilterRun, LatentSift, load_selected_pools, resolve_states
+from .store import StateStore, check_recorded_settings
+from .trajectory import Trajectory
 
 SIFTER_FORMAT = "latentsift-sifter"
 SIFTER_VERSION = 1
@@ -73,17 +78,13 @@ class Sifter(LatentSift):
         reference (``shift.Reference.from_bank``; defaults ``shift.FALSE_ALARM``, ``shift.REFERENCE_KIND``),
         for the all-agent bank and every sub-bank.
         """
-        from .protocol import check_labelled
-        from .shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
-        from .sift import resolve_states
         trajs = list(trajs)
         check_labelled(trajs, "fit")
         ids = sorted(t.traj_id for t in trajs)
         sts, fp = resolve_states(states, ids, fingerprint, owner="fit")
         labels = {t.traj_id: int(t.label) for t in trajs}
         seed = self._settings.get("seed", 0)
-        bank = Bank().fit({i: sts[i] for i in ids}, labels, {t.traj_id: t.instance_id for t in trajs},
-                          {t.traj_id: t.repo for t in trajs}, fp)
+        bank = Bank.from_trajectories(trajs, sts, fp)
         log(f"[fit] bank: {bank.label_counts()}; training the scorer ({self.scorer_epochs} epochs)")
         scorer = LinearScorer(max_epochs=self.scorer_epochs, seed=seed).fit(
             [sts[i] for i in ids], [labels[i] for i in ids], fingerprint=fp)
@@ -148,7 +149,6 @@ class Sifter(LatentSift):
 
         ``settings`` override the saved filter settings (e.g. ``min_keep``, ``frac``, ``n_evidence``).
         """
-        from .shift import Reference
         path = Path(path)
         mpath = path / SIFTER_JSON
         man, _ = read_artefact(path, SIFTER_ARTEFACT)
@@ -180,37 +180,48 @@ def check_sifter_fingerprint(man: dict, fingerprint: Any, path) -> None:
             "candidates' states with the sifter's model, or fit a sifter on states of this model.")
 
 
+def fold_distance(fold: Fold, states, fingerprint, *, seed: int = 0) -> dict[str, dict[str, float]]:
+    """traj_id -> channel -> q of the paper's distance branch for the evaluation pools of one fold,
+    with a bank of the fold's bank side."""
+    bank = Bank.from_trajectories(fold.bank_trajs, states, fingerprint)
+    q: dict[str, dict[str, float]] = {}
+    for p in LatentSift(bank, None, branches="distance", seed=seed).prepare_many(
+            fold.eval_pools, states, fingerprint=fingerprint).values():
+        for r, t in enumerate(p.traj_ids):
+            q[t] = {c: float(p.q[r, j]) for j, c in enumerate(p.channels)}
+    return q
+
+
+def cross_fit_distance(folds: Sequence[Fold], states, fingerprint, *, seed: int = 0) -> dict[str, dict[str, float]]:
+    """``fold_distance`` over inner ``folds`` (``bank.inner_folds``): cross-fitted q of every trajectory."""
+    q: dict[str, dict[str, float]] = {}
+    for f in folds:
+        q |= fold_distance(f, states, fingerprint, seed=seed)
+    return q
+
+
+def distance_auc(q: dict[str, dict[str, float]], trajs: Sequence[Trajectory]) -> float:
+    """Within-pool AUC of the paper's distance branch (minimum channel rank) on cross-fitted ``q``."""
+    by = {t.traj_id: t for t in trajs}
+    ids = sorted(q)
+    inst = np.array([by[t].instance_id for t in ids])
+    y = np.array([int(by[t].label) for t in ids])
+    ranks = np.stack([grouped_normalized_ranks(np.array([q[t][c] for t in ids]), inst) for c in ("cot", "obs", "fn")])
+    return within_pool_auc(inst, y, min_channel_rank(ranks)).auc
+
+
 def in_bank_evidence(bank: Bank, trajs: Sequence[Trajectory], states, fingerprint, *, seed: int = 0) -> dict:
     """Cross-fitted within-pool AUC of the paper's distance branch on the bank (inner repository folds).
 
     Two repository-disjoint halves: a bank from one half scores the pools of the other. NaN when the
     trajectories span fewer than two repositories or a half has one class only.
     """
-    from .bank import split_by_repo
-    from .diagnostics import within_pool_auc
-    from .rank import grouped_normalized_ranks, min_channel_rank
     if len({t.repo for t in trajs}) < 2:
         return {"paper-distance_within_pool_auc": None, "reason": "one repository: no inner folds"}
-    inner = split_by_repo({t.traj_id: t.repo for t in trajs}, n_folds=2, seed=seed)
-    q: dict[str, dict[str, float]] = {}
-    for ib_repos, ie_repos in inner:
-        ib = [t for t in trajs if t.repo in set(ib_repos)]
-        ie = [t for t in trajs if t.repo in set(ie_repos)]
-        lab = {t.traj_id: int(t.label) for t in ib}
-        if len(set(lab.values())) < 2:
-            return {"paper-distance_within_pool_auc": None, "reason": "an inner fold's bank has one class only"}
-        b = Bank().fit({t.traj_id: states[t.traj_id] for t in ib}, lab, {t.traj_id: t.instance_id for t in ib},
-                       {t.traj_id: t.repo for t in ib}, fingerprint)
-        for p in LatentSift(b, None, branches="distance", seed=seed).prepare_many(
-                group_pools(ie), states, fingerprint=fingerprint).values():
-            for r, t in enumerate(p.traj_ids):
-                q[t] = {c: float(p.q[r, j]) for j, c in enumerate(p.channels)}
-    by = {t.traj_id: t for t in trajs}
-    ids = sorted(q)
-    inst = np.array([by[t].instance_id for t in ids])
-    y = np.array([int(by[t].label) for t in ids])
-    ranks = np.stack([grouped_normalized_ranks(np.array([q[t][c] for t in ids]), inst) for c in ("cot", "obs", "fn")])
-    auc = within_pool_auc(inst, y, min_channel_rank(ranks)).auc
+    folds = list(inner_folds(trajs, seed=seed))
+    if any(len({int(t.label) for t in f.bank_trajs}) < 2 for f in folds):
+        return {"paper-distance_within_pool_auc": None, "reason": "an inner fold's bank has one class only"}
+    auc = distance_auc(cross_fit_distance(folds, states, fingerprint, seed=seed), trajs)
     return {"paper-distance_within_pool_auc": None if np.isnan(auc) else float(auc),
             "rule": "2 inner repository folds; bank from one, pools of the other; ties 1/2"}
 
@@ -226,8 +237,6 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     first N instances by id of each pools file (the rule of ``extract --instances N``). ``per_agent``:
     also a sub-bank and scorer per agent (``Sifter.fit``).
     """
-    from ._validation import check_choice
-    from .shift import REFERENCE_KINDS
     if reference_kind is not None:
         check_choice(reference_kind, "reference", "fit", REFERENCE_KINDS)
     if false_alarm is not None and not 0.0 < false_alarm < 1.0:
@@ -252,11 +261,6 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     attempts at a pool's task is knowledge, not leakage (``latentsift.leak``); each such pool is
     named in the output and in the warnings.
     """
-    from ._validation import check_choice
-    from .leak import ON_LEAK, apply_on_leak
-    from .shift import ON_SHIFT, guard
-    from .sift import FilterRun, load_selected_pools
-    from .store import StateStore, check_recorded_settings
     check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
     check_choice(on_leak, "on_leak", "filter", ON_LEAK)
     pools = load_selected_pools(pools_path, instances)
@@ -298,11 +302,6 @@ def run_sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice:
     ``bank_choice="all"`` is ``run_sifter_filter``. ``on_leak`` as there, against the all-agent bank
     (every sub-bank's trajectories are in it).
     """
-    from ._validation import check_choice
-    from .leak import ON_LEAK, apply_on_leak
-    from .shift import ON_SHIFT, guard
-    from .sift import FilterRun, load_selected_pools
-    from .store import StateStore, check_recorded_settings
     check_choice(bank_choice, "bank_choice", "filter", BANK_CHOICES)
     if bank_choice == "all":
         return run_sifter_filter(pools_path, states_dir, sifter_dir, on_shift=on_shift, on_leak=on_leak,

@@ -119,10 +119,7 @@ def eval_sets(trajs: Sequence[Trajectory], sources: Mapping[str, int] | None = N
 # ---------------------------------------------------------------------- one configuration on one set
 def _fit_latentsift(trajs: Sequence[Trajectory], states, fp, s: TransferSettings, name: str) -> LatentSift:
     if s.scorer_epochs == 0:
-        ids = sorted(t.traj_id for t in trajs)
-        by = {t.traj_id: t for t in trajs}
-        bank = Bank().fit({i: states[i] for i in ids}, {i: int(by[i].label) for i in ids},
-                          {i: by[i].instance_id for i in ids}, {i: by[i].repo for i in ids}, fp)
+        bank = Bank.from_trajectories(trajs, states, fp)
         return LatentSift(bank, None, branches="distance", seed=s.seed, n_evidence=0)
     sub = fit_sub_bank(name, trajs, states, fp, scorer_epochs=s.scorer_epochs, seed=s.seed)
     return LatentSift(sub.bank, sub.scorer, seed=s.seed, n_evidence=0)

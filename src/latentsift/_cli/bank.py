@@ -13,7 +13,7 @@ from rich.console import Console
 
 from .._guard import check_output
 from .._validation import LatentSiftError
-from ..bank import Bank, build_bank
+from ..bank import build_bank
 from ..scorer import CURVE_PNG, LinearScorer, train_scorer
 from ._options import Channels, Seed, csv_list
 from ._progress import StageProgress
@@ -53,10 +53,10 @@ def build_cmd(
     if repos is not None and exclude_repos is not None:
         raise LatentSiftError("Pass either --repos or --exclude-repos, not both.")
     check_output(out, [states_dir, pools], kind="bank")
-    bank = Bank(layer=layer, normalize=_opt_choice(normalize), center=_opt_choice(center),
-                channels=tuple(csv_list(channels) or ()), backend=backend)
+    params = dict(layer=layer, normalize=_opt_choice(normalize), center=_opt_choice(center),
+                  channels=tuple(csv_list(channels) or ()), backend=backend)
     with console.status("loading states and building the banks ..."):
-        bank = build_bank(states_dir, pools, repos=csv_list(repos), exclude_repos=csv_list(exclude_repos), bank=bank)
+        bank = build_bank(states_dir, pools, repos=csv_list(repos), exclude_repos=csv_list(exclude_repos), **params)
         bank.save(out)
     lc, sc = bank.label_counts(), bank.state_counts()
     console.print(f"bank: {lc['pos']} positive and {lc['neg']} negative trajectories from "

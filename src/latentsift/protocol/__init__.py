@@ -1,0 +1,27 @@
+"""The evaluation protocol shared by ``latentsift reproduce`` and ``latentsift crossval``.
+
+Disjoint folds (by repository, agent or instance) -> the paper's method, its ablations, the
+variants and the inner-CV default, the baselines (``stage1``, ``variants``, ``curves``) -> agent
+transfer (``transfer_agents``) -> the shift guard's error rates (``guard``) -> the cascade on seeded
+draws and the report (``run.evaluate_protocol``, ``tables``) -> offline pruning (``pruning``).
+``settings.ProtocolSettings`` holds the settings both commands share; ``run.Run`` a run folder
+and its per-fold cache; ``crossval`` runs the protocol on a team's own pools.
+"""
+from .._validation import check_labelled, check_states_present
+from .crossval import ON_LEAK_CROSSVAL, CrossvalSettings, crossval
+from .folds import check_folds, check_group_by, fold_splits, group_noun, group_of, leaking_pools
+from .guard import protocol_guard
+from .pruning import cached_step_tokens, evaluate_pruning, reproduce_pruning, verdict
+from .run import NO_VERIFIER, Run, evaluate_protocol, no_verifier_table, open_run
+from .settings import GROUP_BY, ProtocolSettings, digest, hash_key
+from .stage1 import DrawScorer, latentsift_variants, stage1_filters
+from .tables import ablation_tables, candidate_table, per_agent_retention, retention_differences
+from .transfer_agents import agent_transfer
+from .variants import STACK_CONFIGS
+
+__all__ = ["CrossvalSettings", "DrawScorer", "GROUP_BY", "NO_VERIFIER", "ON_LEAK_CROSSVAL", "ProtocolSettings",
+           "Run", "STACK_CONFIGS", "ablation_tables", "agent_transfer", "cached_step_tokens", "candidate_table",
+           "check_folds", "check_group_by", "check_labelled", "check_states_present", "crossval", "digest",
+           "evaluate_protocol", "evaluate_pruning", "fold_splits", "group_noun", "group_of", "hash_key",
+           "leaking_pools", "latentsift_variants", "no_verifier_table", "open_run", "per_agent_retention",
+           "protocol_guard", "reproduce_pruning", "retention_differences", "stage1_filters", "verdict"]

@@ -1,0 +1,99 @@
+"""Stage-1 filters of the protocol, prepared per fold and scored within each draw.
+
+Per fold: the paper's method and its ablations on the fold's bank and scorer, the baselines, and
+(``settings.variants``) the beyond-paper variants with the inner-CV default (``protocol.variants``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from .._validation import LatentSiftError
+from ..sift import LatentSift, make_baseline
+from ..trajectory import group_pools
+from .variants import variant_filters
+
+BASELINES = ("random", "shortest_tokens", "shortest_chars", "fewest_steps")
+
+
+class DrawScorer:
+    """``score_draw(instance_id, traj_ids)``: a filter's scores ranked within the draw."""
+
+    def __init__(self, table: dict[str, tuple]):
+        self.table = table
+
+    def __call__(self, instance_id: str, traj_ids: Sequence[str]) -> dict[str, float]:
+        if instance_id not in self.table:
+            raise LatentSiftError(f"No Stage-1 scores were prepared for instance {instance_id!r}.")
+        filt, prep = self.table[instance_id]
+        return filt.rank_subset(prep, traj_ids)
+
+
+def latentsift_variants(ablations: bool = True) -> dict[str, dict]:
+    """The paper's method and its ablations (all on the paper's banks and scorer)."""
+    v = {"latentsift": {}}
+    if not ablations:
+        return v
+    for sub in (("cot",), ("obs",), ("fn",), ("cot", "obs"), ("cot", "fn"), ("obs", "fn")):
+        v["channels:" + "+".join(sub)] = {"channels": sub}
+    v["distance:pos"] = {"distance": "pos"}
+    v["distance:neg"] = {"distance": "neg"}
+    v["weighting:uniform"] = {"weighting": "uniform"}
+    v["branch:distance"] = {"branches": "distance"}
+    v["branch:learned"] = {"branches": "learned"}
+    return v
+
+
+def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
+                   sweep: str | None = None) -> tuple[dict, dict, dict]:
+    """name -> draw scorer for every filter; per-candidate full-pool scores; fold bookkeeping.
+
+    ``run``: the ``protocol.Run``; ``sweep``: a representation of the sweep (states of its own): only
+    the paper's method and the inner-CV default are built, named ``sweep:<name>`` and
+    ``sweep:<name>:default``.
+    """
+    s = run.settings
+    t0 = time.perf_counter()
+    per_instance: dict[str, dict[str, tuple]] = {}   # filter -> instance -> (filter obj, prepared)
+    fold_info = []
+
+    def put(name, filt, prep):
+        per_instance.setdefault(name, {}).update({i: (filt, p) for i, p in prep.items()})
+
+    for fold in run.iter_folds(trajs, folds, pools=group_pools(trajs), eval_order="group"):
+        k, bank_trajs, eval_pools = fold.k, fold.bank_trajs, fold.eval_pools
+        info = {"fold": k, "bank_repos": fold.bank_groups, "eval_repos": fold.eval_groups,
+                "n_bank_trajectories": len(bank_trajs),
+                "n_bank_positive": sum(t.label == 1 for t in bank_trajs),
+                "n_eval_instances": len(eval_pools)}
+        bank, scorer = run.fit_fold(k, bank_trajs, states, fingerprint, {},
+                                    "paper" if sweep is None else f"sweep-{sweep}")
+        for name, params in latentsift_variants(ablations=sweep is None).items():
+            filt = LatentSift(bank, scorer, seed=s.seed, **params)
+            put(name, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
+        for name in BASELINES if sweep is None else ():
+            kw = {"tokenizer": tokenizer} if name == "shortest_tokens" else {}
+            filt = make_baseline(name.replace("_", "-"), seed=s.seed, **kw)
+            put(name, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
+        if s.variants or sweep is not None:
+            info["variants"] = variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
+                                               per_instance, put, curves=sweep is None)
+        fold_info.append(info)
+    if sweep is not None:
+        per_instance = {f"sweep:{sweep}" + ("" if n == "latentsift" else f":{n}"): per_instance[n]
+                        for n in ("latentsift", "default") if n in per_instance}
+    draw_scorers = {name: DrawScorer(table) for name, table in per_instance.items()}
+    full = {name: {t: v for i, (f, p) in table.items() for t, v in f.rank_subset(p, p.traj_ids).items()}
+            for name, table in per_instance.items()}
+    if sweep is not None:
+        run.timed(f"stage1:{sweep}", t0)
+        return draw_scorers, full, {"folds": fold_info}
+    full |= run.curve_scores  # training-set size curves: per-candidate scores, diagnostics only
+    channels = {}
+    for i, (f, p) in per_instance["latentsift"].items():
+        for j, c in enumerate(p.channels):
+            channels.setdefault(f"q_{c}", {}).update(dict(zip(p.traj_ids, p.q[:, j].tolist())))
+        if p.q_lin is not None:
+            channels.setdefault("q_lin", {}).update(dict(zip(p.traj_ids, p.q_lin.tolist())))
+    run.timed("stage1", t0)
+    return draw_scorers, full | {"_components": channels}, {"folds": fold_info}

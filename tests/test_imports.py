@@ -1,0 +1,143 @@
+"""The package's import graph, read from the source with ``ast`` (every import, also those inside
+functions): no import circle, and in-package imports at module top (a function-local import hides a
+circle until run time; only optional third-party extras such as ray, faiss or playwright are
+imported lazily, inside the code that needs them)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "latentsift"
+ROOT = "latentsift"
+# files of the parts of this change still to be finished (their local imports are reported apart)
+PENDING = {"_cli/bank.py", "_cli/evaluate.py", "_cli/explore.py", "_cli/extract.py", "_cli/filter.py", "_cli/fit.py",
+           "_cli/import_.py", "_cli/transfer.py", "_io.py", "explore/site.py", "scale/bank.py", "scale/extract.py",
+           "scorer.py", "sift.py", "states.py", "store.py", "verifier.py"}
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """module name -> (file, is a package)."""
+    out = {}
+    for f in sorted(SRC.rglob("*.py")):
+        parts = list(f.relative_to(SRC.parent).with_suffix("").parts)
+        pkg = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if pkg else parts)] = (f, pkg)
+    return out
+
+
+MODULES = _modules()
+
+
+def _owner(name: str) -> str:
+    """The module itself if it is one, else the longest module prefix (``pkg.mod.attr`` -> ``pkg.mod``)."""
+    while name not in MODULES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def _in_function(tree: ast.Module) -> set[int]:
+    """ids of the import nodes inside a function body (run at call time, not at import time)."""
+    inner: set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inner |= {id(n) for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return inner
+
+
+def _imports(name: str) -> list[tuple[str, int, bool]]:
+    """(imported in-package module, line, inside a function) for every import of module ``name``."""
+    path, pkg = MODULES[name]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    local = _in_function(tree)
+    here = name.split(".") if pkg else name.split(".")[:-1]
+    out = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else (node.module or "")
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for t in targets:
+            if t != ROOT and not t.startswith(ROOT + "."):
+                continue
+            t = _owner(t)
+            # importing a.b.c runs the package a.b first (not the root package, not one's own packages)
+            chain = t.split(".")
+            for i in range(2, len(chain) + 1):
+                m = ".".join(chain[:i])
+                if m in MODULES and m != name and not name.startswith(m + "."):
+                    out.append((m, node.lineno, id(node) in local))
+            if t == ROOT and name != ROOT:
+                out.append((ROOT, node.lineno, id(node) in local))
+    return out
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _rel(name: str) -> str:
+    path, _ = MODULES[name]
+    return path.relative_to(SRC).as_posix()
+
+
+def _local_imports() -> list[str]:
+    return [f"{_rel(name)}:{line} imports {target} inside a function"
+            for name in MODULES for target, line, local in _imports(name) if local]
+
+
+def test_the_graph_is_read():
+    edges = {name: {t for t, _, _ in _imports(name)} for name in MODULES}
+    assert "latentsift.bank" in edges["latentsift.sift"]
+    assert "latentsift.protocol" in edges["latentsift.reproduce"]
+
+
+def test_no_import_circle():
+    edges = {name: {t for t, _, _ in _imports(name)} for name in MODULES}
+    assert _cycles(edges) == []
+
+
+def test_in_package_imports_sit_at_module_top():
+    bad = [x for x in _local_imports() if x.split(":")[0] not in PENDING]
+    assert bad == []
+
+
+@pytest.mark.xfail(strict=False, reason="other parts pending")
+def test_in_package_imports_sit_at_module_top_in_pending_files():
+    bad = [x for x in _local_imports() if x.split(":")[0] in PENDING]
+    assert bad == []
