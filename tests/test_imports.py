@@ -7,14 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[1] / "src" / "latentsift"
 ROOT = "latentsift"
-# files of the parts of this change still to be finished (their local imports are reported apart)
-PENDING = {"_cli/bank.py", "_cli/evaluate.py", "_cli/explore.py", "_cli/extract.py", "_cli/filter.py", "_cli/fit.py",
-           "_cli/import_.py", "_cli/transfer.py", "_io.py", "explore/site.py", "scale/bank.py", "scale/extract.py",
-           "scorer.py", "sift.py", "states.py", "store.py", "verifier.py"}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -133,11 +127,4 @@ def test_no_import_circle():
 
 
 def test_in_package_imports_sit_at_module_top():
-    bad = [x for x in _local_imports() if x.split(":")[0] not in PENDING]
-    assert bad == []
-
-
-@pytest.mark.xfail(strict=False, reason="other parts pending")
-def test_in_package_imports_sit_at_module_top_in_pending_files():
-    bad = [x for x in _local_imports() if x.split(":")[0] in PENDING]
-    assert bad == []
+    assert _local_imports() == []

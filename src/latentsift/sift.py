@@ -44,6 +44,9 @@ from .leak import ON_LEAK, apply_on_leak
 from .margin import DISTANCES, WEIGHTINGS, channel_scores_grouped, signed_evidence
 from .rank import min_channel_rank, normalized_ranks
 from .retain import KEEP_FRAC, MIN_KEEP, check_retention, select_retained
+from .scale.approx import approx_bank  # ray and faiss themselves load only when used
+from .scale.bank import shard_bank
+from .scale.cluster import require_ray
 from .scorer import LinearScorer
 from .shift import ON_SHIFT, Reference, guard
 from .states import TrajectoryStates
@@ -602,7 +605,6 @@ def filter_options(*, method: str = "latentsift", bank_dir=None, scorer_dir=None
     if distance_only and learned_only:
         raise LatentSiftError("Pass at most one of --distance-only and --learned-only.")
     if ray_address is not None or bank_shards is not None:
-        from .scale.cluster import require_ray  # the Ray backend is imported only when asked for
         require_ray()
         if approx is not None:
             raise LatentSiftError("Pass --approx or --ray/--bank-shards, not both.")
@@ -649,11 +651,9 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
         check_recorded_settings(base_bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
         # scale-out: the same bank searched on Ray shards, or approximately with FAISS
         if approx is not None:
-            from .scale.approx import approx_bank
             bank = approx_bank(bank, approx)
             inputs["approx"] = approx
         elif ray_address is not None or bank_shards is not None:
-            from .scale.bank import shard_bank
             bank = shard_bank(bank, bank_shards or 2, ray_address=ray_address or "local")
             inputs["bank_shards"] = bank.n_shards_
         scorer = None
