@@ -1,4 +1,4 @@
-"""Positive and negative banks of distance states (SPEC.md section 3, paper section 3.2).
+"""Positive and negative banks of distance states (paper, "Three-channel representations and bank construction").
 
 One bank entry is one labelled trajectory holding its three channel sequences. ``Bank.fit`` stacks,
 per channel and per class, the distance states ``z[t][c]`` (final layer by default) of every entry
@@ -49,7 +49,7 @@ CLASSES = ("pos", "neg")
 NORMALIZATIONS = (None, "l2", "whiten")
 WHITEN_SHRINKAGE = 0.1  # ridge added to the bank covariance's eigenvalues, as a fraction of their mean
 CENTERINGS = (None, "mean")
-DEFAULT_LAYER = -1  # SPEC 2: distance states come from the final layer
+DEFAULT_LAYER = -1  # distance states come from the final layer (paper, "Three-channel representations ...")
 
 
 
@@ -95,7 +95,7 @@ class Bank:
 
     Settings (stored, never learned):
       layer:     index into ``TrajectoryStates.layers`` axis 1 used for distance states
-                 (default -1 = final layer, SPEC 2).
+                 (default -1 = final layer, as in the paper).
       normalize: None (paper), "l2" (unit-norm rows) or "whiten" (ZCA whitening fitted per channel on
                  the bank's states, pos and neg together; ``fit_whitening``), applied to bank and
                  queries alike.
@@ -280,7 +280,7 @@ class Bank:
         return {c: {"pos": int(self.pos_[c].shape[0]), "neg": int(self.neg_[c].shape[0])} for c in self.channels}
 
     def distances(self, z, channel: str):
-        """Exact nearest positive and negative bank states of query states (SPEC 4.1).
+        """Exact nearest positive and negative bank states of query states (paper, "Distance scoring and latent filtering").
 
         z: (n, d_model) raw distance states of one channel (the bank applies its own transform).
         Returns (d_pos, d_neg, idx_pos, idx_neg): float32 (n,) distances and int64 (n,) rows of
@@ -320,7 +320,7 @@ class Bank:
         return [self.traj_ids_[i] for i in own]
 
     def check_candidates(self, instance_ids: Sequence[str], traj_ids: Sequence[str] = ()) -> None:
-        """Refuse candidates whose instance (or trajectory) is in the bank (SPEC 3)."""
+        """Refuse candidates whose instance (or trajectory) is in the bank (leakage: the paper's banks hold only training repositories)."""
         self._check_fitted()
         inst = self.instance_ids_ - set(getattr(self, "allowed_instances_", ()))  # leak.apply_on_leak("allow")
         bad = sorted({i for i in instance_ids if i in inst})

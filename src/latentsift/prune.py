@@ -157,7 +157,7 @@ def prefix_prepare(filt: Stage1Filter, pools: Sequence[Pool], states: Mapping[st
     """Any Stage-1 filter on prefixes: pools and states cut to ``cut[traj_id]`` steps, then ``prepare_many``.
 
     The prefix states' ``n_tokens`` are the prefix's tokens from ``tokens`` (for the shortest-tokens
-    rule, i.e. 'longest so far'). A candidate with no state in its prefix ranks lowest (SPEC 4.3).
+    rule, i.e. 'longest so far'). A candidate with no state in its prefix ranks lowest (as a candidate with no evidence does in the distance branch).
     """
     cpools = [Pool(p.instance_id, [cut_trajectory(c, cut[c.traj_id]) for c in p.candidates]) for p in pools]
     cst = None
