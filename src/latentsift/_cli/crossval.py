@@ -5,9 +5,11 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.console import Console
 
 from .._guard import check_output
 from ..protocol import CrossvalSettings, crossval
+from ._options import Boot, Draws, FirstInstances, Folds, Ks, ScorerEpochs, Seed, StatesDirs, Variants
 from ._progress import StageProgress
 
 _DEFAULT = CrossvalSettings.defaults()
@@ -20,23 +22,20 @@ def register(app: typer.Typer) -> None:
 def crossval_cmd(
     pools: List[Path] = typer.Argument(..., help="Canonical JSONL of labelled candidate pools (every candidate has a "
                                        "reward); several files (runs) are evaluated as one."),
-    states: List[Path] = typer.Option(..., "--states", help="STATES_DIR holding the candidates' states (latentsift "
-                                      "extract); repeat for several stores of the same model and settings."),
+    states: StatesDirs = ...,
     out: Path = typer.Option(..., "--out", help="RUN_DIR: cached folds and report/ (the files of reproduce)."),
     group_by: str = typer.Option(_DEFAULT["group_by"], "--group-by", help="Disjoint folds by repo (paper), agent or instance."),
-    folds: int = typer.Option(_DEFAULT["n_folds"], "--folds", help="Number of disjoint folds."),
-    k: Optional[List[int]] = typer.Option(None, "--k", help="K values (repeat; default " + " ".join(map(str, _DEFAULT["ks"])) + ")."),
-    draws: int = typer.Option(_DEFAULT["n_draws"], "--draws", help="Seeded draws of K candidates per instance and K."),
-    seed: int = typer.Option(_DEFAULT["seed"], "--seed"),
+    folds: Folds = _DEFAULT["n_folds"],
+    k: Ks = _DEFAULT["ks"],
+    draws: Draws = _DEFAULT["n_draws"],
+    seed: Seed = _DEFAULT["seed"],
     verifier: Optional[Path] = typer.Option(None, "--verifier", help="EF verifier results (folder or verdicts.jsonl) "
                                             "for Stage 4 and the token columns; without them Stage 4 keeps "
                                             "every survivor and no tokens are charged."),
-    instances: Optional[int] = typer.Option(None, "--instances", help="Only the first N instances by id "
-                                            "(as 'extract --instances N')."),
-    boot: int = typer.Option(_DEFAULT["n_boot"], "--boot", help="Bootstrap resamples of instances for the intervals."),
-    scorer_epochs: int = typer.Option(_DEFAULT["scorer_epochs"], "--scorer-epochs", help="Epochs of the gated scorer per fold."),
-    variants: bool = typer.Option(_DEFAULT["variants"], "--variants/--no-variants", help="Also evaluate the beyond-paper variants "
-                                  "and the inner-CV default."),
+    instances: FirstInstances = _DEFAULT["first_instances"],
+    boot: Boot = _DEFAULT["n_boot"],
+    scorer_epochs: ScorerEpochs = _DEFAULT["scorer_epochs"],
+    variants: Variants = _DEFAULT["variants"],
     agent_transfer: bool = typer.Option(_DEFAULT["agent_transfer"], "--agent-transfer/--no-agent-transfer",
                                         help="Also train on one agent's trajectories only (report: agent transfer)."),
     on_leak: str = typer.Option(_DEFAULT["on_leak"], "--on-leak", help="A pool whose candidates span several fold groups "
@@ -48,13 +47,11 @@ def crossval_cmd(
                                             "the report measures its actual rates."),
 ) -> None:
     """Cross-validate LatentSift, its variants and the baselines on your own labelled pools; write the report."""
-    from rich.console import Console
-
     check_output(out, [pools, states, verifier], kind="run")
     console = Console(stderr=True)
     with StageProgress(console) as bar:
         report = crossval(pools[0] if len(pools) == 1 else pools,
-                          states[0] if len(states) == 1 else states, out, group_by=group_by, n_folds=folds, ks=tuple(k or _DEFAULT["ks"]),
+                          states[0] if len(states) == 1 else states, out, group_by=group_by, n_folds=folds, ks=tuple(k),
                           n_draws=draws, seed=seed, verifier=verifier, first_instances=instances, n_boot=boot, scorer_epochs=scorer_epochs,
                           variants=variants, agent_transfer=agent_transfer, on_leak=on_leak, guard_false_alarm=guard_false_alarm, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")

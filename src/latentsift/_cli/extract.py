@@ -16,6 +16,8 @@ from .._validation import LatentSiftError
 from ..backends import check_backend_options, open_backend
 from ..extract import extract_pools
 from ..trajectory import load_jsonl
+from ..model import AUTO_DTYPE
+from ._options import Dtype, FirstInstances, Model, Threads
 from ._progress import StageProgress
 
 
@@ -43,14 +45,12 @@ def _check_options(**options) -> None:
 def extract_cmd(
     pools: Path = typer.Argument(..., help="Canonical trajectory JSONL (from 'latentsift import'), .gz allowed."),
     out: Path = typer.Option(..., "--out", help="STATES_DIR: the state store (created, or resumed)."),
-    model: Optional[Path] = typer.Option(None, "--model", help="Local HF model directory or .gguf file "
-                                         "(default: the embedded SmolLM2-135M-Instruct GGUF)."),
-    dtype: str = typer.Option("auto", "--dtype", help="Model dtype: auto (bfloat16 on CUDA and on CPUs with "
-                              "native bf16, else float32), bfloat16, float16 or float32."),
+    model: Model = None,
+    dtype: Dtype = AUTO_DTYPE,
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Keep the first N tokens of each "
                                              "rendered trajectory (later spans get no state)."),
-    instances: Optional[int] = typer.Option(None, "--instances", help="Only the first N instances (by id)."),
+    instances: FirstInstances = None,
     max_span_tokens: Optional[int] = typer.Option(None, "--max-span-tokens", help="Keep the first N tokens of "
                                                   "every cot/obs/fn span (passed to render)."),
     max_prompt_tokens: Optional[int] = typer.Option(None, "--max-prompt-tokens", help="Keep the first N tokens "
@@ -59,8 +59,7 @@ def extract_cmd(
                                "(the scorer needs all)."),
     chunk_tokens: int = typer.Option(2048, "--chunk-tokens", help="Prefill chunk size (memory bound)."),
     shard_size: int = typer.Option(32, "--shard-size", help="Trajectories per shard (the resume unit)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's "
-                                          "choice; use 1 when other jobs share the cores)."),
+    threads: Threads = None,
     per_step: bool = typer.Option(False, "--per-step", help="Replay each step in its own context (chat "
                                   "templates that drop earlier <think> blocks, e.g. Qwen3; O(T^2) tokens)."),
     patch_step_tokens: Optional[int] = typer.Option(None, "--patch-step-tokens", help="Keep the first N tokens "

@@ -5,9 +5,11 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.console import Console
 
 from .._guard import check_output
 from ..reproduce import ReproduceSettings, reproduce
+from ._options import Draws, Dtype, Folds, Ks, Model, Seed, Variants
 from ._progress import StageProgress
 
 _DEFAULT = ReproduceSettings.defaults()
@@ -22,7 +24,7 @@ def reproduce_cmd(
                               help="The SWE-bench Lite pools folder (candidates.csv, r2egym/, sweagent/)."),
     out: Path = typer.Option(Path("runs/reproduce"), "--out", help="Run folder (cached stages, report/)."),
     full: bool = typer.Option(False, "--full", help="Every instance, whole spans, 8k verifier budget (hours; resumes)."),
-    model: Optional[Path] = typer.Option(None, "--model", help="Local HF directory or .gguf (default: embedded SmolLM2)."),
+    model: Model = None,
     include_leaky: bool = typer.Option(False, "--include-leaky", help="Also use acr-val-only/acr-val-sbfl "
                                        "(their trajectories contain the test outcome: not a fair selection test)."),
     n_unresolved: int = typer.Option(_DEFAULT["n_unresolved"], "--n-unresolved", help="Unresolved-only instances added to the default subset."),
@@ -30,13 +32,12 @@ def reproduce_cmd(
                                                 "(a quick look; hash order, never by score)."),
     max_span_tokens: int = typer.Option(_DEFAULT["max_span_tokens"], "--max-span-tokens", help="Token budget per cot/obs/fn span."),
     verifier_max_tokens: int = typer.Option(_DEFAULT["verifier_max_tokens"], "--verifier-max-tokens", help="EF verifier prompt budget."),
-    dtype: str = typer.Option(_DEFAULT["dtype"], "--dtype", help="Model dtype: auto (bfloat16 on CUDA and on CPUs with "
-                              "native bf16, else float32), bfloat16, float16 or float32."),
-    folds: int = typer.Option(_DEFAULT["n_folds"], "--folds", help="Repository-disjoint folds."),
-    k: Optional[List[int]] = typer.Option(None, "--k", help="K values (repeat; default " + " ".join(map(str, _DEFAULT["ks"])) + ")."),
-    draws: int = typer.Option(_DEFAULT["n_draws"], "--draws"),
-    seed: int = typer.Option(_DEFAULT["seed"], "--seed"),
-    variants: bool = typer.Option(_DEFAULT["variants"], "--variants/--no-variants", help="Also evaluate the beyond-paper variants."),
+    dtype: Dtype = _DEFAULT["dtype"],
+    folds: Folds = _DEFAULT["n_folds"],
+    k: Ks = _DEFAULT["ks"],
+    draws: Draws = _DEFAULT["n_draws"],
+    seed: Seed = _DEFAULT["seed"],
+    variants: Variants = _DEFAULT["variants"],
     sweep: Optional[List[str]] = typer.Option(None, "--sweep", help="Also extract and evaluate a representation "
                                               "with states of its own (repeat): gemma (Gemma-3-270M encoder, "
                                               "needs the 'gemma' extra), span (longer spans), patch (longer "
@@ -48,13 +49,11 @@ def reproduce_cmd(
                                            "patch-writing step in the sweep's patch representation."),
 ) -> None:
     """Import -> states -> repo-disjoint banks and scorers -> filters -> cascade -> report."""
-    from rich.console import Console
-
     check_output(out, [data, model], kind="run")
     console = Console(stderr=True)
     s = ReproduceSettings(data=str(data), out=str(out), full=full, model=str(model) if model else None, dtype=dtype,
                           include_leaky=include_leaky, n_unresolved=n_unresolved, max_instances=max_instances, max_span_tokens=max_span_tokens,
-                          verifier_max_tokens=verifier_max_tokens, n_folds=folds, ks=tuple(k or _DEFAULT["ks"]),
+                          verifier_max_tokens=verifier_max_tokens, n_folds=folds, ks=tuple(k),
                           n_draws=draws, seed=seed, variants=variants, sweep=tuple(sweep or ()),
                           sweep_span_tokens=sweep_span_tokens, sweep_patch_tokens=sweep_patch_tokens)
     with StageProgress(console) as bar:
