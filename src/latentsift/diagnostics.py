@@ -32,6 +32,9 @@ Conventions
 Cost: the list of same-instance (resolved, unresolved) pairs is built once per table
 (O(number of pairs)) and reused; bootstrap resamples weigh per-instance sums by multiplicities, so
 one resample costs one (n_instances,) dot product per score.
+
+Length: about 620 lines, one module because every diagnostic shares the per-candidate table, the
+missing-score rule and the paired instance bootstrap above; split, each part would re-state them.
 """
 from __future__ import annotations
 

@@ -23,6 +23,9 @@ Pools smaller than a requested K raise an error (``small_pools="error"``) or are
 K's averages (``small_pools="drop"``; ``pools.n_instances_by_k`` records how many remain).
 
 Numbers in the summary are fractions (0-1) and tokens per instance; the report prints percents.
+
+Length: about 690 lines, one module because its file formats (pools, scores), draws, bootstrap and
+``evaluate_run`` are one contract: every file it reads is checked against the draws it feeds.
 """
 from __future__ import annotations
 
