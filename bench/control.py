@@ -10,7 +10,8 @@ towards 1, the length rules must not move (the sentences have the same form for 
 
 Leaky-runs control (--leaky, expensive: extracts two more runs): ``reproduce --include-leaky
 --no-variants`` into OUT/leaky and the same rows against the original run folder. OUT/leaky/states
-starts as a copy of the run's states (same model and settings), so only the two leaky runs are extracted.
+and its verifier cache start as copies of the run's (same model and settings), so only the two leaky runs
+are extracted and judged.
 
 Usage:
 
@@ -95,8 +96,9 @@ def main() -> None:
     if args.leaky:
         leaky = {k: v for k, v in s.items() if k in ReproduceSettings.__dataclass_fields__}
         leaky |= {"out": str(out / "leaky"), "include_leaky": True, "variants": False, "dtype": dtype}
-        if not (out / "leaky" / "states").exists():  # the run's own states: only the leaky runs are new
-            shutil.copytree(run / "states", out / "leaky" / "states")
+        for part in ("states", "verifier/cache"):  # the run's own states and verdicts: only the leaky runs are new
+            if (run / part).is_dir() and not (out / "leaky" / part).exists():
+                shutil.copytree(run / part, out / "leaky" / part)
         t0 = time.perf_counter()
         rdir = reproduce(ReproduceSettings(**leaky), log=lambda m: None)
         base = json.loads((run / "report" / "summary.json").read_text())
