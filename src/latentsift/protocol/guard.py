@@ -1,13 +1,6 @@
-"""The shift guard's error rates on the protocol's folds (the ``shift_guard`` section of summary.json).
-
-- false alarms: per outer fold, the share of evaluation pools the guard flags when the bank is the
-  other folds (pools like the bank's: same agents), for the distance check and the name check
-  (unseen agent or scaffold) separately, with a bootstrap interval over pools;
-- detection: in the agent-transfer setting (bank of agent A's trajectories of the bank folds), the
-  share of the held-out pools of another agent B alone (B's candidates only) that are flagged;
-- the trade-off: the flag rate on those pools when the threshold is the in-bank reference quantile
-  q instead of ``1 - false_alarm`` (one curve per reference kind and check).
-The measures are ``latentsift.shift_eval``'s.
+"""The shift guard's error rates on the protocol's folds (the ``shift_guard`` section of summary.json):
+false alarms per outer fold, detection in the agent-transfer setting and the threshold trade-off, each
+measured with ``latentsift.shift_eval`` (its docstring defines them).
 """
 from __future__ import annotations
 
