@@ -33,11 +33,11 @@ from latentsift.reproduce import ReproduceSettings, reproduce
 from latentsift.trajectory import load_jsonl, save_jsonl
 
 
-def _rows(a: dict, b: dict) -> list[str]:
+def _rows(a: dict, b: dict, names: tuple[str, str] = ("original", "planted")) -> list[str]:
     sa, sb = a["selection"]["diagnostics"]["scores"], b["selection"]["diagnostics"]["scores"]
     ks = [str(k) for k in a["settings"]["ks"]]
-    head = "| Stage-1 filter | within-pool AUC: original | planted | " + " | ".join(
-        f"retention K={k}: original -> planted" for k in ks) + " |"
+    head = f"| Stage-1 filter | within-pool AUC: {names[0]} | {names[1]} | " + " | ".join(
+        f"retention K={k}: {names[0]} -> {names[1]}" for k in ks) + " |"
     out = [head, "|" + "---|" * (3 + len(ks))]
 
     def auc(s):
@@ -104,7 +104,7 @@ def main() -> None:
         base = json.loads((run / "report" / "summary.json").read_text())
         print(f"reproduce --include-leaky --no-variants: {time.perf_counter() - t0:.0f} s", flush=True)
         print("\nLeaky-runs control (acr-val-only and acr-val-sbfl included; original run -> with them):\n")
-        print("\n".join(_rows(base, json.loads((rdir / "summary.json").read_text()))))
+        print("\n".join(_rows(base, json.loads((rdir / "summary.json").read_text()), ("without", "with leaky runs"))))
 
 
 if __name__ == "__main__":
