@@ -30,11 +30,11 @@ from typing import Callable, Sequence
 
 from ._io import atomic_write_json
 from ._validation import LatentSiftError, check_positive_int
+from .extract import extract_pools
 from .importers import import_paths
 from .model import gemma_model_path, load_policy
 from .protocol import CrossvalSettings, ProtocolSettings, Run, check_folds, digest, evaluate_protocol, hash_key, \
     open_run, stage1_filters
-from .extract import extract_pools
 from .store import StateStore
 from .trajectory import Trajectory, load_jsonl, save_jsonl
 from .verifier import EFVerifier, LocalBackend, save_results
@@ -48,9 +48,9 @@ SWEEP = ("gemma", "patch", "span")  # representations with states of their own (
 class ReproduceSettings(ProtocolSettings):
     """Settings of one reproduce run (all recorded in the manifest).
 
-    Budget of the default run (at most 20 minutes from a cold cache on a 2-core AVX2 CPU in float32,
-    measured 19.0 under emulation; README "Timings"; until 2026-11 the defaults were n_unresolved=30
-    and max_span_tokens=32, about 40 minutes there):
+    Budget of the default run (20 minutes from a cold cache on a 2-core AVX2 CPU in float32; measured
+    20.9 under the full AVX2 emulation, over budget, docs/results.md "Timings"; until 2026-11 the
+    defaults were n_unresolved=30 and max_span_tokens=32, about 40 minutes there):
     ``instances="default"``: every instance with at least one resolved candidate among the selected
     runs (the only instances where retention is defined and where Best@K can differ between
     filters) plus ``n_unresolved`` instances resolved by no candidate, chosen by a hash of the
