@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import refused  # tests/conftest.py
+from latentsift import backends
 from latentsift.cli import app
 from latentsift.trajectory import load_jsonl, save_jsonl
 
@@ -111,6 +112,17 @@ def test_extract_option_errors_come_before_the_model(canonical, tmp_path):
     refused(cli("extract", canonical, "--out", tmp_path / "s", "--layers", "x"), "--layers")
     refused(cli("extract", canonical, "--out", tmp_path / "s", "--dtype", "int8"), "--dtype")
     refused(cli("extract", canonical, "--out", tmp_path / "s", "--model", tmp_path / "nope"), "--model")
+    assert not (tmp_path / "s").exists()
+
+
+def test_extract_layers_out_of_range_are_refused_from_the_config(canonical, tmp_path, monkeypatch):
+    """Layer indices beyond the model's 30 layers: refused from its config, before the weights load."""
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before --layers was checked")
+
+    monkeypatch.setattr(backends, "load_policy", no_load)
+    for value in ("10,99", "0,30", "10,20"):  # beyond L; below 1; without the final layer
+        refused(cli("extract", canonical, "--out", tmp_path / "s", "--layers", value), "layers", "1..30")
     assert not (tmp_path / "s").exists()
 
 
@@ -361,4 +373,5 @@ def test_a_full_disk_during_filter_bank_and_fit_leaves_nothing(tiny, tmp_path, m
         refused(cli(*args), "no space left")
     assert digest(run, d) == before
     assert not [p for p in out.rglob("*") if p.is_file()] if out.exists() else True
+    assert not (out / "bank").exists() and not (out / "sifter").exists()  # no empty output folders either
     no_tmp(tmp_path, run, d)

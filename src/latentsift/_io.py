@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,29 @@ def iter_jsonl(path: str | os.PathLike, *, opener=None):
                 yield where, json.loads(line)
             except json.JSONDecodeError as e:
                 raise LatentSiftError(f"{where}: not valid JSON ({e.msg}).") from None
+
+
+@contextlib.contextmanager
+def made_folder(folder: str | os.PathLike) -> Iterator[Path]:
+    """Create ``folder`` (and missing parents) for a write; if the write fails, remove what this made.
+
+    Only folders that did not exist before are removed (the topmost of them, with what the write put
+    there), so a failed save (a full disk, an interrupt) leaves no empty or partial output behind and
+    never touches anything that was there already.
+    """
+    folder = Path(folder)
+    top = None
+    for p in (folder, *folder.parents):
+        if p.exists():
+            break
+        top = p
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    except BaseException:
+        if top is not None:
+            shutil.rmtree(top, ignore_errors=True)
+        raise
 
 
 # ---------------------------------------------------------------------- JSON values

@@ -10,22 +10,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 from ._validation import LatentSiftError
-from .extract import ExtractionBackend, LocalBackend
-from .model import AUTO_DTYPE, DTYPES, load_policy
+from .extract import ExtractionBackend, LocalBackend, resolve_layers
+from .model import AUTO_DTYPE, DTYPES, load_policy, n_layers_of
 from .scale.cluster import require_ray
 from .scale.extract import RayBackend
 
 
-def check_backend_options(model: str | os.PathLike | None, dtype: str, device: str | None) -> None:
-    """The model options, checked before anything loads (the model load takes a while)."""
+def check_backend_options(model: str | os.PathLike | None, dtype: str, device: str | None,
+                          layers: str | Sequence[int] = "all") -> None:
+    """The model options, checked before anything loads (the model load takes a while); a list of
+    ``layers`` is checked against the model's layer count, read from its config."""
     if dtype != AUTO_DTYPE and dtype not in DTYPES:
         raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
     if device is not None and device.split(":")[0] not in ("cpu", "cuda"):
         raise LatentSiftError(f"--device must be cpu or cuda. Got {device!r} instead.")
     if model is not None and not Path(model).exists():
         raise LatentSiftError(f"--model {model} does not exist; pass a local Hugging Face model folder or a .gguf file.")
+    if not isinstance(layers, str):
+        resolve_layers(layers, n_layers_of(model))
 
 
 def open_backend(model: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYPE, device: str | None = None,

@@ -32,7 +32,7 @@ import numpy as np
 
 from ._validation import (FingerprintMismatch, LatentSiftError, NotFittedError, check_choice,
                           check_positive_int, param_error, check_states)
-from ._io import ArtefactKind, read_artefact, write_artefact
+from ._io import ArtefactKind, made_folder, read_artefact, write_artefact
 from .knn import BACKENDS, bank_sqnorms, nearest_distances
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -362,21 +362,20 @@ class Bank:
         """
         from safetensors.numpy import save as st_save
         self._check_fitted()
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        tensors = {}
-        for k in CLASSES:
-            for c in self.channels:
-                tensors[f"{k}.{c}.states"] = getattr(self, f"{k}_")[c]
-                tensors[f"{k}.{c}.owner"] = getattr(self, f"{k}_owner_")[c]
-                tensors[f"{k}.{c}.step"] = getattr(self, f"{k}_step_")[c]
-        for c, v in self.center_.items():
-            tensors[f"center.{c}"] = v
-        for c, (mu, w) in self.whiten_.items():
-            tensors[f"whiten.{c}.mean"], tensors[f"whiten.{c}.matrix"] = mu, w
-        blob = st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
-        manifest = write_artefact(path, BANK_ARTEFACT, self.manifest(source), {"tensors": (TENSORS, blob)})
-        self.source_ = dict(manifest["source"])
+        with made_folder(path) as path:  # a failed save leaves no folder behind
+            tensors = {}
+            for k in CLASSES:
+                for c in self.channels:
+                    tensors[f"{k}.{c}.states"] = getattr(self, f"{k}_")[c]
+                    tensors[f"{k}.{c}.owner"] = getattr(self, f"{k}_owner_")[c]
+                    tensors[f"{k}.{c}.step"] = getattr(self, f"{k}_step_")[c]
+            for c, v in self.center_.items():
+                tensors[f"center.{c}"] = v
+            for c, (mu, w) in self.whiten_.items():
+                tensors[f"whiten.{c}.mean"], tensors[f"whiten.{c}.matrix"] = mu, w
+            blob = st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
+            manifest = write_artefact(path, BANK_ARTEFACT, self.manifest(source), {"tensors": (TENSORS, blob)})
+            self.source_ = dict(manifest["source"])
         return path
 
     @classmethod

@@ -253,6 +253,27 @@ def _quiet_loading():
             hf_logging.enable_progress_bar()
 
 
+def n_layers_of(path: str | os.PathLike | None = None) -> int:
+    """The number of transformer layers of a local model (``None`` = embedded default), read from its
+    config (a GGUF's header, or ``config.json``) without loading the weights: a few seconds, so that
+    settings that depend on it are checked before the model loads."""
+    from transformers import AutoConfig
+
+    p = Path(path) if path is not None else default_model_path()
+    if not p.exists():
+        raise LatentSiftError(f"The model path {str(p)!r} does not exist. Pass a local Hugging Face "
+                              "model directory or a .gguf file (no hub downloads are made).")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    src = str(p)
+    if p.is_file():
+        src, kwargs["gguf_file"] = str(p.parent), p.name
+    with _quiet_loading():
+        cfg = AutoConfig.from_pretrained(src, **kwargs)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    return int(cfg.num_hidden_layers)
+
+
 def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYPE,
                 device: str | None = None, cache: bool = True) -> Policy:
     """Load a policy from a local HF directory or a ``.gguf`` file; ``None`` = embedded default.

@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ._validation import LatentSiftError, NotFittedError, param_error, check_positive_int
-from ._io import ArtefactKind, atomic_path, read_artefact, write_artefact
+from ._io import ArtefactKind, atomic_path, made_folder, read_artefact, write_artefact
 from ._threads import fixed_threads
 from .bank import Bank, as_fingerprint
 from .model import Fingerprint
@@ -391,14 +391,13 @@ class LinearScorer:
         """SCORER_DIR/scorer.safetensors (W, b), training_curve.png, then scorer.json (last = complete)."""
         from safetensors.numpy import save as st_save
         self._check_fitted()
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / SCORER_JSON).unlink(missing_ok=True)
-        if plot:
-            self.plot_history(path / CURVE_PNG)
-        blob = st_save({"W": np.ascontiguousarray(self.W_), "b": np.ascontiguousarray(self.b_)})
-        meta = write_artefact(path, SCORER_ARTEFACT, self.to_json(source), {"tensors": (SCORER_TENSORS, blob)})
-        self.source_ = dict(meta["source"])
+        with made_folder(path) as path:  # a failed save leaves no folder behind
+            (path / SCORER_JSON).unlink(missing_ok=True)
+            if plot:
+                self.plot_history(path / CURVE_PNG)
+            blob = st_save({"W": np.ascontiguousarray(self.W_), "b": np.ascontiguousarray(self.b_)})
+            meta = write_artefact(path, SCORER_ARTEFACT, self.to_json(source), {"tensors": (SCORER_TENSORS, blob)})
+            self.source_ = dict(meta["source"])
         return path
 
     @classmethod

@@ -75,8 +75,8 @@ def extract_cmd(
     _check_options(max_tokens=max_tokens, instances=instances, max_span_tokens=max_span_tokens,
                    max_prompt_tokens=max_prompt_tokens, chunk_tokens=chunk_tokens, shard_size=shard_size,
                    threads=threads, patch_step_tokens=patch_step_tokens, workers=workers)
-    check_backend_options(model, dtype, device)
     layer_sel = _parse_layers(layers)
+    check_backend_options(model, dtype, device, layer_sel)
     console = Console(stderr=True)
     trajs = load_jsonl(pools)
     console.print(f"{len(trajs)} trajectories from {pools}; loading the model ...")
