@@ -115,6 +115,14 @@ def test_killed_worker_loses_only_its_batch_and_a_rerun_completes(cluster, tiny_
     again = extract_pools(on_ray(tiny_model), trajs, tmp_path / "s", **EXTRACT)
     assert (again.n_extracted, again.n_skipped) == (0, 5)
     assert_same_store(single, StateStore(tmp_path / "s").open())
+    # a shard truncated after the run is not trusted on a resume over Ray: its trajectories are redone
+    store = StateStore(tmp_path / "s").open()
+    shard = sorted((tmp_path / "s" / "shards").glob("*.safetensors"))[0]
+    lost = sorted(t["traj_id"] for t in store.trajectories() if t["shard"] == shard.name)
+    shard.write_bytes(shard.read_bytes()[:100])
+    redo = extract_pools(on_ray(tiny_model), trajs, tmp_path / "s", **EXTRACT)
+    assert lost and (redo.n_extracted, redo.n_skipped) == (len(lost), 5 - len(lost))
+    assert_same_store(single, StateStore(tmp_path / "s").open())
 
 
 def test_bad_input_ends_with_clear_errors_and_a_valid_store(cluster, tiny_model, trajs, single, tmp_path):
