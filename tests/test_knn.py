@@ -15,11 +15,12 @@ def brute(q, b):
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 40), st.integers(1, 300), st.integers(1, 64), st.integers(1, 8), st.integers(1, 64),
        st.integers(0, 2**31 - 1))
-def test_blocked_equals_brute_force(nq, nb, d, block_q, block_b, seed):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blocked_equals_brute_force(threads, nq, nb, d, block_q, block_b, seed):
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((nq, d)).astype(np.float32) * 3
     b = rng.standard_normal((nb, d)).astype(np.float32) * 3 + 0.5
-    D, I = nearest_distances(q, b, block_q=block_q, block_b=block_b, return_index=True)
+    D, I = nearest_distances(q, b, block_q=block_q, block_b=block_b, return_index=True, threads=threads)
     ref, ref_i = brute(q, b)
     np.testing.assert_allclose(D, ref, rtol=1e-4, atol=1e-4)
     # tie-tolerant: the returned row is at the minimal distance

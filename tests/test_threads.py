@@ -56,11 +56,34 @@ def test_scorer_fit_and_scores_do_not_depend_on_the_thread_count(threads):
 
 
 def test_nearest_distances_do_not_depend_on_the_thread_count(threads):
+    """The caller's count (1 or 2) sets the workers; small blocks give every worker many products."""
     rng = np.random.default_rng(1)
     q = (5 * rng.standard_normal((1500, D))).astype(np.float32)
     b = (5 * rng.standard_normal((20000, D))).astype(np.float32)
-    (d1, i1), (d2, i2) = (threads(n, nearest_distances, q, b, return_index=True) for n in (1, 2))
-    assert np.array_equal(d1, d2) and np.array_equal(i1, i2)
+    b[19000] = b[3]  # an exact duplicate in another block: the first row wins at any thread count
+    q[0] = b[19000]
+    runs = [threads(n, nearest_distances, q, b, return_index=True, block_q=256, block_b=3000) for n in (1, 2)]
+    runs.append(nearest_distances(q, b, return_index=True, block_q=256, block_b=3000, threads=3))
+    for d, i in runs[1:]:
+        assert np.array_equal(d, runs[0][0]) and np.array_equal(i, runs[0][1])
+    assert runs[0][1][0] == 3 and runs[0][0][0] == 0
+
+
+def test_nearest_distances_use_the_callers_threads_and_restore_them(threads, monkeypatch):
+    """Workers are the caller's torch thread count; each runs its products at one torch thread."""
+    import latentsift.knn as knn
+    seen = []
+    real = knn._one_thread
+
+    def spy():
+        real()
+        seen.append(torch.get_num_threads())
+    monkeypatch.setattr(knn, "_one_thread", spy)
+    rng = np.random.default_rng(2)
+    q, b = rng.standard_normal((64, 8)).astype(np.float32), rng.standard_normal((400, 8)).astype(np.float32)
+    threads(2, nearest_distances, q, b, block_q=16, block_b=100)
+    assert seen == [1, 1]
+    assert threads(2, lambda: (nearest_distances(q, b, block_q=16, block_b=100), torch.get_num_threads())[1]) == 2
 
 
 def test_the_caller_thread_count_is_restored():

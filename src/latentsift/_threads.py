@@ -2,7 +2,8 @@
 
 Measured with torch 2.13 on CPU: the scorer's weight gradient (a product whose reduction runs over
 every span of a batch) differs in the last bits between 1 and 2 threads on AVX-512 machines, and on
-AVX2 kernels the scorer's forward product and the nearest-neighbour ``addmm`` do too. A summary
+AVX2 kernels the scorer's forward product does too (the nearest-neighbour search splits its products into
+fixed one-thread blocks instead: ``knn``). A summary
 computed from those numbers then depends on how many threads the machine, ``OMP_NUM_THREADS`` or a Ray
 worker chose. These computations therefore run at ``NUMERIC_THREADS`` torch threads (1 by default):
 they are small next to the model's forward pass, which keeps the caller's thread count.

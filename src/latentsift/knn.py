@@ -11,23 +11,25 @@ rows it ranks first are kept, and the exact distance ``||q - b||`` of each decid
 when a query nearly coincides with a bank row, and its rounding depends on the CPU's kernels (on AVX2,
 two identical bank rows at different positions get different values), so the returned row and
 distance come from the exact step alone, with exact ties going to the first row. At most
-``block_q x block_b`` float32 values exist at once (default 1,024 x 16,384 = 64 MiB), whatever the bank
-size. The choice of the nearest row can still differ from exact arithmetic between rows whose distances
-agree to float32 rounding; pass ``dtype="float64"`` when that matters (about 2x slower on CPU). The search runs at
-``threads`` torch threads (default 1, ``latentsift._threads``): on AVX2 kernels the ``addmm`` rounds
-differently at 1 and 2 threads, and the nearest row must not depend on the machine's thread count;
-``threads=None`` keeps the caller's count (faster on many cores, repeatable only at a fixed count).
+``block_q x block_b`` float32 values exist at once per worker (default 512 x 4,096 = 8 MiB: small enough
+that the shortlist's ``topk`` reads the product from cache), whatever the bank size. The choice of the
+nearest row can still differ from exact arithmetic between rows whose distances agree to float32
+rounding; pass ``dtype="float64"`` when that matters (about 2x slower on CPU).
 
-The optional FAISS backend (``backend="faiss"``, an exact ``IndexFlatL2``) answers the same call with
-the same results up to float32 rounding. Outputs: ``D`` float32 (n_queries,), and with
-``return_index=True`` also ``I`` int64 (n_queries,), the row of the nearest bank state (the first
-such row on exact ties in the torch backend).
+Threads without thread-dependent results: the (query block x bank block) products are fixed by
+``block_q`` and ``block_b`` alone, each is computed at one torch thread (on AVX2 kernels a multithreaded
+``addmm`` rounds differently at 1 and 2 threads), and ``threads`` workers (default: the caller's torch
+thread count) share them. Each block's shortlist is merged in bank order and decided by the exact step, so
+results are the same at any thread count while the products use every core.
 """
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
-from ._threads import NUMERIC_THREADS, fixed_threads
+from ._threads import fixed_threads
 from ._validation import LatentSiftError, check_choice, check_positive_int, check_states
 
 BACKENDS = ("torch", "faiss")
@@ -57,7 +59,7 @@ def bank_sqnorms(bank: np.ndarray, dtype: str = "float32") -> np.ndarray:
 
 
 def _nearest_torch(q: np.ndarray, b: np.ndarray, block_q: int, block_b: int, dtype: str, sqnorms=None,
-                   threads: int | None = NUMERIC_THREADS, rerank: int = RERANK):
+                   threads: int | None = None, rerank: int = RERANK):
     import torch
     tdtype = torch.float64 if dtype == "float64" else torch.float32
     Q = _as_tensor(q, tdtype)
@@ -66,31 +68,51 @@ def _nearest_torch(q: np.ndarray, b: np.ndarray, block_q: int, block_b: int, dty
     k = min(rerank, nb)
     bnorm = (torch.linalg.vector_norm(B, dim=1).square_() if sqnorms is None  # no (n_bank, d) temporary
              else _as_tensor(sqnorms, tdtype))
-    d = torch.empty(nq, dtype=tdtype)
-    arg = torch.empty(nq, dtype=torch.int64)
-    buf = torch.empty((min(block_q, nq), min(block_b, nb)), dtype=tdtype)
-    with torch.inference_mode(), fixed_threads(threads):  # the nearest row must not depend on the threads
-        for i in range(0, nq, block_q):
-            qi = Q[i:i + block_q]
-            short_v = torch.full((qi.shape[0], k), float("inf"), dtype=tdtype)  # running shortlist
-            short_i = torch.zeros((qi.shape[0], k), dtype=torch.int64)
-            for j in range(0, nb, block_b):
-                bj = B[j:j + block_b]
-                out = buf[:qi.shape[0], :bj.shape[0]]
-                torch.addmm(bnorm[j:j + block_b].unsqueeze(0), qi, bj.T, beta=1.0, alpha=-2.0, out=out)
-                # the k smallest ||b||^2 - 2 q.b of this bank block, merged into the shortlist
-                vals, idx = out.topk(min(k, bj.shape[0]), dim=1, largest=False, sorted=False)
-                all_v, all_i = torch.cat([short_v, vals], 1), torch.cat([short_i, idx + j], 1)
-                short_v, pos = all_v.topk(k, dim=1, largest=False, sorted=False)
-                short_i = all_i.gather(1, pos)
-            # exact distances of the shortlist (no cancellation error from the expansion above); rows in
+    local = threading.local()  # one (block_q, block_b) product buffer per worker
+
+    def shortlist(i: int, j: int):
+        """The k smallest ||b||^2 - 2 q.b of query block i against bank block j (one-thread GEMM)."""
+        qi, bj = Q[i:i + block_q], B[j:j + block_b]
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = torch.empty((min(block_q, nq), min(block_b, nb)), dtype=tdtype)
+        out = buf[:qi.shape[0], :bj.shape[0]]
+        with torch.inference_mode():
+            torch.addmm(bnorm[j:j + block_b].unsqueeze(0), qi, bj.T, beta=1.0, alpha=-2.0, out=out)
+            vals, idx = out.topk(min(k, bj.shape[0]), dim=1, largest=False, sorted=False)
+        return vals, idx + j
+
+    def nearest(i: int, parts: list):
+        """Merge the blocks' shortlists of query block i (in bank order), then decide by exact distances."""
+        qi = Q[i:i + block_q]
+        with torch.inference_mode():
+            all_v, all_i = torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
+            pos = all_v.topk(k, dim=1, largest=False, sorted=False).indices
+            # exact distances of the shortlist (no cancellation error from the expansion); rows in
             # ascending order, so argmin (the first minimum) gives exact ties to the first row
-            short_i = short_i.sort(dim=1).values
+            short_i = all_i.gather(1, pos).sort(dim=1).values
             exact = torch.linalg.vector_norm(qi.unsqueeze(1) - B[short_i], dim=2)
             best = exact.argmin(dim=1, keepdim=True)
-            d[i:i + block_q] = exact.gather(1, best).squeeze(1)
-            arg[i:i + block_q] = short_i.gather(1, best).squeeze(1)
-    return d.to(torch.float32).numpy(), arg.numpy()
+            return exact.gather(1, best).squeeze(1), short_i.gather(1, best).squeeze(1)
+
+    qs, bs = range(0, nq, block_q), range(0, nb, block_b)
+    n_workers = min(torch.get_num_threads() if threads is None else threads, len(qs) * len(bs))
+    with fixed_threads(1):  # every block at one torch thread: its rounding is the same in every worker
+        if n_workers <= 1:
+            res = [nearest(i, [shortlist(i, j) for j in bs]) for i in qs]
+        else:
+            with ThreadPoolExecutor(n_workers, initializer=_one_thread) as pool:
+                parts = {(i, j): pool.submit(shortlist, i, j) for i in qs for j in bs}
+                res = [f.result() for f in [pool.submit(lambda i=i: nearest(i, [parts[i, j].result() for j in bs]))
+                                            for i in qs]]
+    d = torch.cat([r[0] for r in res]).to(torch.float32)
+    return d.numpy(), torch.cat([r[1] for r in res]).numpy()
+
+
+def _one_thread() -> None:
+    """Worker initializer: torch's (OpenMP) thread count is per OS thread, so each worker sets its own."""
+    import torch
+    torch.set_num_threads(1)
 
 
 def _nearest_faiss(q: np.ndarray, b: np.ndarray):
@@ -104,16 +126,16 @@ def _nearest_faiss(q: np.ndarray, b: np.ndarray):
     return np.sqrt(np.maximum(D[:, 0], 0.0)).astype(np.float32), I[:, 0].astype(np.int64)
 
 
-def nearest_distances(queries, bank, *, backend: str = "torch", block_q: int = 1024,
-                      block_b: int = 16384, dtype: str = "float32", return_index: bool = False,
-                      sqnorms=None, validate_bank: bool = True, threads: int | None = NUMERIC_THREADS):
+def nearest_distances(queries, bank, *, backend: str = "torch", block_q: int = 512,
+                      block_b: int = 4096, dtype: str = "float32", return_index: bool = False,
+                      sqnorms=None, validate_bank: bool = True, threads: int | None = None):
     """Exact L2 distance of each query row to its nearest bank row.
 
     queries: (n_queries, d_model); bank: (n_bank, d_model), non-empty. Returns D float32
     (n_queries,), or (D, I) with ``return_index=True``. An empty query set gives empty arrays.
     A caller that searches one bank many times (``Bank``) passes ``sqnorms=bank_sqnorms(bank)``
     and ``validate_bank=False`` after checking the bank once; both only skip repeated work.
-    ``threads``: torch threads of the search (None: the caller's count; see the module docstring).
+    ``threads``: workers sharing the blocks (None: the caller's torch thread count); results do not depend on it.
     """
     if validate_bank:
         b = check_states(bank, "bank", "nearest_distances")
