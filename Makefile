@@ -65,6 +65,7 @@ demo-avx2: $(STAMP)
 	$(AVX2_ENV) $(BIN)/latentsift reproduce --data $(DATA) --out $(OUT)
 
 bench: $(STAMP)
+	$(BIN)/python bench/hardware.py
 	$(BIN)/python bench/knn.py
 	$(BIN)/python bench/import_all.py
 	$(BIN)/python bench/forward.py
