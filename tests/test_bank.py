@@ -260,3 +260,26 @@ def test_the_fold_loop_pairs_bank_trajectories_with_held_out_pools(data):
     assert all(t.label == 1 for f in kept for t in f.bank_trajs)
     inner = list(inner_folds(trajs, seed=0))
     assert sorted(c.traj_id for f in inner for p in f.eval_pools for c in p.candidates) == sorted(data[0])
+
+
+def test_a_repeated_search_is_answered_once_and_a_refit_forgets_it(data, monkeypatch):
+    """Stage 1's ablations search one bank with the same query states: the bank searches once per
+    (channel, query bytes); other queries, channels or a refit search again, and callers get copies."""
+    b = Bank().fit(*data, FP)
+    calls = []
+    real = Bank._search
+    monkeypatch.setattr(Bank, "_search", lambda self, q, cls, ch: calls.append((cls, ch)) or real(self, q, cls, ch))
+    z = np.random.default_rng(5).standard_normal((7, 16)).astype(np.float32)
+    first = b.distances(z, "cot")
+    first[0][:] = -1  # a caller's change does not reach the bank's answer
+    again = b.distances(z.copy(), "cot")
+    assert len(calls) == 2
+    for x, y in zip(again, b.distances(z, "cot")):
+        np.testing.assert_array_equal(x, y)
+    d_pos, _ = brute(b.pos_["cot"], z)
+    np.testing.assert_allclose(again[0], d_pos, rtol=1e-5)
+    b.distances(z, "obs"), b.distances(z[:6], "cot"), b.distances(z.astype(np.float64), "cot")
+    assert len(calls) == 8
+    b.fit(*data, FP)
+    b.distances(z, "cot")
+    assert len(calls) == 10

@@ -46,6 +46,7 @@ TENSORS = "bank.safetensors"
 BANK_ARTEFACT = ArtefactKind(BANK_FORMAT, BANK_VERSION, MANIFEST, noun="a bank directory",
                              make="build one with 'latentsift bank build'", redo="rebuild the bank")
 CLASSES = ("pos", "neg")
+SEARCH_MEMO = 8  # query sets whose search answers a bank keeps (``distances``)
 NORMALIZATIONS = (None, "l2", "whiten")
 WHITEN_SHRINKAGE = 0.1  # ridge added to the bank covariance's eigenvalues, as a fraction of their mean
 CENTERINGS = (None, "mean")
@@ -152,6 +153,7 @@ class Bank:
         has no trajectory (a bank with an empty class cannot give margins).
         """
         self.__dict__.pop("_sqnorms", None)  # norms of a previous fit are stale
+        self.__dict__.pop("_searches", None)
         self._check_params()
         fp = as_fingerprint(fingerprint, "Bank.fit")
         if not isinstance(states, Mapping) or not states:
@@ -297,10 +299,18 @@ class Bank:
         if q.ndim != 2 or q.shape[1] != self.d_model_:
             raise LatentSiftError(f"The 'z' parameter of Bank.distances must have shape (n, {self.d_model_}). "
                                   f"Got {q.shape} instead.")
-        q = self._transform(q, channel)
-        d_pos, i_pos = self._search(q, "pos", channel)
-        d_neg, i_neg = self._search(q, "neg", channel)
-        return d_pos, d_neg, i_pos, i_neg
+        # the same query states searched again (Stage 1's ablations all search the fold's bank with the
+        # same candidates) get the first search's answer back: a digest of the query bytes is the key
+        key = (channel, q.dtype.str, q.shape, hashlib.blake2b(np.ascontiguousarray(q).data, digest_size=16).digest())
+        memo = self.__dict__.setdefault("_searches", {})
+        if key not in memo:
+            q = self._transform(q, channel)
+            d_pos, i_pos = self._search(q, "pos", channel)
+            d_neg, i_neg = self._search(q, "neg", channel)
+            while len(memo) >= SEARCH_MEMO:
+                memo.pop(next(iter(memo)))  # the oldest
+            memo[key] = (d_pos, d_neg, i_pos, i_neg)
+        return tuple(a.copy() for a in memo[key])
 
     def _search(self, q: np.ndarray, cls: str, channel: str):
         """Exact search of one class bank; its squared norms are computed once and kept (not saved)."""

@@ -77,6 +77,6 @@ def approx_bank(bank: Bank, kind: str = "hnsw", **params) -> ApproxBank:
     check_choice(kind, "approx", "approx_bank", KINDS)
     _faiss()
     ab = ApproxBank.__new__(ApproxBank)
-    ab.__dict__.update({k: v for k, v in bank.__dict__.items() if k != "_sqnorms"})
+    ab.__dict__.update({k: v for k, v in bank.__dict__.items() if k not in ("_sqnorms", "_searches")})
     ab.approx_kind_, ab.approx_params_, ab.indexes_ = kind, dict(params), {}
     return ab

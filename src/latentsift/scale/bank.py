@@ -83,7 +83,7 @@ def shard_bank(bank: Bank, n_shards: int = 2, *, ray_address: str | None = "loca
     ray = connect(ray_address)
     cpus = worker_cpus(ray, n_shards, cpus_per_shard)
     sb = ShardedBank.__new__(ShardedBank)
-    sb.__dict__.update({k: v for k, v in bank.__dict__.items() if k != "_sqnorms"})
+    sb.__dict__.update({k: v for k, v in bank.__dict__.items() if k not in ("_sqnorms", "_searches")})
     slices: list[dict] = [{} for _ in range(n_shards)]
     for cls in CLASSES:
         for c in bank.channels:
