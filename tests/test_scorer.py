@@ -134,3 +134,24 @@ def test_errors():
     other = TrajectoryStates("x", s.layers[:, :2], s.step, s.channel)
     with pytest.raises(LatentSiftError, match="another model or layer selection"):
         sc.decision_function([other])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_packed_span_states_are_each_trajectorys_model_authored_spans_in_order(dtype):
+    from latentsift.scorer import _Packed
+    from latentsift.states import TrajectoryStates
+    from latentsift.trajectory import CHANNEL_ID
+
+    rng = np.random.default_rng(4)
+    sts = []
+    for i, n in enumerate([5, 1, 0, 7]):
+        chans = rng.choice([CHANNEL_ID["cot"], CHANNEL_ID["obs"], CHANNEL_ID["fn"]], n).astype(np.int8)
+        if i == 1:
+            chans[:] = CHANNEL_ID["obs"]  # no model-authored span at all
+        layers = rng.standard_normal((n, 3, 4)).astype(dtype)
+        sts.append(TrajectoryStates(f"t{i}", layers, np.arange(n, dtype=np.int32), chans, n_tokens=10))
+    p = _Packed(sts)
+    want = np.concatenate([s.layers[s.channel != CHANNEL_ID["obs"]].astype(np.float32) for s in sts])
+    assert p.u.dtype == torch.float32 and np.array_equal(p.u.numpy(), want)
+    assert p.sizes.tolist() == [int((s.channel != CHANNEL_ID["obs"]).sum()) for s in sts]
+    assert p.offsets.tolist() == [0, *np.cumsum(p.sizes).tolist()]

@@ -106,11 +106,22 @@ class _Packed:
 
     def __init__(self, states: Sequence[TrajectoryStates]):
         import torch
-        parts = [np.asarray(s.scorer_states(), dtype=np.float32) for s in states]
-        self.sizes = np.array([p.shape[0] for p in parts], dtype=np.int64)
+        masks = [s.scorer_mask() for s in states]
+        self.sizes = np.array([int(m.sum()) for m in masks], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)])
+        if not states:
+            self.u = torch.zeros(0, 0, 0)
+            return
         L, d = states[0].n_layers, states[0].d_model
-        self.u = torch.from_numpy(np.concatenate(parts).reshape(-1, L, d)) if parts else torch.zeros(0, L, d)
+        # each trajectory's model-authored spans gathered straight into their rows (one copy, no
+        # per-trajectory temporaries joined afterwards: packing was ~1/8 of a scorer fit's time)
+        u = np.empty((int(self.offsets[-1]), L, d), dtype=np.float32)
+        for s, m, a, z in zip(states, masks, self.offsets[:-1], self.offsets[1:]):
+            if s.layers.dtype == np.float32:
+                np.compress(m, s.layers, axis=0, out=u[a:z])
+            else:
+                u[a:z] = s.layers[m]
+        self.u = torch.from_numpy(u)
 
     def outputs(self, idx: np.ndarray, W, b):
         """Span outputs (g, v) of trajectories ``idx`` (per-trajectory views, no gather copy) and
