@@ -32,7 +32,7 @@ import numpy as np
 
 from ._validation import (FingerprintMismatch, LatentSiftError, NotFittedError, check_choice,
                           check_positive_int, param_error, check_states)
-from ._io import ArtefactKind, made_folder, read_artefact, write_artefact
+from ._io import ArtefactKind, read_artefact, replaced_folder, write_artefact
 from .knn import BACKENDS, bank_sqnorms, nearest_distances
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -362,7 +362,7 @@ class Bank:
         """
         from safetensors.numpy import save as st_save
         self._check_fitted()
-        with made_folder(path) as path:  # a failed save leaves no folder behind
+        with replaced_folder(path) as tmp:  # an old bank stays whole until the new one is; a failure leaves none
             tensors = {}
             for k in CLASSES:
                 for c in self.channels:
@@ -374,9 +374,9 @@ class Bank:
             for c, (mu, w) in self.whiten_.items():
                 tensors[f"whiten.{c}.mean"], tensors[f"whiten.{c}.matrix"] = mu, w
             blob = st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
-            manifest = write_artefact(path, BANK_ARTEFACT, self.manifest(source), {"tensors": (TENSORS, blob)})
-            self.source_ = dict(manifest["source"])
-        return path
+            manifest = write_artefact(tmp, BANK_ARTEFACT, self.manifest(source), {"tensors": (TENSORS, blob)})
+        self.source_ = dict(manifest["source"])
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | Path) -> "Bank":

@@ -198,6 +198,9 @@ def load_scores(path: str | Path, *, known_ids: Iterable[str] | None = None) -> 
                 man = json.loads((p / "manifest.json").read_text(encoding="utf-8"))
             except json.JSONDecodeError as e:
                 raise LatentSiftError(f"{p / 'manifest.json'}: not valid JSON ({e.msg}).") from None
+            if not isinstance(man, dict):
+                raise LatentSiftError(f"{p / 'manifest.json'}: must be a JSON object. Got {type(man).__name__} "
+                                      "instead.")
         files = [p / n for n in (SCORES_FILE, RESULTS_FILE, "scores.parquet") if (p / n).is_file()]
         if len(files) != 1:
             raise LatentSiftError(f"{p}: expected exactly one of {SCORES_FILE}, {RESULTS_FILE} or scores.parquet; "
@@ -231,6 +234,9 @@ def load_scores(path: str | Path, *, known_ids: Iterable[str] | None = None) -> 
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise LatentSiftError(f"{where}: field 'score' of {t!r} must be a finite number. Got {v!r} instead.")
         scores[t] = float(v)
+        if not isinstance(d.get("components") or {}, dict):
+            raise LatentSiftError(f"{where}: field 'components' of {t!r} must be an object of numbers. "
+                                  f"Got {d['components']!r} instead.")
         extra = dict(d.get("components") or {})
         extra.update({k: d[k] for k in d if k not in ("traj_id", "score", "components", "instance_id")})
         for k, x in extra.items():

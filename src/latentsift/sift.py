@@ -36,7 +36,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ._io import atomic_write_json, jsonable
+from ._io import atomic_write_json, jsonable, read_json
 from ._validation import LatentSiftError, check_choice, param_error
 from .bank import Bank, as_fingerprint
 from .fuse import FUSION_WEIGHT, fuse
@@ -361,6 +361,8 @@ class LatentSift(Stage1Filter):
         """q per channel and q_lin of every candidate of every pool (guards checked first)."""
         pools = _as_pools(pools)
         _check_pools(pools)
+        if not pools:  # e.g. every pool left out by the leak guard
+            return {}
         cands = sorted((c for p in pools for c in p.candidates), key=lambda c: c.traj_id)
         ids = [c.traj_id for c in cands]
         self.bank.check_candidates([c.instance_id for c in cands], ids)
@@ -576,9 +578,66 @@ class FilterRun:
         atomic_write_json(path, self.to_dict())
 
 
+def _is_num(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _is_num_map(v: Any) -> bool:
+    return v is None or (isinstance(v, dict) and all(isinstance(k, str) and _is_num(x) for k, x in v.items()))
+
+
+#: field -> (check, what it must be) of the records of a filter output (``read_filter_output``).
+_STR, _INT = (lambda v: isinstance(v, str), "a string"), (lambda v: isinstance(v, int) and not isinstance(v, bool),
+                                                          "an integer")
+_NUM, _NUM_MAP = (_is_num, "a number or null"), (_is_num_map, "an object of numbers or null")
+_LIST = (lambda v: isinstance(v, list), "a list")
+_RECORD_FIELDS = {
+    "pool": {"instance_id": _STR, "candidates": _LIST},
+    "candidate": {"traj_id": _STR, "s": _NUM, "retained": (lambda v: isinstance(v, bool), "true or false"),
+                  "q": _NUM_MAP, "r": _NUM_MAP, "s_dist": _NUM, "q_lin": _NUM, "s_lin": _NUM, "raw": _NUM,
+                  "evidence": (lambda v: v is None or isinstance(v, list), "a list or null")},
+    "evidence": {"channel": _STR, "step": _INT, "pos_traj": _STR, "pos_step": _INT, "neg_traj": _STR,
+                 "neg_step": _INT, "evidence": _NUM, "contribution": _NUM, "d_pos": _NUM, "d_neg": _NUM},
+}
+
+
+def _check_record(rec: Any, where: str, kind: str) -> None:
+    if not isinstance(rec, dict):
+        raise LatentSiftError(f"{where}: a {kind} record must be a JSON object. Got {type(rec).__name__} instead.")
+    for name, (ok, what) in _RECORD_FIELDS[kind].items():
+        required = kind != "candidate" or name in ("traj_id", "s", "retained")
+        if name not in rec and not required:
+            continue
+        if name not in rec or not ok(rec[name]):
+            got = "nothing" if name not in rec else repr(rec[name])[:40]
+            raise LatentSiftError(f"{where}: field {name!r} must be {what}. Got {got} instead.")
+
+
+def read_filter_output(path: str | Path) -> dict:
+    """A ``latentsift filter`` output, its format and every pool, candidate and evidence record
+    checked: a malformed one is a one-line ``LatentSiftError`` naming the file and the record."""
+    p = Path(path)
+    d = read_json(p)
+    if not isinstance(d, dict) or d.get("format") != FILTER_FORMAT:
+        fmt = d.get("format") if isinstance(d, dict) else type(d).__name__
+        raise LatentSiftError(f"{p} is not a 'latentsift filter' output (format {fmt!r}).")
+    if not isinstance(d.get("pools"), list):
+        raise LatentSiftError(f"{p}: field 'pools' must be a list. Got {type(d.get('pools')).__name__} instead.")
+    for i, pool in enumerate(d["pools"]):
+        _check_record(pool, f"{p}: pools[{i}]", "pool")
+        for j, c in enumerate(pool["candidates"]):
+            where = f"{p}: pools[{i}].candidates[{j}]"
+            _check_record(c, where, "candidate")
+            for k, e in enumerate(c.get("evidence") or []):
+                _check_record(e, f"{where}.evidence[{k}]", "evidence")
+    return d
+
+
 def load_selected_pools(pools_path, instances: Sequence[str] | None = None) -> list:
     """The pools of a canonical JSONL file, only those of ``instances`` when given (unknown ids: error)."""
     pools = load_pools(pools_path)
+    if not pools:
+        raise LatentSiftError(f"{pools_path} holds no candidate pools: nothing to score.")
     if instances is not None:
         want = set(instances)
         unknown = sorted(want - {p.instance_id for p in pools})
@@ -591,7 +650,8 @@ def load_selected_pools(pools_path, instances: Sequence[str] | None = None) -> l
 def filter_options(*, method: str = "latentsift", bank_dir=None, scorer_dir=None, sifter_dir=None,
                    bank_choice: str = "all", on_leak: str | None = None, ray_address: str | None = None,
                    bank_shards: int | None = None, approx: str | None = None, distance_only: bool = False,
-                   learned_only: bool = False) -> dict[str, str]:
+                   learned_only: bool = False, channels: str | None = None, distance: str | None = None,
+                   weighting: str | None = None, fusion_weight: float | None = None) -> dict:
     """Check a ``latentsift filter`` combination of options before any work; the settings they resolve to.
 
     A sifter (``sifter_dir``) replaces the bank, the scorer and the method, and runs in one process;
@@ -600,7 +660,10 @@ def filter_options(*, method: str = "latentsift", bank_dir=None, scorer_dir=None
     ``LatentSiftError`` naming the options. Returns ``{"branches", "on_leak"}``: the LatentSift
     branches (both, or one of ``distance_only`` / ``learned_only``) and ``on_leak``, which defaults
     to "error" with a bank (evaluation: a bank holding a pool's instance is leakage) and to "allow"
-    with a sifter (deployment: a bank that has seen other attempts at the task is knowledge).
+    with a sifter (deployment: a bank that has seen other attempts at the task is knowledge), and
+    ``latentsift``: the LatentSift settings given (``channels`` comma-separated, ``distance``,
+    ``weighting``, ``fusion_weight``; None = the filter's default) with the branches. A sifter keeps
+    its saved settings, so any of them given with ``sifter_dir`` is refused.
     """
     if distance_only and learned_only:
         raise LatentSiftError("Pass at most one of --distance-only and --learned-only.")
@@ -615,8 +678,16 @@ def filter_options(*, method: str = "latentsift", bank_dir=None, scorer_dir=None
             raise LatentSiftError("--sifter replaces --bank, --scorer and --method: pass only --sifter.")
         if ray_address is not None or bank_shards is not None or approx is not None:
             raise LatentSiftError("--sifter runs in one process: drop --ray, --bank-shards and --approx.")
+        given = [o for o, v in (("--channels", channels), ("--distance", distance), ("--weighting", weighting),
+                                ("--fusion-weight", fusion_weight), ("--distance-only", distance_only or None),
+                                ("--learned-only", learned_only or None)) if v is not None]
+        if given:
+            raise LatentSiftError(f"--sifter scores with the settings it was fitted with: drop {', '.join(given)}.")
     branches = "distance" if distance_only else "learned" if learned_only else "both"
-    return {"branches": branches, "on_leak": on_leak or ("allow" if sifter_dir is not None else "error")}
+    chosen = {"channels": None if channels is None else tuple(c.strip() for c in channels.split(",") if c.strip()),
+              "distance": distance, "weighting": weighting, "fusion_weight": fusion_weight}
+    return {"branches": branches, "on_leak": on_leak or ("allow" if sifter_dir is not None else "error"),
+            "latentsift": {k: v for k, v in chosen.items() if v is not None} | {"branches": branches}}
 
 
 def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str = "latentsift",
@@ -661,6 +732,7 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
             if scorer_dir is None:
                 raise LatentSiftError("The latentsift filter needs --scorer (or --distance-only).")
             scorer = LinearScorer.load(scorer_dir)
+            check_recorded_settings(scorer.source_.get("store_settings"), store, f"The scorer {scorer_dir}")
         filt: Stage1Filter = LatentSift(bank, scorer, **settings)
         pools, leak, leak_warnings = apply_on_leak(pools, bank, on_leak)
         inputs |= {"bank_dir": str(Path(bank_dir).resolve()), "bank_repos": bank.repo_names_,
