@@ -4,8 +4,8 @@ The README's finding is that the state scores mostly encode which agent wrote a 
 applied to an agent or scaffold it never saw can do worse than random, silently. Per pool:
 
 - metadata: the candidates' agents and scaffolds absent from what the bank/sifter has seen
-  (``scaffold_of``: ``meta["scaffold"]`` when the importer recorded one, else the trajectory's
-  source format, i.e. the scaffold's log format);
+  (``scaffold_of``: ``meta["scaffold"]`` when the user named one at import, else the trajectory's
+  agent as the importer read it from the record; never the file format);
 - state space: each candidate's trajectory vector (the mean of its distance states over the bank's
   channels, in the bank's transform) and its distance to the nearest bank trajectory, against the
   bank's own leave-one-instance-out nearest distances (each bank trajectory to the nearest bank
@@ -42,8 +42,11 @@ FALSE_ALARM = 0.05                # stated false-alarm rate on pools like the ba
 
 
 def scaffold_of(traj) -> str:
-    """The scaffold of a trajectory: ``meta['scaffold']`` when recorded, else its source format."""
-    return str(traj.meta.get("scaffold") or traj.source_format or traj.agent or "")
+    """The scaffold of a trajectory, from the data: ``meta['scaffold']`` when the user named one
+    (``latentsift import --scaffold``), else its agent (the importer's reading of the record, e.g.
+    an R2E-Gym record's ``agent_args.scaffold``). Never the file format: AutoCodeRover and
+    mini-swe-agent runs share the R2E-Gym format and are two scaffolds."""
+    return str(traj.meta.get("scaffold") or traj.agent or "")
 
 
 def _cdist(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -27,6 +27,9 @@ def register(app: typer.Typer) -> None:
                                       help="Skip records that cannot be imported and report each one."),
         summary_json: Optional[Path] = typer.Option(None, "--summary-json",
                                                     help="Also write the import summary as JSON."),
+        scaffold: Optional[str] = typer.Option(None, "--scaffold", help="The scaffold the shift guard compares, "
+                                               "for every trajectory (default: each record's agent, never the "
+                                               "file format)."),
     ) -> None:
         """Import trajectories into canonical JSONL (one trajectory per line) and print a summary."""
         check_output(out, [*inputs, *(labels or ())])
@@ -34,7 +37,7 @@ def register(app: typer.Typer) -> None:
             check_output(summary_json, [*inputs, *(labels or ()), out], option="--summary-json")
         console = Console(stderr=True)
         with console.status("importing ..."):
-            result = import_paths(inputs, format=format, labels=labels, skip_bad=skip_bad)
+            result = import_paths(inputs, format=format, labels=labels, skip_bad=skip_bad, scaffold=scaffold)
             trajs = sorted(result.trajectories, key=lambda t: (t.instance_id, t.traj_id))
             n = save_jsonl(trajs, out)
         typer.echo(result.summary.to_text())

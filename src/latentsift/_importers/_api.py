@@ -98,7 +98,7 @@ class ImportResult:
 
 def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
                  labels: str | Path | Iterable[str | Path] | None = None,
-                 skip_bad: bool = False) -> ImportResult:
+                 skip_bad: bool = False, scaffold: str | None = None) -> ImportResult:
     """Read trajectories from files, folders, ``.gz`` files and ``.tar.gz`` archives.
 
     ``format`` forces one parser for every trajectory file (``auto`` detects it from the content).
@@ -106,6 +106,11 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
     run-level reports found among ``paths`` are applied to the trajectories beside them.
     With ``skip_bad`` a record that cannot be imported is reported in ``skipped`` (file, line,
     field, reason) instead of raising; nothing is dropped without a record of it.
+
+    The scaffold the shift guard compares (``shift.scaffold_of``) is the trajectory's agent as read
+    from each record (an R2E-Gym record's ``agent_args.scaffold``, SWE-agent's own format, a chat
+    log's agent field or file name), never the file format; ``scaffold`` names it for every imported
+    trajectory instead (recorded as ``meta["scaffold"]``).
     """
     check_choice(format, "format", "import_paths", FORMATS)
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -154,6 +159,12 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
     trajs = _dedupe(trajs, fail)
     warnings = _apply_labels(trajs, reports, tables)
     out = [t for t, _ in trajs]
+    if scaffold is not None:
+        if not isinstance(scaffold, str) or not scaffold.strip():
+            raise LatentSiftError(f"The 'scaffold' parameter of import_paths must be a non-empty name. "
+                                  f"Got {scaffold!r} instead.")
+        for t in out:
+            t.meta["scaffold"] = scaffold.strip()
     leaking = _mark_leaks(out)
     summary = _summarise(out, files, leaking, skipped, skipped_files, warnings)
     return ImportResult(out, summary, skipped)
