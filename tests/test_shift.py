@@ -100,7 +100,7 @@ def test_each_on_shift_mode(acr_sifter):
 
 def test_a_bare_bank_gets_the_state_space_check(acr_sifter):
     """`filter --bank` (no sifter): the bank records no agents, so only the distances decide."""
-    from latentsift.sift import run_filter
+    from latentsift._jobs.filter import run_filter
 
     d, states = acr_sifter
     kw = dict(bank_dir=d / "sifter" / "bank", scorer_dir=d / "sifter" / "scorer")

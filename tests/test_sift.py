@@ -14,8 +14,10 @@ from latentsift.model import Fingerprint
 from latentsift.rank import normalized_ranks
 from latentsift.retain import retain_count
 from latentsift.scorer import LinearScorer
-from latentsift.sift import (FewestStepsFilter, LatentSift, RandomFilter, ShortestCharsFilter,
-                             ShortestTokensFilter, filter_options, make_baseline)
+from latentsift._jobs.filter import filter_options
+from latentsift.rules import (FewestStepsFilter, RandomFilter, ShortestCharsFilter, ShortestTokensFilter,
+                              make_baseline)
+from latentsift.sift import LatentSift
 from latentsift.states import TrajectoryStates
 from latentsift.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory
 

@@ -1,6 +1,6 @@
 """``latentsift filter``: Stage-1 scores and retained sets for the pools of a JSONL file.
 
-Parsing and printing only; the logic is ``latentsift.sift.run_filter``.
+Parsing and printing only; the logic is ``latentsift._jobs.filter.run_filter``.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from rich.table import Table
 from .._guard import check_output
 from .._io import output_lock
 from .._validation import LatentSiftError
-from ..sift import filter_options, run_filter
+from .._jobs.filter import filter_options, run_filter
+from ..rules import rules
 from ..sifter import run_sifter_filter_chosen
 from ._options import Seed, StatesDir, csv_list
 
@@ -35,8 +36,8 @@ def filter_cmd(
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
     out: Path = typer.Option(..., "--out", help="FILTER.json to write."),
-    method: str = typer.Option("latentsift", "--method", help="latentsift, or a baseline: random, "
-                               "shortest-tokens, shortest-chars, fewest-steps."),
+    method: str = typer.Option("latentsift", "--method", help="latentsift, or a rule filter (baseline): "
+                               + ", ".join(e.name for e in rules()) + "."),
     channels: Optional[str] = typer.Option(None, "--channels", help="Channels, comma-separated: cot, obs, fn "
                                            "(default: all three)."),
     distance: Optional[str] = typer.Option(None, "--distance", help="two-sided (d_neg - d_pos, the default), pos "
