@@ -221,7 +221,7 @@ class Bank:
                 both = np.concatenate([raw["pos", c][0], raw["neg", c][0]])
                 self.whiten_[c] = fit_whitening(both - self.center_.get(c, 0.0))
         for k in CLASSES:
-            setattr(self, f"{k}_", {c: self._transform(raw[k, c][0], c) for c in self.channels})
+            setattr(self, f"{k}_", {c: self.transform(raw[k, c][0], c) for c in self.channels})
             setattr(self, f"{k}_owner_", {c: raw[k, c][1] for c in self.channels})
             setattr(self, f"{k}_step_", {c: raw[k, c][2] for c in self.channels})
         return self
@@ -248,7 +248,7 @@ class Bank:
         if not hasattr(self, "pos_"):
             raise NotFittedError("This Bank is not fitted yet: call fit(...) or Bank.load(path) first.")
 
-    def _transform(self, z: np.ndarray, channel: str) -> np.ndarray:
+    def transform(self, z: np.ndarray, channel: str) -> np.ndarray:
         """The bank's state transform (identity in the paper): optional centering, then L2 or whitening."""
         z = np.asarray(z, dtype=np.float32)
         if self.center == "mean":
@@ -297,7 +297,7 @@ class Bank:
         if q.ndim != 2 or q.shape[1] != self.d_model_:
             raise LatentSiftError(f"The 'z' parameter of Bank.distances must have shape (n, {self.d_model_}). "
                                   f"Got {q.shape} instead.")
-        q = self._transform(q, channel)
+        q = self.transform(q, channel)
         d_pos, i_pos = self._search(q, "pos", channel)
         d_neg, i_neg = self._search(q, "neg", channel)
         return d_pos, d_neg, i_pos, i_neg

@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import numpy as np
 
 from .evaluate import CI_LEVEL, N_BOOT, bootstrap_weights
-from .rank import _grouped_normalized_ranks
+from .rank import grouped_ranks_by_code
 from .rules import REFERENCE, column_scores
 from ._validation import LatentSiftError, check_choice, check_scores, param_error
 
@@ -330,7 +330,7 @@ def spearman_with(score, covariate, instance=None) -> Spearman:
 
 def _grouped_ranks(values: np.ndarray, code: np.ndarray) -> np.ndarray:
     """Within-instance normalised ranks (NaN lowest) for integer instance codes: ``rank``'s core."""
-    return _grouped_normalized_ranks(np.asarray(values, dtype=np.float64), code)
+    return grouped_ranks_by_code(np.asarray(values, dtype=np.float64), code)
 
 
 def _within_spearman(s: np.ndarray, cov: np.ndarray, code: np.ndarray, *,

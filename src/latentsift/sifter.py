@@ -35,7 +35,8 @@ from .library import BANK_CHOICES, SubBank, fit_sub_banks, load_sub_banks, load_
     save_sub_banks
 from .rank import grouped_normalized_ranks, min_channel_rank
 from .scorer import LinearScorer
-from .shift import FALSE_ALARM, ON_SHIFT, REFERENCE_KIND, REFERENCE_KINDS, Reference, guard, scaffold_of
+from .shift import (FALSE_ALARM, ON_SHIFT, REFERENCE_KIND, REFERENCE_KINDS, Reference, check_false_alarm, guard,
+                    scaffold_of)
 from .sift import FilterRun, LatentSift, load_selected_pools, resolve_states
 from .store import StateStore, check_recorded_settings
 from .trajectory import Trajectory
@@ -228,8 +229,8 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     """
     if reference_kind is not None:
         check_choice(reference_kind, "reference", "fit", REFERENCE_KINDS)
-    if false_alarm is not None and not 0.0 < false_alarm < 1.0:
-        raise LatentSiftError(f"fit: --false-alarm must be in (0, 1); got {false_alarm}.")
+    if false_alarm is not None:
+        check_false_alarm(false_alarm, "--false-alarm", "fit")
     pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
     states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
     with output_lock(out):  # a second 'fit' to the same --out is refused, not lost
