@@ -63,7 +63,8 @@ def test_the_builtin_rules_and_their_keys():
 
 
 def test_a_plugin_filter_shows_in_the_help_and_scores_pools(plugin, tmp_path):
-    env = dict(os.environ, LATENTSIFT_PLUGINS="my_rules", PYTHONPATH=os.pathsep.join([str(plugin), str(SRC)]))
+    env = dict(os.environ, COLUMNS="400", LATENTSIFT_PLUGINS="my_rules",
+               PYTHONPATH=os.pathsep.join([str(plugin), str(SRC)]))
     r = subprocess.run([sys.executable, "-c", "from latentsift.cli import app; app()", "filter", "--help"],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -89,3 +90,46 @@ def test_a_plugin_filter_runs_in_crossval_and_its_report(plugin, tiny_run, tmp_p
     naive = next(t for t in summary["ablations"].values() if any(r["filter"] == "longest_patch" for r in t["rows"]))
     assert naive["rows"][-1]["filter"] == "longest_patch"
     assert "longest patch (plugin)" in (report / "report.md").read_text()
+
+
+IMPORTER = '''
+from latentsift.importers import register_importer
+from latentsift.trajectory import Step, Trajectory
+
+
+def looks_like(rec):
+    return isinstance(rec, dict) and "my_steps" in rec
+
+
+@register_importer("myformat", detect=looks_like, missing=("my_steps", "is missing (not a my-format record)"),
+                   describe="a my-format")
+def read(rec, where, src):
+    steps = [Step(cot=s, fn="ls", obs="ok") for s in where.get(rec, "my_steps", list)]
+    return Trajectory(traj_id=f"mine/{rec['id']}", instance_id=rec["id"], repo="o/r", task_prompt="t",
+                      steps=steps, agent=rec["agent"], run="mine", source_format="myformat")
+'''
+
+
+def test_an_importer_is_one_module_and_one_registration(tmp_path, monkeypatch):
+    from latentsift._importers import _registry
+    from latentsift.importers import format_names, import_paths
+    (tmp_path / "my_importer.py").write_text(IMPORTER)
+    env = dict(os.environ, COLUMNS="400", PYTHONPATH=os.pathsep.join([str(tmp_path), str(SRC)]))
+    code = "import my_importer; from latentsift.cli import app; app()"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("my_importer")
+    try:
+        assert format_names()[-1] == "myformat"
+        r = subprocess.run([sys.executable, "-c", code, "import", "--help"], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0 and "myformat" in r.stdout, r.stderr
+        data = tmp_path / "mine.jsonl"
+        data.write_text(json.dumps({"id": "o__r-1", "agent": "my-agent", "my_steps": ["a", "b"]}) + "\n")
+        (t,) = import_paths(data).trajectories  # auto-detected by the registered format
+        assert t.source_format == "myformat" and t.n_steps == 2
+        with pytest.raises(LatentSiftError, match="'my_steps': is missing"):
+            import_paths(Path(__file__).parent / "fixtures" / "trajectories" / "openai_toolcalls.jsonl",
+                         format="myformat")
+    finally:
+        _registry._IMPORTERS.pop("myformat", None)
+        sys.modules.pop("my_importer", None)

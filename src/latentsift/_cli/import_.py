@@ -10,7 +10,7 @@ from rich.console import Console
 
 from .._guard import check_output
 from .._io import atomic_write_text
-from ..importers import import_paths
+from ..importers import format_names, import_paths
 from ..trajectory import save_jsonl
 
 
@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         inputs: List[Path] = typer.Argument(..., metavar="INPUT", help="Files, folders, .gz or .tar.gz archives."),
         out: Path = typer.Option(..., "--out", help="Canonical JSONL to write (.jsonl or .jsonl.gz)."),
         format: str = typer.Option("auto", "--format",
-                                   help="auto|r2egym|sweagent|openai|minisweagent|canonical"),
+                                   help="|".join(format_names())),
         labels: Optional[List[Path]] = typer.Option(None, "--labels",
                                                     help="candidates.csv or SWE-bench report.json (repeatable)."),
         skip_bad: bool = typer.Option(False, "--skip-bad",
