@@ -133,3 +133,12 @@ def test_an_importer_is_one_module_and_one_registration(tmp_path, monkeypatch):
     finally:
         _registry._IMPORTERS.pop("myformat", None)
         sys.modules.pop("my_importer", None)
+
+
+def test_the_rule_names_are_spelled_in_the_registry_only():
+    spelled = {}
+    for e in rules():
+        for word in {e.name, e.key}:
+            spelled[word] = sorted(str(f.relative_to(SRC)) for f in (SRC / "latentsift").rglob("*.py")
+                                   if word in f.read_text() and word not in ("random",))
+    assert {w: fs for w, fs in spelled.items() if fs and fs != ["latentsift/rules.py"]} == {}

@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from .evaluate import CI_LEVEL, N_BOOT, bootstrap_weights
+from .bootstrap import CI_LEVEL, N_BOOT, bootstrap_weights
 from .rank import grouped_ranks_by_code
 from .rules import REFERENCE, column_scores
 from ._validation import LatentSiftError, check_choice, check_scores, param_error

@@ -36,7 +36,7 @@ from ._io import atomic_write_json
 from ._validation import LatentSiftError, check_positive_int
 from .bank import Bank, split_by_repo
 from .diagnostics import diagnostics_table
-from .evaluate import bootstrap_indices, draw_subsets, instance_seed, mean_ci
+from .bootstrap import bootstrap_indices, draw_subsets, instance_seed, mean_ci
 from .library import SubBank, fit_sub_bank, load_runs, nearest_choice, pool_distances
 from .shift import Reference
 from .rules import REFERENCE, filter_entry, make_baseline, rule_keys
