@@ -375,3 +375,155 @@ def test_a_full_disk_during_filter_bank_and_fit_leaves_nothing(tiny, tmp_path, m
     assert not [p for p in out.rglob("*") if p.is_file()] if out.exists() else True
     assert not (out / "bank").exists() and not (out / "sifter").exists()  # no empty output folders either
     no_tmp(tmp_path, run, d)
+
+
+# --------------------------------------------------------------------------- the faults left (issue 27)
+def test_an_out_inside_a_file_is_refused(canonical, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine")
+    for args in (["import", canonical, "--out", blocker / "pools.jsonl"],
+                 ["filter", canonical, "--method", "random", "--out", blocker / "f.json"],
+                 ["fit", canonical, "--states", tmp_path / "states", "--out", blocker / "sub" / "sifter"],
+                 ["bank", "build", tmp_path / "states", "--pools", canonical, "--out", blocker / "bank"]):
+        refused(cli(*args), f"{blocker} is a file, not a folder")
+    assert blocker.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_options_a_sifter_would_ignore_are_refused(canonical, tmp_path):
+    for opt, value in (("--fusion-weight", 0.3), ("--distance", "pos"), ("--weighting", "uniform"),
+                       ("--channels", "cot")):
+        refused(cli("filter", canonical, "--sifter", tmp_path / "s", "--out", tmp_path / "f.json", opt, value),
+                "--sifter scores with the settings it was fitted with", f"drop {opt}")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_second_writer_to_one_out_is_refused(canonical, tmp_path):
+    from latentsift._io import output_lock
+    f, s = tmp_path / "f.json", tmp_path / "sifter"
+    with output_lock(f), output_lock(s):  # another process writing them (flock: another open file)
+        refused(cli("filter", canonical, "--method", "random", "--out", f), f"Another process is writing to {f}")
+        refused(cli("fit", canonical, "--states", tmp_path / "states", "--out", s),
+                f"Another process is writing to {s}")
+    assert not f.exists() and not s.exists()
+    r = cli("filter", canonical, "--method", "random", "--out", f)  # released: the lock file is gone too
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+
+
+def test_malformed_records_of_filter_scores_and_verifier_files_are_one_line(canonical, tmp_path):
+    good = tmp_path / "f.json"
+    assert cli("filter", canonical, "--method", "random", "--out", good).exit_code == 0
+    d = json.loads(good.read_text())
+    cases = {"s": ("pools", 0, "candidates", 0, "s", "x"), "traj_id": ("pools", 0, "candidates", 0, "traj_id", 5),
+             "retained": ("pools", 0, "candidates", 0, "retained", "yes"), "pool": ("pools", 0, None, None, None, 7)}
+    for name, (k, i, k2, j, field_, value) in cases.items():
+        bad = json.loads(json.dumps(d))
+        if k2 is None:
+            bad[k][i] = value
+        else:
+            bad[k][i][k2][j][field_] = value
+        path = tmp_path / f"bad-{name}.json"
+        path.write_text(json.dumps(bad))
+        refused(cli("explore", path, "--pools", canonical, "--out", tmp_path / "site"), str(path),
+                "pools[0]" + (".candidates[0]" if k2 else ""))
+    pools = tmp_path / "p.jsonl"
+    ids = [c["traj_id"] for c in d["pools"][0]["candidates"]]
+    pools.write_text(json.dumps({"instance_id": d["pools"][0]["instance_id"],
+                                 "candidates": [{"traj_id": t, "label": 1} for t in ids]}) + "\n")
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text("".join(json.dumps({"traj_id": t, "score": 0.5, "components": [1]}) + "\n" for t in ids))
+    refused(cli("evaluate", "--pools", pools, "--scores", scores, "--out", tmp_path / "r"), f"{scores}:1",
+            "'components'")
+    verdicts = tmp_path / "ef" / "verdicts.jsonl"
+    verdicts.parent.mkdir()
+    verdicts.write_text(json.dumps({"kind": "verdict", "traj_id": ids[0], "score": 0.5, "p_yes": "x", "p_no": 0.5,
+                                    "n_in": 1, "n_out": 1}) + "\n")
+    refused(cli("evaluate", "--pools", pools, "--scores", verdicts.parent, "--out", tmp_path / "r"),
+            f"{verdicts}:1", "wrong type or value")
+    assert not (tmp_path / "site").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.model
+def test_filter_with_no_pool_left_is_no_traceback(tiny, tmp_path):
+    run, _ = tiny
+    pools, states = run / "pools.jsonl", run / "states"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    refused(cli("filter", empty, "--states", states, "--method", "random", "--out", tmp_path / "f.json"),
+            "holds no candidate pools")
+    assert cli("bank", "build", states, "--pools", pools, "--out", tmp_path / "bank").exit_code == 0
+    # the bank holds every pool's instance: with --on-leak skip nothing is left to score
+    r = cli("filter", pools, "--states", states, "--bank", tmp_path / "bank", "--distance-only", "--on-leak", "skip",
+            "--out", tmp_path / "f.json")
+    assert r.exit_code == 0, r.output
+    out = json.loads((tmp_path / "f.json").read_text())
+    assert out["n_pools"] == 0 and len(out["leak"]["warnings"]) == len({t.instance_id for t in load_jsonl(pools)})
+
+
+@pytest.mark.model
+def test_bank_build_replaces_a_bank_whole_or_not_at_all(tiny, tmp_path, monkeypatch):
+    import latentsift.bank as bank_mod
+    run, _ = tiny
+    pools, states, bank = run / "pools.jsonl", run / "states", tmp_path / "bank"
+    assert cli("bank", "build", states, "--pools", pools, "--out", bank).exit_code == 0
+    before = digest(bank)
+    # a build killed while writing the new bank: the old one is whole, no temporary is left
+    monkeypatch.setattr(bank_mod, "write_artefact", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        bank_mod.build_bank(states, pools, center="mean").save(bank)
+    monkeypatch.undo()
+    assert digest(bank) == before
+    no_tmp(tmp_path)
+    # what a SIGKILL leaves (a temporary of a process that is gone) is removed by the next build
+    stale = tmp_path / ".bank.tmp999999999.1"
+    stale.mkdir()
+    (stale / "bank.safetensors").write_bytes(b"x" * 100)
+    r = cli("bank", "build", states, "--pools", pools, "--out", bank, "--center", "mean")
+    assert r.exit_code == 0, r.output
+    assert digest(bank) != before and json.loads((bank / "manifest.json").read_text())["settings"]["center"] == "mean"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bank"]
+
+
+@pytest.mark.model
+def test_a_scorer_records_its_span_settings_and_train_keeps_other_folders(tiny, tmp_path):
+    run, d = tiny
+    pools, states = run / "pools.jsonl", run / "states"
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me")
+    refused(cli("scorer", "train", d / "bank", "--out", user, "--max-epochs", 1), "non-empty folder")
+    assert [p.name for p in user.iterdir()] == ["notes.txt"]
+    r = cli("scorer", "train", d / "bank", "--states", states, "--out", tmp_path / "scorer", "--max-epochs", 1)
+    assert r.exit_code == 0, r.output
+    recorded = json.loads((tmp_path / "scorer" / "scorer.json").read_text())["source"]["store_settings"]
+    assert recorded["max_span_tokens"] == 8
+    # states of other span settings, with a bank that records none (so only the scorer can tell)
+    other = tmp_path / "states-other"
+    shutil.copytree(states, other)
+    man = json.loads((other / "manifest.json").read_text())
+    man["settings"]["max_span_tokens"] = 64
+    (other / "manifest.json").write_text(json.dumps(man))
+    bare = tmp_path / "bank-bare"
+    shutil.copytree(d / "bank", bare)
+    bman = json.loads((bare / "manifest.json").read_text())
+    bman["source"].pop("store_settings", None)
+    (bare / "manifest.json").write_text(json.dumps(bman))
+    refused(cli("filter", pools, "--states", other, "--bank", bare, "--scorer", tmp_path / "scorer",
+                "--on-leak", "allow", "--out", tmp_path / "f.json"),
+            f"The scorer {tmp_path / 'scorer'}", "max_span_tokens=8 (these states: 64)")
+
+
+@pytest.mark.model
+def test_a_damaged_shard_says_a_rerun_repairs_it_and_fit_keeps_the_umask(tiny, tmp_path):
+    from latentsift.store import StateStore
+    run, d = tiny
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (d / "sifter").stat().st_mode & 0o777 == 0o777 & ~mask
+    copy = tmp_path / "states"
+    shutil.copytree(run / "states", copy)
+    shard = sorted((copy / "shards").iterdir())[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    store = StateStore(copy).open()
+    with pytest.raises(Exception, match="re-run the same 'latentsift extract' command on this store"):
+        store.load(store.traj_ids())

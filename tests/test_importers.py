@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from latentsift.cli import app
 from latentsift.importers import RecordError, import_paths, load_pools
 from latentsift.trajectory import Step, Trajectory, load_jsonl, save_jsonl
 
@@ -283,3 +284,20 @@ def test_the_verified_pairs_import_with_their_steps_and_labels(data_dir):
         assert t.n_steps == int(r["n_steps"]) and t.label == int(r["resolved"])
     oh = next(t for t in trajs if t.agent == "openhands" and t.steps[-1].fn)
     assert json.loads(oh.steps[-1].fn)["name"]  # the final_response's call is the last step
+
+
+def test_the_scaffold_comes_from_the_data_or_the_user_never_the_file_format(data_dir, tmp_path):
+    from latentsift.library import library_groups
+    from latentsift.shift import scaffold_of
+    verified = data_dir.parent / "swebench-verified-pairs" / "gemini-3-pro_mini-swe-agent.jsonl.gz"
+    lite = import_paths([data_dir / "r2egym"]).trajectories[:6]
+    gemini = import_paths([verified]).trajectories[:6]
+    assert {t.source_format for t in lite + gemini} == {"r2egym"}  # one file format, two scaffolds
+    assert {scaffold_of(t) for t in lite} == {"acr"} and {scaffold_of(t) for t in gemini} == {"minisweagent"}
+    # no sub-bank joins AutoCodeRover and mini-swe-agent because they share a format
+    assert list(library_groups(lite + gemini)) == ["agent:acr", "agent:minisweagent"]
+    # the user may name it at import; it is recorded in each trajectory
+    out = tmp_path / "p.jsonl"
+    r = CliRunner().invoke(app, ["import", str(FIX / "mini_run"), "--scaffold", "my-scaffold", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert {scaffold_of(t) for t in load_jsonl(out)} == {"my-scaffold"}

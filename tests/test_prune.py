@@ -15,7 +15,8 @@ from latentsift.protocol import evaluate_pruning, verdict
 from latentsift.prune import (POLICIES, PoolRun, PrefixBankSift, PrefixSift, Pruner, StepTokens, cut_length,
                               cut_states, min_alive, prefix_prepare, simulate_pool, stop_decision, tokens_saved)
 from latentsift.scorer import LinearScorer
-from latentsift.sift import LatentSift, make_baseline
+from latentsift.rules import make_baseline
+from latentsift.sift import LatentSift
 from latentsift.trajectory import Pool, Step, Trajectory
 
 from synthetic import FP, make_states  # tests/synthetic.py

@@ -14,8 +14,10 @@ from latentsift.model import Fingerprint
 from latentsift.rank import normalized_ranks
 from latentsift.retain import retain_count
 from latentsift.scorer import LinearScorer
-from latentsift.sift import (FewestStepsFilter, LatentSift, RandomFilter, ShortestCharsFilter,
-                             ShortestTokensFilter, filter_options, make_baseline)
+from latentsift._jobs.filter import filter_options
+from latentsift.rules import (FewestStepsFilter, RandomFilter, ShortestCharsFilter, ShortestTokensFilter,
+                              make_baseline)
+from latentsift.sift import LatentSift
 from latentsift.states import TrajectoryStates
 from latentsift.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory
 
@@ -356,16 +358,25 @@ def test_acceptance_real_data(real):
 
 
 def test_filter_options_refuse_conflicts_before_any_work_and_resolve_the_defaults():
-    assert filter_options(bank_dir="b") == {"branches": "both", "on_leak": "error"}     # evaluation: leakage
-    assert filter_options(sifter_dir="s") == {"branches": "both", "on_leak": "allow"}   # deployment: knowledge
+    both, dist = {"branches": "both"}, {"branches": "distance"}
+    assert filter_options(bank_dir="b") == {"branches": "both", "on_leak": "error", "latentsift": both}  # leakage
+    assert filter_options(sifter_dir="s") == {"branches": "both", "on_leak": "allow", "latentsift": both}  # knowledge
     assert filter_options(bank_dir="b", distance_only=True, on_leak="skip") == {"branches": "distance",
-                                                                                "on_leak": "skip"}
+                                                                                "on_leak": "skip", "latentsift": dist}
+    # only the settings given reach the filter (its own defaults apply to the others)
+    assert filter_options(bank_dir="b", channels="cot, fn", fusion_weight=0.2)["latentsift"] == {
+        "channels": ("cot", "fn"), "fusion_weight": 0.2, "branches": "both"}
     assert filter_options(method="random")["branches"] == "both"
     for kw, words in ((dict(distance_only=True, learned_only=True), "at most one of --distance-only"),
                       (dict(bank_dir="b", bank_choice="nearest"), "--bank-choice needs --sifter"),
                       (dict(sifter_dir="s", scorer_dir="c"), "pass only --sifter"),
                       (dict(sifter_dir="s", method="random"), "pass only --sifter"),
-                      (dict(sifter_dir="s", approx="ivf"), "runs in one process")):
+                      (dict(sifter_dir="s", approx="ivf"), "runs in one process"),
+                      # a sifter keeps the settings it was fitted with: nothing is silently ignored
+                      (dict(sifter_dir="s", fusion_weight=0.3), "drop --fusion-weight"),
+                      (dict(sifter_dir="s", distance="pos", channels="cot"), "drop --channels, --distance"),
+                      (dict(sifter_dir="s", weighting="uniform"), "drop --weighting"),
+                      (dict(sifter_dir="s", distance_only=True), "drop --distance-only")):
         with pytest.raises(LatentSiftError, match=words):
             filter_options(**kw)
 

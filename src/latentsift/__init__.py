@@ -24,7 +24,8 @@ __version__ = "0.1.0"
 
 #: The estimators a user composes -> the module that defines them (imported on first access).
 _LAZY = {"import_paths": "importers", "load_policy": "model", "StateStore": "store", "Bank": "bank",
-         "LinearScorer": "scorer", "LatentSift": "sift", "Sifter": "sifter", "crossval": "protocol"}
+         "LinearScorer": "scorer", "LatentSift": "sift", "Sifter": "sifter", "crossval": "protocol",
+         "RuleFilter": "rules", "register_filter": "rules"}
 
 __all__ = ["LatentSiftError", "NotFittedError", "FingerprintMismatch",
            *_LAZY,

@@ -25,6 +25,7 @@ _OS_ERRORS = {
     errno.EDQUOT: ("disk quota exceeded", "free some space or choose an output on another disk"),
     errno.ENOENT: ("no such file or directory", "check the path"),
     errno.ENOTDIR: ("not a directory", "check the path"),
+    errno.EEXIST: ("already exists (a file where a folder is needed?)", "check the path"),
     errno.EISDIR: ("is a directory, not a file", "pass a file"),
     errno.ENAMETOOLONG: ("file name too long", "choose a shorter path"),
 }

@@ -93,6 +93,10 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
             raise LatentSiftError(f"{option} {out} contains the input {raw}; choose another {option}.")
         if _inside(o, i):
             raise LatentSiftError(f"{option} {out} lies inside the input {raw}; choose another {option}.")
+    blocker = next((a for a in o.parents if a.exists() and not a.is_dir()), None)
+    if blocker is not None:
+        raise LatentSiftError(f"{option} {out}: {blocker} is a file, not a folder, so nothing can be written "
+                              f"inside it; choose another {option}.")
     for a in (o, *o.parents):
         found = artefact_kind(a)
         if found is None or (a == o and found == kind):

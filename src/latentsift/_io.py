@@ -4,6 +4,10 @@ Atomic writes: write a temporary file beside the target, then rename. A reader n
 half-written file, and a kill leaves either the old or the new version. The temporary name carries
 the process and thread ids, so concurrent writers (the verifier's thread pool) never share one.
 
+Whole folders: ``replaced_folder`` writes a folder into a temporary sibling and swaps it in, so a
+kill never leaves a half-replaced bank or sifter. Writers: ``WriterLock`` / ``output_lock`` refuse a
+second process that would write the same output at the same time.
+
 Saved artefacts (bank, scorer, sifter, state store) are folders with one JSON manifest written last
 (its presence = complete): ``write_artefact`` / ``read_artefact`` write and check its format,
 version and the sha256 of every file it names. ``jsonable`` turns numpy values into JSON ones.
@@ -11,6 +15,7 @@ version and the sha256 of every file it names. ``jsonable`` turns numpy values i
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -142,6 +147,102 @@ def made_folder(folder: str | os.PathLike) -> Iterator[Path]:
         if top is not None:
             shutil.rmtree(top, ignore_errors=True)
         raise
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _remove_stale_siblings(folder: Path) -> None:
+    """Remove the temporary siblings (``.NAME.tmpPID.*`` / ``.NAME.oldPID.*``) that a killed
+    ``replaced_folder`` of ``folder`` left behind (their process is gone)."""
+    for kind in ("tmp", "old"):
+        for p in folder.parent.glob(f".{folder.name}.{kind}*"):
+            pid = p.name[len(folder.name) + 1 + 1 + len(kind):].split(".", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)) and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def replaced_folder(folder: str | os.PathLike) -> Iterator[Path]:
+    """``with replaced_folder(d) as tmp: write into tmp``: on success ``tmp`` takes the place of ``d``.
+
+    ``tmp`` is a new sibling folder (made with the umask's permissions). An existing ``d`` stays
+    whole until the write is complete: it is then renamed aside, ``tmp`` renamed to ``d`` and the old
+    one removed. On any error the temporary folder is removed and ``d`` is untouched (missing
+    parents this made are removed too); temporaries of a killed earlier write are removed first.
+    """
+    folder = Path(folder)
+    with made_folder(folder.parent):
+        _remove_stale_siblings(folder)
+        tag = f"{os.getpid()}.{threading.get_ident()}"
+        tmp = folder.with_name(f".{folder.name}.tmp{tag}")
+        tmp.mkdir()
+        try:
+            yield tmp
+            if folder.exists():
+                old = folder.with_name(f".{folder.name}.old{tag}")
+                os.replace(folder, old)
+                try:
+                    os.replace(tmp, folder)
+                except BaseException:
+                    os.replace(old, folder)
+                    raise
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+class WriterLock:
+    """An exclusive, non-blocking writer lock on the file ``path`` (``with WriterLock(p): ...``):
+    a second process is refused at once with a one-line error naming ``what``. The kernel releases
+    it when the process exits, also on a kill. ``remove``: delete the lock file on release (while
+    still holding it; a process that opened the old file re-checks it and retries)."""
+
+    def __init__(self, path: str | os.PathLike, *, what: str | os.PathLike | None = None, remove: bool = False):
+        self.path, self.f = Path(path), None
+        self.what, self.remove = Path(what) if what is not None else self.path.parent, remove
+
+    def __enter__(self) -> "WriterLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            f = open(self.path, "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                raise LatentSiftError(f"Another process is writing to {self.what}; wait for it to finish.") from None
+            try:  # the file may have been removed by the holder that just released it
+                same = os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.f = f
+                return self
+            f.close()
+
+    def __exit__(self, *exc) -> None:
+        if self.remove:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+
+
+def output_lock(out: str | os.PathLike) -> WriterLock:
+    """The writer lock of a command's output ``out`` (a file or a folder that is replaced whole):
+    the hidden file ``.NAME.lock`` beside it, removed on release."""
+    out = Path(out)
+    return WriterLock(out.with_name(f".{out.name}.lock"), what=out, remove=True)
 
 
 # ---------------------------------------------------------------------- JSON values

@@ -32,7 +32,7 @@ import numpy as np
 
 from ._validation import (FingerprintMismatch, LatentSiftError, NotFittedError, check_choice,
                           check_positive_int, param_error, check_states)
-from ._io import ArtefactKind, made_folder, read_artefact, write_artefact
+from ._io import ArtefactKind, read_artefact, replaced_folder, write_artefact
 from .knn import BACKENDS, bank_sqnorms, nearest_distances
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -223,7 +223,7 @@ class Bank:
                 both = np.concatenate([raw["pos", c][0], raw["neg", c][0]])
                 self.whiten_[c] = fit_whitening(both - self.center_.get(c, 0.0))
         for k in CLASSES:
-            setattr(self, f"{k}_", {c: self._transform(raw[k, c][0], c) for c in self.channels})
+            setattr(self, f"{k}_", {c: self.transform(raw[k, c][0], c) for c in self.channels})
             setattr(self, f"{k}_owner_", {c: raw[k, c][1] for c in self.channels})
             setattr(self, f"{k}_step_", {c: raw[k, c][2] for c in self.channels})
         return self
@@ -250,7 +250,7 @@ class Bank:
         if not hasattr(self, "pos_"):
             raise NotFittedError("This Bank is not fitted yet: call fit(...) or Bank.load(path) first.")
 
-    def _transform(self, z: np.ndarray, channel: str) -> np.ndarray:
+    def transform(self, z: np.ndarray, channel: str) -> np.ndarray:
         """The bank's state transform (identity in the paper): optional centering, then L2 or whitening."""
         z = np.asarray(z, dtype=np.float32)
         if self.center == "mean":
@@ -304,7 +304,7 @@ class Bank:
         key = (channel, q.dtype.str, q.shape, hashlib.blake2b(np.ascontiguousarray(q).data, digest_size=16).digest())
         memo = self.__dict__.setdefault("_searches", {})
         if key not in memo:
-            q = self._transform(q, channel)
+            q = self.transform(q, channel)
             d_pos, i_pos = self._search(q, "pos", channel)
             d_neg, i_neg = self._search(q, "neg", channel)
             while len(memo) >= SEARCH_MEMO:
@@ -372,7 +372,7 @@ class Bank:
         """
         from safetensors.numpy import save as st_save
         self._check_fitted()
-        with made_folder(path) as path:  # a failed save leaves no folder behind
+        with replaced_folder(path) as tmp:  # an old bank stays whole until the new one is; a failure leaves none
             tensors = {}
             for k in CLASSES:
                 for c in self.channels:
@@ -384,9 +384,9 @@ class Bank:
             for c, (mu, w) in self.whiten_.items():
                 tensors[f"whiten.{c}.mean"], tensors[f"whiten.{c}.matrix"] = mu, w
             blob = st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
-            manifest = write_artefact(path, BANK_ARTEFACT, self.manifest(source), {"tensors": (TENSORS, blob)})
-            self.source_ = dict(manifest["source"])
-        return path
+            manifest = write_artefact(tmp, BANK_ARTEFACT, self.manifest(source), {"tensors": (TENSORS, blob)})
+        self.source_ = dict(manifest["source"])
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | Path) -> "Bank":

@@ -44,20 +44,17 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from .evaluate import bootstrap_weights
-from .rank import _grouped_normalized_ranks
+from .bootstrap import CI_LEVEL, N_BOOT, bootstrap_weights
+from .rank import grouped_ranks_by_code
+from .rules import REFERENCE, column_scores
 from ._validation import LatentSiftError, check_choice, check_scores, param_error
 
-N_BOOT = 1000                 # bootstrap resamples over instances
-CI_LEVEL = 0.95               # percentile interval
 WEIGHTINGS = ("pairs", "instances")
-# Built-in reference scores of diagnostics_table: name -> (column, sign); score = sign * column.
-BUILTIN_SCORES = {"shortest_chars": ("n_chars", -1.0), "fewest_steps": ("n_steps", -1.0)}
 TABLE_COLUMNS = ("instance_id", "traj_id", "agent", "label", "n_chars", "n_steps")
 
 __all__ = ["AUC", "Spearman", "PairedDifference", "within_pool_auc", "same_agent_auc", "per_agent_auc",
            "spearman_with", "paired_bootstrap", "auc_difference_ci", "retention_difference_ci",
-           "diagnostics_table", "N_BOOT", "CI_LEVEL", "BUILTIN_SCORES"]
+           "diagnostics_table", "N_BOOT", "CI_LEVEL"]
 
 
 class AUC(NamedTuple):
@@ -333,7 +330,7 @@ def spearman_with(score, covariate, instance=None) -> Spearman:
 
 def _grouped_ranks(values: np.ndarray, code: np.ndarray) -> np.ndarray:
     """Within-instance normalised ranks (NaN lowest) for integer instance codes: ``rank``'s core."""
-    return _grouped_normalized_ranks(np.asarray(values, dtype=np.float64), code)
+    return grouped_ranks_by_code(np.asarray(values, dtype=np.float64), code)
 
 
 def _within_spearman(s: np.ndarray, cov: np.ndarray, code: np.ndarray, *,
@@ -517,14 +514,15 @@ def _sp_dict(s: Spearman) -> dict:
 
 
 def diagnostics_table(candidates: Mapping[str, Any], scores: Mapping[str, Any], *,
-                      reference: str = "shortest_chars", weighting: str = "pairs", n_boot: int = N_BOOT,
+                      reference: str = REFERENCE, weighting: str = "pairs", n_boot: int = N_BOOT,
                       seed: int = 0, level: float = CI_LEVEL) -> dict:
     """All diagnostics for every score, as a JSON-serialisable dict (NaN written as ``None``).
 
     ``candidates``: columns ``instance_id, traj_id, agent, label, n_chars, n_steps`` (1-D, one entry per
     candidate; ``traj_id`` distinct). ``scores``: name -> (n,) array aligned with ``candidates``
     (higher = better, NaN = missing = lowest). ``reference`` names a score in ``scores`` or a
-    built-in (``"shortest_chars"`` = -n_chars, ``"fewest_steps"`` = -n_steps); a built-in reference
+    built-in (a rule filter that is a column of the table, ``rules.column_scores``: the default
+    ``rules.REFERENCE`` = -n_chars); a built-in reference
     not in ``scores`` is added to the output as a score of its own. All scores share one set of
     bootstrap resamples (``seed``), so every difference is paired with every other.
 
@@ -557,10 +555,10 @@ def diagnostics_table(candidates: Mapping[str, Any], scores: Mapping[str, Any], 
             s = [s[k] for k in t["traj_id"].tolist()]
         sc[name] = _check_score(s, f"scores[{name!r}]", owner, n)
     if reference not in sc:
-        if reference not in BUILTIN_SCORES:
-            raise param_error("reference", owner, f"a name in 'scores' or one of {sorted(BUILTIN_SCORES)}",
-                              reference)
-        col, sign = BUILTIN_SCORES[reference]
+        builtin = column_scores()  # the registry's rules that are a column: name -> (column, sign)
+        if reference not in builtin:
+            raise param_error("reference", owner, f"a name in 'scores' or one of {sorted(builtin)}", reference)
+        col, sign = builtin[reference]
         sc[reference] = sign * t[col].astype(np.float64)
 
     pairs = _build_pairs(t["instance_id"], t["label"])

@@ -24,17 +24,17 @@ K's averages (``small_pools="drop"``; ``pools.n_instances_by_k`` records how man
 
 Numbers in the summary are fractions (0-1) and tokens per instance; the report prints percents.
 
-Length: about 690 lines, one module because its file formats (pools, scores), draws, bootstrap and
-``evaluate_run`` are one contract: every file it reads is checked against the draws it feeds.
+The draws and bootstrap intervals live in ``latentsift.bootstrap`` (shared with the diagnostics,
+pruning, transfer and guard evaluations). Length: about 640 lines, one module because its file
+formats (pools, scores) and ``evaluate_run`` are one contract: every file it reads is checked
+against the draws it feeds.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import combinations
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -45,11 +45,11 @@ from ._io import atomic_path, atomic_write_text, iter_jsonl, jsonable
 from .cascade import (MISSING_RULES, TIE_RULES, CandidateRecord, Filter, PoolSpec, VerifierTable,
                       after_stage1, filter_kind, pool_priority, saving, stage1_retain, stage1_scores)
 from .retain import KEEP_FRAC, MIN_KEEP, retain_count
+from .bootstrap import (CI_LEVEL, N_BOOT, bootstrap_indices, bootstrap_weights, draw_subsets, instance_seed,
+                        mean_ci, ratio_ci)
 from .verifier import RESULTS_FILE, load_results
 
 N_DRAWS = 200       # paper: 200 seeded draws per K
-N_BOOT = 1000       # bootstrap resamples over instances
-CI_LEVEL = 0.95     # percentile interval
 SMALL_POOL_RULES = ("error", "drop")
 
 
@@ -198,6 +198,9 @@ def load_scores(path: str | Path, *, known_ids: Iterable[str] | None = None) -> 
                 man = json.loads((p / "manifest.json").read_text(encoding="utf-8"))
             except json.JSONDecodeError as e:
                 raise LatentSiftError(f"{p / 'manifest.json'}: not valid JSON ({e.msg}).") from None
+            if not isinstance(man, dict):
+                raise LatentSiftError(f"{p / 'manifest.json'}: must be a JSON object. Got {type(man).__name__} "
+                                      "instead.")
         files = [p / n for n in (SCORES_FILE, RESULTS_FILE, "scores.parquet") if (p / n).is_file()]
         if len(files) != 1:
             raise LatentSiftError(f"{p}: expected exactly one of {SCORES_FILE}, {RESULTS_FILE} or scores.parquet; "
@@ -231,6 +234,9 @@ def load_scores(path: str | Path, *, known_ids: Iterable[str] | None = None) -> 
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise LatentSiftError(f"{where}: field 'score' of {t!r} must be a finite number. Got {v!r} instead.")
         scores[t] = float(v)
+        if not isinstance(d.get("components") or {}, dict):
+            raise LatentSiftError(f"{where}: field 'components' of {t!r} must be an object of numbers. "
+                                  f"Got {d['components']!r} instead.")
         extra = dict(d.get("components") or {})
         extra.update({k: d[k] for k in d if k not in ("traj_id", "score", "components", "instance_id")})
         for k, x in extra.items():
@@ -282,58 +288,7 @@ def save_scores(scores: Mapping[str, float], out_dir: str | Path, *, name: str,
     return out
 
 
-# ----------------------------------------------------------------------------- draws
-
-def instance_seed(seed: int, k: int, instance_id: str) -> np.random.Generator:
-    """Generator for the draws of one (instance, K): seeded by (seed, K, sha256(instance_id))."""
-    h = int.from_bytes(hashlib.sha256(instance_id.encode()).digest()[:8], "big")
-    return np.random.default_rng([int(seed), int(k), h])
-
-
-def draw_subsets(n: int, k: int, n_draws: int, rng: np.random.Generator, *, exact: bool = True
-                 ) -> tuple[list[tuple[int, ...]], bool]:
-    """Index subsets of size k from range(n): all C(n, k) when ``exact`` and C(n, k) <= n_draws,
-    else ``n_draws`` seeded draws without replacement (sorted indices). Returns (subsets, exact)."""
-    if exact and math.comb(n, k) <= n_draws:
-        return list(combinations(range(n), k)), True
-    return [tuple(sorted(int(i) for i in rng.choice(n, size=k, replace=False))) for _ in range(n_draws)], False
-
-
 # ----------------------------------------------------------------------------- statistics
-
-def bootstrap_indices(n_items: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """(n_boot, n_items) resample indices of instances with replacement: the one bootstrap resampler."""
-    return rng.integers(0, n_items, size=(n_boot, n_items))
-
-
-def bootstrap_weights(n_items: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """The resamples of :func:`bootstrap_indices` (the same draws) as (n_boot, n_items) float
-    multiplicities, each row summing to n_items: for metrics computed under instance weights."""
-    idx = bootstrap_indices(n_items, n_boot, rng)
-    flat = idx + (np.arange(n_boot) * n_items)[:, None]
-    return np.bincount(flat.ravel(), minlength=n_boot * n_items).reshape(n_boot, n_items).astype(np.float64)
-
-
-def mean_ci(values: np.ndarray, boot: np.ndarray, level: float = CI_LEVEL) -> dict[str, float]:
-    """Mean over instances and its bootstrap percentile interval."""
-    v = np.asarray(values, dtype=np.float64)
-    stats = v[boot].mean(axis=1)
-    lo, hi = np.percentile(stats, [50 * (1 - level), 50 * (1 + level)])
-    return {"mean": float(v.mean()), "lo": float(lo), "hi": float(hi)}
-
-
-def ratio_ci(num: np.ndarray, den: np.ndarray, boot: np.ndarray, level: float = CI_LEVEL) -> dict[str, float]:
-    """sum(num) / sum(den) over instances (a ratio estimator) and its bootstrap interval."""
-    num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
-    d = den[boot].sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        stats = np.where(d > 0, num[boot].sum(axis=1) / np.where(d > 0, d, 1), np.nan)
-    total = den.sum()
-    mean = float(num.sum() / total) if total > 0 else float("nan")
-    ok = stats[np.isfinite(stats)]
-    lo, hi = (np.percentile(ok, [50 * (1 - level), 50 * (1 + level)]) if ok.size else (np.nan, np.nan))
-    return {"mean": mean, "lo": float(lo), "hi": float(hi)}
-
 
 def saving_ci(ref: np.ndarray, ours: np.ndarray, boot: np.ndarray, level: float = CI_LEVEL) -> dict[str, float]:
     """Tokens saved, 1 - mean(ours) / mean(ref), with a paired bootstrap interval."""

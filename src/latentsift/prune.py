@@ -40,7 +40,8 @@ from .margin import channel_scores_grouped
 from .rank import normalized_ranks
 from .retain import order_by_score
 from .bank import Bank
-from .sift import Evidence, LatentSift, Prepared, Stage1Filter, _RuleFilter, resolve_states
+from .rules import RuleFilter, rules
+from .sift import Evidence, LatentSift, Prepared, Stage1Filter, resolve_states
 from .states import TrajectoryStates
 from .trajectory import CHANNEL_ID, Pool, Trajectory
 
@@ -50,7 +51,7 @@ STATE_POLICIES = ("latentsift", "latentsift:prefix-bank", "branch:distance", "br
 LENGTH_POLICIES = ("longest-so-far", "most-steps-so-far")
 POLICIES = (*STATE_POLICIES, *LENGTH_POLICIES, "random")
 # the length policies are the Stage-1 length baselines applied to prefixes
-BASELINE_OF = {"longest-so-far": "shortest-tokens", "most-steps-so-far": "fewest-steps", "random": "random"}
+BASELINE_OF = {e.prune_policy: e.name for e in rules() if e.prune_policy}  # the registry says which rule
 TARGET_RETENTION = 0.9
 # the prefix bank (one bank and one search per checkpoint) is evaluated on these schedules only: on the
 # token schedule its prefixes are most of each trajectory, so it costs a full Stage-1 search per
@@ -156,13 +157,13 @@ def prefix_prepare(filt: Stage1Filter, pools: Sequence[Pool], states: Mapping[st
                    fingerprint: Any = None) -> dict[str, Prepared]:
     """Any Stage-1 filter on prefixes: pools and states cut to ``cut[traj_id]`` steps, then ``prepare_many``.
 
-    The prefix states' ``n_tokens`` are the prefix's tokens from ``tokens`` (for the shortest-tokens
+    The prefix states' ``n_tokens`` are the prefix's tokens from ``tokens`` (for the token-count
     rule, i.e. 'longest so far'). A candidate with no state in its prefix ranks lowest (as a candidate with no evidence does in the distance branch).
     """
     cpools = [Pool(p.instance_id, [cut_trajectory(c, cut[c.traj_id]) for c in p.candidates]) for p in pools]
     cst = None
     if states is not None:
-        rule = isinstance(filt, _RuleFilter)  # reads n_tokens only: no layers are sliced
+        rule = isinstance(filt, RuleFilter)  # reads n_tokens only: no layers are sliced
         cst = {}
         for p in pools:
             for c in p.candidates:
@@ -371,7 +372,7 @@ class Pruner:
     running candidate has completed. At a checkpoint (schedule ``"steps"``) the filter scores the
     alive candidates' prefixes, ranked among them, and the stop rule answers which to stop.
     ``filter``: any Stage-1 filter (``LatentSift`` with its bank, or a baseline such as
-    ``make_baseline("shortest-tokens")`` = stop the longest so far).
+    ``make_baseline(BASELINE_OF["longest-so-far"])`` = stop the longest so far).
     """
 
     def __init__(self, filter: Stage1Filter, traj_ids: Sequence[str], *, threshold: float = 0.5,

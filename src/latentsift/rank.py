@@ -57,10 +57,10 @@ def grouped_normalized_ranks(scores, groups) -> np.ndarray:
                          f"score ({s.shape[0]}). Got {g.shape[0] if g.ndim else 0} instead.")
     if s.size == 0:
         return np.zeros(0)
-    return _grouped_normalized_ranks(s, np.unique(g, return_inverse=True)[1])
+    return grouped_ranks_by_code(s, np.unique(g, return_inverse=True)[1])
 
 
-def _grouped_normalized_ranks(s: np.ndarray, inverse: np.ndarray) -> np.ndarray:
+def grouped_ranks_by_code(s: np.ndarray, inverse: np.ndarray) -> np.ndarray:
     """Core of ``grouped_normalized_ranks`` for trusted float scores and integer group codes 0..G-1."""
     filled = np.where(np.isnan(s), -np.inf, s)
     # one lexsort by (group, score): tie groups never cross instance boundaries

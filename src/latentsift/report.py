@@ -23,6 +23,7 @@ from ._io import atomic_write_text
 from .figures import FIGURES, write_figures
 from .figures import filter_name as _name
 from .figures import k_labels as _ks
+from .rules import REFERENCE, filter_entry, rule_keys
 
 
 def _data(summary: Any) -> tuple[dict, list]:
@@ -325,7 +326,7 @@ def _selection_markdown(data: dict) -> list[str]:
     diag = sel["diagnostics"]["scores"]
     order = [f for f in ("latentsift", "default") if f in ret]
     order += sorted(f for f in ret if f.startswith("variant:")) + sorted(f for f in ret if f.startswith("sweep:"))
-    order += [f for f in ("shortest_chars", "fewest_steps", "shortest_tokens", "random", "ef_verifier") if f in ret]
+    order += [f for f in (*rule_keys(), "ef_verifier") if f in ret]  # the registry's rules, in the tables' order
     lines = ["## Selection quality beyond length", "",
              f"Every score against the rule 'keep the shortest trajectories in characters' (`{ref}`). Retention "
              "as above; the difference is paired (same draws, same bootstrap resamples of instances).", ""]
@@ -385,12 +386,12 @@ def _agent_transfer_markdown(data: dict) -> list[str]:
         return []
     ks, ret = _ks(data), data["retention"]
     diff = data["selection"].get("retention_difference", {})
-    ref = data["selection"].get("reference", "shortest_chars")
+    ref = data["selection"].get("reference", REFERENCE)
     pa = data["selection"].get("per_agent_retention", {})
     kmax = ks[-1]
     rows_f = [(f"both agents ({_name(data, tr.get('reference', 'latentsift'))})", tr.get("reference", "latentsift"))]
     rows_f += [(f"{a} only", f) for a, f in sorted(tr.get("filters", {}).items())]
-    rows_f += [(_name(data, f), f) for f in ("shortest_chars", "random") if f in ret]
+    rows_f += [(_name(data, f), f) for f in rule_keys() if f in ret and not filter_entry(f).tokenizer]
     groups = sorted({g for _, f in rows_f for g in pa.get(f, {})})
     lines = ["## Agent transfer", "",
              "Oracle retention (%, [95% interval]) of the paper's method with the banks and the scorer trained on "

@@ -41,12 +41,12 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ._validation import LatentSiftError, NotFittedError, param_error, check_positive_int
-from ._io import ArtefactKind, atomic_path, made_folder, read_artefact, write_artefact
+from ._io import ArtefactKind, atomic_path, read_artefact, replaced_folder, write_artefact
 from ._threads import fixed_threads
 from .bank import Bank, as_fingerprint
 from .model import Fingerprint
 from .states import TrajectoryStates
-from .store import StateStore
+from .store import StateStore, check_recorded_settings
 
 SCORER_FORMAT = "latentsift-scorer"
 SCORER_VERSION = 1
@@ -402,14 +402,13 @@ class LinearScorer:
         """SCORER_DIR/scorer.safetensors (W, b), training_curve.png, then scorer.json (last = complete)."""
         from safetensors.numpy import save as st_save
         self._check_fitted()
-        with made_folder(path) as path:  # a failed save leaves no folder behind
-            (path / SCORER_JSON).unlink(missing_ok=True)
+        with replaced_folder(path) as tmp:  # an old scorer stays whole until the new one is; a failure leaves none
             if plot:
-                self.plot_history(path / CURVE_PNG)
+                self.plot_history(tmp / CURVE_PNG)
             blob = st_save({"W": np.ascontiguousarray(self.W_), "b": np.ascontiguousarray(self.b_)})
-            meta = write_artefact(path, SCORER_ARTEFACT, self.to_json(source), {"tensors": (SCORER_TENSORS, blob)})
-            self.source_ = dict(meta["source"])
-        return path
+            meta = write_artefact(tmp, SCORER_ARTEFACT, self.to_json(source), {"tensors": (SCORER_TENSORS, blob)})
+        self.source_ = dict(meta["source"])
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | Path) -> "LinearScorer":
@@ -443,9 +442,11 @@ def train_scorer(bank_dir: str | Path, *, states_dir: str | Path | None = None,
         raise LatentSiftError(f"The bank {bank_dir} does not record its states directory; pass --states.")
     store = StateStore(sdir).open()
     bank.check_fingerprint(store.fingerprint, f"states in {sdir}")
+    check_recorded_settings(bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
     states = store.load(bank.traj_ids_, dtype="float16")
     scorer = scorer if scorer is not None else LinearScorer()
     scorer.fit([states[t] for t in bank.traj_ids_], bank.labels_, fingerprint=bank.fingerprint_, callback=callback)
     scorer.source_ = {"bank_dir": str(Path(bank_dir).resolve()), "states_dir": str(Path(sdir).resolve()),
-                      "n_trajectories": len(bank.traj_ids_), "label_counts": bank.label_counts()}
+                      "n_trajectories": len(bank.traj_ids_), "label_counts": bank.label_counts(),
+                      "store_settings": store.settings}  # 'filter' refuses states of other span settings
     return scorer

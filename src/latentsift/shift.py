@@ -4,8 +4,8 @@ The README's finding is that the state scores mostly encode which agent wrote a 
 applied to an agent or scaffold it never saw can do worse than random, silently. Per pool:
 
 - metadata: the candidates' agents and scaffolds absent from what the bank/sifter has seen
-  (``scaffold_of``: ``meta["scaffold"]`` when the importer recorded one, else the trajectory's
-  source format, i.e. the scaffold's log format);
+  (``scaffold_of``: ``meta["scaffold"]`` when the user named one at import, else the trajectory's
+  agent as the importer read it from the record; never the file format);
 - state space: each candidate's trajectory vector (the mean of its distance states over the bank's
   channels, in the bank's transform) and its distance to the nearest bank trajectory, against the
   bank's own leave-one-instance-out nearest distances (each bank trajectory to the nearest bank
@@ -35,15 +35,24 @@ from ._validation import LatentSiftError, check_choice
 from .states import CHANNEL_ID, TrajectoryStates
 
 ON_SHIFT = ("warn", "keep-all", "error")
-QUANTILE = 0.95
 REFERENCE_KINDS = ("repository", "instance")
 REFERENCE_KIND = "repository"     # leave-one-repository-out in-bank reference pools
 FALSE_ALARM = 0.05                # stated false-alarm rate on pools like the bank's: threshold quantile 1 - 0.05
 
 
+def check_false_alarm(rate: float, name: str, owner: str) -> float:
+    """The one range check of the guard's stated false-alarm rate: a number in (0, 1)."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 < rate < 1.0:
+        raise LatentSiftError(f"The '{name}' parameter of {owner} must be a rate in (0, 1). Got {rate!r} instead.")
+    return float(rate)
+
+
 def scaffold_of(traj) -> str:
-    """The scaffold of a trajectory: ``meta['scaffold']`` when recorded, else its source format."""
-    return str(traj.meta.get("scaffold") or traj.source_format or traj.agent or "")
+    """The scaffold of a trajectory, from the data: ``meta['scaffold']`` when the user named one
+    (``latentsift import --scaffold``), else its agent (the importer's reading of the record, e.g.
+    an R2E-Gym record's ``agent_args.scaffold``). Never the file format: AutoCodeRover and
+    mini-swe-agent runs share the R2E-Gym format and are two scaffolds."""
+    return str(traj.meta.get("scaffold") or traj.agent or "")
 
 
 def _cdist(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -57,7 +66,7 @@ def trajectory_vector(states: TrajectoryStates, bank) -> np.ndarray | None:
     """Mean distance state of one trajectory over the bank's channels, in the bank's transform."""
     z = states.distance_states(bank.layer)
     ch = np.asarray(states.channel)
-    parts = [bank._transform(z[ch == CHANNEL_ID[c]], c) for c in bank.channels if (ch == CHANNEL_ID[c]).any()]
+    parts = [bank.transform(z[ch == CHANNEL_ID[c]], c) for c in bank.channels if (ch == CHANNEL_ID[c]).any()]
     if not parts:
         return None
     return np.concatenate(parts).mean(axis=0)
@@ -119,7 +128,7 @@ class Reference:
     loo_quantile: float               # threshold on a pool's median nearest-bank distance (NaN: no check)
     loo_median: float
     n_loo: int
-    quantile: float = QUANTILE
+    quantile: float = 1.0 - FALSE_ALARM  # the threshold's quantile: always 1 - false_alarm
     kind: str = "instance"            # absent from sifters saved before the setting: they used instance
     false_alarm: float | None = None  # the stated rate the threshold was chosen for (None: old sifters)
     pool_medians: list[float] | None = None  # in-bank reference pool statistics (the trade-off curve)
@@ -135,9 +144,7 @@ class Reference:
         """The reference of ``bank``: in-bank pools left out by ``kind`` ("repository"/"instance"),
         threshold at their ``1 - false_alarm`` quantile (module docstring)."""
         check_choice(kind, "kind", "Reference.from_bank", REFERENCE_KINDS)
-        if not 0.0 < false_alarm < 1.0:
-            raise LatentSiftError(f"The 'false_alarm' parameter of Reference.from_bank must be in (0, 1). "
-                                  f"Got {false_alarm!r} instead.")
+        false_alarm = check_false_alarm(false_alarm, "false_alarm", "Reference.from_bank")
         ids, vecs = bank_vectors(bank)
         if kind == "repository" and len({bank.repos_[t] for t in ids}) < 2:
             kind = "instance"  # one repository: no leave-one-repository-out reference exists

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .evaluate import CI_LEVEL, bootstrap_indices, mean_ci
+from .bootstrap import CI_LEVEL, bootstrap_indices, mean_ci
 from .shift import REFERENCE_KINDS, Reference, check_pools
 
 TRADEOFF_QUANTILES = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.975, 0.99, 1.0)

@@ -24,33 +24,27 @@ candidates, whatever its other channels say.
 Determinism: candidates are processed in traj_id order and every result is keyed by traj_id, so the
 output does not depend on the order of the pool; the retention tie rule hashes (seed, traj_id).
 
-``latentsift filter`` on files is here too (``filter_options``, ``run_filter``, ``FilterRun``): it
-is the one place where the filters, the baselines and the output format meet (about 700 lines).
+The rule filters (baselines) and the registry of every filter are in ``latentsift.rules``; the
+output of ``latentsift filter`` (``FilterRun``, ``read_filter_output``) is here, its file driver in
+``latentsift._jobs.filter``.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ._io import atomic_write_json, jsonable
+from ._io import atomic_write_json, jsonable, read_json
 from ._validation import LatentSiftError, check_choice, param_error
 from .bank import Bank, as_fingerprint
 from .fuse import FUSION_WEIGHT, fuse
-from .leak import ON_LEAK, apply_on_leak
 from .margin import DISTANCES, WEIGHTINGS, channel_scores_grouped, signed_evidence
 from .rank import min_channel_rank, normalized_ranks
 from .retain import KEEP_FRAC, MIN_KEEP, check_retention, select_retained
-from .scale.approx import approx_bank  # ray and faiss themselves load only when used
-from .scale.bank import shard_bank
-from .scale.cluster import require_ray
 from .scorer import LinearScorer
-from .shift import ON_SHIFT, Reference, guard
 from .states import TrajectoryStates
-from .store import StateStore, check_recorded_settings
 from .trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory, load_pools
 
 BRANCHES = ("both", "distance", "learned")
@@ -150,7 +144,7 @@ class Prepared:
 
 
 # ---------------------------------------------------------------------- shared plumbing
-def _as_pools(pools: Pool | Iterable[Pool] | Iterable[Trajectory]) -> list[Pool]:
+def as_pools(pools: Pool | Iterable[Pool] | Iterable[Trajectory]) -> list[Pool]:
     if isinstance(pools, Pool):
         return [pools]
     items = list(pools)
@@ -164,7 +158,7 @@ def _as_pools(pools: Pool | Iterable[Pool] | Iterable[Trajectory]) -> list[Pool]
     return items
 
 
-def _check_pools(pools: list[Pool]) -> None:
+def check_pools(pools: list[Pool]) -> None:
     seen: set[str] = set()
     for p in pools:
         if not p.candidates:
@@ -225,7 +219,7 @@ class Stage1Filter:
         return {"min_keep": self.min_keep, "frac": self.frac, "seed": self.seed}
 
     def prepare(self, pool: Pool | Sequence[Trajectory], states: Any = None, *, fingerprint: Any = None) -> Prepared:
-        pools = _as_pools(pool)
+        pools = as_pools(pool)
         if len(pools) != 1:
             raise LatentSiftError(f"prepare takes the candidates of one instance; got {len(pools)} instances "
                                   "(use prepare_many).")
@@ -359,8 +353,10 @@ class LatentSift(Stage1Filter):
 
     def prepare_many(self, pools, states: Any = None, *, fingerprint: Any = None) -> dict[str, Prepared]:
         """q per channel and q_lin of every candidate of every pool (guards checked first)."""
-        pools = _as_pools(pools)
-        _check_pools(pools)
+        pools = as_pools(pools)
+        check_pools(pools)
+        if not pools:  # e.g. every pool left out by the leak guard
+            return {}
         cands = sorted((c for p in pools for c in p.candidates), key=lambda c: c.traj_id)
         ids = [c.traj_id for c in cands]
         self.bank.check_candidates([c.instance_id for c in cands], ids)
@@ -450,106 +446,9 @@ class LatentSift(Stage1Filter):
         return out
 
 
-# ---------------------------------------------------------------------- baselines
-class _RuleFilter(Stage1Filter):
-    """A baseline: s = normalised within-subset rank of a per-candidate rule score ``raw``."""
-
-    needs_states = False
-
-    def _raw(self, cands: list[Trajectory], states: dict[str, TrajectoryStates] | None) -> np.ndarray:
-        raise NotImplementedError
-
-    def prepare_many(self, pools, states: Any = None, *, fingerprint: Any = None) -> dict[str, Prepared]:
-        pools = _as_pools(pools)
-        _check_pools(pools)
-        out = {}
-        for p in pools:
-            cands = sorted(p.candidates, key=lambda c: c.traj_id)
-            st = None
-            if states is not None and self.needs_states:
-                st, _ = resolve_states(states, [c.traj_id for c in cands], fingerprint, owner=f"{self.name}.prepare",
-                                       need_fingerprint=False)
-            out[p.instance_id] = Prepared(instance_id=p.instance_id, traj_ids=[c.traj_id for c in cands],
-                                          raw=self._raw(cands, st))
-        return out
-
-    def _rank(self, prepared: Prepared, idx: np.ndarray) -> dict[str, np.ndarray]:
-        return {"s": normalized_ranks(prepared.raw[idx])}
-
-
-class RandomFilter(_RuleFilter):
-    """Random Stage 1: raw = a uniform number in [0, 1) from sha256("random:{seed}:{traj_id}").
-
-    A fixed random order per seed (a draw's retained set is random because draws differ).
-    """
-
-    name = "random"
-
-    def _raw(self, cands, states):
-        return np.array([int.from_bytes(hashlib.sha256(f"random:{self.seed}:{c.traj_id}".encode()).digest()[:8],
-                                        "big") / 2.0 ** 64 for c in cands])
-
-
-class ShortestTokensFilter(_RuleFilter):
-    """Prefer fewer tokens: raw = -n_tokens, from the states (``TrajectoryStates.n_tokens``, the
-    tokens the policy saw) or, without states, from ``tokenizer`` over cot + fn + obs text."""
-
-    name = "shortest-tokens"
-    needs_states = True
-
-    def __init__(self, *, tokenizer: Any = None, **kw):
-        super().__init__(**kw)
-        self.tokenizer = tokenizer
-
-    def _raw(self, cands, states):
-        vals = []
-        for c in cands:
-            if states is not None:
-                n = int(states[c.traj_id].n_tokens)
-                if n <= 0:
-                    raise LatentSiftError(f"The states of {c.traj_id!r} record no token count (n_tokens=0); "
-                                          "pass a tokenizer instead.")
-            elif self.tokenizer is not None:
-                text = "".join(s.cot + s.fn + s.obs for s in c.steps)
-                n = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            else:
-                raise LatentSiftError("shortest-tokens needs the candidates' states (n_tokens) or a tokenizer.")
-            vals.append(-float(n))
-        return np.array(vals)
-
-
-class ShortestCharsFilter(_RuleFilter):
-    """Prefer fewer characters: raw = -(characters of cot + fn + obs over all steps)."""
-
-    name = "shortest-chars"
-
-    def _raw(self, cands, states):
-        return np.array([-float(c.n_chars) for c in cands])
-
-
-class FewestStepsFilter(_RuleFilter):
-    """Prefer fewer agent steps: raw = -n_steps."""
-
-    name = "fewest-steps"
-
-    def _raw(self, cands, states):
-        return np.array([-float(c.n_steps) for c in cands])
-
-
-BASELINES: dict[str, type[_RuleFilter]] = {f.name: f for f in (RandomFilter, ShortestTokensFilter,
-                                                                 ShortestCharsFilter, FewestStepsFilter)}
-
-
-def make_baseline(name: str, **kw) -> _RuleFilter:
-    """A baseline filter by name: one of ``BASELINES`` (random, shortest-tokens, shortest-chars, fewest-steps)."""
-    check_choice(name, "name", "make_baseline", BASELINES)
-    return BASELINES[name](**kw)
-
-
 # ---------------------------------------------------------------------- files in, results out
 FILTER_FORMAT = "latentsift-filter"
 FILTER_VERSION = 1
-METHODS = ("latentsift", *BASELINES)
 
 
 @dataclass
@@ -576,9 +475,66 @@ class FilterRun:
         atomic_write_json(path, self.to_dict())
 
 
+def _is_num(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _is_num_map(v: Any) -> bool:
+    return v is None or (isinstance(v, dict) and all(isinstance(k, str) and _is_num(x) for k, x in v.items()))
+
+
+#: field -> (check, what it must be) of the records of a filter output (``read_filter_output``).
+_STR, _INT = (lambda v: isinstance(v, str), "a string"), (lambda v: isinstance(v, int) and not isinstance(v, bool),
+                                                          "an integer")
+_NUM, _NUM_MAP = (_is_num, "a number or null"), (_is_num_map, "an object of numbers or null")
+_LIST = (lambda v: isinstance(v, list), "a list")
+_RECORD_FIELDS = {
+    "pool": {"instance_id": _STR, "candidates": _LIST},
+    "candidate": {"traj_id": _STR, "s": _NUM, "retained": (lambda v: isinstance(v, bool), "true or false"),
+                  "q": _NUM_MAP, "r": _NUM_MAP, "s_dist": _NUM, "q_lin": _NUM, "s_lin": _NUM, "raw": _NUM,
+                  "evidence": (lambda v: v is None or isinstance(v, list), "a list or null")},
+    "evidence": {"channel": _STR, "step": _INT, "pos_traj": _STR, "pos_step": _INT, "neg_traj": _STR,
+                 "neg_step": _INT, "evidence": _NUM, "contribution": _NUM, "d_pos": _NUM, "d_neg": _NUM},
+}
+
+
+def _check_record(rec: Any, where: str, kind: str) -> None:
+    if not isinstance(rec, dict):
+        raise LatentSiftError(f"{where}: a {kind} record must be a JSON object. Got {type(rec).__name__} instead.")
+    for name, (ok, what) in _RECORD_FIELDS[kind].items():
+        required = kind != "candidate" or name in ("traj_id", "s", "retained")
+        if name not in rec and not required:
+            continue
+        if name not in rec or not ok(rec[name]):
+            got = "nothing" if name not in rec else repr(rec[name])[:40]
+            raise LatentSiftError(f"{where}: field {name!r} must be {what}. Got {got} instead.")
+
+
+def read_filter_output(path: str | Path) -> dict:
+    """A ``latentsift filter`` output, its format and every pool, candidate and evidence record
+    checked: a malformed one is a one-line ``LatentSiftError`` naming the file and the record."""
+    p = Path(path)
+    d = read_json(p)
+    if not isinstance(d, dict) or d.get("format") != FILTER_FORMAT:
+        fmt = d.get("format") if isinstance(d, dict) else type(d).__name__
+        raise LatentSiftError(f"{p} is not a 'latentsift filter' output (format {fmt!r}).")
+    if not isinstance(d.get("pools"), list):
+        raise LatentSiftError(f"{p}: field 'pools' must be a list. Got {type(d.get('pools')).__name__} instead.")
+    for i, pool in enumerate(d["pools"]):
+        _check_record(pool, f"{p}: pools[{i}]", "pool")
+        for j, c in enumerate(pool["candidates"]):
+            where = f"{p}: pools[{i}].candidates[{j}]"
+            _check_record(c, where, "candidate")
+            for k, e in enumerate(c.get("evidence") or []):
+                _check_record(e, f"{where}.evidence[{k}]", "evidence")
+    return d
+
+
 def load_selected_pools(pools_path, instances: Sequence[str] | None = None) -> list:
     """The pools of a canonical JSONL file, only those of ``instances`` when given (unknown ids: error)."""
     pools = load_pools(pools_path)
+    if not pools:
+        raise LatentSiftError(f"{pools_path} holds no candidate pools: nothing to score.")
     if instances is not None:
         want = set(instances)
         unknown = sorted(want - {p.instance_id for p in pools})
@@ -586,104 +542,3 @@ def load_selected_pools(pools_path, instances: Sequence[str] | None = None) -> l
             raise LatentSiftError(f"{pools_path} has no pool for instance(s) {unknown[:5]}.")
         pools = [p for p in pools if p.instance_id in want]
     return pools
-
-
-def filter_options(*, method: str = "latentsift", bank_dir=None, scorer_dir=None, sifter_dir=None,
-                   bank_choice: str = "all", on_leak: str | None = None, ray_address: str | None = None,
-                   bank_shards: int | None = None, approx: str | None = None, distance_only: bool = False,
-                   learned_only: bool = False) -> dict[str, str]:
-    """Check a ``latentsift filter`` combination of options before any work; the settings they resolve to.
-
-    A sifter (``sifter_dir``) replaces the bank, the scorer and the method, and runs in one process;
-    ``bank_choice`` other than "all" needs a sifter; Ray (``ray_address`` / ``bank_shards``) and the
-    approximate search (``approx``) exclude each other, and Ray must be installed. A conflict raises
-    ``LatentSiftError`` naming the options. Returns ``{"branches", "on_leak"}``: the LatentSift
-    branches (both, or one of ``distance_only`` / ``learned_only``) and ``on_leak``, which defaults
-    to "error" with a bank (evaluation: a bank holding a pool's instance is leakage) and to "allow"
-    with a sifter (deployment: a bank that has seen other attempts at the task is knowledge).
-    """
-    if distance_only and learned_only:
-        raise LatentSiftError("Pass at most one of --distance-only and --learned-only.")
-    if ray_address is not None or bank_shards is not None:
-        require_ray()
-        if approx is not None:
-            raise LatentSiftError("Pass --approx or --ray/--bank-shards, not both.")
-    if bank_choice != "all" and sifter_dir is None:
-        raise LatentSiftError("--bank-choice needs --sifter (a sifter fitted with 'latentsift fit --per-agent').")
-    if sifter_dir is not None:
-        if bank_dir is not None or scorer_dir is not None or method != "latentsift":
-            raise LatentSiftError("--sifter replaces --bank, --scorer and --method: pass only --sifter.")
-        if ray_address is not None or bank_shards is not None or approx is not None:
-            raise LatentSiftError("--sifter runs in one process: drop --ray, --bank-shards and --approx.")
-    branches = "distance" if distance_only else "learned" if learned_only else "both"
-    return {"branches": branches, "on_leak": on_leak or ("allow" if sifter_dir is not None else "error")}
-
-
-def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str = "latentsift",
-               instances: Sequence[str] | None = None, ray_address: str | None = None, bank_shards: int | None = None,
-               approx: str | None = None, on_shift: str | None = None, on_leak: str = "error",
-               **settings) -> FilterRun:
-    """``latentsift filter``: score every pool of a canonical JSONL file.
-
-    ``method`` is "latentsift" (needs ``bank_dir``, and ``scorer_dir`` unless
-    ``branches="distance"``) or a baseline name. ``settings`` go to the filter's constructor
-    (``channels``, ``distance``, ``weighting``, ``branches``, ``fusion_weight``, ``min_keep``, ``frac``,
-    ``seed``, ``n_evidence``). ``instances`` keeps only those pools. ``ray_address`` /
-    ``bank_shards`` search the bank on Ray actors (same results, ``latentsift.scale``); ``approx``
-    ("ivf" or "hnsw") searches it approximately with FAISS (off by default). ``on_shift``
-    ("warn", "keep-all", "error"; None = no guard) runs the shift guard's state-space check against
-    the bank (``latentsift.shift``; a bare bank records no agents, so that check is skipped).
-    ``on_leak`` ("error", "skip", "allow"; ``latentsift.leak``) decides, per pool, what happens to a
-    pool whose instance is in the bank; the decisions go to the output's ``leak`` section.
-    """
-    check_choice(method, "method", "run_filter", METHODS)
-    check_choice(on_leak, "on_leak", "filter", ON_LEAK)
-    if on_shift is not None:
-        check_choice(on_shift, "on_shift", "run_filter", ON_SHIFT)
-    pools = load_selected_pools(pools_path, instances)
-    store = StateStore(states_dir).open() if states_dir is not None else None
-    inputs = {"pools": str(Path(pools_path).resolve()),
-              "states_dir": None if states_dir is None else str(Path(states_dir).resolve())}
-    if method == "latentsift":
-        if bank_dir is None or store is None:
-            raise LatentSiftError("The latentsift filter needs --bank and --states.")
-        bank = base_bank = Bank.load(bank_dir)
-        check_recorded_settings(base_bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
-        # scale-out: the same bank searched on Ray shards, or approximately with FAISS
-        if approx is not None:
-            bank = approx_bank(bank, approx)
-            inputs["approx"] = approx
-        elif ray_address is not None or bank_shards is not None:
-            bank = shard_bank(bank, bank_shards or 2, ray_address=ray_address or "local")
-            inputs["bank_shards"] = bank.n_shards_
-        scorer = None
-        if settings.get("branches", "both") != "distance":
-            if scorer_dir is None:
-                raise LatentSiftError("The latentsift filter needs --scorer (or --distance-only).")
-            scorer = LinearScorer.load(scorer_dir)
-        filt: Stage1Filter = LatentSift(bank, scorer, **settings)
-        pools, leak, leak_warnings = apply_on_leak(pools, bank, on_leak)
-        inputs |= {"bank_dir": str(Path(bank_dir).resolve()), "bank_repos": bank.repo_names_,
-                   "bank_label_counts": bank.label_counts(),
-                   "scorer_dir": None if scorer_dir is None or scorer is None else str(Path(scorer_dir).resolve())}
-        eval_repos = sorted({c.repo for p in pools for c in p.candidates})
-        inputs["repos_shared_with_bank"] = sorted(set(eval_repos) & set(bank.repo_names_))
-    else:
-        filt = make_baseline(method, **settings)
-    try:
-        results = filt.score_pools(pools, store, fingerprint=None)
-    finally:
-        if hasattr(getattr(filt, "bank", None), "close"):
-            filt.bank.close()
-    fp = store.fingerprint.to_dict() if store is not None else None
-    run = FilterRun(method=filt.name, settings=filt.get_params(), inputs=inputs, fingerprint=fp, pools=results)
-    if method == "latentsift":
-        run.extra["leak"] = {**leak, "warnings": leak_warnings}
-    if method == "latentsift" and on_shift is not None:
-        # shift guard with a bare bank: it records no agents or scaffolds, so only the
-        # state-space check runs (candidates' nearest-bank distances against the bank's own
-        # leave-one-instance-out distances)
-        states = store.load([c.traj_id for p in pools for c in p.candidates])
-        shift, warnings = guard(results, pools, states, base_bank, Reference.from_bank(base_bank), on_shift)
-        run.extra["shift"] = {**shift, "warnings": warnings}
-    return run

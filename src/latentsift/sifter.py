@@ -21,15 +21,12 @@ The directory is written beside the target and renamed into place: a failed save
 """
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from ._io import ArtefactKind, jsonable, member, read_artefact, write_artefact
+from ._io import ArtefactKind, jsonable, member, output_lock, read_artefact, replaced_folder, write_artefact
 from ._validation import FingerprintMismatch, LatentSiftError, check_choice, check_labelled
 from .bank import Bank, Fold, as_fingerprint, inner_folds
 from .diagnostics import within_pool_auc
@@ -38,7 +35,8 @@ from .library import BANK_CHOICES, SubBank, fit_sub_banks, load_sub_banks, load_
     save_sub_banks
 from .rank import grouped_normalized_ranks, min_channel_rank
 from .scorer import LinearScorer
-from .shift import FALSE_ALARM, ON_SHIFT, REFERENCE_KIND, REFERENCE_KINDS, Reference, guard, scaffold_of
+from .shift import (FALSE_ALARM, ON_SHIFT, REFERENCE_KIND, REFERENCE_KINDS, Reference, check_false_alarm, guard,
+                    scaffold_of)
 from .sift import FilterRun, LatentSift, load_selected_pools, resolve_states
 from .store import StateStore, check_recorded_settings
 from .trajectory import Trajectory
@@ -125,22 +123,14 @@ class Sifter(LatentSift):
         if not hasattr(self, "config_"):
             raise LatentSiftError("This Sifter is not fitted yet: call fit(...) or Sifter.load(path) first.")
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
+        if path.exists() and not (path / SIFTER_JSON).is_file():
+            raise LatentSiftError(f"{path} exists and is not a sifter directory; choose another --out.")
+        with replaced_folder(path) as tmp:  # the umask's permissions; an old sifter stays until the new is whole
             recorded = getattr(self, "store_settings_", None)  # the states' settings, checked by filter
             self.bank.save(tmp / "bank", source={"sifter": True} | ({"store_settings": recorded} if recorded else {}))
             self.scorer.save(tmp / "scorer", plot=False)
             save_sub_banks(getattr(self, "library_", []), tmp)
             write_artefact(tmp, SIFTER_ARTEFACT, self.manifest())
-            if path.exists():
-                if not (path / SIFTER_JSON).is_file():
-                    raise LatentSiftError(f"{path} exists and is not a sifter directory; choose another --out.")
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
         return path
 
     @classmethod
@@ -239,15 +229,17 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     """
     if reference_kind is not None:
         check_choice(reference_kind, "reference", "fit", REFERENCE_KINDS)
-    if false_alarm is not None and not 0.0 < false_alarm < 1.0:
-        raise LatentSiftError(f"fit: --false-alarm must be in (0, 1); got {false_alarm}.")
+    if false_alarm is not None:
+        check_false_alarm(false_alarm, "--false-alarm", "fit")
     pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
     states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
-    trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)
-    sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, per_agent=per_agent, log=log,
-                                                                false_alarm=false_alarm, reference_kind=reference_kind)
-    sifter.store_settings_ = store.settings
-    sifter.save(out)
+    with output_lock(out):  # a second 'fit' to the same --out is refused, not lost
+        trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)
+        sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, per_agent=per_agent, log=log,
+                                                                    false_alarm=false_alarm,
+                                                                    reference_kind=reference_kind)
+        sifter.store_settings_ = store.settings
+        sifter.save(out)
     return sifter
 
 

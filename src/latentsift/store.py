@@ -18,7 +18,6 @@ against their sha256 on load.
 from __future__ import annotations
 
 import datetime as _dt
-import fcntl
 import json
 import os
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ._io import ArtefactKind, atomic_write_bytes, member, read_artefact, sha256_hex, write_artefact
+from ._io import ArtefactKind, WriterLock, atomic_write_bytes, member, read_artefact, sha256_hex, write_artefact
 from ._validation import LatentSiftError, param_error
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -40,6 +39,10 @@ SHARDS = "shards"
 LOCK = ".lock"
 META_KEY = b"latentsift"
 DEFAULT_SHARD_SIZE = 32
+#: What to do about a missing or damaged shard: a resumed extract checks every shard and redoes
+#: only the trajectories of the damaged ones (``drop_damaged``).
+REPAIR = ("re-run the same 'latentsift extract' command on this store; it redoes only the trajectories of "
+          "the damaged shard.")
 STORE_DTYPES = ("float16", "float32")
 # settings that change the stored values: they must match when a store is re-opened for writing
 MATCHED_SETTINGS = ("max_span_tokens", "max_prompt_tokens", "max_tokens", "context", "layers", "store_dtype",
@@ -316,13 +319,12 @@ class StateStore:
 
         p = member(self.path / SHARDS, shard["name"], self.path / INDEX)
         if not p.is_file():
-            raise LatentSiftError(f"The shard {p} listed in {self.path / INDEX} is missing; the store is damaged "
-                                  "(delete the directory and re-run extract).")
+            raise LatentSiftError(f"The shard {p} listed in {self.path / INDEX} is missing: {REPAIR}")
         data = p.read_bytes()
         got = sha256_hex(data)
         if got != shard["sha256"]:
             raise LatentSiftError(f"The shard {p} is corrupted: sha256 {got[:16]}... does not match the index "
-                                  f"({shard['sha256'][:16]}...). Delete the store directory and re-run extract.")
+                                  f"({shard['sha256'][:16]}...): {REPAIR}")
         return load(data)
 
     def verify(self) -> int:
@@ -368,7 +370,7 @@ class StateStore:
     # -- writer lock ------------------------------------------------------------------------
     def lock(self):
         """Exclusive writer lock (released when the process exits, also on a kill)."""
-        return _Lock(self.path / LOCK)
+        return WriterLock(self.path / LOCK)
 
 
 @dataclass
@@ -435,22 +437,3 @@ def encode_shard(states: Sequence[TrajectoryStates], instance_ids: Sequence[str]
                         instance_ids=instance_ids, offsets=[int(x) for x in offsets],
                         step=tensors["step"].astype(int).tolist(), channel=tensors["channel"].astype(int).tolist(),
                         n_tokens=[int(s.n_tokens) for s in states])
-
-
-class _Lock:
-    def __init__(self, path: Path):
-        self.path, self.f = path, None
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(self.path, "a")
-        try:
-            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.f.close()
-            raise LatentSiftError(f"Another process is writing to {self.path.parent}; wait for it to finish.") from None
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.f, fcntl.LOCK_UN)
-        self.f.close()

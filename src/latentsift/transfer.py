@@ -36,14 +36,16 @@ from ._io import atomic_write_json
 from ._validation import LatentSiftError, check_positive_int
 from .bank import Bank, split_by_repo
 from .diagnostics import diagnostics_table
-from .evaluate import bootstrap_indices, draw_subsets, instance_seed, mean_ci
+from .bootstrap import bootstrap_indices, draw_subsets, instance_seed, mean_ci
 from .library import SubBank, fit_sub_bank, load_runs, nearest_choice, pool_distances
 from .shift import Reference
-from .sift import LatentSift, Stage1Filter, make_baseline
+from .rules import REFERENCE, filter_entry, make_baseline, rule_keys
+from .sift import LatentSift, Stage1Filter
 from .states import TrajectoryStates
 from .trajectory import Pool, Trajectory, group_pools
 
-BASELINE_NAMES = ("shortest-chars", "fewest-steps", "random")
+#: The rule filters of the matrix: those computed from the trajectories alone, in the tables' order.
+BASELINE_NAMES = tuple(filter_entry(k).name for k in rule_keys() if not filter_entry(k).tokenizer)
 RETENTION_MIN_K = 4  # retention is reported where pools hold K >= 4 (smaller pools keep max(3, .) = all)
 
 
@@ -231,11 +233,11 @@ def evaluate_set(es: EvalSet, trajs: Sequence[Trajectory], states: Mapping[str, 
             if sc:
                 score_cols[f"{c} / {br}"] = np.array([sc.get(t, np.nan) for t in table["traj_id"]])
     for b, sc in base.items():
-        if b != "shortest-chars":
+        if filter_entry(b).key != REFERENCE:  # the reference is added by diagnostics_table
             v = sc.scores()
             score_cols[b] = np.array([v[t] for t in table["traj_id"]])
-    diag = diagnostics_table(table, score_cols, reference="shortest_chars", n_boot=s.n_boot, seed=s.seed)
-    auc = {name: {"auc": d["auc"], "vs_shortest_chars": d.get("vs_reference")} for name, d in diag["scores"].items()}
+    diag = diagnostics_table(table, score_cols, reference=REFERENCE, n_boot=s.n_boot, seed=s.seed)
+    auc = {name: {"auc": d["auc"], f"vs_{REFERENCE}": d.get("vs_reference")} for name, d in diag["scores"].items()}
     retention = {}
     kmax = max(len(p.candidates) for p in es.pools)
     for k in [k for k in s.ks if RETENTION_MIN_K <= k <= kmax]:
@@ -321,9 +323,10 @@ def render_report(summary: dict) -> str:
         lines += ["", f"## {d['name']}", "",
                   f"{d['n_pools']} pools (K = {d['k']}), {d['n_mixed_pools']} mixed; banks from {r['bank_agents']}. "
                   f"Nearest sub-bank chosen: {r['nearest']['n_chosen']}.", "",
-                  "| bank / rule | within-pool AUC [95% CI] | minus shortest-chars [95% CI] |", "| --- | ---: | ---: |"]
+                  f"| bank / rule | within-pool AUC [95% CI] | minus {filter_entry(REFERENCE).name} [95% CI] |",
+                  "| --- | ---: | ---: |"]
         for name, v in r["auc"].items():
-            diff = v.get("vs_shortest_chars") or {}
+            diff = v.get(f"vs_{REFERENCE}") or {}
             dtxt = "-" if diff.get("estimate") is None or diff.get("lo") is None else \
                 f"{diff['estimate']:+.2f} [{diff['lo']:+.2f}, {diff['hi']:+.2f}]"
             lines.append(f"| {name} | {_fmt_ci(v['auc'])} | {dtxt} |")

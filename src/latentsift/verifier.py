@@ -171,6 +171,8 @@ def result_from_dict(d: Mapping, where: str = "record") -> VerifierResult:
                                    condensed=dict(d.get("condensed", {})), cached=bool(d.get("cached", False)))
     except KeyError as e:
         raise LatentSiftError(f"{where}: missing field {e.args[0]!r} of a verifier result.") from None
+    except (TypeError, ValueError) as e:  # e.g. p_yes "x", n_in 1.5e400, condensed a list
+        raise LatentSiftError(f"{where}: a field of the verifier result has the wrong type or value ({e}).") from None
     raise LatentSiftError(f"{where}: field 'kind' must be 'verdict' or 'failure'. Got {kind!r} instead.")
 
 
@@ -194,6 +196,9 @@ def load_results(path: str | Path) -> tuple[str, dict[str, VerifierResult], dict
     if p.is_dir():
         if (p / MANIFEST_FILE).is_file():
             man = read_json(p / MANIFEST_FILE)
+            if not isinstance(man, dict):
+                raise LatentSiftError(f"{p / MANIFEST_FILE}: must be a JSON object. Got {type(man).__name__} "
+                                      "instead.")
         p = p / RESULTS_FILE
     if not p.is_file():
         raise LatentSiftError(f"No such verifier results file: {str(p)!r}.")

@@ -1,6 +1,6 @@
 """``latentsift filter``: Stage-1 scores and retained sets for the pools of a JSONL file.
 
-Parsing and printing only; the logic is ``latentsift.sift.run_filter``.
+Parsing and printing only; the logic is ``latentsift._jobs.filter.run_filter``.
 """
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from .._guard import check_output
+from .._io import output_lock
 from .._validation import LatentSiftError
-from ..sift import filter_options, run_filter
+from .._jobs.filter import filter_options, run_filter
+from ..rules import rules
 from ..sifter import run_sifter_filter_chosen
-from ._options import Channels, Seed, StatesDir, csv_list
+from ._options import Seed, StatesDir, csv_list
 
 
 def register(app: typer.Typer) -> None:
@@ -28,20 +30,24 @@ def _fmt(x) -> str:
 
 
 def filter_cmd(
+    ctx: typer.Context,
     pools: Path = typer.Argument(..., help="Canonical JSONL of the candidate pools."),
     states: StatesDir = None,
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
     out: Path = typer.Option(..., "--out", help="FILTER.json to write."),
-    method: str = typer.Option("latentsift", "--method", help="latentsift, or a baseline: random, "
-                               "shortest-tokens, shortest-chars, fewest-steps."),
-    channels: Channels = "cot,obs,fn",
-    distance: str = typer.Option("two-sided", "--distance", help="two-sided (d_neg - d_pos), pos (-d_pos) or "
-                                 "neg (d_neg)."),
-    weighting: str = typer.Option("linear", "--weighting", help="Step weights: linear (t) or uniform."),
+    method: str = typer.Option("latentsift", "--method", help="latentsift, or a rule filter (baseline): "
+                               + ", ".join(e.name for e in rules()) + "."),
+    channels: Optional[str] = typer.Option(None, "--channels", help="Channels, comma-separated: cot, obs, fn "
+                                           "(default: all three)."),
+    distance: Optional[str] = typer.Option(None, "--distance", help="two-sided (d_neg - d_pos, the default), pos "
+                                           "(-d_pos) or neg (d_neg)."),
+    weighting: Optional[str] = typer.Option(None, "--weighting", help="Step weights: linear (t, the default) or "
+                                            "uniform."),
     distance_only: bool = typer.Option(False, "--distance-only", help="s = s_dist (no scorer)."),
     learned_only: bool = typer.Option(False, "--learned-only", help="s = s_lin (banks used for the guards only)."),
-    fusion_weight: float = typer.Option(0.5, "--fusion-weight", help="s = w s_dist + (1 - w) s_lin."),
+    fusion_weight: Optional[float] = typer.Option(None, "--fusion-weight", help="s = w s_dist + (1 - w) s_lin "
+                                                  "(default 0.5)."),
     min_keep: int = typer.Option(3, "--min-keep", help="Retain max(min_keep, floor(frac K))."),
     frac: float = typer.Option(0.5, "--frac", help="Retain max(min_keep, floor(frac K))."),
     seed: Seed = 0,
@@ -71,10 +77,12 @@ def filter_cmd(
     """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
     resolved = filter_options(method=method, bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
                               bank_choice=bank_choice, on_leak=on_leak, ray_address=ray, bank_shards=bank_shards,
-                              approx=approx, distance_only=distance_only, learned_only=learned_only)
+                              approx=approx, distance_only=distance_only, learned_only=learned_only,
+                              channels=channels, distance=distance, weighting=weighting, fusion_weight=fusion_weight)
     if show < 0:
         raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
     check_output(out, [pools, states, bank, scorer, sifter])
+    ctx.with_resource(output_lock(out))  # held until the command ends: a second filter to this --out is refused
     console = Console(width=None if sys.stdout.isatty() else 160)
     inst = csv_list(instances) if instances else None
     settings: dict = {"min_keep": min_keep, "frac": frac, "seed": seed}
@@ -87,8 +95,7 @@ def filter_cmd(
         settings["channels"] = tuple(run.settings["channels"])
     else:
         if method == "latentsift":
-            settings |= {"channels": tuple(csv_list(channels)), "distance": distance, "weighting": weighting,
-                         "fusion_weight": fusion_weight, "branches": resolved["branches"], "n_evidence": evidence}
+            settings |= resolved["latentsift"] | {"n_evidence": evidence}
         with Console(stderr=True).status("scoring ..."):
             run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
                              ray_address=ray, bank_shards=bank_shards, approx=approx,

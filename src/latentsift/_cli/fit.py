@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from .._guard import check_output
+from ..shift import FALSE_ALARM
 from ..sifter import fit_sifter
 from ._options import FirstInstances, ScorerEpochs, Seed, StatesDirs
 
@@ -26,7 +27,7 @@ def fit_cmd(
     instances: FirstInstances = None,
     per_agent: bool = typer.Option(False, "--per-agent", help="Also keep a bank and scorer per agent (and per "
                                    "scaffold where they differ) for 'filter --bank-choice nearest'."),
-    false_alarm: float = typer.Option(0.05, "--false-alarm", help="The shift guard's stated false-alarm rate: its "
+    false_alarm: float = typer.Option(FALSE_ALARM, "--false-alarm", help="The shift guard's stated false-alarm rate: its "
                                       "threshold is the 1 - RATE quantile of the bank's own pools (saved)."),
     reference: str = typer.Option("repository", "--reference", help="The guard's in-bank reference: repository "
                                   "(each bank pool against the bank without its repository) or instance."),

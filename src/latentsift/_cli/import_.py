@@ -10,7 +10,7 @@ from rich.console import Console
 
 from .._guard import check_output
 from .._io import atomic_write_text
-from ..importers import import_paths
+from ..importers import format_names, import_paths
 from ..trajectory import save_jsonl
 
 
@@ -20,13 +20,16 @@ def register(app: typer.Typer) -> None:
         inputs: List[Path] = typer.Argument(..., metavar="INPUT", help="Files, folders, .gz or .tar.gz archives."),
         out: Path = typer.Option(..., "--out", help="Canonical JSONL to write (.jsonl or .jsonl.gz)."),
         format: str = typer.Option("auto", "--format",
-                                   help="auto|r2egym|sweagent|openai|minisweagent|canonical"),
+                                   help="|".join(format_names())),
         labels: Optional[List[Path]] = typer.Option(None, "--labels",
                                                     help="candidates.csv or SWE-bench report.json (repeatable)."),
         skip_bad: bool = typer.Option(False, "--skip-bad",
                                       help="Skip records that cannot be imported and report each one."),
         summary_json: Optional[Path] = typer.Option(None, "--summary-json",
                                                     help="Also write the import summary as JSON."),
+        scaffold: Optional[str] = typer.Option(None, "--scaffold", help="The scaffold the shift guard compares, "
+                                               "for every trajectory (default: each record's agent, never the "
+                                               "file format)."),
     ) -> None:
         """Import trajectories into canonical JSONL (one trajectory per line) and print a summary."""
         check_output(out, [*inputs, *(labels or ())])
@@ -34,7 +37,7 @@ def register(app: typer.Typer) -> None:
             check_output(summary_json, [*inputs, *(labels or ()), out], option="--summary-json")
         console = Console(stderr=True)
         with console.status("importing ..."):
-            result = import_paths(inputs, format=format, labels=labels, skip_bad=skip_bad)
+            result = import_paths(inputs, format=format, labels=labels, skip_bad=skip_bad, scaffold=scaffold)
             trajs = sorted(result.trajectories, key=lambda t: (t.instance_id, t.traj_id))
             n = save_jsonl(trajs, out)
         typer.echo(result.summary.to_text())

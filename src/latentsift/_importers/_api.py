@@ -2,22 +2,21 @@
 from __future__ import annotations
 
 import json
-import re
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Iterable
 
 from .._validation import LatentSiftError, check_choice
 from ..trajectory import Pool, Trajectory, group_pools
-from . import _chat, _r2egym, _sweagent
+from . import _canonical, _chat, _r2egym, _sweagent  # noqa: F401 (each registers its format)
 from ._common import RecordError, Where
 from ._labels import LabelRow, Report, is_candidates_csv, parse_report, read_candidates_csv
+from ._registry import described, format_names, importers
 from ._sources import Source, iter_sources
 
-_SWEBENCH_ID = re.compile(r"^[\w.-]+__[\w.-]+-\d+$")
-FORMATS = ("auto", "r2egym", "sweagent", "openai", "minisweagent", "canonical")
+FORMATS = format_names()  # the registered formats (``_registry``), "auto" first
 # Runs whose trajectories contain the evaluation outcome (dataset README caveat). Any AutoCodeRover
 # run whose harness replies report the test outcome is marked too (LEAK_MARKERS).
 KNOWN_LEAKING_RUNS = frozenset({"acr-val-only", "acr-val-sbfl"})
@@ -98,7 +97,7 @@ class ImportResult:
 
 def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
                  labels: str | Path | Iterable[str | Path] | None = None,
-                 skip_bad: bool = False) -> ImportResult:
+                 skip_bad: bool = False, scaffold: str | None = None) -> ImportResult:
     """Read trajectories from files, folders, ``.gz`` files and ``.tar.gz`` archives.
 
     ``format`` forces one parser for every trajectory file (``auto`` detects it from the content).
@@ -106,8 +105,13 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
     run-level reports found among ``paths`` are applied to the trajectories beside them.
     With ``skip_bad`` a record that cannot be imported is reported in ``skipped`` (file, line,
     field, reason) instead of raising; nothing is dropped without a record of it.
+
+    The scaffold the shift guard compares (``shift.scaffold_of``) is the trajectory's agent as read
+    from each record (an R2E-Gym record's ``agent_args.scaffold``, SWE-agent's own format, a chat
+    log's agent field or file name), never the file format; ``scaffold`` names it for every imported
+    trajectory instead (recorded as ``meta["scaffold"]``).
     """
-    check_choice(format, "format", "import_paths", FORMATS)
+    check_choice(format, "format", "import_paths", format_names())
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if not paths:
         raise LatentSiftError("The 'paths' parameter of import_paths must name at least one input. Got [] instead.")
@@ -154,6 +158,12 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
     trajs = _dedupe(trajs, fail)
     warnings = _apply_labels(trajs, reports, tables)
     out = [t for t, _ in trajs]
+    if scaffold is not None:
+        if not isinstance(scaffold, str) or not scaffold.strip():
+            raise LatentSiftError(f"The 'scaffold' parameter of import_paths must be a non-empty name. "
+                                  f"Got {scaffold!r} instead.")
+        for t in out:
+            t.meta["scaffold"] = scaffold.strip()
     leaking = _mark_leaks(out)
     summary = _summarise(out, files, leaking, skipped, skipped_files, warnings)
     return ImportResult(out, summary, skipped)
@@ -184,8 +194,8 @@ def _read_source(src: Source, fmt: str, trajs, reports, tables, fail) -> str:
     where = Where(src.name)
     t = _parse_one(obj, where, fmt, src)
     if t is None:
-        raise RecordError(src.name, None, None, "unrecognised content: not an R2E-Gym, SWE-agent, OpenAI-chat or "
-                                                "mini-swe-agent trajectory (use --format to force one)")
+        raise RecordError(src.name, None, None, f"unrecognised content: not {described()} trajectory "
+                                                "(use --format to force one)")
     trajs.append((t, src.group))
     return t.source_format
 
@@ -207,8 +217,8 @@ def _read_jsonl(src: Source, fmt: str, trajs, fail) -> str:
         try:
             t = _parse_one(obj, where, fmt, src)
             if t is None:
-                raise where.error(None, "unrecognised record: not an R2E-Gym, OpenAI-chat, mini-swe-agent or "
-                                        "canonical trajectory (use --format to force one)")
+                raise where.error(None, f"unrecognised record: not {described()} trajectory "
+                                        "(use --format to force one)")
         except RecordError as e:
             fail(e)
             continue
@@ -218,7 +228,7 @@ def _read_jsonl(src: Source, fmt: str, trajs, fail) -> str:
 
 
 def _is_traj_shape(obj: Any) -> bool:
-    return _sweagent.looks_like(obj) or _r2egym.looks_like(obj) or _chat.messages_of(obj) is not None
+    return any(e.detect(obj) for e in importers())
 
 
 def _is_predictions_record(obj: Any) -> bool:
@@ -232,61 +242,15 @@ def _is_predictions(obj: Any) -> bool:
     return isinstance(obj, dict) and bool(obj) and all(isinstance(v, dict) and "model_patch" in v for v in obj.values())
 
 
-def _names(src: Source, obj: Any) -> tuple[str, str]:
-    """(instance_id, run) of a one-trajectory file: from the record, else the file and folder names."""
-    rec = obj if isinstance(obj, dict) else {}
-    iid = None
-    for holder in (rec, rec.get("metadata"), rec.get("instance"), rec.get("info")):
-        if isinstance(holder, dict) and isinstance(holder.get("instance_id"), str):
-            iid = holder["instance_id"]
-            break
-    base = src.basename
-    stem = base
-    for suf in (".traj.json", ".traj", ".json", ".jsonl"):
-        if stem.endswith(suf):
-            stem = stem[: -len(suf)]
-            break
-    if iid is None:   # OpenHands keeps completion logs in llm_completions/<instance_id>/<model>-<time>.json
-        folder = PurePosixPath(src.path).parent.name
-        iid = folder if _SWEBENCH_ID.match(folder) and not _SWEBENCH_ID.match(stem) else stem
-    run = rec.get("run") if isinstance(rec.get("run"), str) else None
-    if run is None:
-        parents = PurePosixPath(src.path).parent.parts
-        parents = [p for p in parents if p not in (iid, "llm_completions")]
-        run = parents[-1] if parents else Path(src.group.split(":")[0]).name
-    return iid, run
-
-
 def _parse_one(obj: Any, where: Where, fmt: str, src: Source) -> Trajectory | None:
-    if fmt in ("auto", "canonical") and isinstance(obj, dict) and "traj_id" in obj and "steps" in obj:
-        try:
-            return Trajectory.from_dict(obj, where=f"{where.source}:{where.line}")
-        except LatentSiftError as e:
-            raise where.error(None, str(e).split(": ", 1)[-1]) from None
-    if fmt in ("auto", "r2egym") and _r2egym.looks_like(obj):
-        stem = src.basename.rsplit(".jsonl", 1)[0].rsplit(".json", 1)[0]
-        return _r2egym.parse(obj, where, default_run=stem)
-    if fmt == "r2egym":
-        raise where.error("trajectory_steps", "is missing (not an R2E-Gym trajectory)")
-    if fmt in ("auto", "sweagent") and _sweagent.looks_like(obj):
-        iid, run = _names(src, obj)
-        return _sweagent.parse(obj, where, instance_id=iid, run=run)
-    if fmt == "sweagent":
-        raise where.error("trajectory", "is missing (not a SWE-agent .traj file)")
-    msgs = _chat.messages_of(obj)
-    if fmt in ("openai", "minisweagent") and msgs is None:
-        raise where.error("messages", "is missing (not a chat-message trajectory)")
-    if msgs is not None and fmt in ("auto", "openai", "minisweagent"):
-        mini = fmt == "minisweagent" or (fmt == "auto" and _chat.is_mini(obj, msgs))
-        iid, run = _names(src, obj)
-        if where.line is not None and not (isinstance(obj, dict) and any(
-                isinstance(h, dict) and isinstance(h.get("instance_id"), str)
-                for h in (obj, obj.get("metadata"), obj.get("instance")))):
-            raise where.error("instance_id", "is missing (required for each line of a JSONL file)")
-        if where.line is not None and not (isinstance(obj, dict) and isinstance(obj.get("run"), str)):
-            run = src.basename.rsplit(".jsonl", 1)[0]
-        return _chat.parse(obj, msgs, where, mini=mini, instance_id=iid, run=run)
-    return None
+    """One record by the forced format ``fmt``, or by the first registered format that detects it
+    (``auto``); None when none does."""
+    if fmt != "auto":
+        entry = next(e for e in importers() if e.name == fmt)
+        if not entry.accepts(obj):
+            raise where.error(*entry.missing)
+        return entry.read(obj, where, src)
+    return next((e.read(obj, where, src) for e in importers() if e.detect(obj)), None)
 
 
 def _dedupe(trajs: list[tuple[Trajectory, str]], fail) -> list[tuple[Trajectory, str]]:

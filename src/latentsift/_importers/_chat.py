@@ -28,6 +28,8 @@ from typing import Any
 
 from ..trajectory import Step, Trajectory
 from ._common import Where, repo_from_instance
+from ._registry import register_importer
+from ._sources import Source, names_of
 
 MINI_FENCE = re.compile(r"```(?:bash|mswea_bash_command)\s*\n(.*?)\n```", re.DOTALL)
 OBS_SEP = "\n\n"
@@ -91,6 +93,43 @@ def _call_json(call: Any, where: Where, p: str) -> str:
     elif not isinstance(args, dict):
         raise where.error(f"{p}function.arguments", "must be a JSON string or an object")
     return json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+
+
+def _read(record: Any, where: Where, src: Source, *, mini: bool) -> Trajectory:
+    msgs = messages_of(record)
+    iid, run = names_of(src, record)
+    if where.line is not None and not (isinstance(record, dict) and any(
+            isinstance(h, dict) and isinstance(h.get("instance_id"), str)
+            for h in (record, record.get("metadata"), record.get("instance")))):
+        raise where.error("instance_id", "is missing (required for each line of a JSONL file)")
+    if where.line is not None and not (isinstance(record, dict) and isinstance(record.get("run"), str)):
+        run = src.basename.rsplit(".jsonl", 1)[0]
+    return parse(record, msgs, where, mini=mini, instance_id=iid, run=run)
+
+
+def _has_messages(record: Any) -> bool:
+    return messages_of(record) is not None
+
+
+def _looks_mini(record: Any) -> bool:
+    msgs = messages_of(record)
+    return msgs is not None and is_mini(record, msgs)
+
+
+_NO_MESSAGES = ("messages", "is missing (not a chat-message trajectory)")
+
+
+@register_importer("minisweagent", detect=_looks_mini, accepts=_has_messages, missing=_NO_MESSAGES,
+                   describe="a mini-swe-agent", priority=30)
+def read_mini(record: Any, where: Where, src: Source) -> Trajectory:
+    """A mini-swe-agent trajectory (one fenced bash block per reply); agent from the record or file."""
+    return _read(record, where, src, mini=True)
+
+
+@register_importer("openai", detect=_has_messages, missing=_NO_MESSAGES, describe="an OpenAI-chat", priority=40)
+def read_openai(record: Any, where: Where, src: Source) -> Trajectory:
+    """OpenAI chat messages with tool calls (OpenHands, vLLM); agent from the record or file."""
+    return _read(record, where, src, mini=False)
 
 
 def parse(record: Any, msgs: list, where: Where, *, mini: bool, instance_id: str, run: str) -> Trajectory:

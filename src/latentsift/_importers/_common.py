@@ -6,10 +6,6 @@ from typing import Any
 
 from .._validation import LatentSiftError
 
-# agent_args.scaffold (R2E-Gym files) -> agent name used in candidates.csv
-SCAFFOLD_NAMES = {"autocoderover": "acr", "acr": "acr", "swe-agent": "sweagent", "sweagent": "sweagent",
-                  "r2e-gym": "r2egym", "r2egym": "r2egym", "openhands": "openhands",
-                  "mini-swe-agent": "minisweagent", "minisweagent": "minisweagent"}
 
 
 class RecordError(LatentSiftError):
@@ -57,10 +53,6 @@ def _tname(typ) -> str:
     if isinstance(typ, tuple):
         return " or ".join(names.get(t, t.__name__) for t in typ)
     return names.get(typ, typ.__name__)
-
-
-def agent_name(scaffold: str) -> str:
-    return SCAFFOLD_NAMES.get(scaffold.strip().lower(), scaffold.strip().lower())
 
 
 def repo_from_instance(instance_id: str) -> str:

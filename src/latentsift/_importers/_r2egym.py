@@ -12,14 +12,31 @@ from __future__ import annotations
 from typing import Any
 
 from ..trajectory import Step, Trajectory
-from ._common import Where, agent_name, repo_from_instance
+from ._common import Where, repo_from_instance
+from ._registry import register_importer
+from ._sources import Source
 
 NO_CALL = "<function=>\n</function>"  # R2E-Gym's Action("", {}).to_xml_string()
 ACR_SCAFFOLD = "acr"
+# agent_args.scaffold -> the agent name used in candidates.csv (this agent is also the shift guard's scaffold)
+SCAFFOLD_NAMES = {"autocoderover": "acr", "acr": "acr", "swe-agent": "sweagent", "sweagent": "sweagent",
+                  "r2e-gym": "r2egym", "r2egym": "r2egym", "openhands": "openhands",
+                  "mini-swe-agent": "minisweagent", "minisweagent": "minisweagent"}
 
 
 def looks_like(record: Any) -> bool:
     return isinstance(record, dict) and "trajectory_steps" in record and "problem_statement" in record
+
+
+def agent_name(scaffold: str) -> str:
+    return SCAFFOLD_NAMES.get(scaffold.strip().lower(), scaffold.strip().lower())
+
+
+@register_importer("r2egym", detect=looks_like, missing=("trajectory_steps", "is missing (not an R2E-Gym trajectory)"),
+                   describe="an R2E-Gym", priority=10)
+def read(record: dict, where: Where, src: Source) -> Trajectory:
+    """One R2E-Gym record; run = ``exp_name``, else the file name; agent = ``agent_args.scaffold``."""
+    return parse(record, where, default_run=src.basename.rsplit(".jsonl", 1)[0].rsplit(".json", 1)[0])
 
 
 def parse(record: dict, where: Where, *, default_run: str) -> Trajectory:

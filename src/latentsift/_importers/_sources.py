@@ -8,11 +8,12 @@ beside it.
 from __future__ import annotations
 
 import gzip
+import re
 import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterator
+from typing import Any, Iterator
 
 from .._validation import LatentSiftError
 
@@ -118,3 +119,31 @@ def _tar_sources(f: Path, skipped_files: list[tuple[str, str]]) -> Iterator[Sour
                                       "re-create or re-download the archive.") from None
             parent = str(PurePosixPath(m.name).parent).lstrip(".")
             yield Source(name=f"{f}:{m.name}", path=inner, group=f"{f.resolve()}:{parent}", data=data)
+
+
+_SWEBENCH_ID = re.compile(r"^[\w.-]+__[\w.-]+-\d+$")
+
+
+def names_of(src: Source, obj: Any) -> tuple[str, str]:
+    """(instance_id, run) of a one-trajectory file: from the record, else the file and folder names."""
+    rec = obj if isinstance(obj, dict) else {}
+    iid = None
+    for holder in (rec, rec.get("metadata"), rec.get("instance"), rec.get("info")):
+        if isinstance(holder, dict) and isinstance(holder.get("instance_id"), str):
+            iid = holder["instance_id"]
+            break
+    base = src.basename
+    stem = base
+    for suf in (".traj.json", ".traj", ".json", ".jsonl"):
+        if stem.endswith(suf):
+            stem = stem[: -len(suf)]
+            break
+    if iid is None:   # OpenHands keeps completion logs in llm_completions/<instance_id>/<model>-<time>.json
+        folder = PurePosixPath(src.path).parent.name
+        iid = folder if _SWEBENCH_ID.match(folder) and not _SWEBENCH_ID.match(stem) else stem
+    run = rec.get("run") if isinstance(rec.get("run"), str) else None
+    if run is None:
+        parents = PurePosixPath(src.path).parent.parts
+        parents = [p for p in parents if p not in (iid, "llm_completions")]
+        run = parents[-1] if parents else Path(src.group.split(":")[0]).name
+    return iid, run

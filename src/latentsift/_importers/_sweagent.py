@@ -17,6 +17,8 @@ from typing import Any
 
 from ..trajectory import Step, Trajectory
 from ._common import Where, repo_from_instance
+from ._registry import register_importer
+from ._sources import Source, names_of
 
 _FENCE = re.compile(r"^```(\S*)\s*\n|^```\s*$", re.MULTILINE)
 _SCAFFOLD_EXIT = re.compile(r"^exit_\w+$")
@@ -45,6 +47,14 @@ def issue_text(first_user: str) -> str:
     a = first_user.find("ISSUE:\n")
     b = first_user.find("\n\nINSTRUCTIONS:", a + 1)
     return first_user[a + len("ISSUE:\n"):b] if a >= 0 and b > a else first_user
+
+
+@register_importer("sweagent", detect=looks_like, missing=("trajectory", "is missing (not a SWE-agent .traj file)"),
+                   describe="a SWE-agent", priority=20)
+def read(record: dict, where: Where, src: Source) -> Trajectory:
+    """One ``.traj`` file: instance and run from the record, else the file and folder names; agent ``sweagent``."""
+    iid, run = names_of(src, record)
+    return parse(record, where, instance_id=iid, run=run)
 
 
 def parse(record: dict, where: Where, *, instance_id: str, run: str) -> Trajectory:

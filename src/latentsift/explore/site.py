@@ -10,7 +10,6 @@ The site opens from disk: every page's data is written into the page; scripts ar
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 from importlib import resources
@@ -21,7 +20,7 @@ from .._guard import SITE_MANIFEST
 from .._io import atomic_write_json, read_json
 from .._validation import LatentSiftError
 from ..cascade import stage1_retain
-from ..sift import FILTER_FORMAT, FilterRun
+from ..sift import FilterRun, read_filter_output
 from ..trajectory import Trajectory, load_jsonl
 from .data import RETAINED_FORMAT, Limits, pool_pages, summary_charts, summary_tables
 
@@ -204,9 +203,9 @@ def write_run_site(run_dir: str | Path, out_dir: str | Path | None = None, *, po
                               "Run 'latentsift reproduce' (it writes them).")
     trajs = load_jsonl(pools)
     detail_path = run / "stage1" / "latentsift.json"
-    detail = json.loads(detail_path.read_text()) if detail_path.is_file() else None
-    kept = json.loads((run / "stage1" / "retained.json").read_text())["filters"]
-    summary = json.loads((run / "report" / "summary.json").read_text())
+    detail = read_filter_output(detail_path) if detail_path.is_file() else None
+    kept = read_json(run / "stage1" / "retained.json")["filters"]
+    summary = read_json(run / "report" / "summary.json")
     return write_site(out_dir or run / "report", trajs, detail=detail, kept=kept, summary=summary,
                       title=f"LatentSift explorer · run {run.resolve().name}", limits=limits,
                       info={"run folder": str(run.resolve()), "report": "report.md"})
@@ -223,10 +222,7 @@ def write_filter_site(filter_json: str | Path, pools: str | Path, out_dir: str |
     fpath = Path(filter_json)
     if not fpath.is_file():
         raise LatentSiftError(f"The filter output {str(fpath)!r} does not exist (write it with 'latentsift filter').")
-    detail = read_json(fpath)
-    if not isinstance(detail, dict) or detail.get("format") != FILTER_FORMAT:
-        fmt = detail.get("format") if isinstance(detail, dict) else type(detail).__name__
-        raise LatentSiftError(f"{fpath} is not a 'latentsift filter' output (format {fmt!r}).")
+    detail = read_filter_output(fpath)
     every = load_jsonl(pools)
     inst = {p["instance_id"] for p in detail["pools"]}
     trajs = [t for t in every if t.instance_id in inst]

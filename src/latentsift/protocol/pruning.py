@@ -20,11 +20,12 @@ from .._io import atomic_write_json
 from .._validation import LatentSiftError, check_choice, param_error
 from ..bank import inner_folds, iter_folds
 from ..cascade import run_cascade
-from ..evaluate import bootstrap_indices, mean_ci, ratio_ci
+from ..bootstrap import bootstrap_indices, mean_ci, ratio_ci
 from ..prune import (BASELINE_OF, LENGTH_POLICIES, POLICIES, PREFIX_BANK_SCHEDULES, SCHEDULES, STATE_POLICIES,
                      TARGET_RETENTION, THRESHOLDS, PoolRun, PrefixBankSift, PrefixSift, StepTokens, check_schedule,
                      check_threshold, cut_length, prefix_prepare, simulate_pool, step_tokens, tokens_saved)
-from ..sift import LatentSift, Prepared, Stage1Filter, make_baseline
+from ..rules import make_baseline
+from ..sift import LatentSift, Prepared, Stage1Filter
 from ..trajectory import Pool, Trajectory, group_pools
 from ..states import TrajectoryStates
 from .settings import digest

@@ -24,6 +24,7 @@ from ..diagnostics import diagnostics_table
 from ..evaluate import evaluate_run, pools_from_trajectories
 from ..explore import save_stage1, write_run_site
 from ..report import write_report
+from ..rules import REFERENCE, labels, rule_keys, rules
 from ..scorer import LinearScorer
 from ..store import StateStore
 from ..trajectory import Trajectory, load_jsonl
@@ -193,10 +194,8 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
                      "s (LatentSift)": full_scores["latentsift"]}
     if ef is not None:
         distributions["EF verifier"] = {t: r.score for t, r in ef.items() if r.score is not None}
-    names = {"ef_verifier": "LLM EF verifier (original workflow)", "latentsift": "LatentSift (paper)",
-             "default": "LatentSift default (inner-CV choice)",
-             "random": "random", "shortest_tokens": "shortest (tokens)", "shortest_chars": "shortest (chars)",
-             "fewest_steps": "fewest steps"}
+    names = {"ef_verifier": "LLM EF verifier (original workflow)", "latentsift": labels()["latentsift"],
+             "default": "LatentSift default (inner-CV choice)", **{e.key: e.label for e in rules()}}
     names |= {name: f"LatentSift, bank and scorer from {a} only" for a, name in transfer_info.get("filters", {}).items()}
     small = "drop" if any(p.n < max(settings.ks) for p in pools) else "error"
     run_meta = dict(meta or {})
@@ -208,8 +207,7 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
         ks=list(settings.ks), n_draws=settings.n_draws, seed=settings.seed, n_boot=settings.n_boot,
         reference="ef_verifier" if ef is not None else None, small_pools=small,
         ablations=ablation_tables(list(filters)), distributions=distributions, names=names,
-        headline=[f for f in ("latentsift", "default", "ef_verifier", "random", "shortest_chars", "shortest_tokens",
-                              "fewest_steps") if f in filters],
+        headline=[f for f in ("latentsift", "default", "ef_verifier", *rule_keys("headline")) if f in filters],
         meta=run_meta)
     data = summary.data if hasattr(summary, "data") else summary
     table = candidate_table(trajs)
@@ -218,10 +216,10 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     if ef is not None:
         scores["ef_verifier"] = np.array([ef[t].score if ef[t].score is not None else np.nan for t in ids])
     data["selection"] = {
-        "reference": "shortest_chars",
-        "diagnostics": diagnostics_table(table, scores, reference="shortest_chars", n_boot=settings.n_boot,
+        "reference": REFERENCE,
+        "diagnostics": diagnostics_table(table, scores, reference=REFERENCE, n_boot=settings.n_boot,
                                          seed=settings.seed),
-        "retention_difference": retention_differences(summary.ledger, "shortest_chars", settings.ks,
+        "retention_difference": retention_differences(summary.ledger, REFERENCE, settings.ks,
                                                       n_boot=settings.n_boot, seed=settings.seed),
         "default_choice": [{"fold": f["fold"], **f.get("variants", {})} for f in fold_info["folds"]],
         "per_agent_retention": per_agent_retention(summary.ledger, trajs, settings.ks),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from .._validation import LatentSiftError, check_choice, check_positive_int
+from ..shift import FALSE_ALARM, check_false_alarm
 from ..trajectory import Trajectory
 
 GROUP_BY = ("repo", "agent", "instance")
@@ -52,7 +53,7 @@ class ProtocolSettings:
     variants: bool = True
     curve_fractions: tuple[float, ...] = (0.25, 0.5, 1.0)
     agent_transfer: bool = True
-    guard_false_alarm: float = 0.05
+    guard_false_alarm: float = FALSE_ALARM
 
     owner: ClassVar[str] = "the protocol"     # names the command in error messages
     key_order: ClassVar[tuple[str, ...]] = ()  # to_dict's key order (default: the field order)
@@ -68,8 +69,7 @@ class ProtocolSettings:
         if not all(isinstance(f, (int, float)) and 0.0 < f <= 1.0 for f in self.curve_fractions):
             raise LatentSiftError(f"The 'curve_fractions' parameter of {self.owner} must hold fractions in (0, 1]. "
                                   f"Got {list(self.curve_fractions)} instead.")
-        if not 0.0 < self.guard_false_alarm < 1.0:
-            raise LatentSiftError(f"{self.owner}: --guard-false-alarm must be in (0, 1); got {self.guard_false_alarm}.")
+        check_false_alarm(self.guard_false_alarm, "--guard-false-alarm", self.owner)
 
     def inputs(self) -> tuple[Path, Path]:
         """(pools file, state store folder) of the run."""

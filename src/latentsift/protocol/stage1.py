@@ -9,12 +9,10 @@ import time
 from typing import Sequence
 
 from .._validation import LatentSiftError
-from ..sift import LatentSift, make_baseline
+from ..rules import rules
+from ..sift import LatentSift
 from ..trajectory import group_pools
 from .variants import variant_filters
-
-BASELINES = ("random", "shortest_tokens", "shortest_chars", "fewest_steps")
-
 
 class DrawScorer:
     """``score_draw(instance_id, traj_ids)``: a filter's scores ranked within the draw."""
@@ -71,10 +69,9 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
         for name, params in latentsift_variants(ablations=sweep is None).items():
             filt = LatentSift(bank, scorer, seed=s.seed, **params)
             put(name, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
-        for name in BASELINES if sweep is None else ():
-            kw = {"tokenizer": tokenizer} if name == "shortest_tokens" else {}
-            filt = make_baseline(name.replace("_", "-"), seed=s.seed, **kw)
-            put(name, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
+        for rule in rules() if sweep is None else ():  # the registry's rule filters (baselines)
+            filt = rule.factory(seed=s.seed, **({"tokenizer": tokenizer} if rule.tokenizer else {}))
+            put(rule.key, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
         if s.variants or sweep is not None:
             info["variants"] = variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
                                                per_instance, put, curves=sweep is None)

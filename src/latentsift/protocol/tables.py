@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..diagnostics import paired_bootstrap
+from ..rules import rule_keys, rules
 from ..trajectory import Trajectory
 
 
@@ -22,12 +23,13 @@ def ablation_tables(filters: Sequence[str]) -> dict[str, dict]:
                                 "distance:neg": "d_neg only"}},
         "naive": {"title": "Step weighting, branches and naive rules",
                   "filters": ["latentsift", "weighting:uniform", "branch:distance", "branch:learned",
-                              "shortest_tokens", "shortest_chars", "fewest_steps", "random"],
+                              *rule_keys()],
                   "labels": {"latentsift": "LatentSift (paper)", "weighting:uniform": "uniform step mean",
                              "branch:distance": "distance branch only", "branch:learned": "learned branch only"}},
     }
+    plain = {e.key for e in rules() if not e.tokenizer}  # the rules computed from the trajectories alone
     variants = ["latentsift", "default"] + sorted(f for f in filters if f.startswith(("variant:", "sweep:"))) + [
-        "shortest_chars", "fewest_steps", "random"]
+        k for k in rule_keys() if k in plain]
     tables["variants"] = {"title": "Beyond the paper: variants (default chosen by cross-validation inside the "
                                    "bank folds only)", "filters": variants,
                           "labels": {"latentsift": "LatentSift (paper reference)",

@@ -1,0 +1,134 @@
+"""``latentsift filter`` on files: check the options, load the pools, states, bank and scorer, score
+every pool with the chosen filter (``latentsift.rules``) and return the ``FilterRun`` to save."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from .._validation import LatentSiftError, check_choice
+from ..bank import Bank
+from ..leak import ON_LEAK, apply_on_leak
+from ..rules import make_baseline, method_names
+from ..scale.approx import approx_bank  # ray and faiss themselves load only when used
+from ..scale.bank import shard_bank
+from ..scale.cluster import require_ray
+from ..scorer import LinearScorer
+from ..shift import ON_SHIFT, Reference, guard
+from ..sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
+from ..store import StateStore, check_recorded_settings
+
+__all__ = ["filter_options", "run_filter"]
+
+
+def filter_options(*, method: str = "latentsift", bank_dir=None, scorer_dir=None, sifter_dir=None,
+                   bank_choice: str = "all", on_leak: str | None = None, ray_address: str | None = None,
+                   bank_shards: int | None = None, approx: str | None = None, distance_only: bool = False,
+                   learned_only: bool = False, channels: str | None = None, distance: str | None = None,
+                   weighting: str | None = None, fusion_weight: float | None = None) -> dict:
+    """Check a ``latentsift filter`` combination of options before any work; the settings they resolve to.
+
+    A sifter (``sifter_dir``) replaces the bank, the scorer and the method, and runs in one process;
+    ``bank_choice`` other than "all" needs a sifter; Ray (``ray_address`` / ``bank_shards``) and the
+    approximate search (``approx``) exclude each other, and Ray must be installed. A conflict raises
+    ``LatentSiftError`` naming the options. Returns ``{"branches", "on_leak"}``: the LatentSift
+    branches (both, or one of ``distance_only`` / ``learned_only``) and ``on_leak``, which defaults
+    to "error" with a bank (evaluation: a bank holding a pool's instance is leakage) and to "allow"
+    with a sifter (deployment: a bank that has seen other attempts at the task is knowledge), and
+    ``latentsift``: the LatentSift settings given (``channels`` comma-separated, ``distance``,
+    ``weighting``, ``fusion_weight``; None = the filter's default) with the branches. A sifter keeps
+    its saved settings, so any of them given with ``sifter_dir`` is refused.
+    """
+    if distance_only and learned_only:
+        raise LatentSiftError("Pass at most one of --distance-only and --learned-only.")
+    if ray_address is not None or bank_shards is not None:
+        require_ray()
+        if approx is not None:
+            raise LatentSiftError("Pass --approx or --ray/--bank-shards, not both.")
+    if bank_choice != "all" and sifter_dir is None:
+        raise LatentSiftError("--bank-choice needs --sifter (a sifter fitted with 'latentsift fit --per-agent').")
+    if sifter_dir is not None:
+        if bank_dir is not None or scorer_dir is not None or method != "latentsift":
+            raise LatentSiftError("--sifter replaces --bank, --scorer and --method: pass only --sifter.")
+        if ray_address is not None or bank_shards is not None or approx is not None:
+            raise LatentSiftError("--sifter runs in one process: drop --ray, --bank-shards and --approx.")
+        given = [o for o, v in (("--channels", channels), ("--distance", distance), ("--weighting", weighting),
+                                ("--fusion-weight", fusion_weight), ("--distance-only", distance_only or None),
+                                ("--learned-only", learned_only or None)) if v is not None]
+        if given:
+            raise LatentSiftError(f"--sifter scores with the settings it was fitted with: drop {', '.join(given)}.")
+    branches = "distance" if distance_only else "learned" if learned_only else "both"
+    chosen = {"channels": None if channels is None else tuple(c.strip() for c in channels.split(",") if c.strip()),
+              "distance": distance, "weighting": weighting, "fusion_weight": fusion_weight}
+    return {"branches": branches, "on_leak": on_leak or ("allow" if sifter_dir is not None else "error"),
+            "latentsift": {k: v for k, v in chosen.items() if v is not None} | {"branches": branches}}
+
+
+def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str = "latentsift",
+               instances: Sequence[str] | None = None, ray_address: str | None = None, bank_shards: int | None = None,
+               approx: str | None = None, on_shift: str | None = None, on_leak: str = "error",
+               **settings) -> FilterRun:
+    """``latentsift filter``: score every pool of a canonical JSONL file.
+
+    ``method`` is "latentsift" (needs ``bank_dir``, and ``scorer_dir`` unless
+    ``branches="distance"``) or a baseline name. ``settings`` go to the filter's constructor
+    (``channels``, ``distance``, ``weighting``, ``branches``, ``fusion_weight``, ``min_keep``, ``frac``,
+    ``seed``, ``n_evidence``). ``instances`` keeps only those pools. ``ray_address`` /
+    ``bank_shards`` search the bank on Ray actors (same results, ``latentsift.scale``); ``approx``
+    ("ivf" or "hnsw") searches it approximately with FAISS (off by default). ``on_shift``
+    ("warn", "keep-all", "error"; None = no guard) runs the shift guard's state-space check against
+    the bank (``latentsift.shift``; a bare bank records no agents, so that check is skipped).
+    ``on_leak`` ("error", "skip", "allow"; ``latentsift.leak``) decides, per pool, what happens to a
+    pool whose instance is in the bank; the decisions go to the output's ``leak`` section.
+    """
+    check_choice(method, "method", "run_filter", method_names())
+    check_choice(on_leak, "on_leak", "filter", ON_LEAK)
+    if on_shift is not None:
+        check_choice(on_shift, "on_shift", "run_filter", ON_SHIFT)
+    pools = load_selected_pools(pools_path, instances)
+    store = StateStore(states_dir).open() if states_dir is not None else None
+    inputs = {"pools": str(Path(pools_path).resolve()),
+              "states_dir": None if states_dir is None else str(Path(states_dir).resolve())}
+    if method == "latentsift":
+        if bank_dir is None or store is None:
+            raise LatentSiftError("The latentsift filter needs --bank and --states.")
+        bank = base_bank = Bank.load(bank_dir)
+        check_recorded_settings(base_bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
+        # scale-out: the same bank searched on Ray shards, or approximately with FAISS
+        if approx is not None:
+            bank = approx_bank(bank, approx)
+            inputs["approx"] = approx
+        elif ray_address is not None or bank_shards is not None:
+            bank = shard_bank(bank, bank_shards or 2, ray_address=ray_address or "local")
+            inputs["bank_shards"] = bank.n_shards_
+        scorer = None
+        if settings.get("branches", "both") != "distance":
+            if scorer_dir is None:
+                raise LatentSiftError("The latentsift filter needs --scorer (or --distance-only).")
+            scorer = LinearScorer.load(scorer_dir)
+            check_recorded_settings(scorer.source_.get("store_settings"), store, f"The scorer {scorer_dir}")
+        filt: Stage1Filter = LatentSift(bank, scorer, **settings)
+        pools, leak, leak_warnings = apply_on_leak(pools, bank, on_leak)
+        inputs |= {"bank_dir": str(Path(bank_dir).resolve()), "bank_repos": bank.repo_names_,
+                   "bank_label_counts": bank.label_counts(),
+                   "scorer_dir": None if scorer_dir is None or scorer is None else str(Path(scorer_dir).resolve())}
+        eval_repos = sorted({c.repo for p in pools for c in p.candidates})
+        inputs["repos_shared_with_bank"] = sorted(set(eval_repos) & set(bank.repo_names_))
+    else:
+        filt = make_baseline(method, **settings)
+    try:
+        results = filt.score_pools(pools, store, fingerprint=None)
+    finally:
+        if hasattr(getattr(filt, "bank", None), "close"):
+            filt.bank.close()
+    fp = store.fingerprint.to_dict() if store is not None else None
+    run = FilterRun(method=filt.name, settings=filt.get_params(), inputs=inputs, fingerprint=fp, pools=results)
+    if method == "latentsift":
+        run.extra["leak"] = {**leak, "warnings": leak_warnings}
+    if method == "latentsift" and on_shift is not None:
+        # shift guard with a bare bank: it records no agents or scaffolds, so only the
+        # state-space check runs (candidates' nearest-bank distances against the bank's own
+        # leave-one-instance-out distances)
+        states = store.load([c.traj_id for p in pools for c in p.candidates])
+        shift, warnings = guard(results, pools, states, base_bank, Reference.from_bank(base_bank), on_shift)
+        run.extra["shift"] = {**shift, "warnings": warnings}
+    return run

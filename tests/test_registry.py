@@ -1,0 +1,144 @@
+"""The registry of Stage-1 filters: a filter is one module plus one registration, and everything that
+lists filters reads the registry (the command line's help, the protocol, its tables and report)."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from latentsift import LatentSiftError
+from latentsift.cli import app
+from latentsift.rules import (REFERENCE, filter_entry, make_baseline, method_names, register_filter, rule_keys,
+                              rules, unregister_filter)
+from latentsift.sift import Stage1Filter
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PLUGIN = '''
+import numpy as np
+from latentsift.rules import RuleFilter, register_filter
+
+
+@register_filter("longest-patch", label="longest patch (plugin)")
+class LongestPatchFilter(RuleFilter):
+    """Prefer the longest final patch."""
+
+    def _raw(self, cands, states):
+        return np.array([float(len(c.patch or "")) for c in cands])
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """A filter registered from a temporary module (imported as a user's plugin), removed after."""
+    (tmp_path / "my_rules.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("my_rules")
+    yield tmp_path
+    unregister_filter("longest-patch")
+    sys.modules.pop("my_rules", None)
+
+
+def test_the_builtin_rules_and_their_keys():
+    assert [e.name for e in rules()] == [filter_entry(k).name for k in rule_keys()[-1:] + rule_keys()[:-1]]
+    assert method_names()[0] == "latentsift" and filter_entry("latentsift").kind == "state"
+    assert REFERENCE in rule_keys() and filter_entry(REFERENCE).column == ("n_chars", -1.0)
+    for e in rules():
+        assert e.key == e.name.replace("-", "_") and make_baseline(e.key).name == e.name
+    with pytest.raises(LatentSiftError, match="Unknown Stage-1 filter 'nope'"):
+        make_baseline("nope")
+    with pytest.raises(LatentSiftError, match="not a rule filter"):
+        make_baseline("latentsift")
+    with pytest.raises(LatentSiftError, match="lowercase words"):
+        register_filter("Bad Name")
+    with pytest.raises(LatentSiftError, match="taken by"):
+        register_filter(rules()[0].name)(type("Other", (Stage1Filter,), {}))
+    with pytest.raises(LatentSiftError, match="built-in"):
+        unregister_filter(rules()[0].name)
+
+
+def test_a_plugin_filter_shows_in_the_help_and_scores_pools(plugin, tmp_path):
+    env = dict(os.environ, COLUMNS="400", LATENTSIFT_PLUGINS="my_rules",
+               PYTHONPATH=os.pathsep.join([str(plugin), str(SRC)]))
+    r = subprocess.run([sys.executable, "-c", "from latentsift.cli import app; app()", "filter", "--help"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "longest-patch" in " ".join(r.stdout.split())
+    assert rule_keys()[-1] == "longest_patch" and rule_keys("headline")[-1] == "longest_patch"  # after the built-ins
+    fixture = Path(__file__).parent / "fixtures" / "trajectories"
+    pools = tmp_path / "pools.jsonl"
+    assert CliRunner().invoke(app, ["import", str(fixture / "mini_run"), "--out", str(pools)]).exit_code == 0
+    r = CliRunner().invoke(app, ["filter", str(pools), "--method", "longest-patch", "--out", str(tmp_path / "f.json")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "f.json").read_text())["method"] == "longest-patch"
+
+
+@pytest.mark.model
+def test_a_plugin_filter_runs_in_crossval_and_its_report(plugin, tiny_run, tmp_path, one_torch_thread):
+    from latentsift.protocol import crossval
+    run = Path(tiny_run["out"])
+    report = crossval(run / "pools.jsonl", run / "states", tmp_path / "cv", n_folds=2, ks=(2,), n_draws=5,
+                      n_boot=20, scorer_epochs=2, variants=False, agent_transfer=False, curve_fractions=(1.0,),
+                      log=lambda m: None)
+    summary = json.loads((report / "summary.json").read_text())
+    assert "longest_patch" in summary["retention"] and "longest_patch" in summary["settings"]["headline"]
+    naive = next(t for t in summary["ablations"].values() if any(r["filter"] == "longest_patch" for r in t["rows"]))
+    assert naive["rows"][-1]["filter"] == "longest_patch"
+    assert "longest patch (plugin)" in (report / "report.md").read_text()
+
+
+IMPORTER = '''
+from latentsift.importers import register_importer
+from latentsift.trajectory import Step, Trajectory
+
+
+def looks_like(rec):
+    return isinstance(rec, dict) and "my_steps" in rec
+
+
+@register_importer("myformat", detect=looks_like, missing=("my_steps", "is missing (not a my-format record)"),
+                   describe="a my-format")
+def read(rec, where, src):
+    steps = [Step(cot=s, fn="ls", obs="ok") for s in where.get(rec, "my_steps", list)]
+    return Trajectory(traj_id=f"mine/{rec['id']}", instance_id=rec["id"], repo="o/r", task_prompt="t",
+                      steps=steps, agent=rec["agent"], run="mine", source_format="myformat")
+'''
+
+
+def test_an_importer_is_one_module_and_one_registration(tmp_path, monkeypatch):
+    from latentsift._importers import _registry
+    from latentsift.importers import format_names, import_paths
+    (tmp_path / "my_importer.py").write_text(IMPORTER)
+    env = dict(os.environ, COLUMNS="400", PYTHONPATH=os.pathsep.join([str(tmp_path), str(SRC)]))
+    code = "import my_importer; from latentsift.cli import app; app()"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("my_importer")
+    try:
+        assert format_names()[-1] == "myformat"
+        r = subprocess.run([sys.executable, "-c", code, "import", "--help"], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0 and "myformat" in r.stdout, r.stderr
+        data = tmp_path / "mine.jsonl"
+        data.write_text(json.dumps({"id": "o__r-1", "agent": "my-agent", "my_steps": ["a", "b"]}) + "\n")
+        (t,) = import_paths(data).trajectories  # auto-detected by the registered format
+        assert t.source_format == "myformat" and t.n_steps == 2
+        with pytest.raises(LatentSiftError, match="'my_steps': is missing"):
+            import_paths(Path(__file__).parent / "fixtures" / "trajectories" / "openai_toolcalls.jsonl",
+                         format="myformat")
+    finally:
+        _registry._IMPORTERS.pop("myformat", None)
+        sys.modules.pop("my_importer", None)
+
+
+def test_the_rule_names_are_spelled_in_the_registry_only():
+    spelled = {}
+    for e in rules():
+        for word in {e.name, e.key}:
+            spelled[word] = sorted(str(f.relative_to(SRC)) for f in (SRC / "latentsift").rglob("*.py")
+                                   if word in f.read_text() and word not in ("random",))
+    assert {w: fs for w, fs in spelled.items() if fs and fs != ["latentsift/rules.py"]} == {}
