@@ -39,8 +39,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._validation import LatentSiftError, check_positive_int
-from .calibrate import CalibrationMap
+from .bank import Bank, inner_folds
+from .calibrate import CalibrationMap, fit_calibration
 from .retain import order_by_score
+from .scorer import LinearScorer
+from .sift import LatentSift, load_selected_pools, make_baseline
+from .sifter import Sifter
+from .store import StateStore
 
 TARGET_RECALLS = (0.90, 0.95, 0.99)
 ON_SHIFT_TARGET = ("keep-all", "warn")
@@ -227,3 +232,94 @@ def apply_operating_point(results: list, op: OperatingPoint, *, shifted: Sequenc
                     "probabilities": {t: float(v) for t, v in zip(ids, p)}, "reason": reason,
                     "guaranteed": not shift})
     return out
+
+
+# ---------------------------------------------------------------------- files in, FILTER.json out
+CALIBRATION_MODES = ("split", "cross-fitted")
+
+
+def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latentsift", bank_dir=None, scorer_dir=None,
+                                 sifter_dir=None, settings: dict | None = None, scorer_epochs: int = 40,
+                                 instances=None) -> CalibrationPools:
+    """Labelled calibration pools scored as new pools by the filter that ``filter`` runs.
+
+    "split": no calibration pool's instance is in the bank (or a baseline, which has none): the pools
+    are scored by the same bank, scorer and settings as the pools to filter (split conformal).
+    "cross-fitted": some are in the bank (e.g. the bank's own pools): each pool is scored by a bank
+    and scorer fitted on the calibration trajectories of the other half of their repositories
+    (``bank.inner_folds``, 2 repository-disjoint halves; ``scorer_epochs`` per half).
+    """
+    settings = dict(settings or {})
+    pools = load_selected_pools(cal_path, instances)
+    trajs = [c for p in pools for c in p.candidates]
+    unlabelled = [t.traj_id for t in trajs if t.label is None]
+    if unlabelled:
+        raise LatentSiftError(f"filter --calibration: {len(unlabelled)} candidates of {cal_path} have no reward, "
+                              f"e.g. {unlabelled[0]!r}; calibration pools must be labelled.")
+    if method != "latentsift":
+        results = make_baseline(method, **settings).score_pools(pools, None if cal_states is None else
+                                                                StateStore(cal_states).open())
+        return _from_results(results, trajs, "split (a rule: no bank)")
+    if cal_states is None:
+        raise LatentSiftError("filter --calibration needs the calibration candidates' states (--calibration-states "
+                              "or the --states store).")
+    if sifter_dir is not None:
+        sifter = Sifter.load(sifter_dir)
+        bank, params = sifter.bank, sifter.get_params()
+    else:
+        bank = Bank.load(bank_dir)
+        params = dict(settings)
+    overlap = sorted({p.instance_id for p in pools} & bank.instance_ids_)
+    store = StateStore(cal_states).open()
+    if not overlap:
+        filt = LatentSift(bank, None if params.get("branches") == "distance" else
+                          (sifter.scorer if sifter_dir is not None else LinearScorer.load(scorer_dir)), **params)
+        return _from_results(filt.score_pools(pools, store.load([t.traj_id for t in trajs]),
+                                              fingerprint=store.fingerprint), trajs,
+                             "split: calibration pools disjoint from the bank, scored by the same bank and scorer")
+    states = store.load([t.traj_id for t in trajs])
+    folds = list(inner_folds(trajs, seed=params.get("seed", 0)))
+    results = []
+    for f in folds:
+        labels = {t.traj_id: int(t.label) for t in f.bank_trajs}
+        if len(set(labels.values())) < 2 or not f.eval_pools:
+            raise LatentSiftError(f"filter --calibration: {len(overlap)} calibration pools are in the bank, so they are "
+                                  "cross-fitted over two repository-disjoint halves, and a half has one class only or "
+                                  "no pools; give calibration pools from more repositories.")
+        ids = sorted(labels)
+        b = Bank.from_trajectories(f.bank_trajs, states, store.fingerprint, **bank.get_params())
+        sc = None if params.get("branches") == "distance" else LinearScorer(
+            max_epochs=scorer_epochs, seed=params.get("seed", 0)).fit([states[i] for i in ids], [labels[i] for i in ids],
+                                                                     fingerprint=store.fingerprint)
+        results += LatentSift(b, sc, **params).score_pools(f.eval_pools, states, fingerprint=store.fingerprint)
+    return _from_results(results, trajs, f"cross-fitted: {len(overlap)} calibration pools are in the bank; each "
+                                         "scored by a bank and scorer of the other half of the repositories")
+
+
+def _from_results(results, trajs, how: str) -> CalibrationPools:
+    lab = {t.traj_id: int(t.label) for t in trajs}
+    results = sorted(results, key=lambda r: r.instance_id)
+    return CalibrationPools([r.instance_id for r in results], [[c.traj_id for c in r.candidates] for r in results],
+                            [np.array([c.s for c in r.candidates], dtype=np.float64) for r in results],
+                            [np.array([lab[c.traj_id] for c in r.candidates]) for r in results], how=how)
+
+
+def count_positive_pools(cal_path, instances=None) -> int:
+    """Calibration pools holding a resolved candidate (read from the labels, before any scoring)."""
+    return sum(any(c.label == 1 for c in p.candidates) for p in load_selected_pools(cal_path, instances))
+
+
+def target_recall_filter(run, target: float, cal: CalibrationPools, *, method: str = "isotonic", min_keep: int = 1,
+                         on_shift: str = "keep-all") -> dict:
+    """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section."""
+    cmap = fit_calibration(*cal.flat(), method=method)
+    op = fit_operating_point(cal, cmap, target, min_keep=min_keep, seed=run.settings.get("seed", 0))
+    shift = run.extra.get("shift")
+    shifted = [x["instance_id"] for x in (shift or {}).get("pools", []) if x.get("shifted")]
+    rows = apply_operating_point(run.pools, op, shifted=shifted, on_shift=on_shift)
+    section = op.to_dict() | {"calibration_pools": {"how": cal.how, "n_pools": len(cal.scores),
+                                                    "n_with_resolved": cal.n_positive()},
+                              "shift_checked": shift is not None, "on_shift": on_shift, "pools": rows}
+    run.settings = dict(run.settings) | {"min_keep": min_keep, "target_recall": target}
+    run.extra["operating_point"] = section
+    return section
