@@ -1,10 +1,19 @@
 """Calibration and the recall-targeted keep rule (conformal risk control) on synthetic pools."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
+from conftest import refused
 
 from latentsift import LatentSiftError
+from latentsift.cli import app
+from latentsift.extract import extract_pools
+from latentsift.importers import import_paths
+from latentsift.trajectory import group_pools, load_jsonl, save_jsonl
 from latentsift.calibrate import ece, ece_ci, fit_calibration, reliability
 from latentsift.operating import (CalibrationPools, apply_operating_point, check_calibration_size, crc_threshold,
                                   fit_operating_point, keep_mask, min_calibration_pools, pool_miss_score)
@@ -131,3 +140,124 @@ def test_a_flagged_pool_is_never_reported_as_guaranteed():
             assert rows[1]["n_keep"] == 5 and rows[4]["n_keep"] == 5 and "keep-all" in rows[1]["reason"]
         else:
             assert "no guarantee" in rows[1]["reason"]
+
+
+# ---------------------------------------------------------------------- latentsift filter --target-recall, real data
+def _cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, policy, data_dir):
+    """Bank: 8 trajectories of psf/requests (ACR runs 1-2); pool to filter: pytest-dev__pytest-7432 (4
+    candidates); calibration: the first 10 other instances (by id, other repositories) whose ACR runs 1-2
+    hold a resolved candidate, both runs' candidates. Short renderings (4 tokens per span, 96 tokens)."""
+    runs = [data_dir / "r2egym" / f"acr-run-{i}.jsonl.gz" for i in (1, 2, 3)] + [data_dir / "sweagent" / "cost_2_1.tar.gz"]
+    trajs = import_paths(runs, labels=data_dir / "candidates.csv").trajectories
+    requests = sorted({t.instance_id for t in trajs if t.repo == "psf/requests"})[:4]
+    bank = [t for t in trajs if t.instance_id in requests and t.run in ("acr-run-1", "acr-run-2")]
+    pools = [t for t in trajs if t.instance_id == "pytest-dev__pytest-7432"]
+    by_inst: dict[str, list] = {}
+    for t in trajs:
+        if t.run in ("acr-run-1", "acr-run-2") and t.repo not in ("psf/requests", "pytest-dev/pytest"):
+            by_inst.setdefault(t.instance_id, []).append(t)
+    cal_ids = [i for i in sorted(by_inst) if len(by_inst[i]) == 2 and any(t.label == 1 for t in by_inst[i])][:10]
+    cal = [t for i in cal_ids for t in by_inst[i]]
+    assert len(cal_ids) == 10
+    d = tmp_path_factory.mktemp("operating")
+    save_jsonl(bank, d / "bank.jsonl")
+    save_jsonl(pools, d / "pools.jsonl")
+    save_jsonl(cal, d / "cal.jsonl")
+    save_jsonl(cal[:12], d / "cal_small.jsonl")
+    extract_pools(policy, bank + pools + cal, d / "states", max_span_tokens=4, max_prompt_tokens=8, max_tokens=96)
+    assert _cli("bank", "build", d / "states", "--pools", d / "bank.jsonl", "--out", d / "bank").exit_code == 0
+    assert _cli("scorer", "train", d / "bank", "--out", d / "scorer", "--max-epochs", "5").exit_code == 0
+    return d
+
+
+@pytest.mark.model
+def test_filter_target_recall_on_the_shared_data(shared):
+    d = shared
+    base = ["filter", d / "pools.jsonl", "--states", d / "states", "--bank", d / "bank", "--scorer", d / "scorer"]
+    r = _cli(*base, "--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--out", d / "f.json")
+    assert r.exit_code == 0, r.output
+    out = json.loads((d / "f.json").read_text())
+    op = out["operating_point"]
+    assert op["target_recall"] == 0.9 and op["n_calibration_pools"] == 10 and op["n_lost_allowed"] == 0
+    assert op["calibration_pools"]["how"].startswith("split") and op["min_keep"] == 1
+    assert op["on_shift"] == "keep-all" and op["shift_checked"]
+    shifted = {x["instance_id"] for x in out["shift"]["pools"] if x["shifted"]}
+    (row,) = op["pools"]
+    (pool,) = out["pools"]
+    assert row["instance_id"] == pool["instance_id"] == "pytest-dev__pytest-7432"
+    assert row["n_keep"] == pool["n_keep"] == len(pool["retained"]) >= 1
+    assert set(row["probabilities"]) == {c["traj_id"] for c in pool["candidates"]}
+    assert all(0.0 <= p <= 1.0 for p in row["probabilities"].values())
+    assert row["guaranteed"] == (row["instance_id"] not in shifted) and row["reason"]
+    # no calibration pool may lose its resolved candidates at n = 10, R = 0.9: each pool keeps every
+    # candidate scoring at least the lowest best-resolved score of the calibration pools
+    kept = [c for c in pool["candidates"] if c["retained"]]
+    if op["threshold"] is not None and row["guaranteed"]:
+        assert all(c["s"] >= op["threshold"] for c in kept if c["s"] < max(x["s"] for x in pool["candidates"]))
+    # a rule (no bank) calibrated the same way
+    r = _cli("filter", d / "pools.jsonl", "--method", "shortest-chars", "--target-recall", "0.9", "--calibration",
+             d / "cal.jsonl", "--out", d / "g.json")
+    assert r.exit_code == 0, r.output
+    g = json.loads((d / "g.json").read_text())["operating_point"]
+    assert g["calibration_pools"]["how"].startswith("split (a rule") and not g["shift_checked"]
+
+
+@pytest.mark.model
+def test_filter_target_recall_refusals_before_any_work(shared):
+    d = shared
+    base = ["filter", d / "pools.jsonl", "--states", d / "states", "--bank", d / "bank", "--scorer", d / "scorer",
+            "--out", d / "x.json"]
+    for extra, words in ((["--target-recall", "0", "--calibration", d / "cal.jsonl"], ("target_recall", "(0, 1]")),
+                         (["--target-recall", "1.5", "--calibration", d / "cal.jsonl"], ("(0, 1]",)),
+                         (["--target-recall", "0.99", "--calibration", d / "cal.jsonl"], ("at least 99", "has 10")),
+                         (["--target-recall", "0.9", "--calibration", d / "cal_small.jsonl"], ("at least 9", "has 6")),
+                         (["--target-recall", "0.9"], ("needs --calibration",)),
+                         (["--calibration", d / "cal.jsonl"], ("with --target-recall only",)),
+                         (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-method", "beta"],
+                          ("calibration_method",))):
+        refused(_cli(*base, *extra), *words)
+        assert not (d / "x.json").exists()
+
+
+def test_protocol_commands_refuse_a_bad_target_recall_before_any_work(tmp_path):
+    for cmd in (["crossval", tmp_path / "p.jsonl", "--states", tmp_path / "s", "--out", tmp_path / "o"],
+                ["reproduce", "--data", tmp_path / "data", "--out", tmp_path / "o"]):
+        for bad in ("0", "1.01"):
+            refused(_cli(*cmd, "--target-recall", "0.9", "--target-recall", bad), "target_recall", "(0, 1]")
+        assert not (tmp_path / "o").exists()
+
+
+def test_tiny_run_reports_operating_points(tiny_run):
+    """The tiny run (4 pools, 2 folds): a fold's calibration set (the other fold's pools) is too small for
+    R >= 0.9, so it keeps every candidate: calls = pool size, recall 1; at R = 0.5 (n >= 1) the rule runs."""
+    data = json.loads(tiny_run["summary"])
+    op = data["operating_points"]
+    assert op["targets"] == [0.9, 0.95, 0.99] and op["reference"] == "shortest_chars"
+    sizes = data["pools"]
+    mean_k = np.mean([len(p["candidates"]) for p in _pools(tiny_run["out"])])
+    for name in ("latentsift", "shortest_chars", "random", "ef_verifier"):
+        e = op["filters"][name]
+        assert 0.0 <= e["ece"]["lo"] <= e["ece"]["mean"] <= e["ece"]["hi"] <= 1.0
+        assert sum(e["reliability"]["count"]) == sum(len(p["candidates"]) for p in _pools(tiny_run["out"]))
+        for r in ("0.9", "0.95", "0.99"):
+            row = e["targets"][r]
+            assert len(row["realized_recall"]["per_fold"]) == 2 and row["n_folds_keep_all"] == 2
+            assert row["verifier_calls"]["mean"] == pytest.approx(mean_k)
+            assert row["realized_recall"]["pooled"]["mean"] == 1.0
+            if name != "shortest_chars":
+                assert row["difference_vs_reference"]["verifier_calls"]["mean"] == 0.0
+        curve = {c["target"]: c for c in e["curve"]}
+        assert curve[1.0]["verifier_calls"] == pytest.approx(mean_k) and curve[1.0]["recall"] == 1.0
+        assert curve[0.5]["verifier_calls"] <= mean_k
+    report = (tiny_run["report"] / "report.md").read_text()
+    assert "## Operating points" in report and "![reliability.png]" in report and "![cost_recall.png]" in report
+    assert (tiny_run["report"] / "cost_recall.png").is_file() and sizes
+
+
+def _pools(out):
+    return [{"candidates": p.candidates} for p in group_pools(load_jsonl(out / "pools.jsonl"))]
