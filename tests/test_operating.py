@@ -13,7 +13,8 @@ from latentsift import LatentSiftError
 from latentsift.cli import app
 from latentsift.extract import extract_pools
 from latentsift.importers import import_paths
-from latentsift.trajectory import group_pools, load_jsonl, save_jsonl
+from latentsift.trajectory import Step, Trajectory, group_pools, load_jsonl, save_jsonl
+from synthetic import FP, make_states
 from latentsift.calibrate import ece, ece_ci, fit_calibration, reliability
 from latentsift.operating import (CalibrationPools, apply_operating_point, check_calibration_size, crc_threshold,
                                   fit_operating_point, keep_mask, min_calibration_pools, pool_miss_score)
@@ -261,3 +262,55 @@ def test_tiny_run_reports_operating_points(tiny_run):
 
 def _pools(out):
     return [{"candidates": p.candidates} for p in group_pools(load_jsonl(out / "pools.jsonl"))]
+
+
+def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint_ones_with_the_bank(tmp_path):
+    """Calibration pools in the bank are cross-fitted (two repository halves, a bank and scorer each);
+    pools the bank has not seen are scored by it (split). Synthetic states, 4 bank repositories."""
+    from latentsift.store import StateStore
+    rng = np.random.default_rng(5)
+    bank_trajs, cal_trajs, pool_trajs, states = [], [], [], {}
+
+    def add(out, tid, inst, repo, quality, label):
+        states[tid] = make_states(tid, rng, quality, n_steps=3)
+        steps = [Step(cot="think " * (i + 1), fn=f"cmd{i}", obs="out" * (i + 2)) for i in range(3)]
+        out.append(Trajectory(traj_id=tid, instance_id=inst, repo=repo, task_prompt="fix it", steps=steps,
+                              reward=float(label)))
+
+    for i in range(24):
+        for j in range(3):
+            lab = int(j == 0 or (j == 1 and i % 3 == 0))
+            add(bank_trajs, f"r{j}/bank__{i}", f"bank__{i}", f"org/bank{i % 4}", 1.0 if lab else -1.0, lab)
+            add(cal_trajs, f"r{j}/cal__{i}", f"cal__{i}", f"org/cal{i % 4}", 0.8 if lab else -0.8, lab)
+    for j in range(4):
+        add(pool_trajs, f"r{j}/new__0", "new__0", "org/new", [1, 0.3, -0.3, -1][j], int(j == 0))
+    store = StateStore(tmp_path / "states").create(FP, {"layers": [1, 2, 3], "store_dtype": "float32"})
+    ids = sorted(states)
+    inst = {t.traj_id: t.instance_id for t in bank_trajs + cal_trajs + pool_trajs}
+    store.write([states[t] for t in ids], [inst[t] for t in ids])
+    save_jsonl(bank_trajs, tmp_path / "bank.jsonl")
+    save_jsonl(cal_trajs, tmp_path / "cal.jsonl")
+    save_jsonl(pool_trajs, tmp_path / "pools.jsonl")
+    assert _cli("bank", "build", tmp_path / "states", "--pools", tmp_path / "bank.jsonl", "--out",
+                tmp_path / "bank").exit_code == 0
+    r = _cli("scorer", "train", tmp_path / "bank", "--out", tmp_path / "scorer", "--max-epochs", "2", "--lr", "1e-3")
+    assert r.exit_code == 0, r.output
+    base = ["filter", tmp_path / "pools.jsonl", "--states", tmp_path / "states", "--bank", tmp_path / "bank",
+            "--scorer", tmp_path / "scorer", "--target-recall", "0.9", "--calibration-epochs", "2"]
+    for cal, how, out in (("bank.jsonl", "cross-fitted", "a.json"), ("cal.jsonl", "split", "b.json")):
+        r = _cli(*base, "--calibration", tmp_path / cal, "--out", tmp_path / out)
+        assert r.exit_code == 0, r.output
+        op = json.loads((tmp_path / out).read_text())["operating_point"]
+        assert op["calibration_pools"]["how"].startswith(how), op["calibration_pools"]
+        assert op["n_calibration_pools"] == 24 and op["n_lost_allowed"] == 1
+        # clear separation: every calibration pool ranks its resolved candidate first -> keep the best only
+        assert op["threshold"] is None and op["threshold_meaning"] == "keep min_keep only"
+        (row,) = op["pools"]
+        shifted = json.loads((tmp_path / out).read_text())["shift"]["pools"][0]["shifted"]
+        assert row["guaranteed"] == (not shifted) and row["n_keep"] == (4 if shifted else 1)  # keep-all if flagged
+    r = _cli(*base, "--calibration", tmp_path / "cal.jsonl", "--on-shift", "warn", "--out", tmp_path / "w.json")
+    out = json.loads((tmp_path / "w.json").read_text())
+    (row,) = out["operating_point"]["pools"]
+    assert row["n_keep"] == 1 and out["pools"][0]["retained"] == ["r0/new__0"]
+    assert row["guaranteed"] == (not out["shift"]["pools"][0]["shifted"])
+    assert _cli(*base, "--calibration", tmp_path / "pools.jsonl", "--out", tmp_path / "c.json").exit_code == 2
