@@ -255,8 +255,18 @@ def test_tiny_run_reports_operating_points(tiny_run):
         curve = {c["target"]: c for c in e["curve"]}
         assert curve[1.0]["verifier_calls"] == pytest.approx(mean_k) and curve[1.0]["recall"] == 1.0
         assert curve[0.5]["verifier_calls"] <= mean_k
+    # the way back for a new agent: bank of ACR, SWE-agent's candidates; "alone" with m < 9 pools keeps all
+    pair = op["new_agent"]["pairs"]["acr -> sweagent"]
+    swe = [c for p in _pools(tiny_run["out"]) for c in p["candidates"] if c.agent == "sweagent"]
+    n_swe_pools = len({c.instance_id for c in swe})
+    assert pair["n_new_agent_pools"] == n_swe_pools
+    for row in pair["rows"]:
+        assert row["n_test_pools"] == n_swe_pools and row["m_used_min"] <= min(row["m"], n_swe_pools)
+        if row["mode"] == "alone" and row["target"] >= 0.9:
+            assert row["n_folds_keep_all"] == 2 and row["realized_recall"] == 1.0
+            assert row["verifier_calls"] == pytest.approx(len(swe) / n_swe_pools)
     report = (tiny_run["report"] / "report.md").read_text()
-    assert "## Operating points" in report and "![reliability.png]" in report and "![cost_recall.png]" in report
+    assert "## Operating points" in report and "![reliability.png]" in report and "![cost_recall.png]" in report and "A way back" in report
     assert (tiny_run["report"] / "cost_recall.png").is_file() and sizes
 
 

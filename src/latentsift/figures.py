@@ -8,7 +8,8 @@ random as curves, against K), ``best_vs_tokens.png`` (Best@K against verificatio
 (learned-branch AUC against the bank fraction), ``pruning.png`` (tokens saved against retention per
 pruning policy), ``shift_guard.png`` (the shift guard's flag rates against its threshold),
 ``reliability.png`` (calibrated probabilities against the share resolved) and ``cost_recall.png``
-(realized pool recall against verifier calls of the recall-targeted rule).
+(realized pool recall against verifier calls of the recall-targeted rule), ``new_agent.png`` (realized
+recall and calls against the new agent's labelled pools in the calibration set).
 ``latentsift.report`` writes them beside report.md.
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ def write_figures(data: dict, out: Path) -> dict[str, Path]:
                       ("best_vs_tokens.png", _fig_best_vs_tokens), ("token_savings.png", _fig_savings),
                       ("training_size.png", _fig_training_size), ("pruning.png", _fig_pruning),
                       ("shift_guard.png", _fig_shift_guard), ("reliability.png", _fig_reliability),
-                      ("cost_recall.png", _fig_cost_recall)):
+                      ("cost_recall.png", _fig_cost_recall), ("new_agent.png", _fig_new_agent)):
         fig = fn(data, plt)
         if fig is None:
             continue
@@ -286,4 +287,32 @@ def _fig_cost_recall(data: dict, plt):
     ax.set_ylabel("realized pool recall (%)")
     ax.set_title("Cost and recall of the recall-targeted rule", fontsize=9)
     ax.legend(fontsize=6)
+    return fig
+
+
+def _fig_new_agent(data: dict, plt):
+    """Agent transfer: realized recall and verifier calls against the new agent's labelled pools in the
+    calibration set, per (bank agent -> new agent) pair, at the first target recall."""
+    na = (data.get("operating_points") or {}).get("new_agent") or {}
+    pairs = na.get("pairs") or {}
+    if not pairs or not na.get("targets"):
+        return None
+    r0 = na["targets"][0]
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6))
+    for j, (pair, d) in enumerate(sorted(pairs.items())):
+        for mode, ls in (("added", "-"), ("alone", "--")):
+            rows = [x for x in d["rows"] if x["mode"] == mode and x["target"] == r0 and x["realized_recall"] is not None]
+            ms = [x["m"] for x in rows]
+            axes[0].plot(ms, [100 * x["realized_recall"] for x in rows], ls, marker="o", ms=3, color=f"C{j % 10}",
+                         label=f"{pair} ({mode})")
+            axes[1].plot(ms, [x["verifier_calls"] for x in rows], ls, marker="o", ms=3, color=f"C{j % 10}",
+                         label=f"{pair} ({mode})")
+    axes[0].axhline(100 * r0, color="grey", linewidth=0.6, linestyle=":")
+    axes[0].set_ylabel(f"realized pool recall (%), target {r0:g}")
+    axes[1].set_ylabel("verifier calls per pool")
+    for ax in axes:
+        ax.set_xlabel("labelled pools of the new agent in the calibration set")
+        ax.legend(fontsize=6)
+    fig.suptitle("A way back for a new agent", fontsize=9)
+    fig.tight_layout()
     return fig

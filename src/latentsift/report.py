@@ -551,6 +551,19 @@ def _operating_markdown(data: dict) -> list[str]:
                          str(row["n_folds_keep_all"]), _ci_num(e["ece"], 3)])
     lines += [_table(["filter", "target R", "realized recall % (pooled)", "per fold %", "verifier calls / pool",
                       f"calls vs {ref}", "EF tokens / pool", f"tokens vs {ref}", "folds keep-all", "ECE"], rows), ""]
+    na = op.get("new_agent") or {}
+    if na.get("pairs"):
+        r0 = na["targets"][0]
+        lines += [f"A way back for a new agent (target {r0:g}): realized recall % / verifier calls per pool of the "
+                  f"new agent's pools against m, its labelled pools in the calibration set. Rule: {na['rule']}.", ""]
+        rows = []
+        for pair, d in sorted(na["pairs"].items()):
+            for mode in ("added", "alone"):
+                cells = {x["m"]: x for x in d["rows"] if x["mode"] == mode and x["target"] == r0}
+                rows.append([pair, mode] + ["-" if cells[m]["realized_recall"] is None else
+                                            f"{100 * cells[m]['realized_recall']:.0f} / {cells[m]['verifier_calls']:.2f}"
+                                            for m in na["sizes"]])
+        lines += [_table(["bank -> new agent", "calibration"] + [f"m={m}" for m in na["sizes"]], rows), ""]
     return lines
 
 

@@ -26,7 +26,8 @@ from ..calibrate import ece_ci, fit_calibration, reliability
 from ..evaluate import bootstrap_indices, mean_ci
 from ..operating import CalibrationPools, GUARANTEE, fit_operating_point
 from ..retain import retain_count
-from ..trajectory import group_pools
+from ..trajectory import Pool, group_pools
+from .settings import hash_key
 
 REFERENCE_RULE = "shortest_chars"   # paired differences are taken against this filter
 CURVE_TARGETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.975, 0.99, 1.0)
@@ -126,6 +127,7 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
             if r in targets:
                 entry["targets"][f"{r:g}"] = row
         out["filters"][name] = entry
+    out["new_agent"] = new_agent_curves(run, trajs, fold_pools, filters, targets=targets)
     return out
 
 
@@ -152,3 +154,76 @@ def _target_row(acc: dict, boot: np.ndarray, ref: dict | None, with_tokens: bool
             d["realized_recall"] = mean_ci(hit[pos_idx] - np.array(ref["hit"], float)[pos_idx], rb)
         row["difference_vs_reference"] = d
     return row
+
+
+# ---------------------------------------------------------------------- a way back for a new agent
+NEW_AGENT_POOLS = (0, 5, 10, 20, 40, 80)
+
+
+def _subset(pools, agent: str):
+    return [Pool(p.instance_id, [c for c in p.candidates if c.agent == agent]) for p in pools
+            if any(c.agent == agent for c in p.candidates)]
+
+
+def new_agent_curves(run, trajs, fold_pools, filters: Mapping[str, Any], *, targets: Sequence[float],
+                     sizes: Sequence[int] = NEW_AGENT_POOLS) -> dict:
+    """Agent transfer (bank and scorer of agent A, ``transfer:A``) on the pools of another agent B alone:
+    realized recall and verifier calls of the recall-targeted rule against m, the number of labelled
+    pools of B (from the other folds, in a seeded hash order) in the calibration set.
+
+    "added": A's pools of the other folds plus m pools of B; "alone": the m pools of B only (exchangeable
+    with B's new pools: the guarantee holds once m >= 1/(1-R) - 1; below that the fold keeps all).
+    """
+    s = run.settings
+    labels = {t.traj_id: int(t.label) for t in trajs}
+    agents = sorted({t.agent for t in trajs})
+    out: dict[str, Any] = {"sizes": list(sizes), "targets": list(targets), "pairs": {},
+                           "rule": "calibration = the bank agent's pools of the other folds plus m labelled pools of "
+                                   "the new agent (added), or those m pools alone (alone); test = the new agent's "
+                                   "candidates of the held-out fold's pools, scored by the bank agent's bank and scorer"}
+    for name, filt in filters.items():
+        if not name.startswith("transfer:"):
+            continue
+        a = name.split(":", 1)[1]
+        for b in (x for x in agents if x != a):
+            sub = {k: (_subset(ps, a), _subset(ps, b)) for k, ps in fold_pools}
+            cal_a = {k: _cal_pools(pa, filter_table(filt, pa), labels) for k, (pa, _) in sub.items()}
+            cal_b = {k: _cal_pools(pb, filter_table(filt, pb), labels) for k, (_, pb) in sub.items()}
+            rows = []
+            for mode in ("added", "alone"):
+                for m in sizes:
+                    for r in targets:
+                        calls, hits, keep_all, used = [], [], 0, []
+                        for k, _ in fold_pools:
+                            others_b = _merge([cal_b[j] for j, _ in fold_pools if j != k])
+                            pick = sorted(range(len(others_b.instance_ids)),
+                                          key=lambda i: hash_key(s.seed, others_b.instance_ids[i]))[:m]
+                            extra = CalibrationPools([others_b.instance_ids[i] for i in pick],
+                                                     [others_b.traj_ids[i] for i in pick],
+                                                     [others_b.scores[i] for i in pick], [others_b.labels[i] for i in pick])
+                            parts = ([cal_a[j] for j, _ in fold_pools if j != k] if mode == "added" else []) + [extra]
+                            cal = _merge(parts)
+                            used.append(len(pick))
+                            op = None
+                            if cal.scores:
+                                try:
+                                    op = fit_operating_point(cal, fit_calibration(*cal.flat()), r, seed=s.seed,
+                                                             owner="new-agent curve")
+                                except LatentSiftError:
+                                    op = None
+                            keep_all += op is None
+                            test = cal_b[k]
+                            for t_ids, sc, y in zip(test.traj_ids, test.scores, test.labels):
+                                msk = np.ones(len(t_ids), dtype=bool) if op is None else op.keep(sc, t_ids)
+                                calls.append(float(msk.sum()))
+                                if y.any():
+                                    hits.append(bool((msk & (y == 1)).any()))
+                        rows.append({"mode": mode, "m": m, "m_used_min": min(used), "target": r,
+                                     "n_test_pools": len(calls),
+                                     "realized_recall": float(np.mean(hits)) if hits else None,
+                                     "verifier_calls": float(np.mean(calls)) if calls else None,
+                                     "n_folds_keep_all": keep_all})
+            out["pairs"][f"{a} -> {b}"] = {"filter": name, "bank_agent": a, "new_agent": b,
+                                           "n_new_agent_pools": sum(len(c.scores) for c in cal_b.values()),
+                                           "rows": rows}
+    return out
