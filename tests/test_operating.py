@@ -220,7 +220,9 @@ def test_filter_target_recall_refusals_before_any_work(shared):
                          (["--target-recall", "0.9"], ("needs --calibration",)),
                          (["--calibration", d / "cal.jsonl"], ("with --target-recall only",)),
                          (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-method", "beta"],
-                          ("calibration_method",))):
+                          ("calibration_method",)),
+                         (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-epochs", "0"],
+                          ("calibration_epochs",))):
         refused(_cli(*base, *extra), *words)
         assert not (d / "x.json").exists()
 

@@ -38,9 +38,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._validation import LatentSiftError, check_positive_int
+from ._validation import LatentSiftError, check_choice, check_positive_int
 from .bank import Bank, inner_folds
-from .calibrate import CalibrationMap, fit_calibration
+from .calibrate import CALIBRATION_METHODS, CalibrationMap, fit_calibration
 from .retain import order_by_score
 from .scorer import LinearScorer
 from .sift import LatentSift, load_selected_pools, make_baseline
@@ -302,6 +302,35 @@ def _from_results(results, trajs, how: str) -> CalibrationPools:
     return CalibrationPools([r.instance_id for r in results], [[c.traj_id for c in r.candidates] for r in results],
                             [np.array([c.s for c in r.candidates], dtype=np.float64) for r in results],
                             [np.array([lab[c.traj_id] for c in r.candidates]) for r in results], how=how)
+
+
+def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
+                          calibration_method: str = "isotonic", calibration_epochs: int = 40, on_shift=None,
+                          min_keep=None) -> dict:
+    """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
+
+    Returns ``{"target_recall", "on_shift", "min_keep"}``: without a target, "warn" and 3 (the paper's
+    rule); with one, "keep-all" and 1. The calibration file is read for its labels only.
+    """
+    if target_recall is None:
+        if calibration is not None:
+            raise LatentSiftError("--calibration is used with --target-recall only; pass --target-recall R.")
+        return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": 3 if min_keep is None else min_keep}
+    target_recall = check_target_recall(target_recall, "filter (--target-recall)")
+    if calibration is None:
+        raise LatentSiftError("--target-recall needs --calibration (labelled pools to choose the threshold on).")
+    if bank_choice != "all":
+        raise LatentSiftError("--target-recall calibrates on the sifter's all-agent bank: use --bank-choice all "
+                              "(per-pool sub-banks would need a calibration each).")
+    check_choice(calibration_method, "calibration_method", "filter (--calibration-method)", CALIBRATION_METHODS)
+    check_positive_int(calibration_epochs, "calibration_epochs", "filter (--calibration-epochs)")
+    if on_shift is not None:
+        check_choice(on_shift, "on_shift", "filter (--on-shift with --target-recall)", (*ON_SHIFT_TARGET, "error"))
+    if min_keep is not None:
+        check_positive_int(min_keep, "min_keep", "filter (--min-keep)")
+    check_calibration_size(count_positive_pools(calibration), target_recall, "filter")
+    return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": 1 if min_keep is None
+            else min_keep}
 
 
 def count_positive_pools(cal_path, instances=None) -> int:

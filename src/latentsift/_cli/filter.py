@@ -13,10 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .._guard import check_output
-from .._validation import LatentSiftError, check_choice, check_positive_int
-from ..calibrate import CALIBRATION_METHODS
-from ..operating import (ON_SHIFT_TARGET, calibration_pools_for_filter, check_calibration_size, check_target_recall,
-                         count_positive_pools, target_recall_filter)
+from .._validation import LatentSiftError
+from ..operating import calibration_pools_for_filter, target_recall_filter, target_recall_options
 from ..sift import filter_options, run_filter
 from ..sifter import run_sifter_filter_chosen
 from ._options import Channels, Seed, StatesDir, csv_list
@@ -91,19 +89,10 @@ def filter_cmd(
                               approx=approx, distance_only=distance_only, learned_only=learned_only)
     if show < 0:
         raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
-    if target_recall is not None:
-        target_recall = check_target_recall(target_recall, "filter (--target-recall)")
-        if calibration is None:
-            raise LatentSiftError("--target-recall needs --calibration (labelled pools to choose the threshold on).")
-        check_choice(calibration_method, "calibration_method", "filter (--calibration-method)", CALIBRATION_METHODS)
-        check_positive_int(calibration_epochs, "calibration_epochs", "filter (--calibration-epochs)")
-        if on_shift is not None:
-            check_choice(on_shift, "on_shift", "filter (--on-shift with --target-recall)", (*ON_SHIFT_TARGET, "error"))
-        check_calibration_size(count_positive_pools(calibration), target_recall, "filter")
-    elif calibration is not None:
-        raise LatentSiftError("--calibration is used with --target-recall only; pass --target-recall R.")
-    on_shift = on_shift or ("keep-all" if target_recall is not None else "warn")
-    min_keep = min_keep if min_keep is not None else (1 if target_recall is not None else 3)
+    target = target_recall_options(target_recall=target_recall, calibration=calibration, bank_choice=bank_choice,
+                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs,
+                                   on_shift=on_shift, min_keep=min_keep)
+    target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
     check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states])
     console = Console(width=None if sys.stdout.isatty() else 160)
     inst = csv_list(instances) if instances else None
