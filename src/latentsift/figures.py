@@ -6,7 +6,10 @@ means), ``best_at_k_tokens.png`` (verification tokens per instance as bars, Best
 random as curves, against K), ``best_vs_tokens.png`` (Best@K against verification tokens),
 ``token_savings.png`` (tokens saved against the reference workflow), ``training_size.png``
 (learned-branch AUC against the bank fraction), ``pruning.png`` (tokens saved against retention per
-pruning policy) and ``shift_guard.png`` (the shift guard's flag rates against its threshold).
+pruning policy), ``shift_guard.png`` (the shift guard's flag rates against its threshold),
+``reliability.png`` (calibrated probabilities against the share resolved) and ``cost_recall.png``
+(realized pool recall against verifier calls of the recall-targeted rule), ``new_agent.png`` (realized
+recall and calls against the new agent's labelled pools in the calibration set).
 ``latentsift.report`` writes them beside report.md.
 """
 from __future__ import annotations
@@ -40,7 +43,8 @@ def write_figures(data: dict, out: Path) -> dict[str, Path]:
     for fname, fn in (("score_distributions.png", _fig_distributions), ("best_at_k_tokens.png", _fig_best_tokens_k),
                       ("best_vs_tokens.png", _fig_best_vs_tokens), ("token_savings.png", _fig_savings),
                       ("training_size.png", _fig_training_size), ("pruning.png", _fig_pruning),
-                      ("shift_guard.png", _fig_shift_guard)):
+                      ("shift_guard.png", _fig_shift_guard), ("reliability.png", _fig_reliability),
+                      ("cost_recall.png", _fig_cost_recall), ("new_agent.png", _fig_new_agent)):
         fig = fn(data, plt)
         if fig is None:
             continue
@@ -233,5 +237,82 @@ def _fig_pruning(data: dict, plt):
         ax.set_ylabel("retention of a resolved candidate (%)")
         ax.set_title(f"Early pruning, {kind} checkpoints (star = in-bank threshold)", fontsize=9)
         ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def _op_filters(data: dict) -> list[str]:
+    """Filters drawn in the operating-point figures: the headline rules and the agent-transfer ones."""
+    op = data.get("operating_points") or {}
+    head = data["settings"].get("headline") or []
+    return [f for f in op.get("filters", {}) if f in head or f.startswith("transfer:")]
+
+
+def _fig_reliability(data: dict, plt):
+    """Reliability of each filter's calibrated probabilities on the held-out folds (diagonal = calibrated)."""
+    op = data.get("operating_points") or {}
+    names = _op_filters(data)
+    if not names:
+        return None
+    fig, ax = plt.subplots(figsize=(4.8, 4.2))
+    ax.plot([0, 1], [0, 1], color="grey", linewidth=0.6, linestyle=":")
+    for j, f in enumerate(names):
+        r, e = op["filters"][f]["reliability"], op["filters"][f]["ece"]
+        ax.plot(r["mean_p"], r["frac_resolved"], marker="o", ms=3, color=f"C{j % 10}",
+                label=f"{filter_name(data, f)} (ECE {e['mean']:.3f})")
+    ax.set_xlabel("calibrated P(resolved), bin mean")
+    ax.set_ylabel("share resolved")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("Reliability on the held-out folds", fontsize=9)
+    ax.legend(fontsize=6)
+    return fig
+
+
+def _fig_cost_recall(data: dict, plt):
+    """Realized pool recall against verifier calls per pool, the rule chosen for each target recall."""
+    op = data.get("operating_points") or {}
+    names = _op_filters(data)
+    if not names:
+        return None
+    fig, ax = plt.subplots(figsize=(5.2, 4.0))
+    for j, f in enumerate(names):
+        pts = [c for c in op["filters"][f]["curve"] if c["recall"] is not None]
+        ax.plot([c["verifier_calls"] for c in pts], [100 * c["recall"] for c in pts], marker="o", ms=3,
+                color=f"C{j % 10}", label=filter_name(data, f), ls="--" if f in ("random", "ef_verifier") else "-")
+    fixed = op.get("fixed_rule_calls", {}).get("mean")
+    if fixed is not None:
+        ax.axvline(fixed, color="grey", linewidth=0.6, linestyle=":", label="paper's max(3, K/2) (calls)")
+    ax.set_xlabel("verifier calls per pool (candidates kept)")
+    ax.set_ylabel("realized pool recall (%)")
+    ax.set_title("Cost and recall of the recall-targeted rule", fontsize=9)
+    ax.legend(fontsize=6)
+    return fig
+
+
+def _fig_new_agent(data: dict, plt):
+    """Agent transfer: realized recall and verifier calls against the new agent's labelled pools in the
+    calibration set, per (bank agent -> new agent) pair, at the first target recall."""
+    na = (data.get("operating_points") or {}).get("new_agent") or {}
+    pairs = na.get("pairs") or {}
+    if not pairs or not na.get("targets"):
+        return None
+    r0 = na["targets"][0]
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6))
+    for j, (pair, d) in enumerate(sorted(pairs.items())):
+        for mode, ls in (("added", "-"), ("alone", "--")):
+            rows = [x for x in d["rows"] if x["mode"] == mode and x["target"] == r0 and x["realized_recall"] is not None]
+            ms = [x["m"] for x in rows]
+            axes[0].plot(ms, [100 * x["realized_recall"] for x in rows], ls, marker="o", ms=3, color=f"C{j % 10}",
+                         label=f"{pair} ({mode})")
+            axes[1].plot(ms, [x["verifier_calls"] for x in rows], ls, marker="o", ms=3, color=f"C{j % 10}",
+                         label=f"{pair} ({mode})")
+    axes[0].axhline(100 * r0, color="grey", linewidth=0.6, linestyle=":")
+    axes[0].set_ylabel(f"realized pool recall (%), target {r0:g}")
+    axes[1].set_ylabel("verifier calls per pool")
+    for ax in axes:
+        ax.set_xlabel("labelled pools of the new agent in the calibration set")
+        ax.legend(fontsize=6)
+    fig.suptitle("A way back for a new agent", fontsize=9)
     fig.tight_layout()
     return fig

@@ -213,6 +213,8 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
         lines += _selection_markdown(data)
     if data.get("pruning"):
         lines += _pruning_markdown(data["pruning"])  # early pruning
+    if data.get("operating_points"):
+        lines += _operating_markdown(data)  # recall-targeted retention (protocol.operating)
     if figures:
         lines += ["## Figures", ""]
         lines += [f"![{f}]({f})" for f in figures] + [""]
@@ -518,3 +520,59 @@ def _pruning_markdown(pr: dict) -> list[str]:
         lines += ["<details><summary>Every threshold</summary>", "",
                   _table(head, _pruning_rows(rest), ["l", "l", "l"] + ["r"] * 5), "", "</details>", ""]
     return lines
+
+
+# ----------------------------------------------------------------------------- operating points
+
+def _operating_markdown(data: dict) -> list[str]:
+    """'Operating points': per filter and target recall, realized recall, verifier calls, EF tokens, the
+    paired differences against the reference rule, and the calibration error."""
+    op = data["operating_points"]
+    ref = op.get("reference")
+    head = data["settings"].get("headline") or []
+    names = [f for f in op["filters"] if f in head or f.startswith("transfer:")]
+    fx = op.get("fixed_rule_calls", {})
+    lines = ["## Operating points: retention for a stated pool recall", "",
+             f"Rule: {op['rule']}. Guarantee: {op['guarantee']}. Calibration: {op['calibration']}. "
+             f"Intervals: {op['intervals']}. For comparison, the paper's fixed max(3, floor(K/2)) keeps "
+             f"{_num(fx.get('mean'), 2)} candidates per pool. Differences are against `{ref}` "
+             "(the same rule on its scores); negative calls/tokens = cheaper.", ""]
+    rows = []
+    for f in names:
+        e = op["filters"][f]
+        for r, row in e["targets"].items():
+            rec = row["realized_recall"]
+            per = ", ".join("-" if x["realized_recall"] is None else f"{100 * x['realized_recall']:.0f}"
+                            for x in rec["per_fold"])
+            d = row.get("difference_vs_reference") or {}
+            tok = row.get("ef_tokens")
+            rows.append([_name(data, f), r, _ci_pct(rec["pooled"]) if rec["pooled"].get("mean") is not None else "-",
+                         per, _ci_num(row["verifier_calls"]), _ci_num(d.get("verifier_calls")),
+                         _ci_num(tok, 0) if tok else "-", _ci_num(d.get("ef_tokens"), 0),
+                         str(row["n_folds_keep_all"]), _ci_num(e["ece"], 3)])
+    lines += [_table(["filter", "target R", "realized recall % (pooled)", "per fold %", "verifier calls / pool",
+                      f"calls vs {ref}", "EF tokens / pool", f"tokens vs {ref}", "folds keep-all", "ECE"], rows), ""]
+    na = op.get("new_agent") or {}
+    if na.get("pairs"):
+        r0 = na["targets"][0]
+        lines += [f"A way back for a new agent (target {r0:g}): realized recall % / verifier calls per pool of the "
+                  f"new agent's pools against m, its labelled pools in the calibration set. Rule: {na['rule']}.", ""]
+        rows = []
+        for pair, d in sorted(na["pairs"].items()):
+            for mode in ("added", "alone"):
+                cells = {x["m"]: x for x in d["rows"] if x["mode"] == mode and x["target"] == r0}
+                rows.append([pair, mode] + ["-" if cells[m]["realized_recall"] is None else
+                                            f"{100 * cells[m]['realized_recall']:.0f} / {cells[m]['verifier_calls']:.2f}"
+                                            for m in na["sizes"]])
+        lines += [_table(["bank -> new agent", "calibration"] + [f"m={m}" for m in na["sizes"]], rows), ""]
+    return lines
+
+
+def _name(data: dict, f: str) -> str:
+    return data["settings"].get("names", {}).get(f, f)
+
+
+def _ci_num(c: Mapping | None, digits: int = 2) -> str:
+    if not c or c.get("mean") is None:
+        return "-"
+    return f"{c['mean']:.{digits}f} [{c['lo']:.{digits}f}, {c['hi']:.{digits}f}]"

@@ -45,6 +45,9 @@ def crossval_cmd(
     guard_false_alarm: float = typer.Option(_DEFAULT["guard_false_alarm"], "--guard-false-alarm", help="The shift guard's stated false-alarm "
                                             "rate (threshold = the 1 - RATE quantile of each fold bank's own pools); "
                                             "the report measures its actual rates."),
+    target_recall: Optional[List[float]] = typer.Option(None, "--target-recall", help="Target pool recalls of the "
+                                                        "operating-points evaluation (repeat; default 0.9, 0.95, 0.99); "
+                                                        "the paper's selection stays the report's default."),
 ) -> None:
     """Cross-validate LatentSift, its variants and the baselines on your own labelled pools; write the report."""
     check_output(out, [pools, states, verifier], kind="run")
@@ -53,6 +56,7 @@ def crossval_cmd(
         report = crossval(pools[0] if len(pools) == 1 else pools,
                           states[0] if len(states) == 1 else states, out, group_by=group_by, n_folds=folds, ks=tuple(k),
                           n_draws=draws, seed=seed, verifier=verifier, first_instances=instances, n_boot=boot, scorer_epochs=scorer_epochs,
-                          variants=variants, agent_transfer=agent_transfer, on_leak=on_leak, guard_false_alarm=guard_false_alarm, log=bar.print, progress=bar.update)
+                          variants=variants, agent_transfer=agent_transfer, on_leak=on_leak, guard_false_alarm=guard_false_alarm,
+                          target_recalls=tuple(target_recall or _DEFAULT["target_recalls"]), log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")
     console.print(f"[bold green]Explorer:[/] {report / 'index.html'}")

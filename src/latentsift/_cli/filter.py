@@ -16,6 +16,7 @@ from .._guard import check_output
 from .._io import output_lock
 from .._validation import LatentSiftError
 from .._jobs.filter import filter_options, run_filter
+from ..operating import calibration_pools_for_filter, target_recall_filter, target_recall_options
 from ..rules import rules
 from ..sifter import run_sifter_filter_chosen
 from ._options import Seed, StatesDir, csv_list
@@ -48,7 +49,8 @@ def filter_cmd(
     learned_only: bool = typer.Option(False, "--learned-only", help="s = s_lin (banks used for the guards only)."),
     fusion_weight: Optional[float] = typer.Option(None, "--fusion-weight", help="s = w s_dist + (1 - w) s_lin "
                                                   "(default 0.5)."),
-    min_keep: int = typer.Option(3, "--min-keep", help="Retain max(min_keep, floor(frac K))."),
+    min_keep: Optional[int] = typer.Option(None, "--min-keep", help="Retain max(min_keep, floor(frac K)) (default 3); "
+                                           "with --target-recall: at least this many per pool (default 1)."),
     frac: float = typer.Option(0.5, "--frac", help="Retain max(min_keep, floor(frac K))."),
     seed: Seed = 0,
     evidence: int = typer.Option(3, "--evidence", help="Strongest steps reported per channel (0 = none)."),
@@ -61,9 +63,22 @@ def filter_cmd(
                                          "default; see docs/scale.md for its recall)."),
     sifter: Optional[Path] = typer.Option(None, "--sifter", help="SIFTER_DIR from 'latentsift fit' (replaces "
                                           "--bank/--scorer and the method settings; runs the shift guard)."),
-    on_shift: str = typer.Option("warn", "--on-shift", help="For a pool unlike the sifter's or bank's "
-                                 "trajectories: warn, keep-all (skip Stage 1 for it) or error. A bare --bank "
-                                 "records no agents: only its state-space check runs."),
+    on_shift: Optional[str] = typer.Option(None, "--on-shift", help="For a pool unlike the sifter's or bank's "
+                                           "trajectories: warn (the default), keep-all (skip Stage 1 for it; the "
+                                           "default with --target-recall) or error. A bare --bank records no "
+                                           "agents: only its state-space check runs."),
+    target_recall: Optional[float] = typer.Option(None, "--target-recall", help="Keep per pool the fewest candidates "
+                                                  "that reach this pool recall R in (0, 1] with the conformal guarantee "
+                                                  "(docs/operating.md); needs --calibration."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Labelled pools JSONL for --target-recall: "
+                                               "pools the bank has not seen (scored by it), or the bank's own pools "
+                                               "(cross-fitted over two repository halves)."),
+    calibration_states: Optional[Path] = typer.Option(None, "--calibration-states", help="States of the calibration "
+                                                      "candidates (default: --states)."),
+    calibration_method: str = typer.Option("isotonic", "--calibration-method", help="Score -> P(resolved) map: "
+                                           "isotonic or platt."),
+    calibration_epochs: int = typer.Option(40, "--calibration-epochs", help="Scorer epochs per half when the "
+                                           "calibration pools are cross-fitted."),
     bank_choice: str = typer.Option("all", "--bank-choice", help="With --sifter: all (the all-agent bank) or "
                                     "nearest (per pool, the sub-bank of 'fit --per-agent' nearest to its "
                                     "candidates' states; the choice and distances are in the JSON)."),
@@ -81,7 +96,11 @@ def filter_cmd(
                               channels=channels, distance=distance, weighting=weighting, fusion_weight=fusion_weight)
     if show < 0:
         raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
-    check_output(out, [pools, states, bank, scorer, sifter])
+    target = target_recall_options(target_recall=target_recall, calibration=calibration, bank_choice=bank_choice,
+                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs,
+                                   on_shift=on_shift, min_keep=min_keep)
+    target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
+    check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states])
     ctx.with_resource(output_lock(out))  # held until the command ends: a second filter to this --out is refused
     console = Console(width=None if sys.stdout.isatty() else 160)
     inst = csv_list(instances) if instances else None
@@ -102,6 +121,14 @@ def filter_cmd(
                              on_shift=on_shift if method == "latentsift" else None, on_leak=resolved["on_leak"],
                              **settings)
         warnings = list(run.extra.get("shift", {}).get("warnings", []))
+    if target_recall is not None:
+        with Console(stderr=True).status("calibrating ..."):
+            cal = calibration_pools_for_filter(calibration, calibration_states or states, method=method,
+                                               bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
+                                               settings={k: v for k, v in settings.items() if k != "n_evidence"},
+                                               scorer_epochs=calibration_epochs)
+            op = target_recall_filter(run, target_recall, cal, method=calibration_method, min_keep=min_keep,
+                                      on_shift=on_shift)
     run.save(out)
     for res in run.pools[:show]:
         t = Table(title=f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}", title_justify="left")
@@ -135,6 +162,12 @@ def filter_cmd(
     if shared:
         console.print(f"[yellow]note: the bank and the pools share repositories {shared}; the paper's protocol "
                       "keeps them disjoint.[/yellow]")
+    if target_recall is not None:
+        console.print(f"target pool recall {target_recall:g}: threshold {_fmt(op['threshold'])} "
+                      f"({op['threshold_meaning']}; P(resolved) there {_fmt(op['p_threshold'])}), chosen on "
+                      f"{op['n_calibration_pools']} calibration pools with a resolved candidate "
+                      f"({op['calibration_pools']['how'].split(':')[0]}); "
+                      f"{sum(not p['guaranteed'] for p in op['pools'])} pools without the guarantee.")
     console.print(f"{run.method}: {sum(p.n_keep for p in run.pools)} of "
                   f"{sum(len(p.candidates) for p in run.pools)} candidates retained over {len(run.pools)} pools. "
                   f"Written to {out}.")

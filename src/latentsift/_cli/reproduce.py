@@ -47,6 +47,9 @@ def reproduce_cmd(
                                           "longer-context representation."),
     sweep_patch_tokens: int = typer.Option(_DEFAULT["sweep_patch_tokens"], "--sweep-patch-tokens", help="Tokens kept per span of the "
                                            "patch-writing step in the sweep's patch representation."),
+    target_recall: Optional[List[float]] = typer.Option(None, "--target-recall", help="Target pool recalls of the "
+                                                        "operating-points evaluation (repeat; default 0.9, 0.95, 0.99); "
+                                                        "the paper's selection stays the report's default."),
 ) -> None:
     """Import -> states -> repo-disjoint banks and scorers -> filters -> cascade -> report."""
     check_output(out, [data, model], kind="run")
@@ -55,7 +58,8 @@ def reproduce_cmd(
                           include_leaky=include_leaky, n_unresolved=n_unresolved, max_instances=max_instances, max_span_tokens=max_span_tokens,
                           verifier_max_tokens=verifier_max_tokens, n_folds=folds, ks=tuple(k),
                           n_draws=draws, seed=seed, variants=variants, sweep=tuple(sweep or ()),
-                          sweep_span_tokens=sweep_span_tokens, sweep_patch_tokens=sweep_patch_tokens)
+                          sweep_span_tokens=sweep_span_tokens, sweep_patch_tokens=sweep_patch_tokens,
+                          target_recalls=tuple(target_recall or _DEFAULT["target_recalls"]))
     with StageProgress(console) as bar:
         report = reproduce(s, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")

@@ -31,6 +31,7 @@ from ..trajectory import Trajectory, load_jsonl
 from ..verifier import VerifierFailure
 from .folds import Split, fold_splits, group_of
 from .guard import protocol_guard
+from .operating import operating_points
 from .pruning import reproduce_pruning
 from .settings import ProtocolSettings, digest
 from .stage1 import stage1_filters
@@ -232,6 +233,9 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     }
     data["shift_guard"] = guard_info
     run.timed("evaluate", t0)
+    t0 = time.perf_counter()  # recall-targeted retention beside the paper's fixed rule (protocol.operating)
+    data["operating_points"] = operating_points(run, trajs, folds, filters, ef)
+    run.timed("operating_points", t0)
     # offline early pruning by prefix truncation of the stored states (latentsift.prune); reuses the
     # folds' banks and scorers; stored in summary.json under "pruning". Token counts need the tokenizer
     # (reproduce has it; crossval on stored states alone skips this section and says so)

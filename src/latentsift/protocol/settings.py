@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from .._validation import LatentSiftError, check_choice, check_positive_int
+from ..operating import check_target_recall
 from ..shift import FALSE_ALARM, check_false_alarm
 from ..trajectory import Trajectory
 
@@ -40,7 +41,8 @@ class ProtocolSettings:
     fold; ``variants``: also the beyond-paper variants and the inner-CV default; ``curve_fractions``:
     bank fractions of the training-set size curves (learned branch); ``agent_transfer``: the
     agent-transfer table (banks and scorers from one agent's trajectories); ``guard_false_alarm``:
-    the shift guard's stated false-alarm rate (``shift.FALSE_ALARM``).
+    the shift guard's stated false-alarm rate (``shift.FALSE_ALARM``); ``target_recalls``: the pool
+    recalls of the operating-points evaluation (``protocol.operating``; the selection stays the paper's).
     """
 
     group_by: str = "repo"
@@ -54,6 +56,7 @@ class ProtocolSettings:
     curve_fractions: tuple[float, ...] = (0.25, 0.5, 1.0)
     agent_transfer: bool = True
     guard_false_alarm: float = FALSE_ALARM
+    target_recalls: tuple[float, ...] = (0.90, 0.95, 0.99)
 
     owner: ClassVar[str] = "the protocol"     # names the command in error messages
     key_order: ClassVar[tuple[str, ...]] = ()  # to_dict's key order (default: the field order)
@@ -70,6 +73,10 @@ class ProtocolSettings:
             raise LatentSiftError(f"The 'curve_fractions' parameter of {self.owner} must hold fractions in (0, 1]. "
                                   f"Got {list(self.curve_fractions)} instead.")
         check_false_alarm(self.guard_false_alarm, "--guard-false-alarm", self.owner)
+        self.target_recalls = tuple(check_target_recall(r, self.owner) for r in self.target_recalls)
+        if not self.target_recalls:
+            raise LatentSiftError(f"The 'target_recalls' parameter of {self.owner} must name at least one target. "
+                                  "Got [] instead.")
 
     def inputs(self) -> tuple[Path, Path]:
         """(pools file, state store folder) of the run."""

@@ -1,0 +1,229 @@
+"""Operating points of every Stage-1 filter on the outer folds (the ``operating_points`` section of summary.json).
+
+Per filter and outer fold k: the calibration pools are the other folds' pools, each scored by its
+own fold's bank and scorer, i.e. by a bank without its repository (cross-fitted over the outer
+folds); the calibration map (``latentsift.calibrate``, isotonic) and the keep rule for each target
+pool recall R (``latentsift.operating``, conformal risk control) are fitted on them and applied to
+fold k's pools, scored as new pools. The paper's fixed ``max(3, floor(K/2))`` stays the selection
+of the rest of the report; this section only adds the recall-targeted rule beside it, on full pools.
+
+Per filter and target: realized pool recall per outer fold and pooled, verifier calls (candidates
+kept) and EF tokens (the EF verifier's tokens of the kept candidates) per pool, each a mean with a
+bootstrap interval over pools, and the paired per-pool differences against ``REFERENCE_RULE`` (the
+same rule applied to its scores, same pools, same resamples). Per filter: the ECE of its
+calibrated probabilities on the held-out folds with a bootstrap interval over pools and the
+reliability bins. A fold whose calibration set is too small for the bound at R keeps every
+candidate of its pools (the safe choice) and is counted in ``n_folds_keep_all``.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .._validation import LatentSiftError
+from ..calibrate import ece_ci, fit_calibration, reliability
+from ..evaluate import bootstrap_indices, mean_ci
+from ..operating import CalibrationPools, GUARANTEE, fit_operating_point
+from ..retain import retain_count
+from ..trajectory import Pool, group_pools
+from .settings import hash_key
+
+REFERENCE_RULE = "shortest_chars"   # paired differences are taken against this filter
+CURVE_TARGETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.975, 0.99, 1.0)
+
+
+def filter_table(filt: Any, pools) -> dict[str, dict[str, float]]:
+    """instance -> traj_id -> score of one protocol filter on full pools (a draw scorer, or an EF table)."""
+    out = {}
+    for p in pools:
+        ids = sorted(c.traj_id for c in p.candidates)
+        if callable(filt):
+            out[p.instance_id] = filt(p.instance_id, ids)
+        else:
+            out[p.instance_id] = {t: (np.nan if filt[t].score is None else float(filt[t].score)) for t in ids}
+    return out
+
+
+def _cal_pools(pools, table, labels) -> CalibrationPools:
+    ids = [sorted(c.traj_id for c in p.candidates) for p in pools]
+    return CalibrationPools([p.instance_id for p in pools], ids,
+                            [np.array([table[p.instance_id][t] for t in i], dtype=np.float64) for p, i in zip(pools, ids)],
+                            [np.array([labels[t] for t in i], dtype=np.int64) for i in ids])
+
+
+def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping | None = None, *,
+                     targets: Sequence[float] | None = None, reference: str = REFERENCE_RULE) -> dict:
+    """The ``operating_points`` section (module docstring). ``filters``: name -> draw scorer or EF table."""
+    s = run.settings
+    targets = tuple(targets if targets is not None else s.target_recalls)
+    labels = {t.traj_id: int(t.label) for t in trajs}
+    tokens = {t: float(r.n_in + r.n_out) for t, r in ef.items()} if ef is not None else None
+    fold_pools = [(f.k, f.eval_pools) for f in run.iter_folds(trajs, folds, pools=group_pools(trajs))]
+    order = [p.instance_id for _, ps in fold_pools for p in ps]
+    n_pools = len(order)
+    boot = bootstrap_indices(n_pools, s.n_boot, np.random.default_rng(s.seed))
+    fixed_calls = np.array([retain_count(len(p.candidates)) for _, ps in fold_pools for p in ps], dtype=np.float64)
+    all_targets = tuple(sorted(set(targets) | set(CURVE_TARGETS)))
+    per_filter: dict[str, dict] = {}
+    for name, filt in filters.items():
+        tables = {k: filter_table(filt, ps) for k, ps in fold_pools}
+        cals = {k: _cal_pools(ps, tables[k], labels) for k, ps in fold_pools}
+        res = {"p": [], "y": [], "g": [], "by_target": {r: {"calls": [], "tokens": [], "hit": [], "pos": [],
+                                                           "folds": []} for r in all_targets}}
+        for k, ps in fold_pools:
+            cal = _merge([cals[j] for j, _ in fold_pools if j != k])
+            test = cals[k]
+            if not cal.scores:
+                raise LatentSiftError("operating points need two outer folds or more.")
+            cmap = fit_calibration(*cal.flat())
+            for iid, sc, y in zip(test.instance_ids, test.scores, test.labels):
+                res["p"].append(cmap.predict(sc))
+                res["y"].append(y)
+                res["g"] += [iid] * len(y)
+            for r in all_targets:
+                acc = res["by_target"][r]
+                try:
+                    op = fit_operating_point(cal, cmap, r, min_keep=1, seed=s.seed, owner="operating points")
+                    status = "ok"
+                except LatentSiftError:
+                    op, status = None, f"calibration too small for R={r:g} ({cal.n_positive()} pools with a " \
+                                       f"resolved candidate): keep all"
+                hits = []
+                for t_ids, sc, y in zip(test.traj_ids, test.scores, test.labels):
+                    m = np.ones(len(t_ids), dtype=bool) if op is None else op.keep(sc, t_ids)
+                    acc["calls"].append(float(m.sum()))
+                    acc["tokens"].append(float(sum(tokens[t] for t, kk in zip(t_ids, m) if kk)) if tokens else np.nan)
+                    acc["pos"].append(bool(y.any()))
+                    acc["hit"].append(bool((m & (y == 1)).any()))
+                    if y.any():
+                        hits.append(acc["hit"][-1])
+                acc["folds"].append({"fold": k, "status": status, "n_pools": len(test.scores),
+                                     "n_pools_with_resolved": len(hits),
+                                     "realized_recall": float(np.mean(hits)) if hits else None,
+                                     **({} if op is None else {k2: v for k2, v in op.to_dict().items()
+                                                               if k2 in ("threshold", "p_threshold",
+                                                                         "n_calibration_pools", "n_lost_allowed")})})
+        per_filter[name] = res
+    out: dict[str, Any] = {
+        "targets": list(targets), "curve_targets": list(all_targets), "reference": reference if reference in filters else None,
+        "rule": "per pool: the best candidate and every candidate whose score reaches the fold's threshold; threshold by "
+                "conformal risk control on the other folds' pools (each scored by a bank without its repository) "
+                "holding a resolved candidate; a fold whose calibration set is too small keeps all",
+        "guarantee": GUARANTEE, "calibration": "isotonic regression on the other folds' candidates (cross-fitted)",
+        "intervals": f"95% bootstrap over pools ({s.n_boot} resamples, paired across filters)",
+        "fixed_rule_calls": mean_ci(fixed_calls, boot), "filters": {}}
+    ref = per_filter.get(reference)
+    for name, res in per_filter.items():
+        p, y = np.concatenate(res["p"]), np.concatenate(res["y"])
+        entry: dict[str, Any] = {"ece": ece_ci(p, y, res["g"], n_boot=s.n_boot, seed=s.seed),
+                                 "reliability": reliability(p, y), "targets": {}, "curve": []}
+        for r in all_targets:
+            acc = res["by_target"][r]
+            row = _target_row(acc, boot, ref["by_target"][r] if ref is not None and name != reference else None,
+                              tokens is not None, s)
+            entry["curve"].append({"target": r, "recall": row["realized_recall"]["pooled"]["mean"],
+                                   "verifier_calls": row["verifier_calls"]["mean"]})
+            if r in targets:
+                entry["targets"][f"{r:g}"] = row
+        out["filters"][name] = entry
+    out["new_agent"] = new_agent_curves(run, trajs, fold_pools, filters, targets=targets)
+    return out
+
+
+def _merge(parts: Sequence[CalibrationPools]) -> CalibrationPools:
+    return CalibrationPools([i for c in parts for i in c.instance_ids], [t for c in parts for t in c.traj_ids],
+                            [x for c in parts for x in c.scores], [x for c in parts for x in c.labels])
+
+
+def _target_row(acc: dict, boot: np.ndarray, ref: dict | None, with_tokens: bool, s) -> dict:
+    calls, hit, pos = np.array(acc["calls"]), np.array(acc["hit"], float), np.array(acc["pos"])
+    pos_idx = np.flatnonzero(pos)
+    rb = bootstrap_indices(pos_idx.size, s.n_boot, np.random.default_rng(s.seed + 1)) if pos_idx.size else None
+    row: dict[str, Any] = {
+        "realized_recall": {"per_fold": acc["folds"],
+                            "pooled": mean_ci(hit[pos_idx], rb) if rb is not None else {"mean": None}},
+        "verifier_calls": mean_ci(calls, boot),
+        "ef_tokens": mean_ci(np.array(acc["tokens"]), boot) if with_tokens else None,
+        "n_folds_keep_all": sum(f["status"] != "ok" for f in acc["folds"])}
+    if ref is not None:
+        d = {"verifier_calls": mean_ci(calls - np.array(ref["calls"]), boot)}
+        if with_tokens:
+            d["ef_tokens"] = mean_ci(np.array(acc["tokens"]) - np.array(ref["tokens"]), boot)
+        if rb is not None:
+            d["realized_recall"] = mean_ci(hit[pos_idx] - np.array(ref["hit"], float)[pos_idx], rb)
+        row["difference_vs_reference"] = d
+    return row
+
+
+# ---------------------------------------------------------------------- a way back for a new agent
+NEW_AGENT_POOLS = (0, 5, 10, 20, 40, 80)
+
+
+def _subset(pools, agent: str):
+    return [Pool(p.instance_id, [c for c in p.candidates if c.agent == agent]) for p in pools
+            if any(c.agent == agent for c in p.candidates)]
+
+
+def new_agent_curves(run, trajs, fold_pools, filters: Mapping[str, Any], *, targets: Sequence[float],
+                     sizes: Sequence[int] = NEW_AGENT_POOLS) -> dict:
+    """Agent transfer (bank and scorer of agent A, ``transfer:A``) on the pools of another agent B alone:
+    realized recall and verifier calls of the recall-targeted rule against m, the number of labelled
+    pools of B (from the other folds, in a seeded hash order) in the calibration set.
+
+    "added": A's pools of the other folds plus m pools of B; "alone": the m pools of B only (exchangeable
+    with B's new pools: the guarantee holds once m >= 1/(1-R) - 1; below that the fold keeps all).
+    """
+    s = run.settings
+    labels = {t.traj_id: int(t.label) for t in trajs}
+    agents = sorted({t.agent for t in trajs})
+    out: dict[str, Any] = {"sizes": list(sizes), "targets": list(targets), "pairs": {},
+                           "rule": "calibration = the bank agent's pools of the other folds plus m labelled pools of "
+                                   "the new agent (added), or those m pools alone (alone); test = the new agent's "
+                                   "candidates of the held-out fold's pools, scored by the bank agent's bank and scorer"}
+    for name, filt in filters.items():
+        if not name.startswith("transfer:"):
+            continue
+        a = name.split(":", 1)[1]
+        for b in (x for x in agents if x != a):
+            sub = {k: (_subset(ps, a), _subset(ps, b)) for k, ps in fold_pools}
+            cal_a = {k: _cal_pools(pa, filter_table(filt, pa), labels) for k, (pa, _) in sub.items()}
+            cal_b = {k: _cal_pools(pb, filter_table(filt, pb), labels) for k, (_, pb) in sub.items()}
+            rows = []
+            for mode in ("added", "alone"):
+                for m in sizes:
+                    for r in targets:
+                        calls, hits, keep_all, used = [], [], 0, []
+                        for k, _ in fold_pools:
+                            others_b = _merge([cal_b[j] for j, _ in fold_pools if j != k])
+                            pick = sorted(range(len(others_b.instance_ids)),
+                                          key=lambda i: hash_key(s.seed, others_b.instance_ids[i]))[:m]
+                            extra = CalibrationPools([others_b.instance_ids[i] for i in pick],
+                                                     [others_b.traj_ids[i] for i in pick],
+                                                     [others_b.scores[i] for i in pick], [others_b.labels[i] for i in pick])
+                            parts = ([cal_a[j] for j, _ in fold_pools if j != k] if mode == "added" else []) + [extra]
+                            cal = _merge(parts)
+                            used.append(len(pick))
+                            op = None
+                            if cal.scores:
+                                try:
+                                    op = fit_operating_point(cal, fit_calibration(*cal.flat()), r, seed=s.seed,
+                                                             owner="new-agent curve")
+                                except LatentSiftError:
+                                    op = None
+                            keep_all += op is None
+                            test = cal_b[k]
+                            for t_ids, sc, y in zip(test.traj_ids, test.scores, test.labels):
+                                msk = np.ones(len(t_ids), dtype=bool) if op is None else op.keep(sc, t_ids)
+                                calls.append(float(msk.sum()))
+                                if y.any():
+                                    hits.append(bool((msk & (y == 1)).any()))
+                        rows.append({"mode": mode, "m": m, "m_used_min": min(used), "target": r,
+                                     "n_test_pools": len(calls),
+                                     "realized_recall": float(np.mean(hits)) if hits else None,
+                                     "verifier_calls": float(np.mean(calls)) if calls else None,
+                                     "n_folds_keep_all": keep_all})
+            out["pairs"][f"{a} -> {b}"] = {"filter": name, "bank_agent": a, "new_agent": b,
+                                           "n_new_agent_pools": sum(len(c.scores) for c in cal_b.values()),
+                                           "rows": rows}
+    return out

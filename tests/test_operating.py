@@ -1,0 +1,328 @@
+"""Calibration and the recall-targeted keep rule (conformal risk control) on synthetic pools."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import refused
+
+from latentsift import LatentSiftError
+from latentsift.cli import app
+from latentsift.extract import extract_pools
+from latentsift.importers import import_paths
+from latentsift.trajectory import Step, Trajectory, group_pools, load_jsonl, save_jsonl
+from synthetic import FP, make_states
+from latentsift.calibrate import ece, ece_ci, fit_calibration, reliability
+from latentsift.operating import (CalibrationPools, apply_operating_point, check_calibration_size, crc_threshold,
+                                  fit_operating_point, keep_mask, min_calibration_pools, pool_miss_score)
+from latentsift.sift import CandidateScore, PoolResult
+
+
+def synthetic_pools(rng, n_pools, k=6, signal=1.5):
+    """Exchangeable pools: latent quality per candidate, score = quality + noise, label ~ Bernoulli."""
+    q = rng.standard_normal((n_pools, k))
+    y = (rng.random((n_pools, k)) < 1 / (1 + np.exp(-(2 * q - 1.5)))).astype(int)
+    s = signal * q + rng.standard_normal((n_pools, k))
+    ids = [[f"p{i}/c{j}" for j in range(k)] for i in range(n_pools)]
+    return CalibrationPools([f"p{i}" for i in range(n_pools)], ids, list(s), list(y))
+
+
+def realized(op, pools: CalibrationPools):
+    """(pool recall over pools holding a resolved candidate, mean candidates kept per pool)."""
+    hit, pos, kept = 0, 0, 0
+    for t, s, y in zip(pools.traj_ids, pools.scores, pools.labels):
+        m = op.keep(s, t)
+        kept += m.sum()
+        if y.any():
+            pos += 1
+            hit += bool((m & (y == 1)).any())
+    return hit / pos, kept / len(pools.scores)
+
+
+@pytest.mark.parametrize("target", [0.8, 0.9])
+def test_expected_recall_reaches_the_target_over_many_exchangeable_splits(target):
+    """What is tested: conformal risk control promises E[recall] >= R over the draw of calibration and
+    test pools (marginal, not per split). Over 400 random splits the mean realized recall is at least
+    R up to 3 Monte-Carlo standard errors, and at most R + 1/(n+1) + 3 s.e. (the rule is not
+    trivially conservative: it keeps fewer than all 6 candidates on average)."""
+    rng = np.random.default_rng(1)
+    recalls, kept, ns = [], [], []
+    for _ in range(400):
+        cal, test = synthetic_pools(rng, 60), synthetic_pools(rng, 200)
+        cmap = fit_calibration(*cal.flat())
+        op = fit_operating_point(cal, cmap, target)
+        r, k = realized(op, test)
+        recalls.append(r)
+        kept.append(k)
+        ns.append(op.n_calibration_pools)
+    recalls = np.array(recalls)
+    se = recalls.std(ddof=1) / np.sqrt(recalls.size)
+    assert recalls.mean() >= target - 3 * se
+    assert recalls.mean() <= target + 1 / (min(ns) + 1) + 3 * se
+    assert np.mean(kept) < 5.5
+    # a single split can fall below the target (the guarantee is in expectation): it does here
+    assert (recalls < target).any()
+
+
+def test_crc_threshold_allows_floor_alpha_n_plus_1_minus_1_losses():
+    u = np.array([0.1, 0.2, 0.3, 0.4, np.inf, np.inf, 0.5, 0.6, 0.7])  # n = 9
+    assert crc_threshold(u, 0.1) == 0.1         # 0.1 * 10 - 1 = 0 losses allowed
+    assert crc_threshold(u, 0.2) == 0.2         # one loss: the pool at 0.1
+    assert crc_threshold(u, 0.0) == -np.inf     # R = 1: keep all
+    assert crc_threshold(u, 0.95) == np.inf     # every finite pool may be lost: min_keep only
+    assert (u < crc_threshold(u, 0.3)).sum() == 2
+    with pytest.raises(LatentSiftError, match="needs n >= 19"):
+        crc_threshold(u, 0.05)
+    assert min_calibration_pools(0.9) == 9 and min_calibration_pools(0.99) == 99 and min_calibration_pools(1.0) == 0
+    with pytest.raises(LatentSiftError, match="needs at least 9 calibration pools"):
+        check_calibration_size(8, 0.9)
+    check_calibration_size(9, 0.9)
+    check_calibration_size(0, 1.0)
+
+
+def test_keep_rule_and_pool_miss_score_agree():
+    ids = ["a", "b", "c", "d"]
+    s = np.array([0.9, 0.2, 0.5, np.nan])
+    assert keep_mask(s, ids, np.inf, 1).tolist() == [True, False, False, False]       # confident: one
+    assert keep_mask(s, ids, -np.inf, 1).tolist() == [True, True, True, True]         # keep all
+    assert keep_mask(s, ids, 0.5, 1).tolist() == [True, False, True, False]
+    assert keep_mask(s, ids, np.inf, 2).tolist() == [True, False, True, False]        # min_keep 2
+    y = np.array([0, 1, 0, 0])
+    u = pool_miss_score(s, y, ids, 1)
+    assert u == 0.2
+    for tau in (0.1, 0.2, 0.3, 0.9):      # lost exactly when tau > u
+        assert (not (keep_mask(s, ids, tau, 1) & (y == 1)).any()) == (tau > u)
+    assert pool_miss_score(s, np.array([1, 0, 0, 0]), ids, 1) == np.inf
+    assert np.isnan(pool_miss_score(s, np.zeros(4), ids, 1))
+
+
+def test_calibration_maps_are_monotone_and_ece_of_a_calibrated_model_is_small():
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal(4000)
+    p_true = 1 / (1 + np.exp(-2 * s))
+    y = (rng.random(4000) < p_true).astype(int)
+    for method in ("isotonic", "platt"):
+        m = fit_calibration(s, y, method)
+        grid = np.linspace(-4, 4, 200)
+        assert np.all(np.diff(m.predict(grid)) >= -1e-12)
+        assert ece(m.predict(s), y) < 0.05
+        assert np.abs(m.predict(grid) - 1 / (1 + np.exp(-2 * grid)))[50:150].max() < 0.15
+    assert ece(np.full(4000, 0.9), y) > 0.3          # a badly calibrated constant
+    groups = [f"p{i // 4}" for i in range(4000)]
+    ci = ece_ci(p_true, y, groups, n_boot=200, seed=0)
+    assert ci["lo"] <= ci["mean"] <= ci["hi"] and ci["hi"] < 0.08
+    rel = reliability(p_true, y)
+    assert sum(rel["count"]) == 4000 and np.allclose(rel["mean_p"], rel["frac_resolved"], atol=0.06)
+    const = fit_calibration([0.1, 0.5, 0.9], [1, 1, 1])
+    assert np.allclose(const.predict([0.0, 2.0]), 1.0)
+
+
+def _pool(iid, scores):
+    cands = [CandidateScore(traj_id=f"{iid}/{j}", instance_id=iid, s=float(v), retained=False)
+             for j, v in enumerate(scores)]
+    return PoolResult(iid, "x", 0, cands)
+
+
+def test_a_flagged_pool_is_never_reported_as_guaranteed():
+    rng = np.random.default_rng(3)
+    cal = synthetic_pools(rng, 80)
+    op = fit_operating_point(cal, fit_calibration(*cal.flat()), 0.9)
+    results = [_pool(f"p{i}", rng.standard_normal(5)) for i in range(6)]
+    for on_shift in ("keep-all", "warn"):
+        rows = apply_operating_point(results, op, shifted=["p1", "p4"], on_shift=on_shift)
+        assert [r["guaranteed"] for r in rows] == [True, False, True, True, False, True]
+        for r, res in zip(rows, results):
+            assert r["n_keep"] == res.n_keep == sum(c.retained for c in res.candidates) >= 1
+            assert set(r["probabilities"]) == {c.traj_id for c in res.candidates}
+        if on_shift == "keep-all":
+            assert rows[1]["n_keep"] == 5 and rows[4]["n_keep"] == 5 and "keep-all" in rows[1]["reason"]
+        else:
+            assert "no guarantee" in rows[1]["reason"]
+
+
+# ---------------------------------------------------------------------- latentsift filter --target-recall, real data
+def _cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, policy, data_dir):
+    """Bank: 8 trajectories of psf/requests (ACR runs 1-2); pool to filter: pytest-dev__pytest-7432 (4
+    candidates); calibration: the first 10 other instances (by id, other repositories) whose ACR runs 1-2
+    hold a resolved candidate, both runs' candidates. Short renderings (4 tokens per span, 96 tokens)."""
+    runs = [data_dir / "r2egym" / f"acr-run-{i}.jsonl.gz" for i in (1, 2, 3)] + [data_dir / "sweagent" / "cost_2_1.tar.gz"]
+    trajs = import_paths(runs, labels=data_dir / "candidates.csv").trajectories
+    requests = sorted({t.instance_id for t in trajs if t.repo == "psf/requests"})[:4]
+    bank = [t for t in trajs if t.instance_id in requests and t.run in ("acr-run-1", "acr-run-2")]
+    pools = [t for t in trajs if t.instance_id == "pytest-dev__pytest-7432"]
+    by_inst: dict[str, list] = {}
+    for t in trajs:
+        if t.run in ("acr-run-1", "acr-run-2") and t.repo not in ("psf/requests", "pytest-dev/pytest"):
+            by_inst.setdefault(t.instance_id, []).append(t)
+    cal_ids = [i for i in sorted(by_inst) if len(by_inst[i]) == 2 and any(t.label == 1 for t in by_inst[i])][:10]
+    cal = [t for i in cal_ids for t in by_inst[i]]
+    assert len(cal_ids) == 10
+    d = tmp_path_factory.mktemp("operating")
+    save_jsonl(bank, d / "bank.jsonl")
+    save_jsonl(pools, d / "pools.jsonl")
+    save_jsonl(cal, d / "cal.jsonl")
+    save_jsonl(cal[:12], d / "cal_small.jsonl")
+    extract_pools(policy, bank + pools + cal, d / "states", max_span_tokens=4, max_prompt_tokens=8, max_tokens=96)
+    assert _cli("bank", "build", d / "states", "--pools", d / "bank.jsonl", "--out", d / "bank").exit_code == 0
+    assert _cli("scorer", "train", d / "bank", "--out", d / "scorer", "--max-epochs", "5").exit_code == 0
+    return d
+
+
+@pytest.mark.model
+def test_filter_target_recall_on_the_shared_data(shared):
+    d = shared
+    base = ["filter", d / "pools.jsonl", "--states", d / "states", "--bank", d / "bank", "--scorer", d / "scorer"]
+    r = _cli(*base, "--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--out", d / "f.json")
+    assert r.exit_code == 0, r.output
+    out = json.loads((d / "f.json").read_text())
+    op = out["operating_point"]
+    assert op["target_recall"] == 0.9 and op["n_calibration_pools"] == 10 and op["n_lost_allowed"] == 0
+    assert op["calibration_pools"]["how"].startswith("split") and op["min_keep"] == 1
+    assert op["on_shift"] == "keep-all" and op["shift_checked"]
+    shifted = {x["instance_id"] for x in out["shift"]["pools"] if x["shifted"]}
+    (row,) = op["pools"]
+    (pool,) = out["pools"]
+    assert row["instance_id"] == pool["instance_id"] == "pytest-dev__pytest-7432"
+    assert row["n_keep"] == pool["n_keep"] == len(pool["retained"]) >= 1
+    assert set(row["probabilities"]) == {c["traj_id"] for c in pool["candidates"]}
+    assert all(0.0 <= p <= 1.0 for p in row["probabilities"].values())
+    assert row["guaranteed"] == (row["instance_id"] not in shifted) and row["reason"]
+    # no calibration pool may lose its resolved candidates at n = 10, R = 0.9: each pool keeps every
+    # candidate scoring at least the lowest best-resolved score of the calibration pools
+    kept = [c for c in pool["candidates"] if c["retained"]]
+    if op["threshold"] is not None and row["guaranteed"]:
+        assert all(c["s"] >= op["threshold"] for c in kept if c["s"] < max(x["s"] for x in pool["candidates"]))
+    # a rule (no bank) calibrated the same way
+    r = _cli("filter", d / "pools.jsonl", "--method", "shortest-chars", "--target-recall", "0.9", "--calibration",
+             d / "cal.jsonl", "--out", d / "g.json")
+    assert r.exit_code == 0, r.output
+    g = json.loads((d / "g.json").read_text())["operating_point"]
+    assert g["calibration_pools"]["how"].startswith("split (a rule") and not g["shift_checked"]
+
+
+@pytest.mark.model
+def test_filter_target_recall_refusals_before_any_work(shared):
+    d = shared
+    base = ["filter", d / "pools.jsonl", "--states", d / "states", "--bank", d / "bank", "--scorer", d / "scorer",
+            "--out", d / "x.json"]
+    for extra, words in ((["--target-recall", "0", "--calibration", d / "cal.jsonl"], ("target_recall", "(0, 1]")),
+                         (["--target-recall", "1.5", "--calibration", d / "cal.jsonl"], ("(0, 1]",)),
+                         (["--target-recall", "0.99", "--calibration", d / "cal.jsonl"], ("at least 99", "has 10")),
+                         (["--target-recall", "0.9", "--calibration", d / "cal_small.jsonl"], ("at least 9", "has 6")),
+                         (["--target-recall", "0.9"], ("needs --calibration",)),
+                         (["--calibration", d / "cal.jsonl"], ("with --target-recall only",)),
+                         (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-method", "beta"],
+                          ("calibration_method",)),
+                         (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-epochs", "0"],
+                          ("calibration_epochs",))):
+        refused(_cli(*base, *extra), *words)
+        assert not (d / "x.json").exists()
+
+
+def test_protocol_commands_refuse_a_bad_target_recall_before_any_work(tmp_path):
+    for cmd in (["crossval", tmp_path / "p.jsonl", "--states", tmp_path / "s", "--out", tmp_path / "o"],
+                ["reproduce", "--data", tmp_path / "data", "--out", tmp_path / "o"]):
+        for bad in ("0", "1.01"):
+            refused(_cli(*cmd, "--target-recall", "0.9", "--target-recall", bad), "target_recall", "(0, 1]")
+        assert not (tmp_path / "o").exists()
+
+
+def test_tiny_run_reports_operating_points(tiny_run):
+    """The tiny run (4 pools, 2 folds): a fold's calibration set (the other fold's pools) is too small for
+    R >= 0.9, so it keeps every candidate: calls = pool size, recall 1; at R = 0.5 (n >= 1) the rule runs."""
+    data = json.loads(tiny_run["summary"])
+    op = data["operating_points"]
+    assert op["targets"] == [0.9, 0.95, 0.99] and op["reference"] == "shortest_chars"
+    sizes = data["pools"]
+    mean_k = np.mean([len(p["candidates"]) for p in _pools(tiny_run["out"])])
+    for name in ("latentsift", "shortest_chars", "random", "ef_verifier"):
+        e = op["filters"][name]
+        assert 0.0 <= e["ece"]["lo"] <= e["ece"]["mean"] <= e["ece"]["hi"] <= 1.0
+        assert sum(e["reliability"]["count"]) == sum(len(p["candidates"]) for p in _pools(tiny_run["out"]))
+        for r in ("0.9", "0.95", "0.99"):
+            row = e["targets"][r]
+            assert len(row["realized_recall"]["per_fold"]) == 2 and row["n_folds_keep_all"] == 2
+            assert row["verifier_calls"]["mean"] == pytest.approx(mean_k)
+            assert row["realized_recall"]["pooled"]["mean"] == 1.0
+            if name != "shortest_chars":
+                assert row["difference_vs_reference"]["verifier_calls"]["mean"] == 0.0
+        curve = {c["target"]: c for c in e["curve"]}
+        assert curve[1.0]["verifier_calls"] == pytest.approx(mean_k) and curve[1.0]["recall"] == 1.0
+        assert curve[0.5]["verifier_calls"] <= mean_k
+    # the way back for a new agent: bank of ACR, SWE-agent's candidates; "alone" with m < 9 pools keeps all
+    pair = op["new_agent"]["pairs"]["acr -> sweagent"]
+    swe = [c for p in _pools(tiny_run["out"]) for c in p["candidates"] if c.agent == "sweagent"]
+    n_swe_pools = len({c.instance_id for c in swe})
+    assert pair["n_new_agent_pools"] == n_swe_pools
+    for row in pair["rows"]:
+        assert row["n_test_pools"] == n_swe_pools and row["m_used_min"] <= min(row["m"], n_swe_pools)
+        if row["mode"] == "alone" and row["target"] >= 0.9:
+            assert row["n_folds_keep_all"] == 2 and row["realized_recall"] == 1.0
+            assert row["verifier_calls"] == pytest.approx(len(swe) / n_swe_pools)
+    report = (tiny_run["report"] / "report.md").read_text()
+    assert "## Operating points" in report and "![reliability.png]" in report and "![cost_recall.png]" in report and "A way back" in report
+    assert (tiny_run["report"] / "cost_recall.png").is_file() and sizes
+
+
+def _pools(out):
+    return [{"candidates": p.candidates} for p in group_pools(load_jsonl(out / "pools.jsonl"))]
+
+
+def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint_ones_with_the_bank(tmp_path):
+    """Calibration pools in the bank are cross-fitted (two repository halves, a bank and scorer each);
+    pools the bank has not seen are scored by it (split). Synthetic states, 4 bank repositories."""
+    from latentsift.store import StateStore
+    rng = np.random.default_rng(5)
+    bank_trajs, cal_trajs, pool_trajs, states = [], [], [], {}
+
+    def add(out, tid, inst, repo, quality, label):
+        states[tid] = make_states(tid, rng, quality, n_steps=3)
+        steps = [Step(cot="think " * (i + 1), fn=f"cmd{i}", obs="out" * (i + 2)) for i in range(3)]
+        out.append(Trajectory(traj_id=tid, instance_id=inst, repo=repo, task_prompt="fix it", steps=steps,
+                              reward=float(label)))
+
+    for i in range(24):
+        for j in range(3):
+            lab = int(j == 0 or (j == 1 and i % 3 == 0))
+            add(bank_trajs, f"r{j}/bank__{i}", f"bank__{i}", f"org/bank{i % 4}", 1.0 if lab else -1.0, lab)
+            add(cal_trajs, f"r{j}/cal__{i}", f"cal__{i}", f"org/cal{i % 4}", 0.8 if lab else -0.8, lab)
+    for j in range(4):
+        add(pool_trajs, f"r{j}/new__0", "new__0", "org/new", [1, 0.3, -0.3, -1][j], int(j == 0))
+    store = StateStore(tmp_path / "states").create(FP, {"layers": [1, 2, 3], "store_dtype": "float32"})
+    ids = sorted(states)
+    inst = {t.traj_id: t.instance_id for t in bank_trajs + cal_trajs + pool_trajs}
+    store.write([states[t] for t in ids], [inst[t] for t in ids])
+    save_jsonl(bank_trajs, tmp_path / "bank.jsonl")
+    save_jsonl(cal_trajs, tmp_path / "cal.jsonl")
+    save_jsonl(pool_trajs, tmp_path / "pools.jsonl")
+    assert _cli("bank", "build", tmp_path / "states", "--pools", tmp_path / "bank.jsonl", "--out",
+                tmp_path / "bank").exit_code == 0
+    r = _cli("scorer", "train", tmp_path / "bank", "--out", tmp_path / "scorer", "--max-epochs", "2", "--lr", "1e-3")
+    assert r.exit_code == 0, r.output
+    base = ["filter", tmp_path / "pools.jsonl", "--states", tmp_path / "states", "--bank", tmp_path / "bank",
+            "--scorer", tmp_path / "scorer", "--target-recall", "0.9", "--calibration-epochs", "2"]
+    for cal, how, out in (("bank.jsonl", "cross-fitted", "a.json"), ("cal.jsonl", "split", "b.json")):
+        r = _cli(*base, "--calibration", tmp_path / cal, "--out", tmp_path / out)
+        assert r.exit_code == 0, r.output
+        op = json.loads((tmp_path / out).read_text())["operating_point"]
+        assert op["calibration_pools"]["how"].startswith(how), op["calibration_pools"]
+        assert op["n_calibration_pools"] == 24 and op["n_lost_allowed"] == 1
+        # clear separation: every calibration pool ranks its resolved candidate first -> keep the best only
+        assert op["threshold"] is None and op["threshold_meaning"] == "keep min_keep only"
+        (row,) = op["pools"]
+        shifted = json.loads((tmp_path / out).read_text())["shift"]["pools"][0]["shifted"]
+        assert row["guaranteed"] == (not shifted) and row["n_keep"] == (4 if shifted else 1)  # keep-all if flagged
+    r = _cli(*base, "--calibration", tmp_path / "cal.jsonl", "--on-shift", "warn", "--out", tmp_path / "w.json")
+    out = json.loads((tmp_path / "w.json").read_text())
+    (row,) = out["operating_point"]["pools"]
+    assert row["n_keep"] == 1 and out["pools"][0]["retained"] == ["r0/new__0"]
+    assert row["guaranteed"] == (not out["shift"]["pools"][0]["shifted"])
+    assert _cli(*base, "--calibration", tmp_path / "pools.jsonl", "--out", tmp_path / "c.json").exit_code == 2
