@@ -43,7 +43,8 @@ from .bank import Bank, inner_folds
 from .calibrate import CALIBRATION_METHODS, CalibrationMap, fit_calibration
 from .retain import order_by_score
 from .scorer import LinearScorer
-from .sift import LatentSift, load_selected_pools, make_baseline
+from .rules import make_baseline
+from .sift import LatentSift, load_selected_pools
 from .sifter import Sifter
 from .store import StateStore
 

@@ -26,10 +26,11 @@ from ..calibrate import ece_ci, fit_calibration, reliability
 from ..evaluate import bootstrap_indices, mean_ci
 from ..operating import CalibrationPools, GUARANTEE, fit_operating_point
 from ..retain import retain_count
+from ..rules import REFERENCE
 from ..trajectory import Pool, group_pools
 from .settings import hash_key
 
-REFERENCE_RULE = "shortest_chars"   # paired differences are taken against this filter
+REFERENCE_RULE = REFERENCE   # paired differences are taken against the registry's reference rule
 CURVE_TARGETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.975, 0.99, 1.0)
 
 
