@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..diagnostics import CI_LEVEL, diagnostics_table, paired_bootstrap
+from ..diagnostics import CI_LEVEL, diagnostics_table, interval_outcome, paired_bootstrap
 from .stage1 import BASELINES
 from .variants import STACK_CONFIGS
 
@@ -56,9 +56,7 @@ def is_post_hoc(name: str) -> bool:
 
 def outcome(d: Mapping | None) -> str:
     """'higher' / 'lower' / 'undetermined' from a paired difference's interval (None: 'unavailable')."""
-    if not d or d.get("lo") is None or d.get("hi") is None:
-        return "unavailable"
-    return "higher" if d["lo"] > 0 else "lower" if d["hi"] < 0 else "undetermined"
+    return interval_outcome(d)
 
 
 def within_pool_slope(code: np.ndarray, y: np.ndarray, x: np.ndarray) -> float:
