@@ -166,3 +166,19 @@ def test_filter_colours_are_one_map_headline_first():
     c = filter_colors(data)
     assert list(c) == ["latentsift", "ef_verifier", "random", "channels:cot", "shortest_chars"]
     assert c["latentsift"] == PALETTE[0] and c["ef_verifier"] == PALETTE[1] and len(set(c.values())) == 5
+
+
+def test_winner_line_names_the_best_score_and_the_comparison_that_limits_it():
+    from latentsift.protocol.verdict import _winner_line
+
+    def row(auc, post, **vs):
+        return {"auc": {"auc": auc}, "post_hoc": post,
+                "vs": {r: {"estimate": e, "lo": lo, "hi": hi, "outcome": outcome({"lo": lo, "hi": hi})}
+                       for r, (e, lo, hi) in vs.items()}}
+    auc = {"scores": {"a": row(0.70, False, r1=(0.10, 0.02, 0.2), r2=(0.05, -0.01, 0.1)),
+                      "b": row(0.77, True, r1=(0.15, 0.05, 0.25), r2=(0.04, -0.02, 0.1))}}
+    line = _winner_line(auc, None, str)
+    assert "none. Highest AUC: b (chosen after the folds were seen), 0.770" in line
+    assert "vs r2 +0.040 [-0.020, +0.100] (undetermined)" in line
+    line = _winner_line(auc, "a", str)
+    assert line.startswith("- Winner by the rule: a, AUC 0.700; vs r2 ")

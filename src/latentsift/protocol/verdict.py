@@ -36,8 +36,31 @@ def _auc_line(label: str, auc: Mapping, f: str, name) -> str:
     if row is None:
         return f"- {label}: {name(f)} not evaluated."
     vs = "; ".join(f"vs {name(r)} {_d(v)}" for r, v in row["vs"].items())
-    return (f"- {label} ({auc['n_mixed_instances']} mixed pools, {auc['n_pairs']} pairs): {name(f)} AUC "
+    return (f"- {label} ({auc['n_mixed_instances']} with both outcomes, {auc['n_pairs']} pairs): {name(f)} AUC "
             f"{row['auc']['auc']:.3f}; {vs}.")
+
+
+def _weakest(row: Mapping) -> tuple[str, Mapping] | None:
+    """The reference whose paired difference has the lowest lower bound (the comparison that limits a claim)."""
+    vs = [(r, v) for r, v in row["vs"].items() if v.get("lo") is not None]
+    return min(vs, key=lambda rv: rv[1]["lo"]) if vs else None
+
+
+def _winner_line(auc: Mapping, w: str | None, name) -> str:
+    """The winner by the rule with its weakest paired comparison; with none, the best AUC and why it does not win."""
+    scores = auc["scores"]
+    if not scores:
+        return "- Winner by the rule: none (no state score evaluated)."
+    best = w or max(scores, key=lambda n: -1.0 if scores[n]["auc"]["auc"] is None else scores[n]["auc"]["auc"])
+    row = scores[best]
+    post = " (chosen after the folds were seen)" if row["post_hoc"] else ""
+    weak = _weakest(row)
+    cmp_ = f"; vs {name(weak[0])} {_d(weak[1])}" if weak else ""
+    auc_txt = "n/a" if row["auc"]["auc"] is None else f"{row['auc']['auc']:.3f}"
+    if w is not None:
+        return f"- Winner by the rule: {name(w)}{post}, AUC {auc_txt}{cmp_}."
+    return (f"- Winner by the rule: none. Highest AUC: {name(best)}{post}, {auc_txt}{cmp_}; it does not beat "
+            "every reference.")
 
 
 def verdict_lines(data: Mapping) -> list[str]:
@@ -54,15 +77,10 @@ def verdict_lines(data: Mapping) -> list[str]:
              f"({', '.join(name(r) for r in auc['references'])}) on {pools['n_instances']} pools of mixed agents"
              + (f" and {n_single} single-agent pools" if n_single else "") + ". Rule: " + dec["rules"]["beats"]
              + f"; {dec['multiplicity']['n_auc_intervals']} such intervals (Bonferroni level in summary.json).",
-             _auc_line("Mixed pools", auc, PAPER, name)]
+             _auc_line("Pools of mixed agents", auc, PAPER, name)]
     if single.get("auc"):
         lines.append(_auc_line("Single-agent pools", single["auc"], PAPER, name))
-    w = dec.get("winner")
-    if w is None:
-        lines.append("- Winner by the rule: none; no state score beats every reference on the mixed pools.")
-    else:
-        post = " (chosen after the folds were seen)" if auc["scores"][w]["post_hoc"] else ""
-        lines.append(f"- Winner by the rule: {name(w)}{post}, AUC {auc['scores'][w]['auc']['auc']:.3f}.")
+    lines.append(_winner_line(auc, dec.get("winner"), name))
     lr = auc["scores"].get(PAPER, {}).get("length_removed")
     if lr:
         lines.append(f"- Beyond length (within-pool residual on log chars): {name(PAPER)} AUC "
