@@ -29,7 +29,7 @@ from ..shift import scaffold_of
 from ..shift_eval import TRADEOFF_QUANTILES, fold_rows, summarise_rows
 from ..trajectory import Pool, Trajectory, group_pools
 from .decide import REF_LENGTH_RULE, REF_RANDOM, auc_comparisons, ledger_difference
-from .tables import retention_differences
+from .tables import candidate_table, retention_differences
 from .transfer_agents import agent_slug
 
 SEP = "@"
@@ -88,13 +88,11 @@ def sub_pool_scores(filters: Mapping, subs: Sequence[PoolSpec]) -> dict[str, dic
 
 
 def candidate_table_of(subs: Sequence[PoolSpec], trajs: Sequence[Trajectory]) -> dict[str, np.ndarray]:
-    """The candidate table of the sub-pools (instance_id = the sub-pool id), sorted by traj_id."""
-    by = {t.traj_id: t for t in trajs}
-    rows = sorted(((t, p.instance_id) for p in subs for t in p.traj_ids))
-    ts = [by[t] for t, _ in rows]
-    return {"instance_id": np.array([s for _, s in rows]), "traj_id": np.array([t.traj_id for t in ts]),
-            "agent": np.array([t.agent for t in ts]), "label": np.array([int(t.label) for t in ts]),
-            "n_chars": np.array([t.n_chars for t in ts]), "n_steps": np.array([t.n_steps for t in ts])}
+    """``tables.candidate_table`` of the sub-pools' candidates, with instance_id = the sub-pool id."""
+    sub_of = {t: p.instance_id for p in subs for t in p.traj_ids}
+    table = candidate_table([t for t in trajs if t.traj_id in sub_of])
+    table["instance_id"] = np.array([sub_of[t] for t in table["traj_id"].tolist()])
+    return table
 
 
 def single_agent_pools(pools: Sequence[PoolSpec], records, filters: Mapping, trajs: Sequence[Trajectory], *,
