@@ -104,7 +104,7 @@ def single_agent_pools(pools: Sequence[PoolSpec], records, filters: Mapping, tra
     if not subs:
         return {"note": "no agent wrote two or more candidates of one instance: no single-agent pools"}
     sizes = [p.n for p in subs]
-    use_ks = [k for k in ks if k <= max(sizes)] or [max(sizes)]
+    use_ks = sorted({min(k, max(sizes)) for k in ks})  # the run's Ks capped at the largest sub-pool
     wrapped = {n: (SubPoolScorer(f, base) if callable(f) else f) for n, f in filters.items()}
     sub_records = {t: dataclasses.replace(records[t], instance_id=p.instance_id) for p in subs for t in p.traj_ids}
     summary = evaluate_run(subs, wrapped, sub_records, final_verifier=final_verifier, ks=use_ks, n_draws=n_draws,
