@@ -6,8 +6,9 @@
 - ``ledger.jsonl``: per (instance, K, filter) means over draws, when the summary carries them;
 - ``report.md``: the verdict of a protocol run (at most 12 lines, ``decision_report``), the run's
   settings (a name | value table; the folds in a folded section), the paper's tables (main result,
-  Best@K by K, oracle retention, token ledger and savings, ablations), diagnostics, and the sections of a protocol run (selection, agent transfer, shift guard, the
-  comparisons that decide, single-agent pools, pruning);
+  Best@K by K, oracle retention, token ledger and savings, ablations), diagnostics, and the
+  sections of a protocol run (selection, agent transfer, shift guard, the comparisons that decide,
+  single-agent pools, pruning);
 - the PNG figures of :mod:`latentsift.figures`.
 
 ``write_report`` accepts a :class:`~latentsift.evaluate.Summary` or the summary.json dict, so a
