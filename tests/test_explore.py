@@ -73,6 +73,20 @@ def test_site_of_the_tiny_run_in_chromium(browser, tiny_run, tmp_path):  # brows
     assert page.locator("h2", has_text="Oracle retention after Stage 1").count() == 1
     for cid in ("chart-best", "chart-retention", "chart-diff"):
         assert page.evaluate(f"Chart.getChart('{cid}') !== undefined"), cid
+    # the page opens with report.md's verdict (summary.json 'verdict'), before any table or figure
+    verdict = json.loads((report / "summary.json").read_text())["verdict"]
+    shown = page.locator("#verdict li").all_inner_texts()
+    assert [" ".join(x.split()) for x in shown] == [" ".join(v[2:].split()) for v in verdict[1:]]
+    assert page.evaluate("document.querySelector('#verdict').compareDocumentPosition("
+                         "document.querySelector('h2')) & Node.DOCUMENT_POSITION_FOLLOWING")
+    # one colour per filter in every chart (the bar chart of differences shows fewer filters than the lines)
+    colours = {cid: page.evaluate(f"Object.fromEntries(Chart.getChart('{cid}').data.datasets.map("
+                                  "d => [d.label, d.borderColor]))") for cid in ("chart-best", "chart-retention",
+                                                                                 "chart-diff")}
+    assert colours["chart-diff"] and all(c for cs in colours.values() for c in cs.values())
+    for label, c in colours["chart-diff"].items():
+        assert colours["chart-best"][label] == colours["chart-retention"][label] == c, label
+    assert len(set(colours["chart-best"].values())) == len(colours["chart-best"])
     # hover values: a point of the retention figure shows its value and interval in the tooltip
     page.locator("#chart-retention").scroll_into_view_if_needed()
     box = page.locator("#chart-retention").bounding_box()

@@ -129,6 +129,14 @@ def test_transfer_matrix_on_the_tiny_run(two_runs, tmp_path):
         assert {"all / distance", "nearest / distance", "shortest_chars", "fewest-steps", "random"} <= set(r["auc"])
         # every bank is repository-disjoint from the pools it scored
         assert all(len(f) >= 1 for f in r["folds"])
+        # nearest minus all, paired: its point estimate is the difference of the two AUCs in the table
+        d = r["nearest_minus_all"]["distance"]
+        assert d["estimate"] == pytest.approx(r["auc"]["nearest / distance"]["auc"]["auc"]
+                                              - r["auc"]["all / distance"]["auc"]["auc"])
+        assert d["lo"] <= d["estimate"] <= d["hi"] and d["outcome"] in ("higher", "lower", "undetermined")
+    v = summ["verdict"]
+    assert [p["set"] for p in v["paired"]] == names
+    assert v["paired_verdict"] in ("nearest", "all", "undetermined")
     assert "## Which bank" in (out / "report.md").read_text()
 
 

@@ -54,7 +54,7 @@ TABLE_COLUMNS = ("instance_id", "traj_id", "agent", "label", "n_chars", "n_steps
 
 __all__ = ["AUC", "Spearman", "PairedDifference", "within_pool_auc", "same_agent_auc", "per_agent_auc",
            "spearman_with", "paired_bootstrap", "auc_difference_ci", "retention_difference_ci",
-           "diagnostics_table", "N_BOOT", "CI_LEVEL"]
+           "diagnostics_table", "interval_outcome", "N_BOOT", "CI_LEVEL"]
 
 
 class AUC(NamedTuple):
@@ -381,6 +381,14 @@ def paired_bootstrap(metric_fn: Callable[[np.ndarray], tuple[np.ndarray, np.ndar
         raise LatentSiftError(f"The 'metric_fn' parameter of {owner} must return two arrays of one value "
                               f"per weight row ({n_boot + 1}). Got shapes {a.shape} and {b.shape} instead.")
     return _paired_difference(a, b, level, n_boot, n)
+
+
+def interval_outcome(d: Mapping | None) -> str:
+    """'higher' / 'lower' / 'undetermined' from a paired difference's interval: above 0, below 0, or
+    containing 0 ('unavailable' when there is no interval). The decision rule of ``protocol.decide``."""
+    if not d or d.get("lo") is None or d.get("hi") is None:
+        return "unavailable"
+    return "higher" if d["lo"] > 0 else "lower" if d["hi"] < 0 else "undetermined"
 
 
 def _paired_difference(a: np.ndarray, b: np.ndarray, level: float, n_boot: int, n_inst: int) -> PairedDifference:

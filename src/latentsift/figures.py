@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ._io import atomic_path
+from .colors import filter_colors
 
 FIGURES = ("score_distributions.png", "best_at_k_tokens.png", "best_vs_tokens.png", "token_savings.png")
 
@@ -93,10 +94,10 @@ def _fig_best_tokens_k(data: dict, plt):
     x = np.arange(len(ks))
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     w = 0.8 / max(len(head), 1)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = filter_colors(data)
     for i, f in enumerate(head):
         ax.bar(x - 0.4 + w * (i + 0.5), [tok[f][k]["total"]["mean"] / 1000 for k in ks], width=w,
-               color=colors[i % len(colors)], alpha=0.35, label=f"tokens: {filter_name(data, f)}")
+               color=colors[f], alpha=0.35, label=f"tokens: {filter_name(data, f)}")
     ax.set_xticks(x, [str(k) for k in ks])
     ax.set_xlabel("K (candidates per instance)")
     ax.set_ylabel("verification tokens per instance (K)")
@@ -105,8 +106,8 @@ def _fig_best_tokens_k(data: dict, plt):
         m = [100 * best["filters"][f][k]["mean"] for k in ks]
         lo = [100 * best["filters"][f][k]["lo"] for k in ks]
         hi = [100 * best["filters"][f][k]["hi"] for k in ks]
-        ax2.plot(x, m, marker="o", color=colors[i % len(colors)], label=f"Best@K: {filter_name(data, f)}")
-        ax2.fill_between(x, lo, hi, color=colors[i % len(colors)], alpha=0.08)
+        ax2.plot(x, m, marker="o", color=colors[f], label=f"Best@K: {filter_name(data, f)}")
+        ax2.fill_between(x, lo, hi, color=colors[f], alpha=0.08)
     ax2.plot(x, [100 * best["oracle_pass"][k]["mean"] for k in ks], "k--", marker="^", label="Oracle Pass@K")
     ax2.plot(x, [100 * best["random"][k]["mean"] for k in ks], ":", color="gray", marker="v", label="Random")
     ax2.set_ylabel("resolution rate (%)")
@@ -123,10 +124,11 @@ def _fig_best_vs_tokens(data: dict, plt):
     ks = k_labels(data)
     tok, best = data["tokens"]["workflows"], data["best_at_k"]
     fig, ax = plt.subplots(figsize=(5.6, 4.0))
+    colors = filter_colors(data)
     for f in s["headline"]:
         xs = [tok[f][k]["total"]["mean"] / 1000 for k in ks]
         ys = [100 * best["filters"][f][k]["mean"] for k in ks]
-        ax.plot(xs, ys, marker="o", label=filter_name(data, f))
+        ax.plot(xs, ys, marker="o", color=colors[f], label=filter_name(data, f))
         for k, xv, yv in zip(ks, xs, ys):
             ax.annotate(f"K={k}", (xv, yv), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("verification tokens per instance (K)")
@@ -145,9 +147,9 @@ def _fig_savings(data: dict, plt):
         return None
     ks = k_labels(data)
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, f in enumerate(show):
-        c = colors[i % len(colors)]
+    colors = filter_colors(data)
+    for f in show:
+        c = colors[f]
         tot = [sav[f][k]["total"]["mean"] for k in ks]
         ef = [sav[f][k]["ef"]["mean"] for k in ks]
         ax.plot([int(k) for k in ks], [100 * v if v is not None else float("nan") for v in tot], "-o", color=c,

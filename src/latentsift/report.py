@@ -4,9 +4,11 @@
 
 - ``summary.json``: the summary (every number the report prints is read from it);
 - ``ledger.jsonl``: per (instance, K, filter) means over draws, when the summary carries them;
-- ``report.md``: the run's settings (a name | value table; the folds in a folded section), the
-  paper's tables (main result, Best@K by K, oracle retention, token ledger and savings, ablations),
-  diagnostics, and the sections of a protocol run (selection, agent transfer, shift guard, pruning);
+- ``report.md``: the verdict of a protocol run (at most 12 lines, ``decision_report``), the run's
+  settings (a name | value table; the folds in a folded section), the paper's tables (main result,
+  Best@K by K, oracle retention, token ledger and savings, ablations), diagnostics, and the
+  sections of a protocol run (selection, agent transfer, shift guard, the comparisons that decide,
+  single-agent pools, pruning);
 - the PNG figures of :mod:`latentsift.figures`.
 
 ``write_report`` accepts a :class:`~latentsift.evaluate.Summary` or the summary.json dict, so a
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ._io import atomic_write_text
+from .decision_report import decision_markdown, verdict_markdown
 from .figures import FIGURES, write_figures
 from .figures import filter_name as _name
 from .figures import k_labels as _ks
@@ -90,6 +93,7 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
     head = s["headline"]
     ref = data["tokens"].get("reference")
     lines = ["# LatentSift evaluation report", ""]
+    lines += verdict_markdown(data)  # at most 12 lines: the verdict first, the run's settings below
     lines += [f"Settings: {s['n_draws']} seeded draws per instance and K (seed {s['seed']}; all subsets "
               f"enumerated when C(n, K) <= {s['n_draws']}: {'on' if s['exact'] else 'off'}), "
               f"Stage 1 keeps max({s['min_keep']}, floor({s['keep_frac']} K)), ties after Stage 4: "
@@ -211,6 +215,7 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
                          rows), ""]
     if data.get("selection"):
         lines += _selection_markdown(data)
+    lines += decision_markdown(data)  # the comparisons that decide, the single-agent pools
     if data.get("pruning"):
         lines += _pruning_markdown(data["pruning"])  # early pruning
     if data.get("operating_points"):

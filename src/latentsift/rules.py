@@ -279,3 +279,5 @@ class FewestStepsFilter(RuleFilter):
 
 #: The key of the rule every paired comparison is made against (keep the shortest in characters).
 REFERENCE = _FILTERS["shortest-chars"].key
+#: The key of the random rule (the chance-level comparison).
+RANDOM = _FILTERS["random"].key

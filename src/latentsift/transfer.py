@@ -35,7 +35,7 @@ import numpy as np
 from ._io import atomic_write_json
 from ._validation import LatentSiftError, check_positive_int
 from .bank import Bank, split_by_repo
-from .diagnostics import diagnostics_table
+from .diagnostics import auc_difference_ci, diagnostics_table, interval_outcome
 from .bootstrap import bootstrap_indices, draw_subsets, instance_seed, mean_ci
 from .library import SubBank, fit_sub_bank, load_runs, nearest_choice, pool_distances
 from .shift import Reference
@@ -237,6 +237,12 @@ def evaluate_set(es: EvalSet, trajs: Sequence[Trajectory], states: Mapping[str, 
             v = sc.scores()
             score_cols[b] = np.array([v[t] for t in table["traj_id"]])
     diag = diagnostics_table(table, score_cols, reference=REFERENCE, n_boot=s.n_boot, seed=s.seed)
+    paired = {}  # nearest minus all, paired over the set's instances (the bank-choice verdict's interval)
+    for br in branches:
+        a, n = score_cols.get(f"all / {br}"), score_cols.get(f"nearest / {br}")
+        if a is not None and n is not None:
+            d = auc_difference_ci(table, n, a, n_boot=s.n_boot, seed=s.seed).as_dict()
+            paired[br] = d | {"outcome": interval_outcome(d)}
     auc = {name: {"auc": d["auc"], f"vs_{REFERENCE}": d.get("vs_reference")} for name, d in diag["scores"].items()}
     retention = {}
     kmax = max(len(p.candidates) for p in es.pools)
@@ -249,7 +255,7 @@ def evaluate_set(es: EvalSet, trajs: Sequence[Trajectory], states: Mapping[str, 
         n_chosen[v["chosen"]] = n_chosen.get(v["chosen"], 0) + 1
     return {"set": es.describe(), "bank_agents": others, "folds": [sorted(f[1]) for f in folds],
             "auc": auc, "retention": retention,
-            "nearest": {"n_chosen": n_chosen, "pools": choices}}
+            "nearest": {"n_chosen": n_chosen, "pools": choices}, "nearest_minus_all": paired}
 
 
 # ---------------------------------------------------------------------- the command
@@ -297,9 +303,22 @@ def verdict(results: Sequence[dict]) -> dict:
         if a and n and a["auc"]["auc"] is not None and n["auc"]["auc"] is not None:
             rows.append({"set": r["set"]["name"], "branch": br, "all": a["auc"]["auc"], "nearest": n["auc"]["auc"]})
     wins = sum(x["nearest"] > x["all"] for x in rows)
+    paired = []  # the same branch as the point verdict: the paper's method where present, else the distance branch
+    for r in results:
+        nm = r.get("nearest_minus_all") or {}
+        br = "paper" if "paper" in nm else "distance"
+        if br in nm:
+            paired.append({"set": r["set"]["name"], "branch": br, **nm[br]})
+    outcomes = {p["outcome"] for p in paired}
     return {"sets": rows, "nearest_higher": wins, "all_higher": sum(x["nearest"] < x["all"] for x in rows),
             "default": "nearest" if rows and wins == len(rows) else "all",
-            "rule": "nearest becomes the default only if its AUC is higher on every held-out set"}
+            "rule": "nearest becomes the default only if its AUC is higher on every held-out set",
+            "paired": paired,
+            "paired_verdict": ("nearest" if outcomes == {"higher"} else "all" if outcomes == {"lower"} else
+                               "undetermined" if paired else "unavailable"),
+            "paired_rule": "paired AUC difference nearest - all per held-out set (bootstrap over its instances): "
+                           "'nearest' when every interval lies above 0, 'all' when every one lies below 0, "
+                           "else undetermined"}
 
 
 def _fmt_ci(a: dict | None) -> str:
@@ -341,4 +360,10 @@ def render_report(summary: dict) -> str:
     lines += ["", "## Which bank", "", f"Nearest sub-bank vs the all-agent bank (AUC): nearest higher on "
               f"{v['nearest_higher']} of {len(v['sets'])} held-out sets, lower on {v['all_higher']}. "
               f"Default: `{v['default']}` ({v['rule']})."]
+    if v.get("paired"):
+        lines += ["", f"Paired (rule: {v['paired_rule']}): **{v['paired_verdict']}**.", "",
+                  "| held-out set | branch | nearest | all | nearest - all [95% CI] |", "| --- | --- | ---: | ---: | ---: |"]
+        lines += [f"| {p['set']} | {p['branch']} | {p['a']:.3f} | {p['b']:.3f} | {p['estimate']:+.3f} "
+                  f"[{p['lo']:+.3f}, {p['hi']:+.3f}] ({p['outcome']}) |" for p in v["paired"]
+                  if p.get("estimate") is not None and p.get("lo") is not None]
     return "\n".join(lines) + "\n"

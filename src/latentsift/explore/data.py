@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ..colors import filter_colors
 from ..trajectory import Trajectory
 
 RETAINED_FORMAT = "latentsift-retained"
@@ -131,14 +132,15 @@ def summary_charts(summary: Mapping[str, Any]) -> dict:
     best = summary["best_at_k"]["filters"]
     tok = summary.get("tokens", {}).get("workflows", {})
     ret = summary.get("retention", {})
+    colors = filter_colors(summary)  # one colour per filter, as in the report's figures
     out: dict[str, Any] = {"ks": ks, "best_vs_tokens": [], "retention": [], "differences": []}
     for f in head:
         if f in best:
             pts = [{"x": tok.get(f, {}).get(k, {}).get("total", {}).get("mean"), "y": best[f][k]["mean"],
                     "lo": best[f][k].get("lo"), "hi": best[f][k].get("hi"), "k": k} for k in ks if k in best[f]]
-            out["best_vs_tokens"].append({"label": names.get(f, f), "data": pts})
+            out["best_vs_tokens"].append({"label": names.get(f, f), "color": colors.get(f), "data": pts})
         if f in ret:
-            out["retention"].append({"label": names.get(f, f), "data": [
+            out["retention"].append({"label": names.get(f, f), "color": colors.get(f), "data": [
                 {"x": k, "y": ret[f][k]["mean"], "lo": ret[f][k].get("lo"), "hi": ret[f][k].get("hi")}
                 for k in ks if k in ret[f]]})
     sel = summary.get("selection") or {}
@@ -148,10 +150,18 @@ def summary_charts(summary: Mapping[str, Any]) -> dict:
         for f, by_k in diffs.items():  # the headline filters (every ablation would crowd the figure)
             if f == sel.get("reference") or (head and f not in head):
                 continue
-            out["differences"].append({"label": names.get(f, f), "data": [
+            out["differences"].append({"label": names.get(f, f), "color": colors.get(f), "data": [
                 {"x": k, "y": by_k[k]["estimate"], "lo": by_k[k]["lo"], "hi": by_k[k]["hi"]}
                 for k in ks if k in by_k]})
     return out
+
+
+def summary_verdict(summary: Mapping[str, Any]) -> dict | None:
+    """summary.json's verdict (the lines report.md opens with) as {"head": first line, "items": the bullets}."""
+    lines = list(summary.get("verdict") or [])
+    if not lines:
+        return None
+    return {"head": lines[0].replace("**", ""), "items": [l[2:] if l.startswith("- ") else l for l in lines[1:]]}
 
 
 def summary_tables(summary: Mapping[str, Any]) -> list[dict]:

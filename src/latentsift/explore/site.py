@@ -22,7 +22,7 @@ from .._validation import LatentSiftError
 from ..cascade import stage1_retain
 from ..sift import FilterRun, read_filter_output
 from ..trajectory import Trajectory, load_jsonl
-from .data import RETAINED_FORMAT, Limits, pool_pages, summary_charts, summary_tables
+from .data import RETAINED_FORMAT, Limits, pool_pages, summary_charts, summary_tables, summary_verdict
 
 STATIC = ("chart.umd.min.js", "tablesort.min.js", "tablesort.number.min.js", "explore.js", "explore.css",
           "LICENSE-chart.js.md", "LICENSE-tablesort.txt", "VENDORED.md")
@@ -119,6 +119,7 @@ def _render(tmp: Path, pages, summary, detail, info, names, shown, title, limits
     ctx = common | {
         "root": "", "info": dict(info or {}), "n_instances": len(pages), "n_candidates": n_cands,
         "n_resolved_any": sum(p["n_resolved"] > 0 for p in pages),
+        "verdict": summary_verdict(summary) if summary else None,
         "tables": summary_tables(summary) if summary else [],
         "charts": summary_charts(summary) if summary else None,
         "filter_settings": (detail or {}).get("settings"),

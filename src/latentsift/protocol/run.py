@@ -29,14 +29,17 @@ from ..scorer import LinearScorer
 from ..store import StateStore
 from ..trajectory import Trajectory, load_jsonl
 from ..verifier import VerifierFailure
+from .decide import decision_section
 from .folds import Split, fold_splits, group_of
 from .guard import protocol_guard
 from .operating import operating_points
 from .pruning import reproduce_pruning
 from .settings import ProtocolSettings, digest
+from .single_agent import single_agent_guard, single_agent_pools
 from .stage1 import stage1_filters
 from .tables import ablation_tables, candidate_table, per_agent_retention, retention_differences
 from .transfer_agents import agent_transfer
+from .verdict import verdict_lines
 
 NO_VERIFIER = "no verifier results given: Stage 4 keeps every survivor (Best@K = expected label of a " \
               "uniform pick among them) and no verifier tokens are charged; 'EF calls' counts the survivors " \
@@ -176,6 +179,9 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     t0 = time.perf_counter()
     guard_info = protocol_guard(run, trajs, folds, states, fingerprint, false_alarm=settings.guard_false_alarm,
                                 n_boot=settings.n_boot, seed=settings.seed, agent_transfer=settings.agent_transfer)
+    single_guard = single_agent_guard(run, trajs, folds, states, fingerprint, guard_info.get("detection", {}),
+                                      false_alarm=settings.guard_false_alarm, n_boot=settings.n_boot,
+                                      seed=settings.seed) if settings.agent_transfer else None
     run.timed("shift_guard", t0)
     ef = verifier() if callable(verifier) else verifier
     del states
@@ -236,6 +242,19 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     t0 = time.perf_counter()  # recall-targeted retention beside the paper's fixed rule (protocol.operating)
     data["operating_points"] = operating_points(run, trajs, folds, filters, ef)
     run.timed("operating_points", t0)
+    # the comparisons that decide, the single-agent pools and the verdict (protocol.decide, single_agent, verdict)
+    t0 = time.perf_counter()
+    data["decision"] = decision_section(table, {n: v for n, v in scores.items() if n in filters}, summary.ledger,
+                                        reference_workflow=data["tokens"].get("reference"),
+                                        n_boot=settings.n_boot, seed=settings.seed)
+    data["single_agent"] = single_agent_pools(
+        pools, records, filters, trajs, ks=settings.ks, n_draws=settings.n_draws, n_boot=settings.n_boot,
+        seed=settings.seed, final_verifier=ef if ef is not None else no_verifier_table(trajs),
+        reference="ef_verifier" if ef is not None else None)
+    if single_guard is not None:
+        data["single_agent"]["shift_guard"] = single_guard
+    data["verdict"] = verdict_lines(data)
+    run.timed("decide", t0)
     # offline early pruning by prefix truncation of the stored states (latentsift.prune); reuses the
     # folds' banks and scorers; stored in summary.json under "pruning". Token counts need the tokenizer
     # (reproduce has it; crossval on stored states alone skips this section and says so)

@@ -54,20 +54,22 @@
                  interaction: { mode: "nearest", intersect: false } };
   var el = document.getElementById("chart-best");
   if (el) new Chart(el, { type: "line", data: { datasets: charts.best_vs_tokens.map(function (d) {
-      return { label: d.label, data: d.data, showLine: true, pointRadius: 4 }; }) },
+      return { label: d.label, data: d.data, showLine: true, pointRadius: 4, borderColor: d.color,
+               backgroundColor: d.color }; }) },
     options: Object.assign({}, common, { parsing: { xAxisKey: "x", yAxisKey: "y" },
       scales: { x: { type: "linear", title: { display: true, text: "verification tokens per instance" } },
                 y: { title: { display: true, text: "Best@K" }, ticks: { callback: pct } } },
       plugins: { tooltip: tip(pct) } }) });
   el = document.getElementById("chart-retention");
   if (el) new Chart(el, { type: "line", data: { labels: charts.ks, datasets: charts.retention.map(function (d) {
-      return { label: d.label, data: d.data, pointRadius: 4 }; }) },
+      return { label: d.label, data: d.data, pointRadius: 4, borderColor: d.color,
+               backgroundColor: d.color }; }) },
     options: Object.assign({}, common, { parsing: { xAxisKey: "x", yAxisKey: "y" },
       scales: { x: { title: { display: true, text: "K" } }, y: { title: { display: true, text: "retention" },
                 ticks: { callback: pct } } }, plugins: { tooltip: tip(pct) } }) });
   el = document.getElementById("chart-diff");
   if (el) new Chart(el, { type: "bar", data: { labels: charts.ks, datasets: charts.differences.map(function (d) {
-      return { label: d.label, data: d.data }; }) },
+      return { label: d.label, data: d.data, borderColor: d.color, backgroundColor: d.color }; }) },
     options: Object.assign({}, common, { parsing: { xAxisKey: "x", yAxisKey: "y" },
       scales: { x: { title: { display: true, text: "K" } }, y: { title: { display: true,
                 text: "retention difference" }, ticks: { callback: pct } } }, plugins: { tooltip: tip(pct) } }) });
