@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .figures import filter_name
+from .rules import REFERENCE
 
 
 def _f(x, digits: int = 3, sign: bool = False) -> str:
@@ -67,7 +68,7 @@ def decision_markdown(data: Mapping) -> list[str]:
               f"{dec['auc']['n_pairs']} pairs); winner by the rule: "
               f"{filter_name(data, dec['winner']) if dec.get('winner') else 'none'}.", ""]
     lines += auc_table(data, dec["auc"], adjusted=True)
-    tok = dec.get("token_savings_vs_shortest_chars") or {}
+    tok = dec.get(f"token_savings_vs_{REFERENCE}") or {}
     if tok:
         ks = sorted({k for v in tok.values() for k in v}, key=int)
         lines += [f"Token saving minus the saving of {filter_name(data, dec['references']['length_rule'])} "

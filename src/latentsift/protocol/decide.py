@@ -5,7 +5,7 @@ Decision rules (stated before any number; docs/evaluation.md repeats them):
 - **Beats a reference** (within-pool AUC): filter F beats reference R when the paired bootstrap
   interval of AUC(F) - AUC(R) lies above 0; R beats F when it lies below 0; otherwise the
   comparison is *undetermined*. The references are defined once, here: the length rule
-  ``shortest_chars`` (``REF_LENGTH_RULE``), the learned length stack ``stack:length``
+  the reference rule (``REF_LENGTH_RULE``, the registry's ``REFERENCE``), the learned length stack ``stack:length``
   (``REF_LENGTH_STACK``: shortest chars and fewest steps fused with weights fitted on the bank) and
   ``random`` (``REF_RANDOM``).
 - **Signal beyond length**: a score carries within-pool signal beyond length when the interval of
@@ -15,8 +15,8 @@ Decision rules (stated before any number; docs/evaluation.md repeats them):
   is scored (``residualize_within_pool``). Within a pool the residual orders candidates as the part
   of the score that length does not predict linearly; a pure length rule has residual 0 (AUC 1/2).
   The slope is fitted once on all pools, not per bootstrap resample.
-- **Tokens**: filter F saves more than ``shortest_chars`` when the paired interval of
-  saving(F) - saving(shortest_chars) lies above 0 (savings against the run's reference workflow,
+- **Tokens**: filter F saves more than the reference rule when the paired interval of
+  saving(F) - saving(reference rule) lies above 0 (savings against the run's reference workflow,
   the EF verifier on every candidate); both arms use the same resampled instances.
 - **Chosen after the folds were seen**: the stacked fusions (``STACK_CONFIGS``) and the inner-CV
   default (which chooses among them) were added after the evaluation folds had been seen; their
@@ -32,8 +32,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..diagnostics import CI_LEVEL, diagnostics_table, interval_outcome, paired_bootstrap
-from ..rules import RANDOM, REFERENCE
-from .stage1 import BASELINES
+from ..rules import RANDOM, REFERENCE, rule_keys
 from .variants import STACK_CONFIGS
 
 REF_LENGTH_RULE = REFERENCE
@@ -82,7 +81,7 @@ def residualize_within_pool(instance, score, covariate) -> tuple[np.ndarray, flo
 
 def state_scores(names: Sequence[str]) -> list[str]:
     """The scores that use hidden states: every name but the baselines, the length stack and the verifier."""
-    return [n for n in names if n not in BASELINES and n not in (REF_LENGTH_STACK, EF)]
+    return [n for n in names if n not in rule_keys() and n not in (REF_LENGTH_STACK, EF)]
 
 
 def _pick(diag: dict, name: str) -> dict:
@@ -205,7 +204,7 @@ def winner(auc: Mapping) -> str | None:
 def decision_section(table: Mapping[str, np.ndarray], scores: Mapping[str, np.ndarray], ledger: Sequence[dict], *,
                      reference_workflow: str | None, n_boot: int, seed: int, level: float = CI_LEVEL) -> dict:
     """summary.json ``decision``: the AUC comparisons (with Bonferroni-adjusted intervals), the paired token
-    savings against ``shortest_chars``, the winner by the rule, and how many intervals were looked at."""
+    savings against the reference rule, the winner by the rule, and how many intervals were looked at."""
     names = state_scores(list(scores))
     n_refs = len([r for r in REFERENCES if r in scores or r == REF_LENGTH_RULE])
     m = n_auc_intervals(len(names), n_refs)
@@ -221,8 +220,8 @@ def decision_section(table: Mapping[str, np.ndarray], scores: Mapping[str, np.nd
                       "none when no score does",
             "beyond_length": "a score carries signal beyond length when the interval of its length-removed AUC "
                              "minus 1/2 lies above 0 (" + METHOD + ")",
-            "tokens": "F saves more than shortest_chars when the paired interval of saving(F) - "
-                      "saving(shortest_chars) lies above 0 (savings against the reference workflow)",
+            "tokens": f"F saves more than {REFERENCE} when the paired interval of saving(F) - "
+                      f"saving({REFERENCE}) lies above 0 (savings against the reference workflow)",
             "post_hoc": "rows with post_hoc = true (the stacked fusions and the inner-CV default that chooses "
                         "among them) were added after the evaluation folds had been seen",
         },
@@ -233,6 +232,6 @@ def decision_section(table: Mapping[str, np.ndarray], scores: Mapping[str, np.nd
                                  f"level {adjusted:.4f} ('adjusted'), under which the family's error is <= 5%"},
         "auc": auc,
         "winner": winner(auc),
-        "token_savings_vs_shortest_chars": tokens,
+        f"token_savings_vs_{REFERENCE}": tokens,
         "reference_workflow": reference_workflow,
     }

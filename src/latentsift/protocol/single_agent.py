@@ -5,7 +5,7 @@ agents, so a score can win by telling the agents apart. Here every pool is split
 per agent (``<instance>@<agent>``, sub-pools of two candidates or more), and the same Stage-1
 filters (the same folds' banks and scorers; a filter scores a sub-pool as it scores a draw) go through
 the same cascade: retention, Best@K, within-pool AUC (over same-agent pairs only, by construction)
-and paired differences against ``shortest_chars``, ``stack:length`` and ``random``
+and paired differences against the reference rule (``rules.REFERENCE``), ``stack:length`` and ``random``
 (``decide.REFERENCES``), all paired over sub-pools.
 
 The shift guard on the same single-agent banks (agent A's trajectories of the bank folds, as in the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from ..rules import REFERENCE
 from ..shift import REFERENCE_KINDS
 from .decide import PAPER, REF_LENGTH_RULE
 
@@ -85,7 +86,7 @@ def verdict_lines(data: Mapping) -> list[str]:
     if lr:
         lines.append(f"- Beyond length (within-pool residual on log chars): {name(PAPER)} AUC "
                      f"{lr['auc']['auc']:.3f}, minus 1/2 {_d(lr['minus_half'])}.")
-    tok = dec.get("token_savings_vs_shortest_chars", {}).get(PAPER)
+    tok = dec.get(f"token_savings_vs_{REFERENCE}", {}).get(PAPER)
     sav = data["tokens"].get("savings", {}).get(PAPER)
     if tok and sav:
         k = max(tok, key=int)
