@@ -7,7 +7,7 @@ import pytest
 
 from latentsift import model as M
 from latentsift._cli._progress import PlainProgress
-from latentsift._validation import LatentSiftError
+from latentsift._core.validation import LatentSiftError
 
 
 @pytest.fixture

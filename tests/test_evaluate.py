@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from latentsift import LatentSiftError
-from latentsift._io import jsonable
-from latentsift.cascade import CandidateRecord, PoolSpec, run_cascade
-from latentsift.evaluate import bootstrap_indices, bootstrap_weights
-from latentsift.evaluate import (draw_subsets, evaluate_run, instance_seed, load_pool_file, load_scores,
+from latentsift._core.io import jsonable
+from latentsift.cascade.cascade import CandidateRecord, PoolSpec, run_cascade
+from latentsift.metrics.evaluate import bootstrap_indices, bootstrap_weights
+from latentsift.metrics.evaluate import (draw_subsets, evaluate_run, instance_seed, load_pool_file, load_scores,
                                  pools_from_trajectories, save_pool_file, save_scores)
-from latentsift.verifier import Verdict, VerifierFailure, save_results
+from latentsift.cascade.verifier import Verdict, VerifierFailure, save_results
 
 DATA = "/work/shared/datasets/swebench-lite-pools"
 
@@ -173,7 +173,7 @@ def test_score_files_reject_unknown_candidate_ids(tmp_path, tiny):
 
 
 def test_pools_from_real_trajectories_keep_unknown_regression_counts_unknown():
-    from latentsift.importers import import_paths
+    from latentsift.trajectories.importers import import_paths
 
     res = import_paths([f"{DATA}/r2egym/acr-run-1.jsonl.gz"], labels=f"{DATA}/candidates.csv")
     trajs = [t for t in res.trajectories if t.instance_id.startswith("astropy")]

@@ -7,10 +7,10 @@ import re
 import numpy as np
 import pytest
 
-from latentsift.cascade import CandidateRecord, PoolSpec
-from latentsift.evaluate import evaluate_run
-from latentsift.report import FIGURES, render_markdown, write_report
-from latentsift.verifier import Verdict
+from latentsift.cascade.cascade import CandidateRecord, PoolSpec
+from latentsift.metrics.evaluate import evaluate_run
+from latentsift.report.report import FIGURES, render_markdown, write_report
+from latentsift.cascade.verifier import Verdict
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_report_numbers_come_from_the_summary(tmp_path, summary):
 
 def test_training_size_curves_are_tabulated_and_drawn(tmp_path, summary):
     """A summary with learned-branch curves gets a table (AUC per bank fraction) and training_size.png."""
-    from latentsift.diagnostics import diagnostics_table
+    from latentsift.metrics.diagnostics import diagnostics_table
     rng = np.random.default_rng(7)
     n = 120
     inst = np.repeat([f"i{k}" for k in range(20)], 6)

@@ -1,7 +1,7 @@
 """``latentsift evaluate`` (cascade + metrics + report) and ``latentsift verify`` (EF verifier).
 
-Parsing and progress only; the logic is in ``latentsift.evaluate``, ``latentsift.report`` and
-``latentsift.verifier``.
+Parsing and progress only; the logic is in ``latentsift.metrics.evaluate``, ``latentsift.report.report`` and
+``latentsift.cascade.verifier``.
 """
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import List, Optional
 
 import typer
 
-from .._guard import check_output
-from .._validation import LatentSiftError
-from ..evaluate import evaluate_run, load_pool_file, load_scores
-from ..report import write_report
-from ..trajectory import load_jsonl
-from ..verifier import EFVerifier, LocalBackend, OpenAIBackend, save_results
+from .._core.guard import check_output
+from .._core.validation import LatentSiftError
+from ..metrics.evaluate import evaluate_run, load_pool_file, load_scores
+from ..report.report import write_report
+from ..trajectories.trajectory import load_jsonl
+from ..cascade.verifier import EFVerifier, LocalBackend, OpenAIBackend, save_results
 from ._options import Draws, Dtype, Model, Seed, Threads
 from ._progress import StageProgress
 

@@ -12,13 +12,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .._guard import check_output
-from .._io import output_lock
-from .._validation import LatentSiftError
+from .._core.guard import check_output
+from .._core.io import output_lock
+from .._core.validation import LatentSiftError
 from .._jobs.filter import filter_options, run_filter
-from ..operating import calibration_pools_for_filter, target_recall_filter, target_recall_options
-from ..rules import rules
-from ..sifter import run_sifter_filter_chosen
+from ..deploy.operating import calibration_pools_for_filter, target_recall_filter, target_recall_options
+from ..sift.rules import rules
+from ..deploy.sifter import run_sifter_filter_chosen
 from ._options import Seed, StatesDir, csv_list
 
 

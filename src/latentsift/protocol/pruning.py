@@ -1,4 +1,4 @@
-"""Offline evaluation of early pruning (``latentsift.prune``) on the protocol's folds.
+"""Offline evaluation of early pruning (``latentsift.sift.prune``) on the protocol's folds.
 
 Per policy, schedule and threshold: generation tokens saved (model-written tokens the stopped
 candidates would still have produced, from the recorded trajectories), observation tokens saved
@@ -16,18 +16,18 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .._io import atomic_write_json
-from .._validation import LatentSiftError, check_choice, param_error
-from ..bank import inner_folds, iter_folds
-from ..cascade import run_cascade
-from ..bootstrap import bootstrap_indices, mean_ci, ratio_ci
-from ..prune import (BASELINE_OF, LENGTH_POLICIES, POLICIES, PREFIX_BANK_SCHEDULES, SCHEDULES, STATE_POLICIES,
+from .._core.io import atomic_write_json
+from .._core.validation import LatentSiftError, check_choice, param_error
+from ..bank.bank import inner_folds, iter_folds
+from ..cascade.cascade import run_cascade
+from ..metrics.bootstrap import bootstrap_indices, mean_ci, ratio_ci
+from ..sift.prune import (BASELINE_OF, LENGTH_POLICIES, POLICIES, PREFIX_BANK_SCHEDULES, SCHEDULES, STATE_POLICIES,
                      TARGET_RETENTION, THRESHOLDS, PoolRun, PrefixBankSift, PrefixSift, StepTokens, check_schedule,
                      check_threshold, cut_length, prefix_prepare, simulate_pool, step_tokens, tokens_saved)
-from ..rules import make_baseline
-from ..sift import LatentSift, Prepared, Stage1Filter
-from ..trajectory import Pool, Trajectory, group_pools
-from ..states import TrajectoryStates
+from ..sift.rules import make_baseline
+from ..sift.sift import LatentSift, Prepared, Stage1Filter
+from ..trajectories.trajectory import Pool, Trajectory, group_pools
+from ..states.states import TrajectoryStates
 from .settings import digest
 
 

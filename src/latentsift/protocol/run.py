@@ -17,18 +17,18 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._io import atomic_write_json
-from .._validation import LatentSiftError
-from ..bank import Bank, Fold, iter_folds
-from ..diagnostics import diagnostics_table
-from ..evaluate import evaluate_run, pools_from_trajectories
-from ..explore import save_stage1, write_run_site
-from ..report import write_report
-from ..rules import REFERENCE, labels, rule_keys, rules
-from ..scorer import LinearScorer
-from ..store import StateStore
-from ..trajectory import Trajectory, load_jsonl
-from ..verifier import VerifierFailure
+from .._core.io import atomic_write_json
+from .._core.validation import LatentSiftError
+from ..bank.bank import Bank, Fold, iter_folds
+from ..metrics.diagnostics import diagnostics_table
+from ..metrics.evaluate import evaluate_run, pools_from_trajectories
+from ..report.explore import save_stage1, write_run_site
+from ..report.report import write_report
+from ..sift.rules import REFERENCE, labels, rule_keys, rules
+from ..sift.scorer import LinearScorer
+from ..states.store import StateStore
+from ..trajectories.trajectory import Trajectory, load_jsonl
+from ..cascade.verifier import VerifierFailure
 from .decide import decision_section
 from .folds import Split, fold_splits, group_of
 from .guard import protocol_guard
@@ -255,7 +255,7 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
         data["single_agent"]["shift_guard"] = single_guard
     data["verdict"] = verdict_lines(data)
     run.timed("decide", t0)
-    # offline early pruning by prefix truncation of the stored states (latentsift.prune); reuses the
+    # offline early pruning by prefix truncation of the stored states (latentsift.sift.prune); reuses the
     # folds' banks and scorers; stored in summary.json under "pruning". Token counts need the tokenizer
     # (reproduce has it; crossval on stored states alone skips this section and says so)
     if tokenizer is not None:

@@ -23,11 +23,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..cascade import PoolSpec
-from ..evaluate import evaluate_run
-from ..shift import scaffold_of
-from ..shift_eval import TRADEOFF_QUANTILES, fold_rows, summarise_rows
-from ..trajectory import Pool, Trajectory, group_pools
+from ..cascade.cascade import PoolSpec
+from ..metrics.evaluate import evaluate_run
+from ..deploy.shift import scaffold_of
+from .shift_eval import TRADEOFF_QUANTILES, fold_rows, summarise_rows
+from ..trajectories.trajectory import Pool, Trajectory, group_pools
 from .decide import REF_LENGTH_RULE, REF_RANDOM, auc_comparisons, ledger_difference
 from .tables import candidate_table, retention_differences
 from .transfer_agents import agent_slug
