@@ -34,7 +34,7 @@ def main() -> int:
     from latentsift.report.explore import Limits, write_site
     from latentsift.trajectories.importers import import_paths
     from latentsift.protocol.reproduce import ReproduceSettings, select_trajectories
-    from latentsift.sift.sift import make_baseline
+    from latentsift.sift.rules import make_baseline
     from latentsift.trajectories.trajectory import group_pools
 
     res = import_paths([args.data / "r2egym", args.data / "sweagent"], labels=args.data / "candidates.csv")

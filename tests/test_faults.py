@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import refused  # tests/conftest.py
-from latentsift import backends
+from latentsift.scale import backends
 from latentsift.cli import app
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
