@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from latentsift.cascade.cascade import CandidateRecord, PoolSpec
-from latentsift.metrics.evaluate import evaluate_run
+from latentsift.metrics.evaluate import EvaluateSettings, evaluate_run
 from latentsift.report.report import FIGURES, render_markdown, write_report
 from latentsift.cascade.verifier import Verdict
 
@@ -28,11 +28,12 @@ def summary():
     ls = {t: records[t].label + float(rng.random()) for t in ids}
     filters = {"ef": ef, "ls": ls, "ls_R": {t: float(rng.random()) for t in ids},
                "len": {t: -float(rng.integers(3, 30)) for t in ids}}
-    return evaluate_run(pools, filters, records, final_verifier=ef, ks=[2, 4, 6], n_boot=100,
-                        names={"ls": "LatentSift", "ef": "EF verifier"},
-                        ablations={"channels": {"title": "Channel selection", "filters": ["ls", "ls_R"],
-                                                "layout": "columns", "labels": {"ls": "R+O+F", "ls_R": "R"}},
-                                   "naive": {"title": "Naive rules", "filters": ["ls", "len"]}},
+    settings = EvaluateSettings(
+        ks=[2, 4, 6], n_boot=100, names={"ls": "LatentSift", "ef": "EF verifier"},
+        ablations={"channels": {"title": "Channel selection", "filters": ["ls", "ls_R"],
+                                "layout": "columns", "labels": {"ls": "R+O+F", "ls_R": "R"}},
+                   "naive": {"title": "Naive rules", "filters": ["ls", "len"]}})
+    return evaluate_run(pools, filters, records, settings, final_verifier=ef,
                         distributions={"q_cot": {t: ls[t] - 0.5 for t in ids}, "s": ls})
 
 

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._core.validation import LatentSiftError, check_choice
-from .evaluate import CI_LEVEL, bootstrap_weights
+from .bootstrap import CI_LEVEL, bootstrap_weights
 
 CALIBRATION_METHODS = ("isotonic", "platt")
 N_BINS = 10

@@ -23,7 +23,7 @@ import numpy as np
 
 from .._core.validation import LatentSiftError
 from ..metrics.calibrate import ece_ci, fit_calibration, reliability
-from ..metrics.evaluate import bootstrap_indices, mean_ci
+from ..metrics.bootstrap import bootstrap_indices, mean_ci
 from ..deploy.operating import CalibrationPools, GUARANTEE, fit_operating_point
 from ..sift.retain import retain_count
 from ..sift.rules import REFERENCE

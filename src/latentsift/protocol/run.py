@@ -21,7 +21,8 @@ from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, Fold, iter_folds
 from ..metrics.diagnostics import diagnostics_table
-from ..metrics.evaluate import evaluate_run, pools_from_trajectories
+from ..metrics.evaluate import EvaluateSettings, evaluate_run
+from ..metrics.formats import pools_from_trajectories
 from ..report.explore import save_stage1, write_run_site
 from ..report.report import write_report
 from ..sift.rules import REFERENCE, labels, rule_keys, rules
@@ -209,13 +210,15 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     run_meta |= {"folds": fold_info["folds"], "fingerprint": fingerprint.to_dict()}
     if ef is None:
         run_meta["stage4"] = NO_VERIFIER
-    summary = evaluate_run(
-        pools, filters, records, final_verifier=ef if ef is not None else no_verifier_table(trajs),
+    evaluation = EvaluateSettings(
         ks=list(settings.ks), n_draws=settings.n_draws, seed=settings.seed, n_boot=settings.n_boot,
         reference="ef_verifier" if ef is not None else None, small_pools=small,
-        ablations=ablation_tables(list(filters)), distributions=distributions, names=names,
+        ablations=ablation_tables(list(filters)), names=names,
         headline=[f for f in ("latentsift", "default", "ef_verifier", *rule_keys("headline")) if f in filters],
         meta=run_meta)
+    summary = evaluate_run(pools, filters, records, evaluation,
+                           final_verifier=ef if ef is not None else no_verifier_table(trajs),
+                           distributions=distributions)
     data = summary.data if hasattr(summary, "data") else summary
     table = candidate_table(trajs)
     ids = table["traj_id"].tolist()
