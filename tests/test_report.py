@@ -77,7 +77,7 @@ def test_report_numbers_come_from_the_summary(tmp_path, summary):
 
 def test_training_size_curves_are_tabulated_and_drawn(tmp_path, summary):
     """A summary with learned-branch curves gets a table (AUC per bank fraction) and training_size.png."""
-    from latentsift.metrics.diagnostics import diagnostics_table
+    from latentsift.metrics.score_table import diagnostics_table
     rng = np.random.default_rng(7)
     n = 120
     inst = np.repeat([f"i{k}" for k in range(20)], 6)

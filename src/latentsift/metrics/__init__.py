@@ -1,10 +1,12 @@
 """Measuring filters: seeded draws and bootstrap intervals (``bootstrap``), the evaluation's files
 (``formats``: pools and scores), Best@K, tokens and savings through the cascade (``evaluate``), the
-ranking diagnostics with paired intervals (``diagnostics``) and score calibration (``calibrate``)."""
+ranking diagnostics with paired intervals (``diagnostics``; every score's in one table: ``score_table``)
+and score calibration (``calibrate``)."""
 from .bootstrap import bootstrap_indices, draw_subsets, mean_ci, ratio_ci
 from .calibrate import CalibrationMap, ece, fit_calibration
-from .diagnostics import diagnostics_table, paired_bootstrap, per_agent_auc, same_agent_auc, within_pool_auc
+from .diagnostics import paired_bootstrap, per_agent_auc, same_agent_auc, within_pool_auc
 from .evaluate import EvaluateSettings, Summary, evaluate_run
+from .score_table import diagnostics_table
 from .formats import ScoreSet, load_pool_file, load_scores, pools_from_trajectories, save_pool_file, save_scores
 
 __all__ = ["CalibrationMap", "EvaluateSettings", "ScoreSet", "Summary", "bootstrap_indices", "diagnostics_table",

@@ -20,7 +20,7 @@ import numpy as np
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, Fold, iter_folds
-from ..metrics.diagnostics import diagnostics_table
+from ..metrics.score_table import diagnostics_table
 from ..metrics.evaluate import EvaluateSettings, evaluate_run
 from ..metrics.formats import pools_from_trajectories
 from ..report.explore import save_stage1, write_run_site

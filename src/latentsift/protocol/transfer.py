@@ -35,7 +35,8 @@ import numpy as np
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError, check_positive_int
 from ..bank.bank import Bank, split_by_repo
-from ..metrics.diagnostics import auc_difference_ci, diagnostics_table, interval_outcome
+from ..metrics.diagnostics import auc_difference_ci, interval_outcome
+from ..metrics.score_table import diagnostics_table
 from ..metrics.bootstrap import bootstrap_indices, draw_subsets, instance_seed, mean_ci
 from ..deploy.library import SubBank, fit_sub_bank, load_runs, nearest_choice, pool_distances
 from ..deploy.shift import Reference
