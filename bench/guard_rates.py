@@ -38,5 +38,5 @@ states = store.load([t.traj_id for t in trajs])
 g = protocol_guard(run, trajs, run.folds(trajs), states, store.fingerprint, n_boot=1000, seed=0)
 Path(sys.argv[2]).mkdir(parents=True, exist_ok=True)
 (Path(sys.argv[2]) / "shift_guard.json").write_text(json.dumps(g, indent=1))
-from latentsift.report.report import _shift_guard_markdown
+from latentsift.report.sections import _shift_guard_markdown
 print("\n".join(_shift_guard_markdown({"shift_guard": g})))

@@ -199,7 +199,7 @@ def test_offline_evaluation_runs_and_chooses_thresholds_in_bank(world):
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
     from latentsift.report.figures import _fig_pruning
-    from latentsift.report.report import _pruning_markdown
+    from latentsift.report.sections import _pruning_markdown
     md = "\n".join(_pruning_markdown(res))
     assert res["verdict"]["sentence"] in md and "| latentsift | steps | in-bank |" in md
     assert f"{100 * rows[('latentsift', 'steps', 1.0)]['gen_saved']['mean']:.2f}" in md

@@ -9,7 +9,8 @@ import pytest
 
 from latentsift.cascade.cascade import CandidateRecord, PoolSpec
 from latentsift.metrics.evaluate import EvaluateSettings, evaluate_run
-from latentsift.report.report import FIGURES, render_markdown, write_report
+from latentsift.report.figures import FIGURES
+from latentsift.report.report import render_markdown, write_report
 from latentsift.cascade.verifier import Verdict
 
 
