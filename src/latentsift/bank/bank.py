@@ -156,42 +156,7 @@ class Bank:
         self.__dict__.pop("_searches", None)
         self._check_params()
         fp = as_fingerprint(fingerprint, "Bank.fit")
-        if not isinstance(states, Mapping) or not states:
-            raise param_error("states", "Bank.fit", "a non-empty dict traj_id -> TrajectoryStates",
-                              type(states).__name__ if not isinstance(states, Mapping) else "an empty dict")
-        ids = sorted(states)
-        for name, m in (("labels", labels), ("instances", instances), ("repos", repos)):
-            if not isinstance(m, Mapping):
-                raise param_error(name, "Bank.fit", "a dict keyed by traj_id", type(m).__name__)
-            missing = [t for t in ids if t not in m]
-            if missing:
-                raise LatentSiftError(f"The '{name}' parameter of Bank.fit has no entry for {len(missing)} "
-                                      f"trajectory(ies) of 'states', e.g. {missing[0]!r}.")
-        lab: dict[str, int] = {}
-        for t in ids:
-            y = labels[t]
-            if isinstance(y, bool) or y not in (0, 1):
-                raise LatentSiftError(f"The 'labels' parameter of Bank.fit must hold 0 or 1 per trajectory. "
-                                      f"Got {y!r} instead for {t!r}.")
-            lab[t] = int(y)
-        n_pos = sum(lab.values())
-        if n_pos == 0 or n_pos == len(ids):
-            empty = "positive (label 1)" if n_pos == 0 else "negative (label 0)"
-            raise LatentSiftError(f"The bank would have an empty {empty} class ({n_pos} positive, "
-                                  f"{len(ids) - n_pos} negative trajectories). Both banks need at least "
-                                  "one trajectory: add labelled trajectories of the missing class.")
-        for t in ids:
-            s = states[t]
-            if not isinstance(s, TrajectoryStates):
-                raise param_error("states", "Bank.fit", "a dict of TrajectoryStates",
-                                  f"{type(s).__name__} for {t!r}")
-            if s.d_model != fp.d_model:
-                raise FingerprintMismatch(f"States of {t!r} have d_model={s.d_model} but the fingerprint says "
-                                          f"{fp.d_model}; they come from another model.")
-            if not -s.n_layers <= self.layer < s.n_layers:
-                raise param_error("layer", "Bank", f"a layer index in [-{s.n_layers}, {s.n_layers - 1}]",
-                                  self.layer)
-
+        ids, lab = self._check_fit_inputs(states, labels, instances, repos, fp)
         self.traj_ids_ = ids
         self.labels_ = lab
         self.instances_ = {t: str(instances[t]) for t in ids}
@@ -227,6 +192,45 @@ class Bank:
             setattr(self, f"{k}_owner_", {c: raw[k, c][1] for c in self.channels})
             setattr(self, f"{k}_step_", {c: raw[k, c][2] for c in self.channels})
         return self
+
+    def _check_fit_inputs(self, states, labels, instances, repos, fp: Fingerprint) -> tuple[list[str], dict[str, int]]:
+        """``fit``'s inputs checked: (sorted traj_ids, traj_id -> 0/1), both classes present."""
+        if not isinstance(states, Mapping) or not states:
+            raise param_error("states", "Bank.fit", "a non-empty dict traj_id -> TrajectoryStates",
+                              type(states).__name__ if not isinstance(states, Mapping) else "an empty dict")
+        ids = sorted(states)
+        for name, m in (("labels", labels), ("instances", instances), ("repos", repos)):
+            if not isinstance(m, Mapping):
+                raise param_error(name, "Bank.fit", "a dict keyed by traj_id", type(m).__name__)
+            missing = [t for t in ids if t not in m]
+            if missing:
+                raise LatentSiftError(f"The '{name}' parameter of Bank.fit has no entry for {len(missing)} "
+                                      f"trajectory(ies) of 'states', e.g. {missing[0]!r}.")
+        lab: dict[str, int] = {}
+        for t in ids:
+            y = labels[t]
+            if isinstance(y, bool) or y not in (0, 1):
+                raise LatentSiftError(f"The 'labels' parameter of Bank.fit must hold 0 or 1 per trajectory. "
+                                      f"Got {y!r} instead for {t!r}.")
+            lab[t] = int(y)
+        n_pos = sum(lab.values())
+        if n_pos == 0 or n_pos == len(ids):
+            empty = "positive (label 1)" if n_pos == 0 else "negative (label 0)"
+            raise LatentSiftError(f"The bank would have an empty {empty} class ({n_pos} positive, "
+                                  f"{len(ids) - n_pos} negative trajectories). Both banks need at least "
+                                  "one trajectory: add labelled trajectories of the missing class.")
+        for t in ids:
+            s = states[t]
+            if not isinstance(s, TrajectoryStates):
+                raise param_error("states", "Bank.fit", "a dict of TrajectoryStates",
+                                  f"{type(s).__name__} for {t!r}")
+            if s.d_model != fp.d_model:
+                raise FingerprintMismatch(f"States of {t!r} have d_model={s.d_model} but the fingerprint says "
+                                          f"{fp.d_model}; they come from another model.")
+            if not -s.n_layers <= self.layer < s.n_layers:
+                raise param_error("layer", "Bank", f"a layer index in [-{s.n_layers}, {s.n_layers - 1}]",
+                                  self.layer)
+        return ids, lab
 
     def fit_trajectories(self, trajs: Sequence[Trajectory], states, fingerprint: Any = None) -> "Bank":
         """``fit`` from labelled trajectories: their labels, instances and repositories come from ``trajs``,

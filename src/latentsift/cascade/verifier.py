@@ -276,6 +276,8 @@ def condense(traj, budget: int, count_prompt: Callable[[str, str], int], count_t
     ``count_prompt(system, user)`` counts the full templated prompt (what is charged);
     ``count_text`` counts one block (to choose what to condense); ``head(text, n)`` keeps the first
     ``n`` tokens of a text. Returns (system, user, n_tokens, per-rule counts).
+    Length: rules 1-6 run in their documented order on one set of prompt parts and one running
+    count, each only while the prompt is still over budget; kept together so that order reads in one place.
     """
     system, user = build_prompt(traj, system_prompt=system_prompt, question=question)
     n = count_prompt(system, user)

@@ -223,49 +223,38 @@ class LinearScorer:
         """
         import torch
         self._check_params()
-        o = "LinearScorer.fit"
-        states = list(states)
-        if not states or not all(isinstance(s, TrajectoryStates) for s in states):
-            raise param_error("states", o, "a non-empty list of TrajectoryStates",
-                              "an empty list" if not states else "other objects")
+        states, lab, fingerprint = _check_fit_inputs(states, labels, fingerprint)
         ids = [s.traj_id for s in states]
-        if len(set(ids)) != len(ids):
-            raise LatentSiftError(f"The 'states' parameter of {o} has duplicate traj_ids.")
-        if isinstance(labels, Mapping):
-            lab = {}
-            for t in ids:
-                if t not in labels:
-                    raise LatentSiftError(f"The 'labels' parameter of {o} has no label for {t!r}.")
-                lab[t] = labels[t]
-        else:
-            labels = list(labels)
-            if len(labels) != len(states):
-                raise LatentSiftError(f"The 'labels' parameter of {o} must have one label per state "
-                                      f"({len(states)}). Got {len(labels)} instead.")
-            lab = dict(zip(ids, labels))
-        for t, y in lab.items():
-            if isinstance(y, bool) or y not in (0, 1):
-                raise LatentSiftError(f"The 'labels' parameter of {o} must hold 0 or 1. Got {y!r} for {t!r}.")
         L, d, lids = states[0].n_layers, states[0].d_model, getattr(states[0], "layer_ids", None)
-        for s in states:
-            if (s.n_layers, s.d_model, getattr(s, "layer_ids", None)) != (L, d, lids):
-                raise LatentSiftError(f"States of {s.traj_id!r} have {s.n_layers} layers x d={s.d_model}; "
-                                      f"others have {L} x {d} (mixed models or layer selections).")
-        if fingerprint is not None:
-            fingerprint = as_fingerprint(fingerprint, o)
-            if fingerprint.d_model != d:
-                raise LatentSiftError(f"The states have d_model={d} but the fingerprint says {fingerprint.d_model}.")
         by_id = {s.traj_id: s for s in states}
         train_ids, val_ids = self.split(ids)
         if len(train_ids) == 0:
-            raise LatentSiftError(f"{o} needs at least one training trajectory.")
+            raise LatentSiftError("LinearScorer.fit needs at least one training trajectory.")
         y_tr = torch.tensor([float(lab[t]) for t in train_ids])
         y_va = torch.tensor([float(lab[t]) for t in val_ids])
         pos_rate = float(y_tr.mean())
+        best, history = self._train([by_id[t] for t in train_ids], [by_id[t] for t in val_ids], y_tr, y_va,
+                                    (L, d, pos_rate), len(ids), callback)
+        self.W_ = best[2].numpy().astype(np.float32)
+        self.b_ = best[3].numpy().astype(np.float32)
+        self.best_epoch_ = int(best[1])
+        self.history_ = history
+        self.train_ids_, self.val_ids_ = train_ids, val_ids
+        self.train_pos_rate_ = pos_rate
+        self.n_layers_, self.d_model_ = L, d
+        self.layer_ids_ = None if lids is None else [int(x) for x in lids]
+        self.fingerprint_ = fingerprint
+        return self
 
+    def _train(self, train: list, val: list, y_tr, y_va, shape: tuple[int, int, float], n_ids: int,
+               callback: Callable[[dict], None] | None) -> tuple[tuple, list[dict]]:
+        """AdamW on the gated head over accumulated trajectories, one validation loss per epoch, early
+        stopping by ``patience``: ((best criterion, epoch, W, b), history)."""
+        import torch
+        L, d, pos_rate = shape
         with _deterministic(), fixed_threads():
-            tr = _Packed([by_id[t] for t in train_ids])
-            va = _Packed([by_id[t] for t in val_ids]) if val_ids else None
+            tr = _Packed(train)
+            va = _Packed(val) if val else None
             W0, b0 = self._initial_params(L, d, pos_rate)
             W = torch.nn.Parameter(W0)
             b = torch.nn.Parameter(b0)
@@ -285,7 +274,7 @@ class LinearScorer:
                     return float(torch.stack(losses).sum() / len(y))
 
             rng = np.random.default_rng(int(self.seed))
-            rng.permutation(len(ids))  # consumed by the split: epoch orders follow it in the stream
+            rng.permutation(n_ids)  # consumed by the split: epoch orders follow it in the stream
             t0 = time.perf_counter()
             history = [{"epoch": 0, "train_loss": mean_loss(tr, y_tr), "val_loss": mean_loss(va, y_va),
                         "seconds": 0.0}]
@@ -295,7 +284,7 @@ class LinearScorer:
             stale = 0
             acc = int(self.accumulation)
             for epoch in range(1, int(self.max_epochs) + 1):
-                order = rng.permutation(len(train_ids))
+                order = rng.permutation(len(train))
                 for s in range(0, len(order), acc):
                     idx = np.sort(order[s:s + acc])
                     out, own = tr.outputs(idx, W, b)
@@ -317,17 +306,7 @@ class LinearScorer:
                     stale += 1
                     if self.patience is not None and stale >= self.patience:
                         break
-
-        self.W_ = best[2].numpy().astype(np.float32)
-        self.b_ = best[3].numpy().astype(np.float32)
-        self.best_epoch_ = int(best[1])
-        self.history_ = history
-        self.train_ids_, self.val_ids_ = train_ids, val_ids
-        self.train_pos_rate_ = pos_rate
-        self.n_layers_, self.d_model_ = L, d
-        self.layer_ids_ = None if lids is None else [int(x) for x in lids]
-        self.fingerprint_ = fingerprint
-        return self
+        return best, history
 
     # ------------------------------------------------------------------ use
     def decision_function(self, states: Sequence[TrajectoryStates], *, chunk: int = 64) -> np.ndarray:
@@ -426,6 +405,44 @@ class LinearScorer:
         sc.fingerprint_ = Fingerprint.from_dict(meta["fingerprint"]) if meta.get("fingerprint") else None
         sc.source_ = dict(meta.get("source", {}))
         return sc
+
+
+def _check_fit_inputs(states, labels,
+                      fingerprint) -> tuple[list[TrajectoryStates], dict[str, int], Fingerprint | None]:
+    """``LinearScorer.fit``'s inputs checked: (states, traj_id -> label, fingerprint)."""
+    o = "LinearScorer.fit"
+    states = list(states)
+    if not states or not all(isinstance(s, TrajectoryStates) for s in states):
+        raise param_error("states", o, "a non-empty list of TrajectoryStates",
+                          "an empty list" if not states else "other objects")
+    ids = [s.traj_id for s in states]
+    if len(set(ids)) != len(ids):
+        raise LatentSiftError(f"The 'states' parameter of {o} has duplicate traj_ids.")
+    if isinstance(labels, Mapping):
+        lab = {}
+        for t in ids:
+            if t not in labels:
+                raise LatentSiftError(f"The 'labels' parameter of {o} has no label for {t!r}.")
+            lab[t] = labels[t]
+    else:
+        labels = list(labels)
+        if len(labels) != len(states):
+            raise LatentSiftError(f"The 'labels' parameter of {o} must have one label per state "
+                                  f"({len(states)}). Got {len(labels)} instead.")
+        lab = dict(zip(ids, labels))
+    for t, y in lab.items():
+        if isinstance(y, bool) or y not in (0, 1):
+            raise LatentSiftError(f"The 'labels' parameter of {o} must hold 0 or 1. Got {y!r} for {t!r}.")
+    L, d, lids = states[0].n_layers, states[0].d_model, getattr(states[0], "layer_ids", None)
+    for s in states:
+        if (s.n_layers, s.d_model, getattr(s, "layer_ids", None)) != (L, d, lids):
+            raise LatentSiftError(f"States of {s.traj_id!r} have {s.n_layers} layers x d={s.d_model}; "
+                                  f"others have {L} x {d} (mixed models or layer selections).")
+    if fingerprint is not None:
+        fingerprint = as_fingerprint(fingerprint, o)
+        if fingerprint.d_model != d:
+            raise LatentSiftError(f"The states have d_model={d} but the fingerprint says {fingerprint.d_model}.")
+    return states, lab, fingerprint
 
 
 def train_scorer(bank_dir: str | Path, *, states_dir: str | Path | None = None,
