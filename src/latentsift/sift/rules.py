@@ -3,7 +3,7 @@
 A Stage-1 filter is one class plus one registration (in the style of inspect_ai's ``@scorer``)::
 
     import numpy as np
-    from latentsift.sift.rules import RuleFilter, register_filter
+    from latentsift import RuleFilter, register_filter
 
     @register_filter("longest-patch", label="longest patch")
     class LongestPatchFilter(RuleFilter):
