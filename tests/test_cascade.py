@@ -8,7 +8,7 @@ import pytest
 
 from latentsift import LatentSiftError
 from latentsift.cascade.cascade import (CandidateRecord, pool_priority, run_cascade, saving, stage1_retain,
-                                total_tokens)
+                                        total_tokens)
 from latentsift.sift.retain import retain_count, select_retained
 from latentsift.cascade.verifier import Verdict, VerifierFailure
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from latentsift.metrics.diagnostics import (auc_difference_ci, paired_bootstrap, per_agent_auc, retention_difference_ci,
-                                           same_agent_auc, spearman_with, within_pool_auc)
+                                            same_agent_auc, spearman_with, within_pool_auc)
 from latentsift.metrics.score_table import diagnostics_table
 from latentsift.sift.rank import grouped_normalized_ranks
 

@@ -17,7 +17,7 @@ from latentsift.trajectories.trajectory import Step, Trajectory, group_pools, lo
 from synthetic import FP, make_states
 from latentsift.metrics.calibrate import ece, ece_ci, fit_calibration, reliability
 from latentsift.deploy.operating import (CalibrationPools, apply_operating_point, check_calibration_size, crc_threshold,
-                                  fit_operating_point, keep_mask, min_calibration_pools, pool_miss_score)
+                                         fit_operating_point, keep_mask, min_calibration_pools, pool_miss_score)
 from latentsift.sift.sift import CandidateScore, PoolResult
 
 

@@ -13,7 +13,7 @@ from latentsift import LatentSiftError
 from latentsift.bank.bank import Bank
 from latentsift.protocol import evaluate_pruning, verdict
 from latentsift.sift.prune import (POLICIES, PoolRun, PrefixBankSift, PrefixSift, Pruner, StepTokens, cut_length,
-                              cut_states, min_alive, prefix_prepare, simulate_pool, stop_decision, tokens_saved)
+                                   cut_states, min_alive, prefix_prepare, simulate_pool, stop_decision, tokens_saved)
 from latentsift.sift.scorer import LinearScorer
 from latentsift.sift.rules import make_baseline
 from latentsift.sift.sift import LatentSift

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from latentsift import LatentSiftError
 from latentsift.cli import app
 from latentsift.sift.rules import (REFERENCE, filter_entry, make_baseline, method_names, register_filter, rule_keys,
-                              rules, unregister_filter)
+                                   rules, unregister_filter)
 from latentsift.sift.sift import Stage1Filter
 
 SRC = Path(__file__).resolve().parents[1] / "src"

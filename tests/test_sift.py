@@ -16,7 +16,7 @@ from latentsift.sift.retain import retain_count
 from latentsift.sift.scorer import LinearScorer
 from latentsift._jobs.filter import filter_options
 from latentsift.sift.rules import (FewestStepsFilter, RandomFilter, ShortestCharsFilter, ShortestTokensFilter,
-                              make_baseline)
+                                   make_baseline)
 from latentsift.sift.sift import LatentSift
 from latentsift.states.states import TrajectoryStates
 from latentsift.trajectories.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory

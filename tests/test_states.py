@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 from latentsift._core.validation import LatentSiftError
 from latentsift.states.channel import Rendering, render
 from latentsift.states.states import (StateRecorder, TrajectoryStates, has_hooks, layer_hooks, replay, replay_many,
-                               window_plan)
+                                      window_plan)
 from latentsift.trajectories.trajectory import CHANNEL_ID
 
 F32_TOL = 1e-4

@@ -5,7 +5,7 @@ from latentsift.sift.sift import Prepared
 from latentsift.states.states import TrajectoryStates
 from latentsift.trajectories.trajectory import Pool, Trajectory
 from latentsift.sift.variants import (LogisticProbe, StackedFilter, center_by_group, fit_stack, merge_prepared,
-                                 pool_rank_features, split_pools_by_group)
+                                      pool_rank_features, split_pools_by_group)
 
 
 def _st(tid, rng, shift=0.0, n=4, L=3, d=5):

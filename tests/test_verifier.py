@@ -13,7 +13,7 @@ import pytest
 
 from latentsift.trajectories.trajectory import Step, Trajectory
 from latentsift.cascade.verifier import (THOUGHT_PLACEHOLDER, EFVerifier, LocalBackend, OpenAIBackend, Verdict,
-                                 VerifierFailure, build_prompt, load_results, save_results, yes_no_score)
+                                         VerifierFailure, build_prompt, load_results, save_results, yes_no_score)
 
 DATA = "/work/shared/datasets/swebench-lite-pools"
 

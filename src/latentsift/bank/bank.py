@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .._core.validation import (FingerprintMismatch, LatentSiftError, NotFittedError, check_choice,
-                          check_positive_int, param_error, check_states)
+                                check_positive_int, param_error, check_states)
 from .._core.io import ArtefactKind, read_artefact, replaced_folder, write_artefact
 from .knn import BACKENDS, bank_sqnorms, nearest_distances
 from ..states.model import Fingerprint

@@ -72,7 +72,7 @@ from .._core.io import atomic_write_text, iter_jsonl, read_json
 from .._core.validation import LatentSiftError, check_positive_int
 # the backends are part of the verifier's API: LocalBackend, OpenAIBackend, yes_no_score, RawJudgement
 from .backends import (NO, YES, CallFailed, LocalBackend, OpenAIBackend, RawJudgement,
-                                yes_no_score)
+                       yes_no_score)
 
 THOUGHT_PLACEHOLDER = "<Thought condensed for saving context>"
 OBS_MARKER = "\n<Observation truncated for saving context>"

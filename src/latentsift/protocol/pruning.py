@@ -22,8 +22,8 @@ from ..bank.bank import inner_folds, iter_folds
 from ..cascade.cascade import run_cascade
 from ..metrics.bootstrap import bootstrap_indices, mean_ci, ratio_ci
 from ..sift.prune import (BASELINE_OF, LENGTH_POLICIES, POLICIES, PREFIX_BANK_SCHEDULES, SCHEDULES, STATE_POLICIES,
-                     TARGET_RETENTION, THRESHOLDS, PoolRun, PrefixBankSift, PrefixSift, StepTokens, check_schedule,
-                     check_threshold, cut_length, prefix_prepare, simulate_pool, step_tokens, tokens_saved)
+                          TARGET_RETENTION, THRESHOLDS, PoolRun, PrefixBankSift, PrefixSift, StepTokens, check_schedule,
+                          check_threshold, cut_length, prefix_prepare, simulate_pool, step_tokens, tokens_saved)
 from ..sift.rules import make_baseline
 from ..sift.sift import LatentSift, Prepared, Stage1Filter
 from ..trajectories.trajectory import Pool, Trajectory, group_pools

@@ -15,7 +15,7 @@ from ..metrics.diagnostics import within_pool_auc
 from ..sift.sift import LatentSift, Prepared
 from ..deploy.sifter import distance_auc, fold_distance
 from ..sift.variants import (LogisticProbe, StackedFilter, center_by_group, fit_stack, merge_prepared,
-                        pool_rank_features, split_pools_by_group, trajectory_signals)
+                             pool_rank_features, split_pools_by_group, trajectory_signals)
 from .curves import learning_curves
 
 _STATES = ["q_cot", "q_obs", "q_fn", "probe"]

@@ -10,7 +10,7 @@ A new format is one module with one ``@register_importer`` registration on its `
 src)``: ``--format``, auto-detection and the error messages read the registry.
 """
 from ._api import (FORMATS, KNOWN_LEAKING_RUNS, ImportResult, ImportSummary, SkippedRecord,
-                              import_paths)
+                   import_paths)
 from ._common import RecordError, Where
 from ._registry import ImporterEntry, format_names, importers, register_importer
 from ._sources import Source
