@@ -193,7 +193,8 @@ class Bank:
             setattr(self, f"{k}_step_", {c: raw[k, c][2] for c in self.channels})
         return self
 
-    def _check_fit_inputs(self, states, labels, instances, repos, fp: Fingerprint) -> tuple[list[str], dict[str, int]]:
+    def _check_fit_inputs(self, states, labels, instances, repos,
+                          fp: Fingerprint) -> tuple[list[str], dict[str, int]]:
         """``fit``'s inputs checked: (sorted traj_ids, traj_id -> 0/1), both classes present."""
         if not isinstance(states, Mapping) or not states:
             raise param_error("states", "Bank.fit", "a non-empty dict traj_id -> TrajectoryStates",
