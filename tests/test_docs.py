@@ -1,0 +1,42 @@
+"""The documentation's code imports what the package has: every ``from latentsift... import ...`` in a
+Python block of README.md and docs/*.md names a module and names that exist (so a moved module or a
+renamed function cannot leave the docs behind)."""
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def _imports() -> list[tuple[str, str, str]]:
+    """(doc, module, name) for each name imported from the package in a Python block."""
+    out = []
+    for doc in DOCS:
+        for block in BLOCK.findall(doc.read_text()):
+            for node in ast.walk(ast.parse(block)):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "latentsift":
+                    out += [(doc.name, node.module, a.name) for a in node.names]
+                elif isinstance(node, ast.Import):
+                    out += [(doc.name, a.name, "") for a in node.names if a.name.split(".")[0] == "latentsift"]
+    return out
+
+
+IMPORTS = _imports()
+
+
+def test_the_docs_import_from_the_package():
+    assert len(IMPORTS) >= 10 and any(d == "README.md" for d, _, _ in IMPORTS)
+
+
+@pytest.mark.parametrize("doc,module,name", IMPORTS, ids=[f"{d}:{m}.{n}" for d, m, n in IMPORTS])
+def test_each_documented_import_exists(doc, module, name):
+    mod = importlib.import_module(module)
+    assert not name or hasattr(mod, name) or importlib.util.find_spec(f"{module}.{name}"), \
+        f"{doc}: `from {module} import {name}`: no such name"
