@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from latentsift._validation import LatentSiftError
+from latentsift._core.validation import LatentSiftError
 
 Q_RTOL, Q_ATOL = 1e-5, 1e-6
 
@@ -171,8 +171,8 @@ def run_bench(a) -> None:
     import torch
 
     from latentsift.scale.approx import KINDS, approx_bank
-    from latentsift.reproduce import open_run_dir
-    from latentsift.sift import LatentSift
+    from latentsift.protocol.reproduce import open_run_dir
+    from latentsift.sift.sift import LatentSift
 
     backends = [b for b in a.backends.split(",") if b]
     bad = sorted(set(backends) - set(KINDS))

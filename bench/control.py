@@ -1,7 +1,7 @@
 """Sensitivity controls: can the pipeline see an outcome that is in the text? (A control, never a result.)
 
 Planted control: the pools of a finished ``reproduce`` run folder are copied with each candidate's
-hidden-test outcome written at the head of its observation spans (``latentsift.control.plant_pools``;
+hidden-test outcome written at the head of its observation spans (``latentsift.protocol.control.plant_pools``;
 RUN_DIR is only read), the copies are extracted with the run's span settings into OUT/planted/states,
 and ``crossval`` (the run's folds and settings, no variants, no agent transfer, no verifier: Stage-1
 numbers only) runs on the original and on the planted pools. Printed per Stage-1 filter: within-pool
@@ -25,12 +25,12 @@ import shutil
 import time
 from pathlib import Path
 
-from latentsift.control import plant_pools
-from latentsift.model import load_policy
+from latentsift.protocol.control import plant_pools
+from latentsift.states.model import load_policy
 from latentsift.protocol import crossval
-from latentsift.extract import extract_pools
-from latentsift.reproduce import ReproduceSettings, reproduce
-from latentsift.trajectory import load_jsonl, save_jsonl
+from latentsift.states.extract import extract_pools
+from latentsift.protocol.reproduce import ReproduceSettings, reproduce
+from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
 
 def _rows(a: dict, b: dict, names: tuple[str, str] = ("original", "planted")) -> list[str]:

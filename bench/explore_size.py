@@ -31,11 +31,11 @@ def main() -> int:
         "LATENTSIFT_DATA", ROOT.parent / "shared" / "datasets" / "swebench-lite-pools")))
     ap.add_argument("--out", type=Path, default=None, help="keep the site here (default: a temporary folder)")
     args = ap.parse_args()
-    from latentsift.explore import Limits, write_site
-    from latentsift.importers import import_paths
-    from latentsift.reproduce import ReproduceSettings, select_trajectories
-    from latentsift.sift import make_baseline
-    from latentsift.trajectory import group_pools
+    from latentsift.report.explore import Limits, write_site
+    from latentsift.trajectories.importers import import_paths
+    from latentsift.protocol.reproduce import ReproduceSettings, select_trajectories
+    from latentsift.sift.rules import make_baseline
+    from latentsift.trajectories.trajectory import group_pools
 
     res = import_paths([args.data / "r2egym", args.data / "sweagent"], labels=args.data / "candidates.csv")
     trajs, _ = select_trajectories(res.trajectories, ReproduceSettings(data=str(args.data), out="unused"))

@@ -6,7 +6,7 @@ disk per 1,000 tokens, and peak memory against trajectory length.
 Timings alternate bare / hooked per trajectory so that load from other processes hits both alike.
 - ``bare``: replay's chunked prefill (same chunks; KV cache when over one chunk) without hooks;
 - ``bare-1``: one forward per trajectory without cache (use_cache=False);
-- ``replay``: ``latentsift.states.replay`` (hooks + pooling);
+- ``replay``: ``latentsift.states.states.replay`` (hooks + pooling);
 - ``extract``: ``extract_pools`` end to end (render + replay + safetensors/Parquet writes);
 - ``batch4``: bare forward of 4 right-padded renderings at once (is batching worth it on CPU?).
 Memory: each length runs in a fresh subprocess; peak RSS growth over the loaded, warmed model.
@@ -57,9 +57,9 @@ def _rss_now_mb() -> float:
 
 def memory_probe(n_tokens: int, chunk: int) -> None:
     """Child: replay a synthetic n-token rendering; print peak RSS growth (MB) as JSON."""
-    from latentsift.channel import Rendering
-    from latentsift.model import load_policy
-    from latentsift.states import replay
+    from latentsift.states.channel import Rendering
+    from latentsift.states.model import load_policy
+    from latentsift.states.states import replay
 
     policy = load_policy()
     rng = np.random.default_rng(0)
@@ -99,12 +99,12 @@ def main() -> None:
         return
     from transformers import DynamicCache
 
-    from latentsift.channel import render
-    from latentsift.importers import import_paths
-    from latentsift.model import load_policy
-    from latentsift.states import replay
-    from latentsift.extract import extract_pools
-    from latentsift.store import StateStore
+    from latentsift.states.channel import render
+    from latentsift.trajectories.importers import import_paths
+    from latentsift.states.model import load_policy
+    from latentsift.states.states import replay
+    from latentsift.states.extract import extract_pools
+    from latentsift.states.store import StateStore
 
     policy = load_policy(dtype=args.dtype)
     half = args.n // 2

@@ -21,13 +21,13 @@ import time
 import numpy as np
 import torch
 
-from latentsift.bank import Bank
-from latentsift.knn import nearest_distances
-from latentsift.model import Fingerprint
-from latentsift.scorer import LinearScorer
-from latentsift.sift import LatentSift
-from latentsift.states import TrajectoryStates
-from latentsift.trajectory import CHANNELS, Pool, Step, Trajectory
+from latentsift.bank.bank import Bank
+from latentsift.bank.knn import nearest_distances
+from latentsift.states.model import Fingerprint
+from latentsift.sift.scorer import LinearScorer
+from latentsift.sift.sift import LatentSift
+from latentsift.states.states import TrajectoryStates
+from latentsift.trajectories.trajectory import CHANNELS, Pool, Step, Trajectory
 
 D_MODEL = 576
 N_LAYERS = 30

@@ -3,7 +3,7 @@ pooled states are from eager float32.
 
     .venv/bin/python bench/forward.py [--n 8] [--rounds 2] [--engines fp32,bf16,int8,int8pc[,compile]]
 
-Engines (all through ``latentsift.states.replay``, the extraction path, hooks included):
+Engines (all through ``latentsift.states.states.replay``, the extraction path, hooks included):
 - ``fp32``: eager float32 (the reference);
 - ``bf16``: eager bfloat16;
 - ``int8``: ``torch.ao.quantization.quantize_dynamic`` of every ``nn.Linear`` (int8 weights, activations
@@ -37,7 +37,7 @@ DATA = Path(os.environ.get("LATENTSIFT_DATA", ROOT.parent / "shared" / "datasets
 def make_engine(name: str, fp32, bf16):
     import torch
 
-    from latentsift.model import Policy
+    from latentsift.states.model import Policy
 
     if name == "fp32":
         return fp32
@@ -81,10 +81,10 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from latentsift.channel import render
-    from latentsift.importers import import_paths
-    from latentsift.model import cpu_dtype_choice, load_policy
-    from latentsift.states import replay
+    from latentsift.states.channel import render
+    from latentsift.trajectories.importers import import_paths
+    from latentsift.states.model import cpu_dtype_choice, load_policy
+    from latentsift.states.states import replay
 
     choice = cpu_dtype_choice()
     fp32 = load_policy(dtype="float32", device="cpu")

@@ -11,11 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-from latentsift.bank import Bank
+from latentsift.bank.bank import Bank
 from latentsift.protocol import Run, protocol_guard
-from latentsift.reproduce import ReproduceSettings
-from latentsift.store import StateStore
-from latentsift.trajectory import load_jsonl
+from latentsift.protocol.reproduce import ReproduceSettings
+from latentsift.states.store import StateStore
+from latentsift.trajectories.trajectory import load_jsonl
 
 demo = Path(sys.argv[1]).resolve()
 s = json.loads((demo / "manifest.json").read_text())["settings"]
@@ -38,5 +38,5 @@ states = store.load([t.traj_id for t in trajs])
 g = protocol_guard(run, trajs, run.folds(trajs), states, store.fingerprint, n_boot=1000, seed=0)
 Path(sys.argv[2]).mkdir(parents=True, exist_ok=True)
 (Path(sys.argv[2]) / "shift_guard.json").write_text(json.dumps(g, indent=1))
-from latentsift.report import _shift_guard_markdown
+from latentsift.report.sections import _shift_guard_markdown
 print("\n".join(_shift_guard_markdown({"shift_guard": g})))

@@ -97,13 +97,13 @@ def main() -> None:
     skip = set(filter(None, a.skip.split(",")))
     import torch
 
-    from latentsift.channel import render  # noqa: F401  (import cost outside the timings)
-    from latentsift.extract import extract_one, extract_settings
-    from latentsift.importers import import_paths
-    from latentsift.knn import nearest_distances
-    from latentsift.model import load_policy
-    from latentsift.verifier import EFVerifier
-    from latentsift.verifier_backends import LocalBackend
+    from latentsift.states.channel import render  # noqa: F401  (import cost outside the timings)
+    from latentsift.states.extract import extract_one, extract_settings
+    from latentsift.trajectories.importers import import_paths
+    from latentsift.bank.knn import nearest_distances
+    from latentsift.states.model import load_policy
+    from latentsift.cascade.verifier import EFVerifier
+    from latentsift.cascade.backends import LocalBackend
 
     if a.threads:
         torch.set_num_threads(a.threads)

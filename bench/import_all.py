@@ -23,8 +23,8 @@ def main() -> int:
         "LATENTSIFT_DATA", ROOT.parent / "shared" / "datasets" / "swebench-lite-pools")))
     ap.add_argument("--render", type=int, default=200, help="trajectories to render (0 = skip)")
     args = ap.parse_args()
-    from latentsift.importers import import_paths
-    from latentsift.trajectory import load_jsonl, save_jsonl
+    from latentsift.trajectories.importers import import_paths
+    from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
     t0 = time.perf_counter()
     res = import_paths([args.data / "r2egym", args.data / "sweagent"], labels=args.data / "candidates.csv")
@@ -46,8 +46,8 @@ def main() -> int:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoTokenizer
 
-        from latentsift.channel import render
-        from latentsift.model import default_model_path
+        from latentsift.states.channel import render
+        from latentsift.states.model import default_model_path
         p = default_model_path()
         tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True)
         trajs = res.trajectories

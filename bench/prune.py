@@ -38,10 +38,10 @@ def main() -> None:
     import torch
     torch.set_num_threads(a.threads)
     from latentsift.protocol import reproduce_pruning
-    from latentsift.prune import Pruner, step_tokens
-    from latentsift.reproduce import ReproduceSettings, prepare_run, select_trajectories
-    from latentsift.sift import LatentSift
-    from latentsift.trajectory import group_pools
+    from latentsift.sift.prune import Pruner, step_tokens
+    from latentsift.protocol.reproduce import ReproduceSettings, prepare_run, select_trajectories
+    from latentsift.sift.sift import LatentSift
+    from latentsift.trajectories.trajectory import group_pools
 
     s = ReproduceSettings(data=a.data, out=a.out, max_instances=a.instances)
     run, trajs, policy, store = prepare_run(s, log=lambda m: None)
@@ -56,7 +56,7 @@ def main() -> None:
         fitted[k] = run.fit_fold(k, bank_trajs, states, store.fingerprint, {}, "paper")
     n_states = sum(st.n_spans for st in states.values())
     demo_n = len(select_trajectories(
-        __import__("latentsift.importers", fromlist=["import_paths"]).import_paths(
+        __import__("latentsift.trajectories.importers", fromlist=["import_paths"]).import_paths(
             [Path(a.data) / "r2egym", Path(a.data) / "sweagent"], labels=Path(a.data) / "candidates.csv").trajectories,
         ReproduceSettings(data=a.data, out="x"))[0])
     print(f"{len(trajs)} trajectories, {len({t.instance_id for t in trajs})} instances, {n_states} span states, "

@@ -32,9 +32,9 @@ DATA = Path(os.environ.get("LATENTSIFT_DATA", ROOT.parent / "shared" / "datasets
 def bench_extract(args, ray) -> None:
     import torch
 
-    from latentsift.importers import import_paths
-    from latentsift.model import load_policy
-    from latentsift.extract import extract_pools
+    from latentsift.trajectories.importers import import_paths
+    from latentsift.states.model import load_policy
+    from latentsift.states.extract import extract_pools
     from latentsift.scale import RayBackend
 
     torch.set_num_threads(1)
@@ -72,7 +72,7 @@ def synthetic(n: int, d: int, seed: int, centers: np.ndarray) -> np.ndarray:
 def bench_bank(args, ray) -> None:
     import torch
 
-    from latentsift.knn import bank_sqnorms, nearest_distances
+    from latentsift.bank.knn import bank_sqnorms, nearest_distances
     from latentsift.scale.bank import BankShard, _bounds, merge_nearest
 
     torch.set_num_threads(1)

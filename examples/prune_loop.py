@@ -21,10 +21,10 @@ import random
 import time
 
 from latentsift.bank import Bank
-from latentsift.prune import Pruner
+from latentsift.sift import Pruner
 from latentsift.sift import LatentSift
-from latentsift.states import StateRecorder
-from latentsift.trajectory import CHANNEL_ID
+from latentsift.states.states import StateRecorder
+from latentsift.trajectories import CHANNEL_ID
 
 SYSTEM = ("<|im_start|>system\nYou are a coding agent. Call tools as <function=bash>cmd</function>.<|im_end|>\n"
           "<|im_start|>user\nThe test test_add fails: add(2, 2) returns 0. Fix add() in math.py.<|im_end|>\n"
@@ -93,7 +93,7 @@ class Candidate:
 
 def main(k: int = 6, steps: int = 3, new_tokens: int = 6, n_garbled: int = 2, threshold: float = 0.3,
          seed: int = 0, policy=None, log=print) -> dict:
-    from latentsift.model import load_policy
+    from latentsift.states import load_policy
 
     policy = policy or load_policy()
     rng = random.Random(seed)

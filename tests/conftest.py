@@ -21,7 +21,7 @@ def data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def policy():
-    from latentsift.model import load_policy
+    from latentsift.states.model import load_policy
     return load_policy()
 
 
@@ -65,7 +65,7 @@ TINY_RUN = dict(max_instances=4, n_unresolved=1, n_folds=2, max_span_tokens=8, m
 def tiny_run(data_dir, tmp_path_factory, policy):
     """{"settings", "out", "report", "summary"}: the tiny reproduce run (at one thread) and its first
     summary.json text."""
-    from latentsift.reproduce import ReproduceSettings, reproduce
+    from latentsift.protocol.reproduce import ReproduceSettings, reproduce
 
     out = tmp_path_factory.mktemp("tiny") / "run"
     settings = dict(data=str(data_dir), out=str(out), **TINY_RUN)

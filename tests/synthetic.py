@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from latentsift.model import Fingerprint
-from latentsift.states import TrajectoryStates
-from latentsift.trajectory import CHANNEL_ID, CHANNELS
+from latentsift.states.model import Fingerprint
+from latentsift.states.states import TrajectoryStates
+from latentsift.trajectories.trajectory import CHANNEL_ID, CHANNELS
 
 L, D = 3, 8
 FP = Fingerprint("TestArch", L, D, "tok", "tpl", "w", "float32")

@@ -5,8 +5,9 @@ import sys
 
 import latentsift
 
-ESTIMATORS = {"Bank": "bank", "LinearScorer": "scorer", "LatentSift": "sift", "Sifter": "sifter",
-              "StateStore": "store", "load_policy": "model", "import_paths": "importers", "crossval": "protocol"}
+ESTIMATORS = {"Bank": "bank.bank", "LinearScorer": "sift.scorer", "LatentSift": "sift.sift", "Sifter": "deploy.sifter",
+              "StateStore": "states.store", "load_policy": "states.model", "import_paths": "trajectories.importers",
+              "crossval": "protocol"}
 
 
 def test_the_estimators_are_exported_and_are_the_modules_objects():

@@ -8,10 +8,10 @@ import pytest
 from scipy.spatial.distance import cdist
 
 from latentsift import FingerprintMismatch, LatentSiftError, NotFittedError
-from latentsift.bank import Bank, leave_one_repo_out, select_by_repo, split_by_repo
-from latentsift.model import Fingerprint
-from latentsift.states import TrajectoryStates
-from latentsift.trajectory import CHANNEL_ID, CHANNELS
+from latentsift.bank.bank import Bank, leave_one_repo_out, select_by_repo, split_by_repo
+from latentsift.states.model import Fingerprint
+from latentsift.states.states import TrajectoryStates
+from latentsift.trajectories.trajectory import CHANNEL_ID, CHANNELS
 
 FP = Fingerprint("TestArch", 4, 16, "tok", "tpl", "w", "float32")
 OTHER_FP = Fingerprint("TestArch", 4, 16, "tok", "tpl", "other-weights", "float32")
@@ -201,7 +201,7 @@ def test_leave_one_repo_out_and_select():
 
 
 def test_whitening_is_fitted_on_the_bank_and_travels_with_it(data, tmp_path):
-    from latentsift.bank import fit_whitening
+    from latentsift.bank.bank import fit_whitening
     rng = np.random.default_rng(4)
     x = rng.standard_normal((4000, 6)) @ np.diag([10.0, 3.0, 1.0, 1.0, 0.3, 0.1]) + 5.0
     mu, w = fit_whitening(x.astype(np.float32), shrinkage=0.0)
@@ -229,7 +229,7 @@ def test_whitening_is_fitted_on_the_bank_and_travels_with_it(data, tmp_path):
 
 # ---------------------------------------------------------------------- from trajectories, the fold loop
 def _trajectories(data):
-    from latentsift.trajectory import Trajectory
+    from latentsift.trajectories.trajectory import Trajectory
     states, labels, inst, repos = data
     return [Trajectory(t, inst[t], repos[t], "", [], reward=float(labels[t])) for t in sorted(states, reverse=True)]
 
@@ -246,7 +246,7 @@ def test_a_bank_from_trajectories_is_the_bank_of_their_mappings(data, bank):
 
 
 def test_the_fold_loop_pairs_bank_trajectories_with_held_out_pools(data):
-    from latentsift.bank import inner_folds, iter_folds
+    from latentsift.bank.bank import inner_folds, iter_folds
     trajs = _trajectories(data)
     splits = split_by_repo({t.traj_id: t.repo for t in trajs}, n_folds=3)
     folds = list(iter_folds(trajs, splits))

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from latentsift import LatentSiftError
-from latentsift.cascade import (CandidateRecord, pool_priority, run_cascade, saving, stage1_retain,
-                                total_tokens)
-from latentsift.retain import retain_count, select_retained
-from latentsift.verifier import Verdict, VerifierFailure
+from latentsift.cascade.cascade import (CandidateRecord, pool_priority, run_cascade, saving, stage1_retain,
+                                        total_tokens)
+from latentsift.sift.retain import retain_count, select_retained
+from latentsift.cascade.verifier import Verdict, VerifierFailure
 
 
 def recs(labels, regression=None, gen=None, iid="i"):

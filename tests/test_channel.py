@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from latentsift import LatentSiftError
-from latentsift.channel import PLAIN_TEMPLATE, render, render_per_step
-from latentsift.importers import import_paths
-from latentsift.trajectory import CHANNEL_ID, CHANNELS, Step, Trajectory
+from latentsift.states.channel import PLAIN_TEMPLATE, render, render_per_step
+from latentsift.trajectories.importers import import_paths
+from latentsift.trajectories.trajectory import CHANNEL_ID, CHANNELS, Step, Trajectory
 
 FIX = Path(__file__).parent / "fixtures" / "trajectories"
 THINK_TEMPLATE = (FIX / "think_dropping.jinja").read_text()
@@ -30,7 +30,7 @@ def tokenizer():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
-    from latentsift.model import default_model_path
+    from latentsift.states.model import default_model_path
     p = default_model_path()
     return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True)
 
@@ -278,7 +278,7 @@ def test_render_speed(tokenizer, real_trajs):
 
 
 def test_patch_step_finds_the_step_that_wrote_the_final_patch(real_trajs):
-    from latentsift.channel import patch_step
+    from latentsift.states.channel import patch_step
     acr = [t for t in real_trajs if t.run == "acr-run-1"]
     swe = [t for t in real_trajs if t.agent == "sweagent"]
     for t in acr:
@@ -297,7 +297,7 @@ def test_patch_step_finds_the_step_that_wrote_the_final_patch(real_trajs):
 
 
 def test_patch_step_tokens_lengthens_only_the_patch_writing_step(tokenizer, real_trajs):
-    from latentsift.channel import patch_step
+    from latentsift.states.channel import patch_step
     t = next(x for x in real_trajs if x.run == "acr-run-1" and x.patch.count("\n") > 20)
     p = patch_step(t)
     cut = render(t, tokenizer, max_span_tokens=16, max_prompt_tokens=32)

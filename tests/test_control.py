@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from latentsift._validation import LatentSiftError
-from latentsift.control import PLANTED, plant_outcome, plant_pools
+from latentsift._core.validation import LatentSiftError
+from latentsift.protocol.control import PLANTED, plant_outcome, plant_pools
 from latentsift.protocol import crossval
-from latentsift.extract import extract_pools
-from latentsift.trajectory import load_jsonl, save_jsonl
+from latentsift.states.extract import extract_pools
+from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
 pytestmark = pytest.mark.model
 

@@ -11,8 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from latentsift.cascade import CandidateRecord, PoolSpec
-from latentsift.diagnostics import within_pool_auc
+from latentsift.cascade.cascade import CandidateRecord, PoolSpec
+from latentsift.metrics.diagnostics import within_pool_auc
 from latentsift.protocol.decide import (REF_LENGTH_RULE, REF_RANDOM, auc_comparisons, is_post_hoc,
                                         ledger_difference, outcome, residualize_within_pool,
                                         token_savings_difference, winner, within_pool_slope)
@@ -160,7 +160,7 @@ def test_tiny_report_opens_with_the_verdict(tiny_run):
 
 
 def test_filter_colours_are_one_map_headline_first():
-    from latentsift.colors import PALETTE, filter_colors
+    from latentsift.report.colors import PALETTE, filter_colors
     data = {"settings": {"headline": ["latentsift", "ef_verifier", "random"],
                          "filters": ["ef_verifier", "latentsift", "channels:cot", "random", "shortest_chars"]}}
     c = filter_colors(data)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from latentsift.diagnostics import (auc_difference_ci, diagnostics_table, paired_bootstrap, per_agent_auc,
-                                    retention_difference_ci, same_agent_auc,
-                                    spearman_with, within_pool_auc)
-from latentsift.rank import grouped_normalized_ranks
+from latentsift.metrics.diagnostics import (auc_difference_ci, paired_bootstrap, per_agent_auc, retention_difference_ci,
+                                            same_agent_auc, spearman_with, within_pool_auc)
+from latentsift.metrics.score_table import diagnostics_table
+from latentsift.sift.rank import grouped_normalized_ranks
 
 # The 6 runs without test feedback in the trajectories (README: the acr-val-* runs leak the label).
 RUNS = ["acr-run-1", "acr-run-2", "acr-run-3", "cost_2_1", "cost_2_2", "cost_2_3"]
@@ -132,7 +132,7 @@ def test_spearman_agent_strings_are_coded_zero_one():
 
 
 def test_vectorised_grouped_ranks_match_rank_module():
-    from latentsift.diagnostics import _grouped_ranks
+    from latentsift.metrics.diagnostics import _grouped_ranks
     rng = np.random.default_rng(3)
     for _ in range(50):
         n = int(rng.integers(1, 40))

@@ -5,9 +5,9 @@ import io
 
 import pytest
 
-from latentsift import model as M
+from latentsift.states import model as M
 from latentsift._cli._progress import PlainProgress
-from latentsift._validation import LatentSiftError
+from latentsift._core.validation import LatentSiftError
 
 
 @pytest.fixture

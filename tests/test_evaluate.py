@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from latentsift import LatentSiftError
-from latentsift._io import jsonable
-from latentsift.cascade import CandidateRecord, PoolSpec, run_cascade
-from latentsift.evaluate import bootstrap_indices, bootstrap_weights
-from latentsift.evaluate import (draw_subsets, evaluate_run, instance_seed, load_pool_file, load_scores,
-                                 pools_from_trajectories, save_pool_file, save_scores)
-from latentsift.verifier import Verdict, VerifierFailure, save_results
+from latentsift._core.io import jsonable
+from latentsift.cascade.cascade import CandidateRecord, PoolSpec, run_cascade
+from latentsift.metrics.bootstrap import bootstrap_indices, bootstrap_weights, draw_subsets, instance_seed
+from latentsift.metrics.evaluate import EvaluateSettings, evaluate_run
+from latentsift.metrics.formats import load_pool_file, load_scores, pools_from_trajectories, save_pool_file, save_scores
+from latentsift.cascade.verifier import Verdict, VerifierFailure, save_results
 
 DATA = "/work/shared/datasets/swebench-lite-pools"
 
@@ -37,8 +37,8 @@ def tiny():
 
 def test_best_at_k_retention_and_tokens_by_hand(tiny):
     pools, records, efv, ls = tiny
-    s = evaluate_run(pools, {"ef": efv, "latentsift": ls, "none": None}, records, final_verifier=efv,
-                     ks=[2, 4], n_boot=50)
+    s = evaluate_run(pools, {"ef": efv, "latentsift": ls, "none": None}, records,
+                     EvaluateSettings(ks=[2, 4], n_boot=50), final_verifier=efv)
     best = s["best_at_k"]
     # K=2: 6 pairs, 3 contain a; Stage 1 keeps both; the EF verifier picks a whenever drawn.
     for f in ("ef", "latentsift", "none"):
@@ -77,8 +77,9 @@ def test_best_at_k_equals_direct_enumeration_and_replays_sampled_draws():
     final = verdicts({t: float(rng.integers(0, 4)) / 4 for t in ids}, {t: int(rng.integers(10, 99)) for t in ids})
     filt = {t: float(rng.integers(0, 3)) for t in ids}  # many ties at the cut
     for exact, n_draws in ((True, 200), (False, 37)):
-        s = evaluate_run(pools, {"f": filt}, records, final_verifier=final, ks=[3, 5], n_draws=n_draws,
-                         exact=exact, seed=4, n_boot=20)
+        s = evaluate_run(pools, {"f": filt}, records,
+                         EvaluateSettings(ks=[3, 5], n_draws=n_draws, exact=exact, seed=4, n_boot=20),
+                         final_verifier=final)
         for k in (3, 5):
             per_inst, tokens, reach = [], [], []
             for p in pools:
@@ -109,8 +110,8 @@ def test_bootstrap_intervals_are_seeded_and_bracket_the_mean():
     ids = list(records)
     final = verdicts({t: float(rng.random()) for t in ids}, {t: 50 for t in ids})
     filt = {t: float(rng.random()) for t in ids}
-    a = evaluate_run(pools, {"f": filt}, records, final_verifier=final, ks=[4], n_boot=300, seed=9)
-    b = evaluate_run(pools, {"f": filt}, records, final_verifier=final, ks=[4], n_boot=300, seed=9)
+    a = evaluate_run(pools, {"f": filt}, records, EvaluateSettings(ks=[4], n_boot=300, seed=9), final_verifier=final)
+    b = evaluate_run(pools, {"f": filt}, records, EvaluateSettings(ks=[4], n_boot=300, seed=9), final_verifier=final)
     assert a.to_json() == b.to_json()
     c = a["best_at_k"]["filters"]["f"][4]
     assert c["lo"] < c["mean"] < c["hi"]
@@ -125,12 +126,13 @@ def test_k_larger_than_a_pool_is_an_error_or_dropped(tiny):
     efv = dict(efv) | verdicts({"y/a": 0.2, "y/b": 0.3}, {"y/a": 5, "y/b": 5})
     ls = dict(ls) | {"y/a": 0.0, "y/b": 1.0}
     with pytest.raises(LatentSiftError, match=r"K=\[4\] is larger than some pools"):
-        evaluate_run(pools + [small], {"ls": ls}, records, final_verifier=efv, ks=[2, 4])
-    s = evaluate_run(pools + [small], {"ls": ls}, records, final_verifier=efv, ks=[2, 4], small_pools="drop",
-                     n_boot=10)
+        evaluate_run(pools + [small], {"ls": ls}, records, EvaluateSettings(ks=[2, 4]), final_verifier=efv)
+    s = evaluate_run(pools + [small], {"ls": ls}, records, EvaluateSettings(ks=[2, 4], small_pools="drop", n_boot=10),
+                     final_verifier=efv)
     assert s["pools"]["n_instances_by_k"] == {2: 2, 4: 1}
     with pytest.raises(LatentSiftError, match="larger than every pool"):
-        evaluate_run(pools, {"ls": tiny[3]}, tiny[1], final_verifier=tiny[2], ks=[5], small_pools="drop")
+        evaluate_run(pools, {"ls": tiny[3]}, tiny[1], EvaluateSettings(ks=[5], small_pools="drop"),
+                     final_verifier=tiny[2])
 
 
 def test_unknown_or_missing_scores_are_errors(tiny):
@@ -173,7 +175,7 @@ def test_score_files_reject_unknown_candidate_ids(tmp_path, tiny):
 
 
 def test_pools_from_real_trajectories_keep_unknown_regression_counts_unknown():
-    from latentsift.importers import import_paths
+    from latentsift.trajectories.importers import import_paths
 
     res = import_paths([f"{DATA}/r2egym/acr-run-1.jsonl.gz"], labels=f"{DATA}/candidates.csv")
     trajs = [t for t in res.trajectories if t.instance_id.startswith("astropy")]

@@ -15,9 +15,9 @@ import pytest
 
 from markupsafe import escape
 
-from latentsift._validation import LatentSiftError
-from latentsift.explore import Limits, cut, write_run_site, write_site
-from latentsift.trajectory import load_jsonl
+from latentsift._core.validation import LatentSiftError
+from latentsift.report.explore import Limits, cut, write_run_site, write_site
+from latentsift.trajectories.trajectory import load_jsonl
 
 CHROMIUM = Path(os.environ.get("LATENTSIFT_CHROMIUM", "/usr/bin/chromium"))
 
@@ -162,7 +162,7 @@ def test_explore_cli_on_a_filter_output(tiny_run, tmp_path):
     its nearest bank step are in the instance page."""
     from typer.testing import CliRunner
 
-    from latentsift.bank import Bank
+    from latentsift.bank.bank import Bank
     from latentsift.cli import app
 
     s = tiny_run["settings"]

@@ -18,9 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import refused  # tests/conftest.py
-from latentsift import backends
+from latentsift.scale import backends
 from latentsift.cli import app
-from latentsift.trajectory import load_jsonl, save_jsonl
+from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
 FIX = Path(__file__).parent / "fixtures" / "trajectories"
 
@@ -82,7 +82,7 @@ def test_import_and_extract_check_every_field_with_file_and_line(case, canonical
 
 
 def test_import_never_writes_a_bare_nan(canonical, tmp_path):
-    from latentsift._validation import LatentSiftError
+    from latentsift._core.validation import LatentSiftError
     t = load_jsonl(canonical)[0]
     t.meta["score"] = float("nan")
     with pytest.raises(LatentSiftError, match="NaN"):
@@ -137,8 +137,8 @@ def test_reproduce_checks_its_selection_before_any_work(data_dir, tmp_path):
 
 
 def test_fold_errors_name_the_group_kind(canonical, data_dir, tmp_path):
-    from latentsift._validation import LatentSiftError
-    from latentsift.reproduce import ReproduceRun, ReproduceSettings
+    from latentsift._core.validation import LatentSiftError
+    from latentsift.protocol.reproduce import ReproduceRun, ReproduceSettings
     trajs = load_jsonl(canonical)
     for group_by, noun in (("instance", "instances"), ("repo", "repositories")):
         run = ReproduceRun(ReproduceSettings(data=str(data_dir), out=str(tmp_path / "run"), group_by=group_by, n_folds=9), log=lambda m: None)
@@ -163,7 +163,7 @@ def test_a_failing_write_is_a_message_and_leaves_nothing(code, canonical, tmp_pa
     out = tmp_path / "out"
     before = digest(canonical)
     # the write itself fails: import (streamed JSONL) and the atomic writers (fsync)
-    monkeypatch.setattr("latentsift.trajectory.dumps", lambda t: (_ for _ in ()).throw(OSError(code, os.strerror(code))))
+    monkeypatch.setattr("latentsift.trajectories.trajectory.dumps", lambda t: (_ for _ in ()).throw(OSError(code, os.strerror(code))))
     r = cli("import", canonical, "--out", out / "pools.jsonl", "--format", "canonical")
     refused(r, str(out / "pools.jsonl"), {errno.ENOSPC: "no space", errno.EROFS: "read-only",
                                           errno.EACCES: "permission"}[code])
@@ -210,8 +210,8 @@ def test_import_out_over_its_input(canonical, tmp_path):
 
 
 def test_explore_page_names_are_unique_and_it_deletes_only_its_files(canonical, tmp_path):
-    from latentsift._guard import SITE_MANIFEST
-    from latentsift.explore.site import write_site
+    from latentsift._core.guard import SITE_MANIFEST
+    from latentsift.report.explore.site import write_site
     t1, t2 = load_jsonl(canonical)[:2]
     t1.instance_id, t1.traj_id = "proj/x-1", "run/proj/x-1"
     t2.instance_id, t2.traj_id = "proj_x-1", "run/proj_x-1"
@@ -313,7 +313,7 @@ def test_filter_refuses_a_bank_of_other_span_settings_and_a_manifest_naming_outs
 
 @pytest.mark.model
 def test_a_resumed_store_trusts_no_damaged_shard(tiny, tmp_path):
-    from latentsift.store import StateStore
+    from latentsift.states.store import StateStore
     run, _ = tiny
     copy = tmp_path / "states"
     shutil.copytree(run / "states", copy)
@@ -330,7 +330,7 @@ def test_a_resumed_store_trusts_no_damaged_shard(tiny, tmp_path):
 
 @pytest.mark.model
 def test_write_report_writes_summary_last(tiny_run, tmp_path, monkeypatch):
-    import latentsift.report as report
+    import latentsift.report.report as report
     summary = json.loads(tiny_run["summary"])
     out = tmp_path / "report"
     out.mkdir()
@@ -398,7 +398,7 @@ def test_options_a_sifter_would_ignore_are_refused(canonical, tmp_path):
 
 
 def test_a_second_writer_to_one_out_is_refused(canonical, tmp_path):
-    from latentsift._io import output_lock
+    from latentsift._core.io import output_lock
     f, s = tmp_path / "f.json", tmp_path / "sifter"
     with output_lock(f), output_lock(s):  # another process writing them (flock: another open file)
         refused(cli("filter", canonical, "--method", "random", "--out", f), f"Another process is writing to {f}")
@@ -462,7 +462,7 @@ def test_filter_with_no_pool_left_is_no_traceback(tiny, tmp_path):
 
 @pytest.mark.model
 def test_bank_build_replaces_a_bank_whole_or_not_at_all(tiny, tmp_path, monkeypatch):
-    import latentsift.bank as bank_mod
+    import latentsift.bank.bank as bank_mod
     run, _ = tiny
     pools, states, bank = run / "pools.jsonl", run / "states", tmp_path / "bank"
     assert cli("bank", "build", states, "--pools", pools, "--out", bank).exit_code == 0
@@ -515,7 +515,7 @@ def test_a_scorer_records_its_span_settings_and_train_keeps_other_folders(tiny, 
 
 @pytest.mark.model
 def test_a_damaged_shard_says_a_rerun_repairs_it_and_fit_keeps_the_umask(tiny, tmp_path):
-    from latentsift.store import StateStore
+    from latentsift.states.store import StateStore
     run, d = tiny
     mask = os.umask(0)
     os.umask(mask)

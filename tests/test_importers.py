@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from latentsift.cli import app
-from latentsift.importers import RecordError, import_paths, load_pools
-from latentsift.trajectory import Step, Trajectory, load_jsonl, save_jsonl
+from latentsift.trajectories.importers import RecordError, import_paths, load_pools
+from latentsift.trajectories.trajectory import Step, Trajectory, load_jsonl, save_jsonl
 
 FIX = Path(__file__).parent / "fixtures" / "trajectories"
 
@@ -270,7 +270,7 @@ def test_the_verified_pairs_import_with_their_steps_and_labels(data_dir):
     chat records whose last reply is ``final_response`` (OpenHands): steps and labels as candidates.csv."""
     import csv
 
-    from latentsift.importers import import_paths
+    from latentsift.trajectories.importers import import_paths
 
     d = data_dir.parent / "swebench-verified-pairs"
     res = import_paths([d / "gemini-3-pro_mini-swe-agent.jsonl.gz", d / "openhands_claude-3.5-sonnet.jsonl.gz"],
@@ -287,8 +287,8 @@ def test_the_verified_pairs_import_with_their_steps_and_labels(data_dir):
 
 
 def test_the_scaffold_comes_from_the_data_or_the_user_never_the_file_format(data_dir, tmp_path):
-    from latentsift.library import library_groups
-    from latentsift.shift import scaffold_of
+    from latentsift.deploy.library import library_groups
+    from latentsift.deploy.shift import scaffold_of
     verified = data_dir.parent / "swebench-verified-pairs" / "gemini-3-pro_mini-swe-agent.jsonl.gz"
     lite = import_paths([data_dir / "r2egym"]).trajectories[:6]
     gemini = import_paths([verified]).trajectories[:6]

@@ -64,7 +64,7 @@ def test_bad_input_is_a_clear_value_error(q, b, msg):
 
 
 def test_precomputed_norms_give_the_same_answer_and_are_checked():
-    from latentsift.knn import bank_sqnorms
+    from latentsift.bank.knn import bank_sqnorms
     rng = np.random.default_rng(3)
     q = rng.standard_normal((20, 16)).astype(np.float32)
     b = rng.standard_normal((300, 16)).astype(np.float32)

@@ -9,13 +9,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from latentsift._validation import LatentSiftError
+from latentsift._core.validation import LatentSiftError
 from conftest import refused  # tests/conftest.py
 from latentsift.cli import app
-from latentsift.leak import check_leaks
+from latentsift.deploy.leak import check_leaks
 from latentsift.protocol import CrossvalSettings, crossval, leaking_pools
-from latentsift.sifter import Sifter, fit_sifter
-from latentsift.trajectory import load_jsonl, save_jsonl
+from latentsift.deploy.sifter import Sifter, fit_sifter
+from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
 pytestmark = pytest.mark.model
 
@@ -41,7 +41,7 @@ def _filter(d, states, *extra):
 
 def test_check_leaks_names_the_overlapping_pool(overlap):
     d, states, leaked, django = overlap
-    from latentsift.trajectory import load_pools
+    from latentsift.trajectories.trajectory import load_pools
     bank = Sifter.load(d / "sifter").bank
     (x,) = check_leaks(load_pools(d / "pools.jsonl"), bank)
     assert x.instance_id == leaked and x.overlapping_instances == [leaked]

@@ -10,14 +10,14 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from latentsift._validation import FingerprintMismatch, LatentSiftError
+from latentsift._core.validation import FingerprintMismatch, LatentSiftError
 from conftest import refused  # tests/conftest.py
 from latentsift.cli import app
-from latentsift.library import library_groups, open_stores
-from latentsift.sifter import Sifter, fit_sifter
-from latentsift.store import StateStore
-from latentsift.trajectory import load_jsonl, save_jsonl
-from latentsift.transfer import eval_sets, transfer_matrix
+from latentsift.deploy.library import library_groups, open_stores
+from latentsift.deploy.sifter import Sifter, fit_sifter
+from latentsift.states.store import StateStore
+from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
+from latentsift.protocol.transfer import eval_sets, transfer_matrix
 
 pytestmark = pytest.mark.model
 

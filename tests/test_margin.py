@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from latentsift.margin import channel_scores_grouped, step_margins, step_weighted_mean_grouped, uniform_mean_grouped
+from latentsift.sift.margin import channel_scores_grouped, step_margins, step_weighted_mean_grouped, uniform_mean_grouped
 
 
 def step_weighted_mean(margins, steps) -> float:

@@ -11,14 +11,14 @@ from conftest import refused
 
 from latentsift import LatentSiftError
 from latentsift.cli import app
-from latentsift.extract import extract_pools
-from latentsift.importers import import_paths
-from latentsift.trajectory import Step, Trajectory, group_pools, load_jsonl, save_jsonl
+from latentsift.states.extract import extract_pools
+from latentsift.trajectories.importers import import_paths
+from latentsift.trajectories.trajectory import Step, Trajectory, group_pools, load_jsonl, save_jsonl
 from synthetic import FP, make_states
-from latentsift.calibrate import ece, ece_ci, fit_calibration, reliability
-from latentsift.operating import (CalibrationPools, apply_operating_point, check_calibration_size, crc_threshold,
-                                  fit_operating_point, keep_mask, min_calibration_pools, pool_miss_score)
-from latentsift.sift import CandidateScore, PoolResult
+from latentsift.metrics.calibrate import ece, ece_ci, fit_calibration, reliability
+from latentsift.deploy.operating import (CalibrationPools, apply_operating_point, check_calibration_size, crc_threshold,
+                                         fit_operating_point, keep_mask, min_calibration_pools, pool_miss_score)
+from latentsift.sift.sift import CandidateScore, PoolResult
 
 
 def synthetic_pools(rng, n_pools, k=6, signal=1.5):
@@ -279,7 +279,7 @@ def _pools(out):
 def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint_ones_with_the_bank(tmp_path):
     """Calibration pools in the bank are cross-fitted (two repository halves, a bank and scorer each);
     pools the bank has not seen are scored by it (split). Synthetic states, 4 bank repositories."""
-    from latentsift.store import StateStore
+    from latentsift.states.store import StateStore
     rng = np.random.default_rng(5)
     bank_trajs, cal_trajs, pool_trajs, states = [], [], [], {}
 

@@ -9,15 +9,15 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from latentsift._validation import LatentSiftError
-from latentsift.bank import Bank
+from latentsift._core.validation import LatentSiftError
+from latentsift.bank.bank import Bank
 from latentsift.cli import app
 from latentsift.protocol import crossval
-from latentsift.scorer import LinearScorer
-from latentsift.sift import LatentSift
-from latentsift.sifter import Sifter, fit_sifter
-from latentsift.store import StateStore
-from latentsift.trajectory import group_pools, load_jsonl, save_jsonl
+from latentsift.sift.scorer import LinearScorer
+from latentsift.sift.sift import LatentSift
+from latentsift.deploy.sifter import Sifter, fit_sifter
+from latentsift.states.store import StateStore
+from latentsift.trajectories.trajectory import group_pools, load_jsonl, save_jsonl
 
 pytestmark = pytest.mark.model
 CV = dict(n_folds=2, ks=(2, 3), n_draws=10, seed=0, n_boot=50, scorer_epochs=2, variants=False)

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from latentsift import LatentSiftError
-from latentsift.bank import Bank
+from latentsift.bank.bank import Bank
 from latentsift.protocol import evaluate_pruning, verdict
-from latentsift.prune import (POLICIES, PoolRun, PrefixBankSift, PrefixSift, Pruner, StepTokens, cut_length,
-                              cut_states, min_alive, prefix_prepare, simulate_pool, stop_decision, tokens_saved)
-from latentsift.scorer import LinearScorer
-from latentsift.rules import make_baseline
-from latentsift.sift import LatentSift
-from latentsift.trajectory import Pool, Step, Trajectory
+from latentsift.sift.prune import (POLICIES, PoolRun, PrefixBankSift, PrefixSift, Pruner, StepTokens, cut_length,
+                                   cut_states, min_alive, prefix_prepare, simulate_pool, stop_decision, tokens_saved)
+from latentsift.sift.scorer import LinearScorer
+from latentsift.sift.rules import make_baseline
+from latentsift.sift.sift import LatentSift
+from latentsift.trajectories.trajectory import Pool, Step, Trajectory
 
 from synthetic import FP, make_states  # tests/synthetic.py
 
@@ -198,8 +198,8 @@ def test_offline_evaluation_runs_and_chooses_thresholds_in_bank(world):
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-    from latentsift.figures import _fig_pruning
-    from latentsift.report import _pruning_markdown
+    from latentsift.report.figures import _fig_pruning
+    from latentsift.report.sections import _pruning_markdown
     md = "\n".join(_pruning_markdown(res))
     assert res["verdict"]["sentence"] in md and "| latentsift | steps | in-bank |" in md
     assert f"{100 * rows[('latentsift', 'steps', 1.0)]['gen_saved']['mean']:.2f}" in md
@@ -264,7 +264,7 @@ def test_token_cache_is_keyed_by_the_model(policy, world, tmp_path):
     from dataclasses import replace
 
     from latentsift.protocol import cached_step_tokens
-    from latentsift.prune import step_tokens
+    from latentsift.sift.prune import step_tokens
     trajs = world[0][:4]
     path = tmp_path / "tokens.json"
     fp = policy.fingerprint

@@ -68,7 +68,7 @@ def test_ranks_order_invariant_and_bounded(scores, rnd):
 @given(st.lists(st.integers(-3, 3), min_size=1, max_size=30))
 def test_average_ranks_equal_scipy(values):
     from scipy.stats import rankdata
-    from latentsift.rank import average_ranks
+    from latentsift.sift.rank import average_ranks
     x = np.array(values, dtype=float)
     np.testing.assert_allclose(average_ranks(x), rankdata(x, method="average") - 1)
 

@@ -14,14 +14,14 @@ from typer.testing import CliRunner
 
 from latentsift import LatentSiftError
 from latentsift.cli import app
-from latentsift.rules import (REFERENCE, filter_entry, make_baseline, method_names, register_filter, rule_keys,
-                              rules, unregister_filter)
-from latentsift.sift import Stage1Filter
+from latentsift.sift.rules import (REFERENCE, filter_entry, make_baseline, method_names, register_filter, rule_keys,
+                                   rules, unregister_filter)
+from latentsift.sift.sift import Stage1Filter
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PLUGIN = '''
 import numpy as np
-from latentsift.rules import RuleFilter, register_filter
+from latentsift.sift.rules import RuleFilter, register_filter
 
 
 @register_filter("longest-patch", label="longest patch (plugin)")
@@ -93,8 +93,8 @@ def test_a_plugin_filter_runs_in_crossval_and_its_report(plugin, tiny_run, tmp_p
 
 
 IMPORTER = '''
-from latentsift.importers import register_importer
-from latentsift.trajectory import Step, Trajectory
+from latentsift.trajectories.importers import register_importer
+from latentsift.trajectories.trajectory import Step, Trajectory
 
 
 def looks_like(rec):
@@ -111,8 +111,8 @@ def read(rec, where, src):
 
 
 def test_an_importer_is_one_module_and_one_registration(tmp_path, monkeypatch):
-    from latentsift._importers import _registry
-    from latentsift.importers import format_names, import_paths
+    from latentsift.trajectories import _registry
+    from latentsift.trajectories.importers import format_names, import_paths
     (tmp_path / "my_importer.py").write_text(IMPORTER)
     env = dict(os.environ, COLUMNS="400", PYTHONPATH=os.pathsep.join([str(tmp_path), str(SRC)]))
     code = "import my_importer; from latentsift.cli import app; app()"
@@ -141,4 +141,4 @@ def test_the_rule_names_are_spelled_in_the_registry_only():
         for word in {e.name, e.key}:
             spelled[word] = sorted(str(f.relative_to(SRC)) for f in (SRC / "latentsift").rglob("*.py")
                                    if word in f.read_text() and word not in ("random",))
-    assert {w: fs for w, fs in spelled.items() if fs and fs != ["latentsift/rules.py"]} == {}
+    assert {w: fs for w, fs in spelled.items() if fs and fs != ["latentsift/sift/rules.py"]} == {}

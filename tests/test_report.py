@@ -7,10 +7,11 @@ import re
 import numpy as np
 import pytest
 
-from latentsift.cascade import CandidateRecord, PoolSpec
-from latentsift.evaluate import evaluate_run
-from latentsift.report import FIGURES, render_markdown, write_report
-from latentsift.verifier import Verdict
+from latentsift.cascade.cascade import CandidateRecord, PoolSpec
+from latentsift.metrics.evaluate import EvaluateSettings, evaluate_run
+from latentsift.report.figures import FIGURES
+from latentsift.report.report import render_markdown, write_report
+from latentsift.cascade.verifier import Verdict
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +29,12 @@ def summary():
     ls = {t: records[t].label + float(rng.random()) for t in ids}
     filters = {"ef": ef, "ls": ls, "ls_R": {t: float(rng.random()) for t in ids},
                "len": {t: -float(rng.integers(3, 30)) for t in ids}}
-    return evaluate_run(pools, filters, records, final_verifier=ef, ks=[2, 4, 6], n_boot=100,
-                        names={"ls": "LatentSift", "ef": "EF verifier"},
-                        ablations={"channels": {"title": "Channel selection", "filters": ["ls", "ls_R"],
-                                                "layout": "columns", "labels": {"ls": "R+O+F", "ls_R": "R"}},
-                                   "naive": {"title": "Naive rules", "filters": ["ls", "len"]}},
+    settings = EvaluateSettings(
+        ks=[2, 4, 6], n_boot=100, names={"ls": "LatentSift", "ef": "EF verifier"},
+        ablations={"channels": {"title": "Channel selection", "filters": ["ls", "ls_R"],
+                                "layout": "columns", "labels": {"ls": "R+O+F", "ls_R": "R"}},
+                   "naive": {"title": "Naive rules", "filters": ["ls", "len"]}})
+    return evaluate_run(pools, filters, records, settings, final_verifier=ef,
                         distributions={"q_cot": {t: ls[t] - 0.5 for t in ids}, "s": ls})
 
 
@@ -76,7 +78,7 @@ def test_report_numbers_come_from_the_summary(tmp_path, summary):
 
 def test_training_size_curves_are_tabulated_and_drawn(tmp_path, summary):
     """A summary with learned-branch curves gets a table (AUC per bank fraction) and training_size.png."""
-    from latentsift.diagnostics import diagnostics_table
+    from latentsift.metrics.score_table import diagnostics_table
     rng = np.random.default_rng(7)
     n = 120
     inst = np.repeat([f"i{k}" for k in range(20)], 6)

@@ -8,16 +8,16 @@ import pytest
 ray = None  # imported by the cluster fixture (the Ray tests skip without the extra)
 
 from latentsift import LatentSiftError  # noqa: E402
-from latentsift.bank import Bank  # noqa: E402
-from latentsift.model import load_policy  # noqa: E402
-from latentsift.backends import open_backend  # noqa: E402
-from latentsift.extract import LocalBackend, extract_pools  # noqa: E402
+from latentsift.bank.bank import Bank  # noqa: E402
+from latentsift.states.model import load_policy  # noqa: E402
+from latentsift.scale.backends import open_backend  # noqa: E402
+from latentsift.states.extract import LocalBackend, extract_pools  # noqa: E402
 from latentsift.scale import RayBackend, connect, shard_bank  # noqa: E402
 from latentsift.scale.extract import ACTOR_PREFIX  # noqa: E402
-from latentsift.sift import LatentSift  # noqa: E402
-from latentsift.states import TrajectoryStates  # noqa: E402
-from latentsift.store import StateStore  # noqa: E402
-from latentsift.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory  # noqa: E402
+from latentsift.sift.sift import LatentSift  # noqa: E402
+from latentsift.states.states import TrajectoryStates  # noqa: E402
+from latentsift.states.store import StateStore  # noqa: E402
+from latentsift.trajectories.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory  # noqa: E402
 
 from synthetic import FP, make_states  # noqa: E402  (tests/synthetic.py)
 
@@ -50,7 +50,7 @@ def tiny_model(tmp_path_factory, policy):
 
 @pytest.fixture(scope="module")
 def trajs(data_dir):
-    from latentsift.importers import import_paths
+    from latentsift.trajectories.importers import import_paths
 
     return import_paths(data_dir / "r2egym" / "acr-run-1.jsonl.gz").trajectories[:5]
 
@@ -141,7 +141,7 @@ def test_bad_input_ends_with_clear_errors_and_a_valid_store(cluster, tiny_model,
     from typer.testing import CliRunner
 
     from latentsift.cli import app
-    from latentsift.trajectory import save_jsonl
+    from latentsift.trajectories.trajectory import save_jsonl
 
     save_jsonl(trajs, tmp_path / "pools.jsonl")
     with StateStore(dst).lock():  # another writer holds the store

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from latentsift import FingerprintMismatch, LatentSiftError, NotFittedError
-from latentsift.model import Fingerprint
-from latentsift.scorer import LinearScorer, gated_logits, span_outputs
-from latentsift.states import TrajectoryStates
-from latentsift.trajectory import CHANNEL_ID
+from latentsift.states.model import Fingerprint
+from latentsift.sift.scorer import LinearScorer, gated_logits, span_outputs
+from latentsift.states.states import TrajectoryStates
+from latentsift.trajectories.trajectory import CHANNEL_ID
 
 L, D = 3, 8
 FP = Fingerprint("TestArch", L, D, "tok", "tpl", "w", "float32")
@@ -138,9 +138,9 @@ def test_errors():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_packed_span_states_are_each_trajectorys_model_authored_spans_in_order(dtype):
-    from latentsift.scorer import _Packed
-    from latentsift.states import TrajectoryStates
-    from latentsift.trajectory import CHANNEL_ID
+    from latentsift.sift.scorer import _Packed
+    from latentsift.states.states import TrajectoryStates
+    from latentsift.trajectories.trajectory import CHANNEL_ID
 
     rng = np.random.default_rng(4)
     sts = []

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from latentsift._validation import LatentSiftError
+from latentsift._core.validation import LatentSiftError
 from latentsift.cli import app
-from latentsift.shift import Reference, bank_vectors, loo_distances
-from latentsift.sifter import Sifter, fit_sifter, run_sifter_filter
-from latentsift.trajectory import load_jsonl, save_jsonl
+from latentsift.deploy.shift import Reference, bank_vectors, loo_distances
+from latentsift.deploy.sifter import Sifter, fit_sifter, run_sifter_filter
+from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
 pytestmark = pytest.mark.model
 

@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from latentsift.bank import Bank
-from latentsift.shift import Reference, bank_vectors, nearest_other_group
-from latentsift.store import StateStore
-from latentsift.trajectory import load_jsonl
+from latentsift.bank.bank import Bank
+from latentsift.deploy.shift import Reference, bank_vectors, nearest_other_group
+from latentsift.states.store import StateStore
+from latentsift.trajectories.trajectory import load_jsonl
 
 pytestmark = pytest.mark.model
 
@@ -69,9 +69,9 @@ def test_repository_reference_leaves_out_the_whole_repository(tiny_run):
 
 
 def test_fit_saves_the_stated_false_alarm_rate_and_reference(tiny_run, tmp_path):
-    from latentsift._validation import LatentSiftError
-    from latentsift.sifter import Sifter, fit_sifter
-    from latentsift.trajectory import save_jsonl
+    from latentsift._core.validation import LatentSiftError
+    from latentsift.deploy.sifter import Sifter, fit_sifter
+    from latentsift.trajectories.trajectory import save_jsonl
 
     run = tiny_run["out"]
     save_jsonl([t for t in load_jsonl(run / "pools.jsonl") if t.agent == "acr"], tmp_path / "acr.jsonl")
@@ -86,7 +86,7 @@ def test_fit_saves_the_stated_false_alarm_rate_and_reference(tiny_run, tmp_path)
 
 
 def test_the_stated_rate_is_checked():
-    from latentsift._validation import LatentSiftError
+    from latentsift._core.validation import LatentSiftError
     from latentsift.protocol import CrossvalSettings
 
     with pytest.raises(LatentSiftError, match="guard-false-alarm"):

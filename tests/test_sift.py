@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 
 from latentsift import FingerprintMismatch, LatentSiftError
-from latentsift.bank import Bank
-from latentsift.margin import channel_scores_grouped
-from latentsift.model import Fingerprint
-from latentsift.rank import normalized_ranks
-from latentsift.retain import retain_count
-from latentsift.scorer import LinearScorer
+from latentsift.bank.bank import Bank
+from latentsift.sift.margin import channel_scores_grouped
+from latentsift.states.model import Fingerprint
+from latentsift.sift.rank import normalized_ranks
+from latentsift.sift.retain import retain_count
+from latentsift.sift.scorer import LinearScorer
 from latentsift._jobs.filter import filter_options
-from latentsift.rules import (FewestStepsFilter, RandomFilter, ShortestCharsFilter, ShortestTokensFilter,
-                              make_baseline)
-from latentsift.sift import LatentSift
-from latentsift.states import TrajectoryStates
-from latentsift.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory
+from latentsift.sift.rules import (FewestStepsFilter, RandomFilter, ShortestCharsFilter, ShortestTokensFilter,
+                                   make_baseline)
+from latentsift.sift.sift import LatentSift
+from latentsift.states.states import TrajectoryStates
+from latentsift.trajectories.trajectory import CHANNEL_ID, CHANNELS, Pool, Step, Trajectory
 
 L, D = 3, 8
 FP = Fingerprint("TestArch", L, D, "tok", "tpl", "w", "float32")
@@ -243,7 +243,7 @@ def _cli(*args):
 
 
 def _synthetic_store(path, states, fp, instance_of):
-    from latentsift.store import StateStore
+    from latentsift.states.store import StateStore
     store = StateStore(path).create(fp, {"layers": list(range(1, fp.n_layers + 1)), "store_dtype": "float32"})
     ids = sorted(states)
     store.write([states[t] for t in ids], [instance_of[t] for t in ids])
@@ -251,7 +251,7 @@ def _synthetic_store(path, states, fp, instance_of):
 
 
 def test_cli_on_a_synthetic_store(tmp_path):
-    from latentsift.trajectory import save_jsonl
+    from latentsift.trajectories.trajectory import save_jsonl
     rng = np.random.default_rng(4)
     bank_trajs, states = [], {}
     for i in range(20):
@@ -296,9 +296,9 @@ def real(tmp_path_factory, policy, data_dir):
     """Bank: 8 trajectories of repository psf/requests (ACR runs 1-2, both outcomes); held-out pool:
     one pytest instance (4 candidates: ACR runs 1-3 and SWE-agent run 1). Short renderings
     (4 tokens per span, first 96 tokens) keep the model time small; the mechanics are the same."""
-    from latentsift.importers import import_paths
-    from latentsift.extract import extract_pools
-    from latentsift.trajectory import save_jsonl
+    from latentsift.trajectories.importers import import_paths
+    from latentsift.states.extract import extract_pools
+    from latentsift.trajectories.trajectory import save_jsonl
     runs = [data_dir / "r2egym" / f"acr-run-{i}.jsonl.gz" for i in (1, 2, 3)] + [data_dir / "sweagent" / "cost_2_1.tar.gz"]
     trajs = import_paths(runs, labels=data_dir / "candidates.csv").trajectories
     requests = sorted({t.instance_id for t in trajs if t.repo == "psf/requests"})[:4]
@@ -318,7 +318,7 @@ def real(tmp_path_factory, policy, data_dir):
 def test_acceptance_real_data(real):
     from dataclasses import replace
 
-    from latentsift.store import StateStore
+    from latentsift.states.store import StateStore
     d = real
     assert _cli("bank", "build", d / "states", "--pools", d / "bank.jsonl", "--out", d / "bank").exit_code == 0
     r = _cli("scorer", "train", d / "bank", "--out", d / "scorer")
@@ -351,7 +351,7 @@ def test_acceptance_real_data(real):
     assert r.exit_code == 2 and "different model" in r.output  # a message, no traceback
     # a bank with an empty class
     unresolved = d / "unresolved.jsonl"
-    from latentsift.trajectory import load_jsonl, save_jsonl
+    from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
     save_jsonl([t for t in load_jsonl(d / "bank.jsonl") if t.label == 0], unresolved)
     r = _cli("bank", "build", d / "states", "--pools", unresolved, "--out", d / "b3")
     assert r.exit_code == 2 and "empty positive class" in r.output  # a message, no traceback

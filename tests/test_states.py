@@ -15,11 +15,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from latentsift._validation import LatentSiftError
-from latentsift.channel import Rendering, render
-from latentsift.states import (StateRecorder, TrajectoryStates, has_hooks, layer_hooks, replay, replay_many,
-                               window_plan)
-from latentsift.trajectory import CHANNEL_ID
+from latentsift._core.validation import LatentSiftError
+from latentsift.states.channel import Rendering, render
+from latentsift.states.states import (StateRecorder, TrajectoryStates, has_hooks, layer_hooks, replay, replay_many,
+                                      window_plan)
+from latentsift.trajectories.trajectory import CHANNEL_ID
 
 F32_TOL = 1e-4
 BF16_MEDIAN_TOL, BF16_MAX_TOL = 2e-2, 0.15
@@ -34,7 +34,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def shared_trajs(data_dir):
-    from latentsift.importers import import_paths
+    from latentsift.trajectories.importers import import_paths
 
     acr = import_paths(data_dir / "r2egym" / "acr-run-1.jsonl.gz").trajectories
     swe = import_paths(data_dir / "sweagent" / "cost_2_1.tar.gz").trajectories
@@ -43,7 +43,7 @@ def shared_trajs(data_dir):
 
 @pytest.fixture(scope="module")
 def policy32():
-    from latentsift.model import load_policy
+    from latentsift.states.model import load_policy
     return load_policy(dtype="float32")
 
 
@@ -282,10 +282,10 @@ def test_replay_many_keeps_order(policy, shared_trajs):
 def test_per_step_replay_merges_disjoint_spans(policy32):
     """render_per_step (templates that drop earlier <think>): every span once, in trajectory order;
     step 0's cot/fn see the same prefix as in the one-sequence rendering."""
-    from latentsift.channel import render_per_step
-    from latentsift.states import merge_states
+    from latentsift.states.channel import render_per_step
+    from latentsift.states.states import merge_states
 
-    from latentsift.trajectory import Step, Trajectory
+    from latentsift.trajectories.trajectory import Step, Trajectory
 
     call = "<function=bash>\n<parameter=command>{}</parameter>\n</function>"
     t = Trajectory(traj_id="hand/1", instance_id="i", repo="r", task_prompt="Fix add() in math.py.", steps=[

@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from latentsift._validation import FingerprintMismatch, LatentSiftError
-from latentsift.model import DEFAULT_GGUF_FILE, Fingerprint
-from latentsift.states import TrajectoryStates
-from latentsift.extract import ExtractionBackend, Extracted, extract_pools, extract_settings, resolve_layers
-from latentsift.store import StateStore, encode_shard
+from latentsift._core.validation import FingerprintMismatch, LatentSiftError
+from latentsift.states.model import DEFAULT_GGUF_FILE, Fingerprint
+from latentsift.states.states import TrajectoryStates
+from latentsift.states.extract import ExtractionBackend, Extracted, extract_pools, extract_settings, resolve_layers
+from latentsift.states.store import StateStore, encode_shard
 
 FP = Fingerprint("TinyLM", n_layers=3, d_model=8, tokenizer_sha="t", template_sha="c", weights_sha="w",
                  dtype="float32")
@@ -184,9 +184,9 @@ CHILD = textwrap.dedent("""
     import os, signal, sys
     import torch
     torch.set_num_threads(1)      # as the parent test: results must match bit for bit
-    from latentsift.model import load_policy
-    from latentsift.extract import extract_pools
-    from latentsift.trajectory import load_jsonl
+    from latentsift.states.model import load_policy
+    from latentsift.states.extract import extract_pools
+    from latentsift.trajectories.trajectory import load_jsonl
     kill_after = int(sys.argv[3])
     def progress(p):
         if kill_after and p.done == kill_after:
@@ -197,8 +197,8 @@ CHILD = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def small_pools(tmp_path_factory, data_dir):
-    from latentsift.importers import import_paths
-    from latentsift.trajectory import save_jsonl
+    from latentsift.trajectories.importers import import_paths
+    from latentsift.trajectories.trajectory import save_jsonl
 
     trajs = import_paths(data_dir / "r2egym" / "acr-run-1.jsonl.gz").trajectories[:4]
     trajs += import_paths(data_dir / "sweagent" / "cost_2_2.tar.gz").trajectories[:3]
@@ -266,7 +266,7 @@ def test_extract_cli(tmp_path, small_pools):
     assert res.exit_code == 0, res.output
     store = StateStore(tmp_path / "s").open()
     # dtype "auto" resolved from this machine's hardware, said once, and recorded in the fingerprint
-    from latentsift.model import cpu_dtype_choice
+    from latentsift.states.model import cpu_dtype_choice
     choice = cpu_dtype_choice()
     assert store.fingerprint.dtype == choice.dtype
     said = " ".join(res.output.split())  # rich wraps long lines

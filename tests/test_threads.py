@@ -1,5 +1,5 @@
 """Results do not depend on the torch thread count: the scorer's fit and scores and the exact
-nearest-neighbour search are computed at a fixed count whatever the caller set (``latentsift._threads``).
+nearest-neighbour search are computed at a fixed count whatever the caller set (``latentsift._core.threads``).
 The tiny end-to-end run at 1 and 2 threads is compared byte for byte in test_reproduce."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from latentsift.knn import nearest_distances
-from latentsift.scorer import LinearScorer
-from latentsift.states import TrajectoryStates
-from latentsift.trajectory import CHANNEL_ID
+from latentsift.bank.knn import nearest_distances
+from latentsift.sift.scorer import LinearScorer
+from latentsift.states.states import TrajectoryStates
+from latentsift.trajectories.trajectory import CHANNEL_ID
 
 # the size of the packaged model (30 layers + embeddings, d = 576): large enough products that the
 # CPU kernels split their reductions across threads
@@ -71,7 +71,7 @@ def test_nearest_distances_do_not_depend_on_the_thread_count(threads):
 
 def test_nearest_distances_use_the_callers_threads_and_restore_them(threads, monkeypatch):
     """Workers are the caller's torch thread count; each runs its products at one torch thread."""
-    import latentsift.knn as knn
+    import latentsift.bank.knn as knn
     seen = []
     real = knn._one_thread
 
@@ -87,7 +87,7 @@ def test_nearest_distances_use_the_callers_threads_and_restore_them(threads, mon
 
 
 def test_the_caller_thread_count_is_restored():
-    from latentsift._threads import fixed_threads
+    from latentsift._core.threads import fixed_threads
     prev = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
-from latentsift.sift import Prepared
-from latentsift.states import TrajectoryStates
-from latentsift.trajectory import Pool, Trajectory
-from latentsift.variants import (LogisticProbe, StackedFilter, center_by_group, fit_stack, merge_prepared,
-                                 pool_rank_features, split_pools_by_group)
+from latentsift.sift.sift import Prepared
+from latentsift.states.states import TrajectoryStates
+from latentsift.trajectories.trajectory import Pool, Trajectory
+from latentsift.sift.variants import (LogisticProbe, StackedFilter, center_by_group, fit_stack, merge_prepared,
+                                      pool_rank_features, split_pools_by_group)
 
 
 def _st(tid, rng, shift=0.0, n=4, L=3, d=5):
@@ -81,8 +81,8 @@ def test_logistic_probe_separates_a_real_signal():
 
 
 def test_trajectory_signals_read_length_and_patch():
-    from latentsift.trajectory import Step
-    from latentsift.variants import patch_lines, trajectory_signals
+    from latentsift.trajectories.trajectory import Step
+    from latentsift.sift.variants import patch_lines, trajectory_signals
     diff = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,2 @@\n-a = 1\n+a = 2\n b = 3\n"
     assert patch_lines(diff) == 2 and patch_lines("") == 0
     t = Trajectory("r/i", "i", "r", "", [Step(cot="ab", fn="c", obs="de"), Step(cot="f")], patch=diff)
@@ -92,7 +92,7 @@ def test_trajectory_signals_read_length_and_patch():
 
 
 def test_bank_subsample_keeps_whole_instances_in_nested_subsets():
-    from latentsift.variants import bank_subsample
+    from latentsift.sift.variants import bank_subsample
     trajs = [Trajectory(f"r{k}/i{i}", f"i{i}", "r", "", []) for i in range(40) for k in range(3)]
     quarter, half, full = (bank_subsample(trajs, f, seed=0) for f in (0.25, 0.5, 1.0))
     assert len(quarter) == 30 and len(half) == 60 and len(full) == 120

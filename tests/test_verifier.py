@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from latentsift.trajectory import Step, Trajectory
-from latentsift.verifier import (THOUGHT_PLACEHOLDER, EFVerifier, LocalBackend, OpenAIBackend, Verdict,
-                                 VerifierFailure, build_prompt, load_results, save_results, yes_no_score)
+from latentsift.trajectories.trajectory import Step, Trajectory
+from latentsift.cascade.verifier import (THOUGHT_PLACEHOLDER, EFVerifier, LocalBackend, OpenAIBackend, Verdict,
+                                         VerifierFailure, build_prompt, load_results, save_results, yes_no_score)
 
 DATA = "/work/shared/datasets/swebench-lite-pools"
 
@@ -47,7 +47,7 @@ def test_yes_no_score_is_the_normalised_probability():
 
 @pytest.fixture(scope="module")
 def backend():
-    from latentsift.model import load_policy
+    from latentsift.states.model import load_policy
 
     return LocalBackend(policy=load_policy())
 
@@ -83,7 +83,7 @@ def test_condensation_replaces_longest_thoughts_first_never_the_first(backend):
 def test_local_backend_reads_yes_no_by_token_id_on_real_trajectories(backend, tmp_path):
     import torch
 
-    from latentsift.importers import import_paths
+    from latentsift.trajectories.importers import import_paths
 
     pool = import_paths([f"{DATA}/r2egym/acr-run-1.jsonl.gz"]).trajectories[:40]
     trajs = sorted(pool, key=lambda t: t.n_chars)[:2]  # the two shortest: condensed, but cheap to run
@@ -229,7 +229,7 @@ def test_cli_verify_writes_results_keyed_by_traj_id(stub_url, tmp_path):
     from typer.testing import CliRunner
 
     from latentsift.cli import app
-    from latentsift.trajectory import save_jsonl
+    from latentsift.trajectories.trajectory import save_jsonl
 
     cands = [traj("r/a", task="MODE=ok P=0.8 D=0"), traj("r/b", task="MODE=nologprobs P=0.8 D=0")]
     save_jsonl(cands, tmp_path / "t.jsonl")

@@ -6,34 +6,40 @@ on labelled trajectories, ``LatentSift(bank, scorer)`` to score candidate pools,
 (bank, scorer and shift guard fitted and saved as one), and ``crossval`` to evaluate it all on your
 own labelled pools.
 
-The estimators are imported on first use (PEP 562 ``__getattr__``): ``import latentsift`` stays as
-light as the trajectory model, so the command line starts fast, and no stage module imports the
-package's top level.
+The estimators and equations are imported on first use (PEP 562 ``__getattr__``) from the subpackage
+that exports them: ``import latentsift`` stays as light as the trajectory model, so the command line
+starts fast, and no stage module imports the package's top level.
+
+The subpackages, bottom up (each imports only from those below it; tests/test_imports.py):
+``_core`` (errors, validation, files) -> ``trajectories`` -> ``states`` (policy, rendering, replay,
+store, extraction) -> ``bank`` -> ``scale`` -> ``sift`` (Stage-1 filters, the equations) ->
+``cascade`` (and the EF verifier) -> ``metrics`` -> ``deploy`` -> ``report`` -> ``protocol`` ->
+``_jobs`` -> ``_cli`` and ``cli``.
 """
 import importlib
 
-from ._validation import FingerprintMismatch, LatentSiftError, NotFittedError
-from .fuse import fuse
-from .knn import nearest_distances
-from .margin import step_margins
-from .rank import grouped_normalized_ranks, min_channel_rank, normalized_ranks
-from .retain import order_by_score, retain_count, select_retained
-from .trajectory import CHANNELS, Pool, Step, Trajectory, group_pools, load_jsonl, load_pools, save_jsonl
+from ._core.validation import FingerprintMismatch, LatentSiftError, NotFittedError
+from .trajectories.trajectory import CHANNELS, Pool, Step, Trajectory, group_pools, load_jsonl, load_pools, save_jsonl
 
 __version__ = "0.1.0"
 
-#: The estimators a user composes -> the module that defines them (imported on first access).
-_LAZY = {"import_paths": "importers", "load_policy": "model", "StateStore": "store", "Bank": "bank",
-         "LinearScorer": "scorer", "LatentSift": "sift", "Sifter": "sifter", "crossval": "protocol",
-         "RuleFilter": "rules", "register_filter": "rules"}
+#: The names imported on first access -> the subpackage that exports them (``fuse``: its module).
+_LAZY = {"import_paths": "trajectories", "load_policy": "states", "StateStore": "states", "Bank": "bank",
+         "LinearScorer": "sift", "LatentSift": "sift", "Sifter": "deploy", "crossval": "protocol",
+         "RuleFilter": "sift", "register_filter": "sift",
+         # the paper's equations
+         "nearest_distances": "bank", "normalized_ranks": "sift", "grouped_normalized_ranks": "sift",
+         "min_channel_rank": "sift", "step_margins": "sift", "fuse": "sift.fuse", "retain_count": "sift",
+         "select_retained": "sift", "order_by_score": "sift"}
+_EQUATIONS = ["nearest_distances", "normalized_ranks", "grouped_normalized_ranks", "min_channel_rank", "step_margins",
+              "fuse", "retain_count", "select_retained", "order_by_score"]
 
 __all__ = ["LatentSiftError", "NotFittedError", "FingerprintMismatch",
-           *_LAZY,
+           *(n for n in _LAZY if n not in _EQUATIONS),
            # the canonical trajectory model
            "CHANNELS", "Step", "Trajectory", "Pool", "load_jsonl", "save_jsonl", "group_pools", "load_pools",
            # the paper's equations
-           "nearest_distances", "normalized_ranks", "grouped_normalized_ranks", "min_channel_rank", "step_margins",
-           "fuse", "retain_count", "select_retained", "order_by_score"]
+           *_EQUATIONS]
 
 
 def __getattr__(name: str):

@@ -12,11 +12,11 @@ from typer.core import TyperGroup
 
 from ._cli import bank, crossval, evaluate, explore, extract, fit, import_, reproduce, transfer
 from ._cli import filter as filter_
-from ._errors import user_message
+from ._core.errors import user_message
 
 
 class _Commands(TyperGroup):
-    """The top-level group: an error the user can fix (``_errors.user_message``) becomes one line on
+    """The top-level group: an error the user can fix (``_core.errors.user_message``) becomes one line on
     stderr and exit code 2, for every command (also under ``CliRunner``); a bug keeps its traceback."""
 
     def invoke(self, ctx: click.Context):
@@ -31,7 +31,7 @@ class _Commands(TyperGroup):
 
 
 def _report(e: BaseException) -> bool:
-    """Print the one-line message of a user-fixable error (``_errors.user_message``); False for a bug."""
+    """Print the one-line message of a user-fixable error (``_core.errors.user_message``); False for a bug."""
     message = user_message(e)
     if message is None:
         return False

@@ -1,7 +1,7 @@
 """``latentsift bank build`` and ``latentsift scorer train``.
 
-Parsing and progress only; the logic is ``latentsift.bank.build_bank`` and
-``latentsift.scorer.train_scorer``.
+Parsing and progress only; the logic is ``latentsift.bank.bank.build_bank`` and
+``latentsift.sift.scorer.train_scorer``.
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .._guard import check_output
-from .._validation import LatentSiftError
-from ..bank import build_bank
-from ..scorer import CURVE_PNG, LinearScorer, train_scorer
+from .._core.guard import check_output
+from .._core.validation import LatentSiftError
+from ..bank.bank import build_bank
+from ..sift.scorer import CURVE_PNG, LinearScorer, train_scorer
 from ._options import Channels, Seed, csv_list
 from ._progress import StageProgress
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .._guard import check_output
+from .._core.guard import check_output
 from ..protocol import CrossvalSettings, crossval
 from ._options import Boot, Draws, FirstInstances, Folds, Ks, ScorerEpochs, Seed, StatesDirs, Variants
 from ._progress import StageProgress

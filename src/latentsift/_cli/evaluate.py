@@ -1,7 +1,7 @@
 """``latentsift evaluate`` (cascade + metrics + report) and ``latentsift verify`` (EF verifier).
 
-Parsing and progress only; the logic is in ``latentsift.evaluate``, ``latentsift.report`` and
-``latentsift.verifier``.
+Parsing and progress only; the logic is in ``latentsift.metrics.evaluate``, ``latentsift.report.report`` and
+``latentsift.cascade.verifier``.
 """
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from typing import List, Optional
 
 import typer
 
-from .._guard import check_output
-from .._validation import LatentSiftError
-from ..evaluate import evaluate_run, load_pool_file, load_scores
-from ..report import write_report
-from ..trajectory import load_jsonl
-from ..verifier import EFVerifier, LocalBackend, OpenAIBackend, save_results
+from .._core.guard import check_output
+from .._core.validation import LatentSiftError
+from ..metrics.evaluate import EvaluateSettings, evaluate_run
+from ..metrics.formats import load_pool_file, load_scores
+from ..report.report import write_report
+from ..trajectories.trajectory import load_jsonl
+from ..cascade.verifier import EFVerifier, LocalBackend, OpenAIBackend, save_results
 from ._options import Draws, Dtype, Model, Seed, Threads
 from ._progress import StageProgress
 
@@ -89,15 +90,15 @@ def evaluate_cmd(
     if cands:
         dist = {**cands[0].components, f"final score ({cands[0].name})": cands[0].scores}
     with StageProgress(transient=True) as bar:
-        summary = evaluate_run(
-            pool_specs, filters, records,
-            final_verifier=filters[final_verifier] if final_verifier else None,
+        settings = EvaluateSettings(
             ks=k or None, n_draws=draws, seed=seed, tie=tie, missing=missing, n_boot=bootstrap,
             small_pools=small_pools, exact=exact, stop_when_single=stop_when_single, reference=reference,
-            headline=headline or None, ablations=abl, distributions=dist, dist_instances=dist_instances,
+            headline=headline or None, ablations=abl, dist_instances=dist_instances,
             names=disp, meta={"pools": str(pools), "scores": [s.path for s in inputs],
-                              "final_verifier": final_verifier},
-            progress=lambda done, total: bar.update("cascade", done, total))
+                              "final_verifier": final_verifier})
+        summary = evaluate_run(pool_specs, filters, records, settings,
+                               final_verifier=filters[final_verifier] if final_verifier else None,
+                               distributions=dist, progress=lambda done, total: bar.update("cascade", done, total))
     written = write_report(summary, out)
     typer.echo(f"wrote {len(written)} files to {out}: " + ", ".join(sorted(written)))
 

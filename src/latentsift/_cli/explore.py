@@ -1,6 +1,6 @@
 """``latentsift explore``: the static HTML explorer of a filter output (parsing and printing only).
 
-The logic is ``latentsift.explore.write_filter_site``.
+The logic is ``latentsift.report.explore.write_filter_site``.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .._guard import check_output
-from ..explore import write_filter_site
+from .._core.guard import check_output
+from ..report.explore import write_filter_site
 
 
 def register(app: typer.Typer) -> None:

@@ -1,7 +1,7 @@
 """``latentsift extract``: policy states of canonical trajectories into a state store.
 
-Parsing and progress only: the backend comes from ``latentsift.backends.open_backend`` and the
-work is ``latentsift.extract.extract_pools``.
+Parsing and progress only: the backend comes from ``latentsift.scale.backends.open_backend`` and the
+work is ``latentsift.states.extract.extract_pools``.
 """
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .._guard import check_output
-from .._validation import LatentSiftError
-from ..backends import check_backend_options, open_backend
-from ..extract import extract_pools
-from ..trajectory import load_jsonl
-from ..model import AUTO_DTYPE
+from .._core.guard import check_output
+from .._core.validation import LatentSiftError
+from ..scale.backends import check_backend_options, open_backend
+from ..states.extract import extract_pools
+from ..trajectories.trajectory import load_jsonl
+from ..states.model import AUTO_DTYPE
 from ._options import Dtype, FirstInstances, Model, Threads
 from ._progress import StageProgress
 

@@ -12,13 +12,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .._guard import check_output
-from .._io import output_lock
-from .._validation import LatentSiftError
+from .._core.guard import check_output
+from .._core.io import output_lock
+from .._core.validation import LatentSiftError
 from .._jobs.filter import filter_options, run_filter
-from ..operating import calibration_pools_for_filter, target_recall_filter, target_recall_options
-from ..rules import rules
-from ..sifter import run_sifter_filter_chosen
+from ..deploy.operating import calibration_pools_for_filter, target_recall_filter, target_recall_options
+from ..sift.rules import rules
+from ..deploy.sifter import run_sifter_filter_chosen
 from ._options import Seed, StatesDir, csv_list
 
 
@@ -89,7 +89,10 @@ def filter_cmd(
                                           "seen other attempts at the same task is knowledge). Each such pool is "
                                           "named in the output."),
 ) -> None:
-    """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
+    """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON.\f
+    Length: its signature is one typer option per setting; the body parses and prints (``_pool_table``),
+    the work is in ``latentsift._jobs.filter`` (``\\f`` keeps this paragraph out of ``--help``).
+    """
     resolved = filter_options(method=method, bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
                               bank_choice=bank_choice, on_leak=on_leak, ray_address=ray, bank_shards=bank_shards,
                               approx=approx, distance_only=distance_only, learned_only=learned_only,
@@ -131,23 +134,7 @@ def filter_cmd(
                                       on_shift=on_shift)
     run.save(out)
     for res in run.pools[:show]:
-        t = Table(title=f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}", title_justify="left")
-        t.add_column("candidate")
-        chans = list(settings.get("channels", ())) if res.candidates and res.candidates[0].q is not None else []
-        for c in chans:
-            t.add_column(f"q_{c}", justify="right")
-        for c in chans:
-            t.add_column(f"r_{c}", justify="right")
-        extra = (["s_dist"] if chans else []) + (["q_lin", "s_lin"] if res.candidates and
-                                                 res.candidates[0].q_lin is not None else [])
-        extra += ["raw"] if res.candidates and res.candidates[0].raw is not None else []
-        for c in extra + ["s", "kept"]:
-            t.add_column(c, justify="right")
-        for c in sorted(res.candidates, key=lambda c: -c.s):
-            row = [c.traj_id] + [_fmt(c.q[ch]) for ch in chans] + [_fmt(c.r[ch]) for ch in chans]
-            row += [_fmt(getattr(c, k)) for k in extra] + [_fmt(c.s), "yes" if c.retained else ""]
-            t.add_row(*row)
-        console.print(t)
+        console.print(_pool_table(res, settings))
     if 0 < show < len(run.pools):
         console.print(f"... {len(run.pools) - show} more pools in {out}")
     for c in run.extra.get("bank_choice", {}).get("pools", [])[:show]:
@@ -171,3 +158,24 @@ def filter_cmd(
     console.print(f"{run.method}: {sum(p.n_keep for p in run.pools)} of "
                   f"{sum(len(p.candidates) for p in run.pools)} candidates retained over {len(run.pools)} pools. "
                   f"Written to {out}.")
+
+
+def _pool_table(res, settings: dict) -> Table:
+    """One pool's candidates, best first: per-channel q and r, the branch scores, s and kept."""
+    t = Table(title=f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}", title_justify="left")
+    t.add_column("candidate")
+    chans = list(settings.get("channels", ())) if res.candidates and res.candidates[0].q is not None else []
+    for c in chans:
+        t.add_column(f"q_{c}", justify="right")
+    for c in chans:
+        t.add_column(f"r_{c}", justify="right")
+    extra = (["s_dist"] if chans else []) + (["q_lin", "s_lin"] if res.candidates and
+                                             res.candidates[0].q_lin is not None else [])
+    extra += ["raw"] if res.candidates and res.candidates[0].raw is not None else []
+    for c in extra + ["s", "kept"]:
+        t.add_column(c, justify="right")
+    for c in sorted(res.candidates, key=lambda c: -c.s):
+        row = [c.traj_id] + [_fmt(c.q[ch]) for ch in chans] + [_fmt(c.r[ch]) for ch in chans]
+        row += [_fmt(getattr(c, k)) for k in extra] + [_fmt(c.s), "yes" if c.retained else ""]
+        t.add_row(*row)
+    return t

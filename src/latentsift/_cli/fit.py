@@ -7,9 +7,9 @@ from typing import List
 import typer
 from rich.console import Console
 
-from .._guard import check_output
-from ..shift import FALSE_ALARM
-from ..sifter import fit_sifter
+from .._core.guard import check_output
+from ..deploy.shift import FALSE_ALARM
+from ..deploy.sifter import fit_sifter
 from ._options import FirstInstances, ScorerEpochs, Seed, StatesDirs
 
 

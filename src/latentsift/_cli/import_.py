@@ -8,10 +8,10 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .._guard import check_output
-from .._io import atomic_write_text
-from ..importers import format_names, import_paths
-from ..trajectory import save_jsonl
+from .._core.guard import check_output
+from .._core.io import atomic_write_text
+from ..trajectories.importers import format_names, import_paths
+from ..trajectories.trajectory import save_jsonl
 
 
 def register(app: typer.Typer) -> None:

@@ -7,8 +7,8 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .._guard import check_output
-from ..reproduce import ReproduceSettings, reproduce
+from .._core.guard import check_output
+from ..protocol.reproduce import ReproduceSettings, reproduce
 from ._options import Draws, Dtype, Folds, Ks, Model, Seed, Variants
 from ._progress import StageProgress
 

@@ -1,21 +1,21 @@
 """``latentsift filter`` on files: check the options, load the pools, states, bank and scorer, score
-every pool with the chosen filter (``latentsift.rules``) and return the ``FilterRun`` to save."""
+every pool with the chosen filter (``latentsift.sift.rules``) and return the ``FilterRun`` to save."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Sequence
 
-from .._validation import LatentSiftError, check_choice
-from ..bank import Bank
-from ..leak import ON_LEAK, apply_on_leak
-from ..rules import make_baseline, method_names
+from .._core.validation import LatentSiftError, check_choice
+from ..bank.bank import Bank
+from ..deploy.leak import ON_LEAK, apply_on_leak
+from ..sift.rules import make_baseline, method_names
 from ..scale.approx import approx_bank  # ray and faiss themselves load only when used
 from ..scale.bank import shard_bank
 from ..scale.cluster import require_ray
-from ..scorer import LinearScorer
-from ..shift import ON_SHIFT, Reference, guard
-from ..sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
-from ..store import StateStore, check_recorded_settings
+from ..sift.scorer import LinearScorer
+from ..deploy.shift import ON_SHIFT, Reference, guard
+from ..sift.sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
+from ..states.store import StateStore, check_recorded_settings
 
 __all__ = ["filter_options", "run_filter"]
 
@@ -76,8 +76,8 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     ``bank_shards`` search the bank on Ray actors (same results, ``latentsift.scale``); ``approx``
     ("ivf" or "hnsw") searches it approximately with FAISS (off by default). ``on_shift``
     ("warn", "keep-all", "error"; None = no guard) runs the shift guard's state-space check against
-    the bank (``latentsift.shift``; a bare bank records no agents, so that check is skipped).
-    ``on_leak`` ("error", "skip", "allow"; ``latentsift.leak``) decides, per pool, what happens to a
+    the bank (``latentsift.deploy.shift``; a bare bank records no agents, so that check is skipped).
+    ``on_leak`` ("error", "skip", "allow"; ``latentsift.deploy.leak``) decides, per pool, what happens to a
     pool whose instance is in the bank; the decisions go to the output's ``leak`` section.
     """
     check_choice(method, "method", "run_filter", method_names())

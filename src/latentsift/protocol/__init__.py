@@ -4,10 +4,13 @@ Disjoint folds (by repository, agent or instance) -> the paper's method, its abl
 variants and the inner-CV default, the baselines (``stage1``, ``variants``, ``curves``) -> agent
 transfer (``transfer_agents``) -> the shift guard's error rates (``guard``) -> the cascade on seeded
 draws and the report (``run.evaluate_protocol``, ``tables``) -> offline pruning (``pruning``).
+``reproduce`` orchestrates the paper's run end to end; ``transfer`` is the bank-transfer matrix across
+pools sets, ``control`` the planted-outcome control, ``shift_eval`` the shift guard's error rates.
 ``settings.ProtocolSettings`` holds the settings both commands share; ``run.Run`` a run folder
 and its per-fold cache; ``crossval`` runs the protocol on a team's own pools.
 """
-from .._validation import check_labelled, check_states_present
+from .._core.validation import check_labelled, check_states_present
+from .control import plant_outcome, plant_pools
 from .crossval import ON_LEAK_CROSSVAL, CrossvalSettings, crossval
 from .folds import check_folds, check_group_by, fold_splits, group_noun, group_of, leaking_pools
 from .guard import protocol_guard
@@ -15,11 +18,17 @@ from .pruning import cached_step_tokens, evaluate_pruning, reproduce_pruning, ve
 from .run import NO_VERIFIER, Run, evaluate_protocol, no_verifier_table, open_run
 from .settings import GROUP_BY, ProtocolSettings, digest, hash_key
 from .stage1 import DrawScorer, latentsift_variants, stage1_filters
+from .shift_eval import fold_rows, summarise_rows
 from .tables import ablation_tables, candidate_table, per_agent_retention, retention_differences
+from .transfer import TransferSettings, transfer_matrix
 from .transfer_agents import agent_transfer
 from .variants import STACK_CONFIGS
 
-__all__ = ["CrossvalSettings", "DrawScorer", "GROUP_BY", "NO_VERIFIER", "ON_LEAK_CROSSVAL", "ProtocolSettings",
+# ``reproduce.reproduce`` and ``reproduce.ReproduceSettings`` stay at their module: a re-exported
+# ``reproduce`` would hide the module of that name.
+__all__ = ["TransferSettings", "fold_rows", "plant_outcome", "plant_pools",
+           "summarise_rows", "transfer_matrix",
+           "CrossvalSettings", "DrawScorer", "GROUP_BY", "NO_VERIFIER", "ON_LEAK_CROSSVAL", "ProtocolSettings",
            "Run", "STACK_CONFIGS", "ablation_tables", "agent_transfer", "cached_step_tokens", "candidate_table",
            "check_folds", "check_group_by", "check_labelled", "check_states_present", "crossval", "digest",
            "evaluate_protocol", "evaluate_pruning", "fold_splits", "group_noun", "group_of", "hash_key",

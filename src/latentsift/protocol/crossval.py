@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .._io import atomic_write_json
-from .._validation import LatentSiftError, check_choice, check_labelled, check_states_present
-from ..library import load_runs
-from ..extract import select_instances
-from ..store import StateStore
-from ..trajectory import Trajectory, load_jsonl, save_jsonl
-from ..verifier import load_results
+from .._core.io import atomic_write_json
+from .._core.validation import LatentSiftError, check_choice, check_labelled, check_states_present
+from ..deploy.library import load_runs
+from ..states.extract import select_instances
+from ..states.store import StateStore
+from ..trajectories.trajectory import Trajectory, load_jsonl, save_jsonl
+from ..cascade.verifier import load_results
 from .folds import check_folds, check_group_by, leaking_pools
 from .run import Run, evaluate_protocol
 from .settings import ProtocolSettings
@@ -77,7 +77,7 @@ def crossval(pools_path: str | Path | Sequence, states_dir: str | Path | Sequenc
     labels, states, fold classes and verifier results. Returns the report folder.
     """
     several = not isinstance(pools_path, (str, Path)) or not isinstance(states_dir, (str, Path))
-    if several:  # several runs and stores (same model and settings): read as one (latentsift.library)
+    if several:  # several runs and stores (same model and settings): read as one (latentsift.deploy.library)
         pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
         states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
         pools_path = Path(out) / "pools.jsonl"  # the combined pools, written below (the explorer reads them)

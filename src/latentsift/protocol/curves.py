@@ -1,9 +1,9 @@
 """Training-set size curves of the learned branch (gated head and logistic probe), per outer fold."""
 from __future__ import annotations
 
-from .._validation import LatentSiftError
-from ..scorer import LinearScorer
-from ..variants import LogisticProbe, bank_subsample
+from .._core.validation import LatentSiftError
+from ..sift.scorer import LinearScorer
+from ..sift.variants import LogisticProbe, bank_subsample
 
 
 def learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance) -> None:

@@ -31,8 +31,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..diagnostics import CI_LEVEL, diagnostics_table, interval_outcome, paired_bootstrap
-from ..rules import RANDOM, REFERENCE, rule_keys
+from ..metrics.diagnostics import CI_LEVEL, interval_outcome, paired_bootstrap
+from ..metrics.score_table import diagnostics_table
+from ..sift.rules import RANDOM, REFERENCE, rule_keys
 from .variants import STACK_CONFIGS
 
 REF_LENGTH_RULE = REFERENCE

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .._validation import LatentSiftError
-from ..bank import split_by_repo
-from ..trajectory import Trajectory, group_pools
+from .._core.validation import LatentSiftError
+from ..bank.bank import split_by_repo
+from ..trajectories.trajectory import Trajectory, group_pools
 
 Split = tuple[list[str], list[str]]  # (bank groups, evaluation groups) of one fold
 

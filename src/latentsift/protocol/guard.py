@@ -1,14 +1,14 @@
 """The shift guard's error rates on the protocol's folds (the ``shift_guard`` section of summary.json):
 false alarms per outer fold, detection in the agent-transfer setting and the threshold trade-off, each
-measured with ``latentsift.shift_eval`` (its docstring defines them).
+measured with ``latentsift.protocol.shift_eval`` (its docstring defines them).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-from ..shift import FALSE_ALARM, REFERENCE_KINDS, scaffold_of
-from ..shift_eval import TRADEOFF_QUANTILES, fold_rows, summarise_rows
-from ..trajectory import Pool, group_pools
+from ..deploy.shift import FALSE_ALARM, REFERENCE_KINDS, scaffold_of
+from .shift_eval import TRADEOFF_QUANTILES, fold_rows, summarise_rows
+from ..trajectories.trajectory import Pool, group_pools
 from .transfer_agents import agent_slug
 
 

@@ -2,8 +2,8 @@
 
 Per filter and outer fold k: the calibration pools are the other folds' pools, each scored by its
 own fold's bank and scorer, i.e. by a bank without its repository (cross-fitted over the outer
-folds); the calibration map (``latentsift.calibrate``, isotonic) and the keep rule for each target
-pool recall R (``latentsift.operating``, conformal risk control) are fitted on them and applied to
+folds); the calibration map (``latentsift.metrics.calibrate``, isotonic) and the keep rule for each target
+pool recall R (``latentsift.deploy.operating``, conformal risk control) are fitted on them and applied to
 fold k's pools, scored as new pools. The paper's fixed ``max(3, floor(K/2))`` stays the selection
 of the rest of the report; this section only adds the recall-targeted rule beside it, on full pools.
 
@@ -21,13 +21,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .._validation import LatentSiftError
-from ..calibrate import ece_ci, fit_calibration, reliability
-from ..evaluate import bootstrap_indices, mean_ci
-from ..operating import CalibrationPools, GUARANTEE, fit_operating_point
-from ..retain import retain_count
-from ..rules import REFERENCE
-from ..trajectory import Pool, group_pools
+from .._core.validation import LatentSiftError
+from ..metrics.calibrate import ece_ci, fit_calibration, reliability
+from ..metrics.bootstrap import bootstrap_indices, mean_ci
+from ..deploy.operating import CalibrationPools, GUARANTEE, fit_operating_point
+from ..sift.retain import retain_count
+from ..sift.rules import REFERENCE
+from ..trajectories.trajectory import Pool, group_pools
 from .settings import hash_key
 
 REFERENCE_RULE = REFERENCE   # paired differences are taken against the registry's reference rule

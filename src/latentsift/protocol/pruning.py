@@ -1,4 +1,4 @@
-"""Offline evaluation of early pruning (``latentsift.prune``) on the protocol's folds.
+"""Offline evaluation of early pruning (``latentsift.sift.prune``) on the protocol's folds.
 
 Per policy, schedule and threshold: generation tokens saved (model-written tokens the stopped
 candidates would still have produced, from the recorded trajectories), observation tokens saved
@@ -16,18 +16,18 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .._io import atomic_write_json
-from .._validation import LatentSiftError, check_choice, param_error
-from ..bank import inner_folds, iter_folds
-from ..cascade import run_cascade
-from ..bootstrap import bootstrap_indices, mean_ci, ratio_ci
-from ..prune import (BASELINE_OF, LENGTH_POLICIES, POLICIES, PREFIX_BANK_SCHEDULES, SCHEDULES, STATE_POLICIES,
-                     TARGET_RETENTION, THRESHOLDS, PoolRun, PrefixBankSift, PrefixSift, StepTokens, check_schedule,
-                     check_threshold, cut_length, prefix_prepare, simulate_pool, step_tokens, tokens_saved)
-from ..rules import make_baseline
-from ..sift import LatentSift, Prepared, Stage1Filter
-from ..trajectory import Pool, Trajectory, group_pools
-from ..states import TrajectoryStates
+from .._core.io import atomic_write_json
+from .._core.validation import LatentSiftError, check_choice, param_error
+from ..bank.bank import inner_folds, iter_folds
+from ..cascade.cascade import run_cascade
+from ..metrics.bootstrap import bootstrap_indices, mean_ci, ratio_ci
+from ..sift.prune import (BASELINE_OF, LENGTH_POLICIES, POLICIES, PREFIX_BANK_SCHEDULES, SCHEDULES, STATE_POLICIES,
+                          TARGET_RETENTION, THRESHOLDS, PoolRun, PrefixBankSift, PrefixSift, StepTokens, check_schedule,
+                          check_threshold, cut_length, prefix_prepare, simulate_pool, step_tokens, tokens_saved)
+from ..sift.rules import make_baseline
+from ..sift.sift import LatentSift, Prepared, Stage1Filter
+from ..trajectories.trajectory import Pool, Trajectory, group_pools
+from ..states.states import TrajectoryStates
 from .settings import digest
 
 
@@ -139,6 +139,27 @@ def _choose(runs_by: Mapping[tuple, Mapping[str, PoolRun]], pools_by, tokens, ki
     return float(best)
 
 
+def _inner_runs(k: int, bank_trajs: list[Trajectory], group, fit, policies, states, fingerprint, tokens, schedules,
+                thresholds, *, seed: int, fallbacks: list[str], log) -> dict[str, dict[tuple, dict[str, PoolRun]]]:
+    """The runs on fold ``k``'s inner split of its bank (the in-bank threshold is chosen on them):
+    policy -> (schedule, threshold) -> instance -> run."""
+    inner_runs: dict[str, dict[tuple, dict[str, PoolRun]]] = {p: {} for p in policies}
+    for ifold in inner_folds(bank_trajs, group, seed=seed):
+        j, ib, ie_pools = ifold.k, ifold.bank_trajs, ifold.eval_pools
+        try:
+            ibank, iscorer = fit(f"fold-{k}-inner-{j}", ib)
+        except LatentSiftError as e:  # e.g. an inner bank with one class only (tiny runs)
+            log(f"[prune] fold {k} inner {j}: skipped ({e})")
+            continue
+        cache: dict = {}
+        for name in policies:
+            for key, rr in _fold_runs(name, ie_pools, states, fingerprint, tokens, schedules, thresholds,
+                                      bank_trajs=ib, bank=ibank, scorer=iscorer, seed=seed,
+                                      cache=cache, fallbacks=fallbacks).items():
+                inner_runs[name].setdefault(key, {}).update(rr)
+    return inner_runs
+
+
 def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, TrajectoryStates], fingerprint,
                      folds: Sequence[tuple[Sequence[str], Sequence[str]]], tokens: Mapping[str, StepTokens], *,
                      fit: Callable[[str, list[Trajectory]], tuple], policies: Sequence[str] = POLICIES,
@@ -182,20 +203,9 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
         if inner and len({group(t) for t in bank_trajs}) < 2:
             log(f"[prune] fold {k}: one bank group, no inner split; the smallest threshold is used")
         elif inner:
-            for ifold in inner_folds(bank_trajs, group, seed=seed):
-                j, ib, ie_pools = ifold.k, ifold.bank_trajs, ifold.eval_pools
-                try:
-                    ibank, iscorer = fit(f"fold-{k}-inner-{j}", ib)
-                except LatentSiftError as e:  # e.g. an inner bank with one class only (tiny runs)
-                    log(f"[prune] fold {k} inner {j}: skipped ({e})")
-                    continue
-                cache: dict = {}
-                for name in policies:
-                    for key, rr in _fold_runs(name, ie_pools, states, fingerprint, tokens, schedules, thresholds,
-                                              bank_trajs=ib, bank=ibank, scorer=iscorer, seed=seed,
-                                              cache=cache, fallbacks=fallbacks).items():
-                        inner_runs[name].setdefault(key, {}).update(rr)
-        cache = {}
+            inner_runs = _inner_runs(k, bank_trajs, group, fit, policies, states, fingerprint, tokens, schedules,
+                                     thresholds, seed=seed, fallbacks=fallbacks, log=log)
+        cache: dict = {}
         for name in policies:
             fr = _fold_runs(name, eval_pools, states, fingerprint, tokens, schedules, thresholds,
                             bank_trajs=bank_trajs, bank=bank, scorer=scorer, seed=seed, cache=cache,

@@ -17,18 +17,19 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._io import atomic_write_json
-from .._validation import LatentSiftError
-from ..bank import Bank, Fold, iter_folds
-from ..diagnostics import diagnostics_table
-from ..evaluate import evaluate_run, pools_from_trajectories
-from ..explore import save_stage1, write_run_site
-from ..report import write_report
-from ..rules import REFERENCE, labels, rule_keys, rules
-from ..scorer import LinearScorer
-from ..store import StateStore
-from ..trajectory import Trajectory, load_jsonl
-from ..verifier import VerifierFailure
+from .._core.io import atomic_write_json
+from .._core.validation import LatentSiftError
+from ..bank.bank import Bank, Fold, iter_folds
+from ..metrics.score_table import diagnostics_table
+from ..metrics.evaluate import EvaluateSettings, evaluate_run
+from ..metrics.formats import pools_from_trajectories
+from ..report.explore import save_stage1, write_run_site
+from ..report.report import write_report
+from ..sift.rules import REFERENCE, labels, rule_keys, rules
+from ..sift.scorer import LinearScorer
+from ..states.store import StateStore
+from ..trajectories.trajectory import Trajectory, load_jsonl
+from ..cascade.verifier import VerifierFailure
 from .decide import decision_section
 from .folds import Split, fold_splits, group_of
 from .guard import protocol_guard
@@ -164,7 +165,70 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     settings, out, log = run.settings, run.out, run.log
     t_all = time.perf_counter() if t_all is None else t_all
     report_dir = out / "report"
+    st = _stage1(run, trajs, store, tokenizer, verifier, extra_stage1)
+    ef, folds, draw_scorers, fingerprint = st.ef, st.folds, st.draw_scorers, st.fingerprint
+    summary, data, pools, records, filters, scores, table = _evaluate(run, trajs, st, meta)
+    t0 = time.perf_counter()  # recall-targeted retention beside the paper's fixed rule (protocol.operating)
+    data["operating_points"] = operating_points(run, trajs, folds, filters, ef)
+    run.timed("operating_points", t0)
+    # the comparisons that decide, the single-agent pools and the verdict (protocol.decide, single_agent, verdict)
+    t0 = time.perf_counter()
+    data["decision"] = decision_section(table, {n: v for n, v in scores.items() if n in filters}, summary.ledger,
+                                        reference_workflow=data["tokens"].get("reference"),
+                                        n_boot=settings.n_boot, seed=settings.seed)
+    data["single_agent"] = single_agent_pools(
+        pools, records, filters, trajs, ks=settings.ks, n_draws=settings.n_draws, n_boot=settings.n_boot,
+        seed=settings.seed, final_verifier=ef if ef is not None else no_verifier_table(trajs),
+        reference="ef_verifier" if ef is not None else None)
+    if st.single_guard is not None:
+        data["single_agent"]["shift_guard"] = st.single_guard
+    data["verdict"] = verdict_lines(data)
+    run.timed("decide", t0)
+    # offline early pruning by prefix truncation of the stored states (latentsift.sift.prune); reuses the
+    # folds' banks and scorers; stored in summary.json under "pruning". Token counts need the tokenizer
+    # (reproduce has it; crossval on stored states alone skips this section and says so)
+    if tokenizer is not None:
+        t0 = time.perf_counter()
+        data["pruning"] = reproduce_pruning(
+            run, trajs, store, tokenizer, folds,
+            cascade={"stage1": draw_scorers["latentsift"], "records": records, "final_verifier": ef}
+            if ef is not None else None)
+        run.timed("prune", t0)
+    else:
+        log("[prune] skipped: the offline pruning evaluation needs the policy's tokenizer (run reproduce)")
+    run.timings["total"] = round(time.perf_counter() - t_all, 2)
+    atomic_write_json(out / "timings.json", run.timings)  # kept out of summary.json: wall times vary run to run
+    write_report(summary, report_dir)
+    log(f"report: {report_dir / 'report.md'}")
+    # the explorer: per-candidate Stage-1 results (scores, evidence, retained sets) and the site
+    pools_path = Path(getattr(settings, "pools", None) or out / "pools.jsonl")
+    save_stage1(draw_scorers, out / "stage1",
+                tables={"ef_verifier": {t: r.score for t, r in ef.items()}} if ef is not None else None,
+                seed=settings.seed, inputs={"pools": str(pools_path.resolve())}, fingerprint=fingerprint.to_dict())
+    log(f"explorer: {write_run_site(out, pools=pools_path)}")
+    return report_dir
 
+
+@dataclasses.dataclass
+class _Stage1:
+    """What Stage 1 on the folds gives the evaluation (the part of the protocol that reads the states)."""
+
+    folds: list
+    fingerprint: Any
+    draw_scorers: dict
+    full_scores: dict
+    fold_info: dict
+    transfer_info: dict
+    guard_info: dict
+    single_guard: dict | None
+    ef: dict | None
+    sweep_info: dict
+
+
+def _stage1(run: Run, trajs: Sequence[Trajectory], store, tokenizer, verifier, extra_stage1) -> _Stage1:
+    """The folds' Stage-1 filters, agent transfer and the shift guard's error rates on the stored states;
+    then the EF results (``verifier``) and the sweep's filters (``extra_stage1``)."""
+    settings = run.settings
     t0 = time.perf_counter()
     states = store.load([t.traj_id for t in trajs])
     fingerprint = store.fingerprint
@@ -191,11 +255,18 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
         draw_scorers |= ds
         full_scores |= fs
     draw_scorers |= transfer_scorers
+    return _Stage1(folds, fingerprint, draw_scorers, full_scores, fold_info, transfer_info, guard_info, single_guard,
+                   ef, sweep_info)
 
+
+def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | None):
+    """The cascade on the same draws for every filter (``evaluate_run``) and the selection diagnostics:
+    (summary, its data, pools, records, filters, full-pool score arrays, candidate table)."""
+    settings, ef, full_scores, fold_info = run.settings, st.ef, st.full_scores, st.fold_info
     t0 = time.perf_counter()
     pools, records = pools_from_trajectories(trajs, regression_key="p2p_passed")
     filters: dict[str, Any] = {"ef_verifier": ef} if ef is not None else {}
-    filters.update(draw_scorers)
+    filters.update(st.draw_scorers)
     components = full_scores.pop("_components")
     distributions = {**{k: v for k, v in components.items() if k.startswith("q_")},
                      "s (LatentSift)": full_scores["latentsift"]}
@@ -203,19 +274,21 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
         distributions["EF verifier"] = {t: r.score for t, r in ef.items() if r.score is not None}
     names = {"ef_verifier": "LLM EF verifier (original workflow)", "latentsift": labels()["latentsift"],
              "default": "LatentSift default (inner-CV choice)", **{e.key: e.label for e in rules()}}
-    names |= {name: f"LatentSift, bank and scorer from {a} only" for a, name in transfer_info.get("filters", {}).items()}
+    names |= {name: f"LatentSift, bank and scorer from {a} only" for a, name in st.transfer_info.get("filters", {}).items()}
     small = "drop" if any(p.n < max(settings.ks) for p in pools) else "error"
     run_meta = dict(meta or {})
-    run_meta |= {"folds": fold_info["folds"], "fingerprint": fingerprint.to_dict()}
+    run_meta |= {"folds": fold_info["folds"], "fingerprint": st.fingerprint.to_dict()}
     if ef is None:
         run_meta["stage4"] = NO_VERIFIER
-    summary = evaluate_run(
-        pools, filters, records, final_verifier=ef if ef is not None else no_verifier_table(trajs),
+    evaluation = EvaluateSettings(
         ks=list(settings.ks), n_draws=settings.n_draws, seed=settings.seed, n_boot=settings.n_boot,
         reference="ef_verifier" if ef is not None else None, small_pools=small,
-        ablations=ablation_tables(list(filters)), distributions=distributions, names=names,
+        ablations=ablation_tables(list(filters)), names=names,
         headline=[f for f in ("latentsift", "default", "ef_verifier", *rule_keys("headline")) if f in filters],
         meta=run_meta)
+    summary = evaluate_run(pools, filters, records, evaluation,
+                           final_verifier=ef if ef is not None else no_verifier_table(trajs),
+                           distributions=distributions)
     data = summary.data if hasattr(summary, "data") else summary
     table = candidate_table(trajs)
     ids = table["traj_id"].tolist()
@@ -234,47 +307,9 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
                           "bank_trajectories": run.curve_sizes,
                           "rule": "nested subsets of bank instances in a seeded hash order; gated head "
                                   "(SPEC 5 settings) and logistic probe refitted on each"},
-        "sweep": sweep_info,
-        "agent_transfer": transfer_info,
+        "sweep": st.sweep_info,
+        "agent_transfer": st.transfer_info,
     }
-    data["shift_guard"] = guard_info
+    data["shift_guard"] = st.guard_info
     run.timed("evaluate", t0)
-    t0 = time.perf_counter()  # recall-targeted retention beside the paper's fixed rule (protocol.operating)
-    data["operating_points"] = operating_points(run, trajs, folds, filters, ef)
-    run.timed("operating_points", t0)
-    # the comparisons that decide, the single-agent pools and the verdict (protocol.decide, single_agent, verdict)
-    t0 = time.perf_counter()
-    data["decision"] = decision_section(table, {n: v for n, v in scores.items() if n in filters}, summary.ledger,
-                                        reference_workflow=data["tokens"].get("reference"),
-                                        n_boot=settings.n_boot, seed=settings.seed)
-    data["single_agent"] = single_agent_pools(
-        pools, records, filters, trajs, ks=settings.ks, n_draws=settings.n_draws, n_boot=settings.n_boot,
-        seed=settings.seed, final_verifier=ef if ef is not None else no_verifier_table(trajs),
-        reference="ef_verifier" if ef is not None else None)
-    if single_guard is not None:
-        data["single_agent"]["shift_guard"] = single_guard
-    data["verdict"] = verdict_lines(data)
-    run.timed("decide", t0)
-    # offline early pruning by prefix truncation of the stored states (latentsift.prune); reuses the
-    # folds' banks and scorers; stored in summary.json under "pruning". Token counts need the tokenizer
-    # (reproduce has it; crossval on stored states alone skips this section and says so)
-    if tokenizer is not None:
-        t0 = time.perf_counter()
-        data["pruning"] = reproduce_pruning(
-            run, trajs, store, tokenizer, folds,
-            cascade={"stage1": draw_scorers["latentsift"], "records": records, "final_verifier": ef}
-            if ef is not None else None)
-        run.timed("prune", t0)
-    else:
-        log("[prune] skipped: the offline pruning evaluation needs the policy's tokenizer (run reproduce)")
-    run.timings["total"] = round(time.perf_counter() - t_all, 2)
-    atomic_write_json(out / "timings.json", run.timings)  # kept out of summary.json: wall times vary run to run
-    write_report(summary, report_dir)
-    log(f"report: {report_dir / 'report.md'}")
-    # the explorer: per-candidate Stage-1 results (scores, evidence, retained sets) and the site
-    pools_path = Path(getattr(settings, "pools", None) or out / "pools.jsonl")
-    save_stage1(draw_scorers, out / "stage1",
-                tables={"ef_verifier": {t: r.score for t, r in ef.items()}} if ef is not None else None,
-                seed=settings.seed, inputs={"pools": str(pools_path.resolve())}, fingerprint=fingerprint.to_dict())
-    log(f"explorer: {write_run_site(out, pools=pools_path)}")
-    return report_dir
+    return summary, data, pools, records, filters, scores, table

@@ -13,10 +13,10 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from .._validation import LatentSiftError, check_choice, check_positive_int
-from ..operating import check_target_recall
-from ..shift import FALSE_ALARM, check_false_alarm
-from ..trajectory import Trajectory
+from .._core.validation import LatentSiftError, check_choice, check_positive_int
+from ..deploy.operating import check_target_recall
+from ..deploy.shift import FALSE_ALARM, check_false_alarm
+from ..trajectories.trajectory import Trajectory
 
 GROUP_BY = ("repo", "agent", "instance")
 

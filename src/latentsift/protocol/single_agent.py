@@ -23,11 +23,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..cascade import PoolSpec
-from ..evaluate import evaluate_run
-from ..shift import scaffold_of
-from ..shift_eval import TRADEOFF_QUANTILES, fold_rows, summarise_rows
-from ..trajectory import Pool, Trajectory, group_pools
+from ..cascade.cascade import PoolSpec
+from ..metrics.evaluate import EvaluateSettings, evaluate_run
+from ..deploy.shift import scaffold_of
+from .shift_eval import TRADEOFF_QUANTILES, fold_rows, summarise_rows
+from ..trajectories.trajectory import Pool, Trajectory, group_pools
 from .decide import REF_LENGTH_RULE, REF_RANDOM, auc_comparisons, ledger_difference
 from .tables import candidate_table, retention_differences
 from .transfer_agents import agent_slug
@@ -107,8 +107,9 @@ def single_agent_pools(pools: Sequence[PoolSpec], records, filters: Mapping, tra
     use_ks = sorted({min(k, max(sizes)) for k in ks})  # the run's Ks capped at the largest sub-pool
     wrapped = {n: (SubPoolScorer(f, base) if callable(f) else f) for n, f in filters.items()}
     sub_records = {t: dataclasses.replace(records[t], instance_id=p.instance_id) for p in subs for t in p.traj_ids}
-    summary = evaluate_run(subs, wrapped, sub_records, final_verifier=final_verifier, ks=use_ks, n_draws=n_draws,
-                           seed=seed, n_boot=n_boot, reference=reference, small_pools="drop")
+    evaluation = EvaluateSettings(ks=use_ks, n_draws=n_draws, seed=seed, n_boot=n_boot, reference=reference,
+                                  small_pools="drop")
+    summary = evaluate_run(subs, wrapped, sub_records, evaluation, final_verifier=final_verifier)
     d = summary.data
     table = candidate_table_of(subs, trajs)
     ids = table["traj_id"].tolist()

@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from .._validation import LatentSiftError
-from ..rules import rules
-from ..sift import LatentSift
-from ..trajectory import group_pools
+from .._core.validation import LatentSiftError
+from ..sift.rules import rules
+from ..sift.sift import LatentSift
+from ..trajectories.trajectory import group_pools
 from .variants import variant_filters
 
 class DrawScorer:

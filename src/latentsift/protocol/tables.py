@@ -6,9 +6,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..diagnostics import paired_bootstrap
-from ..rules import rule_keys, rules
-from ..trajectory import Trajectory
+from ..metrics.diagnostics import paired_bootstrap
+from ..sift.rules import rule_keys, rules
+from ..trajectories.trajectory import Trajectory
 
 
 def ablation_tables(filters: Sequence[str]) -> dict[str, dict]:

@@ -1,14 +1,14 @@
 """Agent transfer: the paper's method with banks and scorer from one agent's trajectories only.
 
-(Not ``latentsift.transfer``, the bank-transfer matrix across pools sets.)
+(Not ``latentsift.protocol.transfer``, the bank-transfer matrix across pools sets.)
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from ..sift import LatentSift
-from ..trajectory import group_pools
+from ..sift.sift import LatentSift
+from ..trajectories.trajectory import group_pools
 from .stage1 import DrawScorer
 
 

@@ -3,19 +3,19 @@
 Representation variants of the distance branch (middle layer, l2, whitening, scaffold centering),
 scaffold-conditioned banks, the logistic probe, and stacked fusions whose weights are fitted on
 cross-fitted bank signals; the default is the stack with the best cross-fitted within-pool AUC on
-the bank (``STACK_CONFIGS``). The estimators themselves live in ``latentsift.variants``.
+the bank (``STACK_CONFIGS``). The estimators themselves live in ``latentsift.sift.variants``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .._validation import LatentSiftError
-from ..bank import Bank, inner_folds
-from ..diagnostics import within_pool_auc
-from ..sift import LatentSift, Prepared
-from ..sifter import distance_auc, fold_distance
-from ..variants import (LogisticProbe, StackedFilter, center_by_group, fit_stack, merge_prepared,
-                        pool_rank_features, split_pools_by_group, trajectory_signals)
+from .._core.validation import LatentSiftError
+from ..bank.bank import Bank, inner_folds
+from ..metrics.diagnostics import within_pool_auc
+from ..sift.sift import LatentSift, Prepared
+from ..deploy.sifter import distance_auc, fold_distance
+from ..sift.variants import (LogisticProbe, StackedFilter, center_by_group, fit_stack, merge_prepared,
+                             pool_rank_features, split_pools_by_group, trajectory_signals)
 from .curves import learning_curves
 
 _STATES = ["q_cot", "q_obs", "q_fn", "probe"]
@@ -36,7 +36,7 @@ def trajs_of(bank_trajs, eval_pools):
 
 def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer, per_instance, put, *,
                     curves: bool = True) -> dict:
-    """Beyond-paper variants of one outer fold (``latentsift.variants``); returns what was chosen."""
+    """Beyond-paper variants of one outer fold (``latentsift.sift.variants``); returns what was chosen."""
     seed = run.settings.seed
     bank_ids = sorted(t.traj_id for t in bank_trajs)
     labels = {t.traj_id: int(t.label) for t in bank_trajs}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..rules import REFERENCE
-from ..shift import REFERENCE_KINDS
+from ..sift.rules import REFERENCE
+from ..deploy.shift import REFERENCE_KINDS
 from .decide import PAPER, REF_LENGTH_RULE
 
 MAX_LINES = 12

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import LatentSiftError, check_choice, check_positive_int
-from ..bank import Bank
+from .._core.validation import LatentSiftError, check_choice, check_positive_int
+from ..bank.bank import Bank
 
 KINDS = ("ivf", "hnsw")
 

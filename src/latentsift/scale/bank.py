@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import LatentSiftError, check_positive_int
-from ..bank import CLASSES, Bank
-from ..knn import bank_sqnorms, nearest_distances
+from .._core.validation import LatentSiftError, check_positive_int
+from ..bank.bank import CLASSES, Bank
+from ..bank.knn import bank_sqnorms, nearest_distances
 from .cluster import connect, worker_cpus
 
 

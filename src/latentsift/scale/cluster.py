@@ -11,7 +11,7 @@ import os
 import socket
 from pathlib import Path
 
-from .._validation import LatentSiftError
+from .._core.validation import LatentSiftError
 
 INSTALL_HINT = 'pip install -e ".[ray]"'
 PROBE_TIMEOUT_S = 5.0

@@ -1,6 +1,6 @@
 """The Ray extraction backend: Ray actors replay trajectories, the driver commits their shards.
 
-``RayBackend`` is an ``ExtractionBackend`` for the one driver, ``latentsift.extract.extract_pools``.
+``RayBackend`` is an ``ExtractionBackend`` for the one driver, ``latentsift.states.extract.extract_pools``.
 Each worker is a Ray actor that loads the policy once. The driver (the only writer of the store's
 index, holding its lock) renders nothing itself: the backend asks the workers to count tokens, sorts
 the trajectories still missing from the store longest first, cuts them into shard-sized batches and
@@ -24,12 +24,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from .._io import atomic_write_bytes
-from .._validation import LatentSiftError, check_positive_int
-from ..channel import render
-from ..extract import ExtractionBackend, Extracted, extract_one, extract_settings, render_settings
-from ..model import Fingerprint, load_policy
-from ..store import SHARDS, encode_shard
+from .._core.io import atomic_write_bytes
+from .._core.validation import LatentSiftError, check_positive_int
+from ..states.channel import render
+from ..states.extract import ExtractionBackend, Extracted, extract_one, extract_settings, render_settings
+from ..states.model import Fingerprint, load_policy
+from ..states.store import SHARDS, encode_shard
 from .cluster import connect, worker_cpus
 
 ACTOR_PREFIX = "latentsift-extract-"

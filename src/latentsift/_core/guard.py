@@ -1,0 +1,117 @@
+"""Outputs never destroy inputs: the check every writing command runs before any work.
+
+``check_output(out, inputs, kind=...)`` refuses an output path that is, contains or lies inside one
+of the command's inputs, and one that is or lies inside a saved artefact of another kind (state
+store, bank, scorer, sifter, verifier results, run folder, report, explorer site), recognised by its
+manifest or format files (``artefact_kind``). An output of the command's own kind may exist: it is
+resumed or replaced as the command documents.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from .validation import LatentSiftError
+
+#: The explorer's list of the files it wrote (it deletes only those on a rerun).
+SITE_MANIFEST = ".latentsift-site.json"
+
+#: Readable names of the artefact kinds.
+KIND_NAMES = {"store": "a state store", "bank": "a bank", "scorer": "a scorer", "sifter": "a sifter",
+              "verifier": "verifier results", "run": "a run folder", "report": "a report folder",
+              "site": "an explorer site"}
+
+
+def _manifest(path: Path) -> dict:
+    try:
+        data = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def artefact_kind(path: str | os.PathLike) -> str | None:
+    """The kind of saved artefact the directory ``path`` holds (see ``KIND_NAMES``), else ``None``."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    if (p / "sifter.json").is_file():
+        return "sifter"
+    if (p / "scorer.json").is_file() or (p / "scorer.safetensors").is_file():
+        return "scorer"
+    if (p / "bank.safetensors").is_file():
+        return "bank"
+    if (p / "summary.json").is_file() and (p / "report.md").is_file():
+        return "report"  # (reproduce also writes its explorer site there)
+    if (p / SITE_MANIFEST).is_file():
+        return "site"
+    if (p / "manifest.json").is_file():
+        man = _manifest(p)
+        if man.get("format") == "latentsift-states" or (p / "index.parquet").is_file():
+            return "store"
+        if man.get("kind") == "ef" or (p / "verdicts.jsonl").is_file():
+            return "verifier"
+        if str(man.get("command", "")).startswith("latentsift") or (p / "report").is_dir():
+            return "run"
+        return None
+    if (p / "index.parquet").is_file():
+        return "store"
+    return None
+
+
+def _resolved(path: str | os.PathLike) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    return child != parent and child.is_relative_to(parent)
+
+
+def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), *,
+                 kind: str | None = None, option: str = "--out", replaces: bool = False) -> Path:
+    """Refuse ``out`` before any work when writing it could destroy an input or another artefact.
+
+    ``inputs``: every path the command reads (``None`` entries are skipped). ``kind``: the artefact the
+    command writes at ``out`` (an existing one of that kind may be resumed or replaced). ``replaces``:
+    the command replaces the folder ``out`` or files in it, so an existing non-empty folder of another kind is
+    refused too. Returns the resolved output path.
+    """
+    o = _resolved(out)
+    flat = []
+    for raw in inputs:  # an option given several times (fit/crossval: several pools files and stores) is a list
+        flat.extend(raw if isinstance(raw, (list, tuple)) else [raw])
+    for raw in flat:
+        if raw is None:
+            continue
+        i = _resolved(raw)
+        if o == i:
+            raise LatentSiftError(f"{option} {out} is the input {raw}; writing it would destroy the input: "
+                                  f"choose another {option}.")
+        if _inside(i, o):
+            raise LatentSiftError(f"{option} {out} contains the input {raw}; choose another {option}.")
+        if _inside(o, i):
+            raise LatentSiftError(f"{option} {out} lies inside the input {raw}; choose another {option}.")
+    blocker = next((a for a in o.parents if a.exists() and not a.is_dir()), None)
+    if blocker is not None:
+        raise LatentSiftError(f"{option} {out}: {blocker} is a file, not a folder, so nothing can be written "
+                              f"inside it; choose another {option}.")
+    for a in (o, *o.parents):
+        found = artefact_kind(a)
+        if found is None or (a == o and found == kind):
+            continue
+        where = "is" if a == o else f"lies inside {a}, which is"
+        raise LatentSiftError(f"{option} {out} {where} {KIND_NAMES[found]}; writing there would damage it: "
+                              f"choose another {option}.")
+    if replaces and o.is_dir() and artefact_kind(o) != kind and any(o.iterdir()):
+        raise LatentSiftError(f"{option} {out} is a non-empty folder that is not {KIND_NAMES[kind]}; its files "
+                              f"could be replaced: choose a new or empty {option}.")
+    existing = next(a for a in (o, *o.parents) if a.exists())
+    if not os.access(existing if existing.is_dir() else existing.parent, os.W_OK):
+        raise LatentSiftError(f"{option} {out}: {existing} is read-only (a read-only file system or no write "
+                              f"permission); choose another {option}.")
+    if o.exists() and kind is not None and not o.is_dir():
+        raise LatentSiftError(f"{option} {out} is a file, but this command writes a folder there: "
+                              f"choose another {option}.")
+    return o

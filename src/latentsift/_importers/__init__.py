@@ -1,1 +1,0 @@
-"""Importers (private): see ``latentsift.importers`` for the public API."""

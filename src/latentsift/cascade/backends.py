@@ -1,0 +1,278 @@
+"""The EF verifier's backends: a local causal LM and an OpenAI-compatible endpoint.
+
+Each reads P(YES) and P(NO) at the first answer position of a judge prompt (how, and its pitfalls:
+:mod:`latentsift.cascade.verifier`, "Reading YES / NO") and answers ``judge(system, user, prefix)`` with a
+``RawJudgement``, or raises ``CallFailed`` with the tokens it was charged.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .._core.validation import LatentSiftError, check_positive_int, param_error
+from ..states.model import load_policy
+
+YES, NO = "YES", "NO"
+TOP_LOGPROBS = 20
+
+
+class CallFailed(Exception):
+    """One verifier call that produced no score (carries tokens charged and attempts)."""
+
+    def __init__(self, msg: str, attempts: int, n_in: int = 0, n_out: int = 0):
+        super().__init__(msg)
+        self.attempts, self.n_in, self.n_out = attempts, n_in, n_out
+
+
+@dataclass
+class RawJudgement:
+    p_yes: float
+    p_no: float
+    score: float
+    n_in: int
+    n_out: int
+    attempts: int = 1
+
+
+class LocalBackend:
+    """A local causal LM (default: the packaged SmolLM2 via ``latentsift.states.model.load_policy``).
+
+    The prompt is the model's chat template (system + user, ``add_generation_prompt=True``) followed
+    by the answer prefix; one forward pass with ``logits_to_keep=1``; P(YES) and P(NO) by token id
+    (module docstring). Pitfall: SmolLM2 splits ``"YES"`` into ``"Y" + "ES"``, so its YES id is the
+    id of ``"Y"`` (the first token of the word as the tokenizer encodes it); ``"NO"`` is one token.
+    """
+
+    concurrency = 1
+
+    def __init__(self, model: str | os.PathLike | None = None, *, policy=None, dtype: str = "auto",
+                 device: str | None = None, reuse_head: bool = True):
+        if policy is None:
+            policy = load_policy(model, dtype=dtype, device=device)
+        self.policy = policy
+        self.tokenizer = policy.tokenizer
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise LatentSiftError(f"The verifier model {policy.path!r} has no chat template; the judge prompt "
+                                  "needs one (use an instruction-tuned model).")
+        self.backend_id = f"local:{policy.fingerprint.digest}"
+        self.reuse_head = reuse_head
+        self._head: tuple[str, list[int], Any] | None = None
+
+    def answer_ids(self, yes: str = YES, no: str = NO) -> tuple[int, int]:
+        ids = [self.tokenizer.encode(w, add_special_tokens=False) for w in (yes, no)]
+        if not ids[0] or not ids[1] or ids[0][0] == ids[1][0]:
+            raise LatentSiftError(f"The tokenizer does not give {yes!r} and {no!r} distinct first tokens.")
+        return ids[0][0], ids[1][0]
+
+    def encode(self, system: str, user: str, prefix: str) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            add_generation_prompt=True, tokenize=False) + prefix
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def count_text(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+    def head(self, text: str, n: int) -> str:
+        return self.tokenizer.decode(self.tokenizer.encode(text, add_special_tokens=False)[:n])
+
+    def judge(self, system: str, user: str, prefix: str, yes: str = YES, no: str = NO) -> RawJudgement:
+        import torch
+
+        ids = self.encode(system, user, prefix)
+        if len(ids) > self.policy.context_length:
+            raise CallFailed(f"prompt of {len(ids)} tokens exceeds the model context {self.policy.context_length}", 0)
+        yes_id, no_id = self.answer_ids(yes, no)
+        head, cache = self._shared_head(system) if self.reuse_head else ([], None)
+        dev = self.policy.device
+        with torch.inference_mode():
+            if cache is not None and len(ids) > len(head) and ids[:len(head)] == head:
+                out = self.policy.model(input_ids=torch.tensor([ids[len(head):]], device=dev), logits_to_keep=1,
+                                        past_key_values=copy.deepcopy(cache), use_cache=True)
+            else:
+                out = self.policy.model(input_ids=torch.tensor([ids], device=dev), logits_to_keep=1, use_cache=False)
+        logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+        lp_yes, lp_no = float(logp[yes_id]), float(logp[no_id])
+        return RawJudgement(math.exp(lp_yes), math.exp(lp_no), yes_no_score(lp_yes, lp_no), len(ids), 1)
+
+    def _shared_head(self, system: str) -> tuple[list[int], Any]:
+        """The token head that every prompt with this system prompt starts with (the templated system
+        message and the opening of the user turn) and its KV cache, computed once per system prompt.
+
+        Each call then runs only the rest of its prompt on a copy of that cache: about a quarter of
+        the default 512-token prompts. Tokens charged are unchanged (the whole prompt); the score
+        equals a full forward pass up to float rounding (tested), and depends on the prompt alone,
+        never on the order of calls. A model whose forward takes no cache gets full passes.
+        """
+        import torch
+
+        if self._head is None or self._head[0] != system:
+            a, b = self.encode(system, "a", ""), self.encode(system, "b", "")
+            n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            cache = None
+            if n:
+                try:
+                    with torch.inference_mode():
+                        out = self.policy.model(input_ids=torch.tensor([a[:n]], device=self.policy.device),
+                                                logits_to_keep=1, use_cache=True)
+                    cache = out.past_key_values
+                except (TypeError, ValueError):  # a model without a KV cache: full passes
+                    cache = None
+            self._head = (system, a[:n], cache)
+        return self._head[1], self._head[2]
+
+    def describe(self) -> dict:
+        yes_id, no_id = self.answer_ids()
+        return {"backend": "local", "model": self.policy.path, "fingerprint": self.policy.fingerprint.to_dict(),
+                "yes_token_id": yes_id, "no_token_id": no_id}
+
+
+def yes_no_score(lp_yes: float, lp_no: float) -> float:
+    """P(YES) / (P(YES) + P(NO)) from log-probabilities (computed as a sigmoid, no underflow)."""
+    if lp_yes == -math.inf and lp_no == -math.inf:
+        raise ValueError("both log-probabilities are -inf")
+    d = lp_no - lp_yes  # score = 1 / (1 + P(NO)/P(YES))
+    if d > 700:
+        return 0.0
+    return 1.0 / (1.0 + math.exp(d))
+
+
+class OpenAIBackend:
+    """Any OpenAI-compatible ``/v1/chat/completions`` endpoint with logprobs (vLLM, SGLang, ...).
+
+    Request: ``max_tokens=1``, ``temperature=0``, ``logprobs=true``, ``top_logprobs=20``. With a
+    non-empty answer prefix it is sent as a final assistant message with ``prefill_params``
+    (default vLLM's ``continue_final_message=true, add_generation_prompt=false``); for a server
+    without prefill support use ``answer_prefix=""`` in :class:`EFVerifier` and a system prompt
+    asking for a bare YES/NO. YES/NO are read by token *text* from the first position's
+    ``top_logprobs`` (remote APIs give text, not ids). Timeouts, transport errors, 429 and 5xx, and
+    responses without logprobs are retried ``max_retries`` times (backoff ``backoff * 2**i`` s),
+    then reported as a failure. Tokens are the response's ``usage``; a server without ``usage``
+    needs ``tokenizer`` (the verifier's own, to count them locally), else the call is an error.
+    ``count_text`` / ``head`` for condensation use ``tokenizer`` when given, else ~4 characters per
+    token (documented estimate, used only to choose what to condense).
+    """
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout: float = 60.0,
+                 max_retries: int = 3, backoff: float = 1.0, concurrency: int = 4, tokenizer=None,
+                 prefill_params: Mapping[str, Any] | None = None, top_logprobs: int = TOP_LOGPROBS,
+                 sleep: Callable[[float], None] = time.sleep):
+        import httpx
+
+        if not base_url.startswith(("http://", "https://")):
+            raise param_error("base_url", "OpenAIBackend", "an http(s) URL such as http://127.0.0.1:8000/v1", base_url)
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.timeout = float(timeout)
+        self.max_retries = int(max_retries)
+        if self.max_retries < 0:
+            raise param_error("max_retries", "OpenAIBackend", "a non-negative int", max_retries)
+        self.backoff = float(backoff)
+        self.concurrency = check_positive_int(concurrency, "concurrency", "OpenAIBackend")
+        self.tokenizer = tokenizer
+        self.top_logprobs = top_logprobs
+        self.prefill_params = dict(prefill_params if prefill_params is not None else
+                                   {"continue_final_message": True, "add_generation_prompt": False})
+        self._sleep = sleep
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=self.timeout, headers=headers)
+        self.backend_id = f"openai:{self.url}:{model}"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def count_text(self, text: str) -> int:
+        if not text:
+            return 0
+        if self.tokenizer is not None:
+            return len(self.tokenizer.encode(text, add_special_tokens=False))
+        return max(1, len(text) // 4)
+
+    def head(self, text: str, n: int) -> str:
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(self.tokenizer.encode(text, add_special_tokens=False)[:n])
+        return text[: 4 * n]
+
+    def count_prompt(self, system: str, user: str, prefix: str) -> int:
+        if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                add_generation_prompt=True, tokenize=False) + prefix
+            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self.count_text(system) + self.count_text(user) + self.count_text(prefix) + 16
+
+    def judge(self, system: str, user: str, prefix: str, yes: str = YES, no: str = NO) -> RawJudgement:
+        import httpx
+
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": 1, "temperature": 0,
+                                "logprobs": True, "top_logprobs": self.top_logprobs}
+        if prefix:
+            messages.append({"role": "assistant", "content": prefix})
+            body.update(self.prefill_params)
+        n_in = n_out = 0
+        last = "no attempt"
+        for attempt in range(1, self.max_retries + 2):
+            if attempt > 1:
+                self._sleep(self.backoff * 2 ** (attempt - 2))
+            try:
+                resp = self._client.post(self.url, json=body)
+            except httpx.TimeoutException:
+                last = f"timeout after {self.timeout:g} s"
+                continue
+            except httpx.TransportError as e:
+                last = f"transport error: {type(e).__name__}: {e}"
+                continue
+            if resp.status_code == 429 or resp.status_code >= 500:
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                continue
+            if resp.status_code != 200:
+                raise CallFailed(f"HTTP {resp.status_code}: {resp.text[:200]}", attempt, n_in, n_out)
+            try:
+                payload = resp.json()
+            except ValueError:
+                last = "response is not JSON"
+                continue
+            usage = payload.get("usage") or {}
+            if "prompt_tokens" in usage:
+                n_in += int(usage["prompt_tokens"])
+                n_out += int(usage.get("completion_tokens", 0))
+            elif self.tokenizer is not None:
+                n_in += self.count_prompt(system, user, prefix)
+                n_out += 1
+            else:
+                raise LatentSiftError(f"The endpoint {self.url} returned no 'usage'; pass the verifier's "
+                                      "tokenizer to OpenAIBackend(tokenizer=...) so tokens can be counted.")
+            top = _first_top_logprobs(payload)
+            if top is None:
+                last = "response has no logprobs for the first answer token"
+                continue
+            lp = {yes: [], no: []}
+            for entry in top:
+                tok = str(entry.get("token", "")).strip()
+                if tok in lp and entry.get("logprob") is not None:
+                    lp[tok].append(float(entry["logprob"]))
+            if not lp[yes] and not lp[no]:
+                raise CallFailed(f"neither {yes!r} nor {no!r} among the top {len(top)} logprobs "
+                                 f"({[e.get('token') for e in top[:5]]}...)", attempt, n_in, n_out)
+            p_yes = sum(math.exp(v) for v in lp[yes])
+            p_no = sum(math.exp(v) for v in lp[no])
+            return RawJudgement(p_yes, p_no, p_yes / (p_yes + p_no), n_in, n_out, attempt)
+        raise CallFailed(f"{last} (after {self.max_retries + 1} attempts)", self.max_retries + 1, n_in, n_out)
+
+    def describe(self) -> dict:
+        return {"backend": "openai", "url": self.url, "model": self.model, "top_logprobs": self.top_logprobs,
+                "prefill_params": self.prefill_params, "max_retries": self.max_retries, "timeout": self.timeout}
+
+
+def _first_top_logprobs(payload: Any) -> list | None:
+    try:
+        content = payload["choices"][0]["logprobs"]["content"]
+        top = content[0]["top_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return top if isinstance(top, list) and top else None

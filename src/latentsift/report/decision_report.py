@@ -1,0 +1,137 @@
+"""report.md's verdict and its sections on the comparisons that decide and the single-agent pools.
+
+Pure: summary.json in, markdown lines out (``report.render_markdown`` places them). The numbers
+come from summary.json's ``verdict``, ``decision`` and ``single_agent`` (``protocol.decide``,
+``protocol.single_agent``, ``protocol.verdict``).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from .figures import filter_name
+from ..sift.rules import REFERENCE
+
+
+def _f(x, digits: int = 3, sign: bool = False) -> str:
+    return "n/a" if x is None else (f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}")
+
+
+def _diff(d: Mapping | None, adjusted: bool = False) -> str:
+    if not d or d.get("estimate") is None:
+        return "n/a"
+    txt = f"{_f(d['estimate'], sign=True)} [{_f(d.get('lo'), sign=True)}, {_f(d.get('hi'), sign=True)}]"
+    a = d.get("adjusted")
+    if adjusted and a:
+        txt += f" (adj. [{_f(a['lo'], sign=True)}, {_f(a['hi'], sign=True)}])"
+    return txt
+
+
+def _auc(a: Mapping | None) -> str:
+    if not a or a.get("auc") is None:
+        return "n/a"
+    ci = a.get("ci") or [None, None]
+    return f"{a['auc']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci[0] is not None else "")
+
+
+def verdict_markdown(data: Mapping) -> list[str]:
+    """The verdict lines (at most 12) and a blank line; nothing when the summary has no verdict."""
+    v = data.get("verdict")
+    return [*v, ""] if v else []
+
+
+def auc_table(data: Mapping, auc: Mapping, *, adjusted: bool = False) -> list[str]:
+    """One row per state score: AUC, paired differences to each reference, length-removed AUC - 1/2."""
+    refs = auc["references"]
+    head = ["score", "AUC [95%]"] + [f"minus {filter_name(data, r)}" for r in refs] + \
+           ["length-removed AUC", "minus 1/2", "post hoc"]
+    rows = ["| " + " | ".join(head) + " |", "| " + " | ".join([":--"] + ["--:"] * (len(head) - 1)) + " |"]
+    for n, row in auc["scores"].items():
+        lr = row["length_removed"]
+        cells = [filter_name(data, n), _auc(row["auc"])] + [_diff(row["vs"].get(r), adjusted) for r in refs] + \
+                [_auc(lr["auc"]), _diff(lr["minus_half"], adjusted), "yes" if row["post_hoc"] else ""]
+        rows.append("| " + " | ".join(cells) + " |")
+    ref_row = ", ".join(f"{filter_name(data, r)} {_auc(a)}" for r, a in auc.get("reference_aucs", {}).items())
+    return rows + ["", f"References: {ref_row}.", ""]
+
+
+def decision_markdown(data: Mapping) -> list[str]:
+    """'The comparisons that decide': the rules, then the paired AUC and token comparisons."""
+    dec = data.get("decision")
+    if not dec:
+        return []
+    lines = ["## The comparisons that decide", "", "Decision rules (stated before the numbers):", ""]
+    lines += [f"- {k}: {v}." for k, v in dec["rules"].items()]
+    m = dec["multiplicity"]
+    lines += ["", f"Multiplicity: {m['note']}. Intervals are 95% paired bootstrap intervals over instances; "
+                  "'adj.' gives the Bonferroni-level interval.", "",
+              f"Within-pool AUC on the mixed pools ({dec['auc']['n_mixed_instances']} mixed pools, "
+              f"{dec['auc']['n_pairs']} pairs); winner by the rule: "
+              f"{filter_name(data, dec['winner']) if dec.get('winner') else 'none'}.", ""]
+    lines += auc_table(data, dec["auc"], adjusted=True)
+    tok = dec.get(f"token_savings_vs_{REFERENCE}") or {}
+    if tok:
+        ks = sorted({k for v in tok.values() for k in v}, key=int)
+        lines += [f"Token saving minus the saving of {filter_name(data, dec['references']['length_rule'])} "
+                  f"(fractions of {filter_name(data, dec['reference_workflow'])}'s tokens, paired per pool):", "",
+                  "| filter | " + " | ".join(f"K={k}" for k in ks) + " |", "| :-- |" + " --: |" * len(ks)]
+        lines += [f"| {filter_name(data, f)} | " + " | ".join(_diff(v.get(k)) for k in ks) + " |"
+                  for f, v in tok.items()]
+        lines.append("")
+    return lines + single_agent_markdown(data)
+
+
+def single_agent_markdown(data: Mapping) -> list[str]:
+    """'Single-agent pools': the cascade and the AUC comparisons on each pool split by agent."""
+    sa = data.get("single_agent")
+    if not sa:
+        return []
+    lines = ["## Single-agent pools", ""]
+    if sa.get("note"):
+        return lines + [sa["note"] + ".", ""]
+    p = sa["pools"]
+    lines += [f"{sa['rule']}. {p['n_instances']} sub-pools ({', '.join(f'{c} of {n}' for n, c in p['pool_sizes'].items())}), "
+              f"{p['n_mixed']} mixed.", ""]
+    if sa.get("stage1_keeps_all"):
+        lines += [f"At K = {', '.join(map(str, sa['stage1_keeps_all']))} Stage 1 keeps every candidate (max(3, floor(K/2)) >= K): "
+                  "retention and Best@K cannot differ between Stage-1 filters there; the AUC can.", ""]
+    ks = [str(k) for k in sa["ks"]]
+    head = ["filter"] + [f"Best@{k}" for k in ks] + [f"retention K={k}" for k in ks] + \
+           [f"Best@{k} minus {filter_name(data, r)}" for r in sa["best_difference"] for k in ks[-1:]]
+    lines += ["| " + " | ".join(head) + " |", "| :-- |" + " --: |" * (len(head) - 1)]
+    for f, best in sa["best_at_k"]["filters"].items():
+        cells = [filter_name(data, f)] + [_pct_ci(best.get(k)) for k in ks] + \
+                [_pct_ci(sa["retention"][f].get(k)) for k in ks] + \
+                [_diff((sa["best_difference"][r].get(f) or {}).get(ks[-1])) for r in sa["best_difference"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Within-pool AUC on the single-agent pools ({sa['auc']['n_mixed_instances']} mixed, "
+                  f"{sa['auc']['n_pairs']} pairs):", ""]
+    lines += auc_table(data, sa["auc"])
+    for a, auc in sa.get("per_agent", {}).items():
+        lines += [f"Pools of {a} only ({auc['n_mixed_instances']} mixed, {auc['n_pairs']} pairs):", ""]
+        lines += auc_table(data, auc)
+    g = sa.get("shift_guard")
+    if g:
+        lines += ["Shift guard on single-agent banks (share of held-out pools flagged, distance check / name check, "
+                  f"95% interval over pools): {g['rule']}.", "",
+                  "| bank | pools | reference | distance check | name check |", "| :-- | :-- | :-- | --: | --: |"]
+        for a, b in g["banks"].items():
+            for kind, r in b["false_alarms"].items():
+                lines.append(f"| {a} | {a} (false alarms) | {kind} | {_rate(r['distance'])} | {_rate(r['name'])} |")
+            for o, d in b["detection"].items():
+                for kind in b["false_alarms"]:
+                    lines.append(f"| {a} | {o} (detection) | {kind} | {_rate(d[kind]['distance'])} | "
+                                 f"{_rate(d[kind]['name'])} |")
+        lines += [""] + [f"No single-agent bank of {a}: {why}." for a, why in g.get("unavailable", {}).items()] + [""]
+    return lines
+
+
+def _pct_ci(c: Mapping | None) -> str:
+    if not c or c.get("mean") is None:
+        return "n/a"
+    return f"{100 * c['mean']:.1f} [{100 * c['lo']:.1f}, {100 * c['hi']:.1f}]"
+
+
+def _rate(r: Mapping | None) -> str:
+    if not r or r.get("rate") is None:
+        return "n/a"
+    return f"{100 * r['rate']:.1f}% [{100 * r['lo']:.1f}, {100 * r['hi']:.1f}] (n={r['n_pools']})"

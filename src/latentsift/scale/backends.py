@@ -1,0 +1,51 @@
+"""Choosing the extraction backend from command-line options: this process, or Ray workers.
+
+The driver (``latentsift.states.extract.extract_pools``) takes any ``ExtractionBackend``; this module
+maps ``--model``, ``--dtype``, ``--device``, ``--threads``, ``--ray``, ``--workers`` and
+``--gpus-per-worker`` onto one, after checking them (before anything loads). It sits above both
+``latentsift.states.extract`` (the driver and ``LocalBackend``) and ``latentsift.scale.extract``
+(``RayBackend``, which imports Ray only when it starts).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from .._core.validation import LatentSiftError
+from ..states.extract import ExtractionBackend, LocalBackend, resolve_layers
+from ..states.model import AUTO_DTYPE, DTYPES, load_policy, n_layers_of
+from .cluster import require_ray
+from .extract import RayBackend
+
+
+def check_backend_options(model: str | os.PathLike | None, dtype: str, device: str | None,
+                          layers: str | Sequence[int] = "all") -> None:
+    """The model options, checked before anything loads (the model load takes a while); a list of
+    ``layers`` is checked against the model's layer count, read from its config."""
+    if dtype != AUTO_DTYPE and dtype not in DTYPES:
+        raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
+    if device is not None and device.split(":")[0] not in ("cpu", "cuda"):
+        raise LatentSiftError(f"--device must be cpu or cuda. Got {device!r} instead.")
+    if model is not None and not Path(model).exists():
+        raise LatentSiftError(f"--model {model} does not exist; pass a local Hugging Face model folder or a .gguf file.")
+    if not isinstance(layers, str):
+        resolve_layers(layers, n_layers_of(model))
+
+
+def open_backend(model: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYPE, device: str | None = None,
+                 threads: int | None = None, ray: str | None = None, workers: int = 2,
+                 gpus_per_worker: float = 0) -> ExtractionBackend:
+    """The backend the command-line options name: :class:`LocalBackend` with the policy loaded here
+    (``threads``: torch threads of this process), or, when ``ray`` gives an address (local, auto or
+    HOST:PORT), the Ray backend with ``workers`` actors (``threads`` each, default 1)."""
+    check_backend_options(model, dtype, device)
+    if ray is not None:
+        require_ray()
+        return RayBackend(model, ray_address=ray, workers=workers, gpus_per_worker=gpus_per_worker, dtype=dtype,
+                          device=device, threads=threads or 1)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    return LocalBackend(load_policy(model, dtype=dtype, device=device))

@@ -1,0 +1,18 @@
+"""Stage 1: the filters. The paper's equations, one small pure module each (``margin``, ``rank``,
+``fuse``, ``retain``), the learned scorer (``scorer``), the ``LatentSift`` filter (``sift``), the rule
+baselines and the registry of every filter (``rules``), the beyond-paper variants (``variants``) and
+early pruning on prefixes (``prune``). Eq. 3's ``fuse`` stays at ``fuse.fuse`` (re-exported here it
+would hide its module)."""
+from .margin import step_margins
+from .prune import PrefixSift, Pruner
+from .rank import grouped_normalized_ranks, min_channel_rank, normalized_ranks
+from .retain import order_by_score, retain_count, select_retained
+from .rules import RuleFilter, filter_entry, register_filter, rule_keys, unregister_filter
+from .scorer import LinearScorer
+from .sift import CandidateScore, FilterRun, LatentSift, PoolResult, Stage1Filter
+from .variants import LogisticProbe, StackedFilter
+
+__all__ = ["CandidateScore", "FilterRun", "LatentSift", "LinearScorer", "LogisticProbe", "PoolResult",
+           "PrefixSift", "Pruner", "RuleFilter", "StackedFilter", "Stage1Filter", "filter_entry",
+           "grouped_normalized_ranks", "min_channel_rank", "normalized_ranks", "order_by_score", "register_filter",
+           "retain_count", "rule_keys", "select_retained", "step_margins", "unregister_filter"]

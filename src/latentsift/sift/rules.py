@@ -1,0 +1,283 @@
+"""The registry of Stage-1 filters, and the rule filters (baselines) registered in it.
+
+A Stage-1 filter is one class plus one registration (in the style of inspect_ai's ``@scorer``)::
+
+    import numpy as np
+    from latentsift import RuleFilter, register_filter
+
+    @register_filter("longest-patch", label="longest patch")
+    class LongestPatchFilter(RuleFilter):
+        def _raw(self, cands, states):          # one number per candidate, higher = keep
+            return np.array([float(len(c.patch or "")) for c in cands])
+
+Everything that lists filters reads this registry: ``latentsift filter --method`` (its help and
+choices), the protocol's baselines (``latentsift crossval`` / ``reproduce``), its tables, labels
+and headline, the report's order, pruning's length policies, the transfer matrix's baselines and
+the diagnostics' built-in references. The names of the built-in rules appear in this file only.
+
+Each filter has a command-line ``name`` ("shortest-chars"), the ``key`` under which results are
+written ("shortest_chars" in summary.json; default: the name with '_' for '-') and a display
+``label``. ``REFERENCE`` is the key of the rule every paired comparison is made against.
+
+Modules outside the package register when they are imported: those named in the environment
+variable ``LATENTSIFT_PLUGINS`` (comma-separated module names) and those of the entry-point group
+``latentsift.filters`` are imported on the first lookup, so their filters show everywhere, the
+command line included.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import math
+import os
+import re
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Callable
+
+import numpy as np
+
+from .._core.validation import LatentSiftError, check_choice
+from .sift import LatentSift, Prepared, Stage1Filter, as_pools, check_pools, resolve_states
+from .rank import normalized_ranks
+from ..states.states import TrajectoryStates
+from ..trajectories.trajectory import Trajectory
+
+#: Environment variable naming modules to import for their registrations (comma-separated).
+PLUGINS_ENV = "LATENTSIFT_PLUGINS"
+#: Entry-point group of installed packages that register filters.
+ENTRY_POINTS = "latentsift.filters"
+KINDS = ("state", "rule")
+_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+
+
+@dataclass(frozen=True)
+class FilterEntry:
+    """One registered Stage-1 filter.
+
+    ``name``: its command-line name; ``factory``: the class (``factory(**settings)`` -> a
+    ``Stage1Filter``); ``key``: its name in results (summary.json); ``label``: its display name;
+    ``kind``: "rule" (a rule score per candidate; built by the protocol per fold like the
+    baselines) or "state" (needs a bank and a scorer); ``table_rank`` / ``headline_rank``: its
+    place among the rules in the protocol's tables and report / in its headline (registered
+    filters without one come after the built-ins, in registration order); ``tokenizer``: the
+    protocol passes it the policy's tokenizer; ``column``: (candidate-table column, sign) when the
+    rule is a plain column (the diagnostics add it as a reference without scoring); ``prune_policy``:
+    the name of the early-stopping policy that applies it to prefixes (``latentsift.sift.prune``).
+    """
+
+    name: str
+    factory: Callable[..., Stage1Filter]
+    key: str
+    label: str
+    kind: str
+    table_rank: float
+    headline_rank: float
+    tokenizer: bool
+    column: tuple[str, float] | None
+    prune_policy: str | None
+
+
+_FILTERS: dict[str, FilterEntry] = {}
+_loaded = False
+
+
+def register_filter(name: str, *, key: str | None = None, label: str | None = None, kind: str = "rule",
+                    table_rank: float = math.inf, headline_rank: float = math.inf, tokenizer: bool = False,
+                    column: tuple[str, float] | None = None, prune_policy: str | None = None):
+    """Class decorator: register a ``Stage1Filter`` subclass under ``name`` (see ``FilterEntry``)."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise LatentSiftError(f"The 'name' parameter of register_filter must be lowercase words joined by '-'. "
+                              f"Got {name!r} instead.")
+    check_choice(kind, "kind", "register_filter", KINDS)
+    key = key or name.replace("-", "_")
+
+    def register(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Stage1Filter)):
+            raise LatentSiftError(f"register_filter({name!r}) decorates a Stage1Filter subclass. Got {cls!r} instead.")
+        old = _FILTERS.get(name)
+        if old is not None and old.factory.__qualname__ != cls.__qualname__:
+            raise LatentSiftError(f"register_filter: the name {name!r} is taken by {old.factory.__qualname__}.")
+        taken = {e.key: e.name for e in _FILTERS.values() if e.name != name}
+        if key in taken:
+            raise LatentSiftError(f"register_filter: the key {key!r} is taken by the filter {taken[key]!r}.")
+        cls.name = name
+        _FILTERS[name] = FilterEntry(name, cls, key, label or name, kind, table_rank, headline_rank, tokenizer,
+                                     column, prune_policy)
+        return cls
+
+    return register
+
+
+def unregister_filter(name: str) -> None:
+    """Remove a registered filter (a plugin's, e.g. at the end of a test); built-ins stay."""
+    e = _FILTERS.get(name)
+    if e is None:
+        raise LatentSiftError(f"unregister_filter: no filter {name!r} is registered.")
+    if e.factory.__module__.startswith(__name__.rsplit(".", 1)[0] + "."):
+        raise LatentSiftError(f"unregister_filter: {name!r} is a built-in filter.")
+    del _FILTERS[name]
+
+
+def _load_plugins() -> None:
+    """Import the modules of ``LATENTSIFT_PLUGINS`` and of the entry points, once."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    names = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+    for m in names:
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            raise LatentSiftError(f"{PLUGINS_ENV}: cannot import the module {m!r} ({e}).") from None
+    for ep in entry_points(group=ENTRY_POINTS):
+        ep.load()
+
+
+def filters(kind: str | None = None) -> list[FilterEntry]:
+    """The registered filters (of ``kind``, "rule" or "state"), in registration order."""
+    _load_plugins()
+    return [e for e in _FILTERS.values() if kind is None or e.kind == kind]
+
+
+def rules() -> list[FilterEntry]:
+    """The rule filters (baselines), in registration order (the order the protocol builds them)."""
+    return filters("rule")
+
+
+def method_names() -> tuple[str, ...]:
+    """Every filter's command-line name (``latentsift filter --method``)."""
+    return tuple(e.name for e in filters())
+
+
+def filter_entry(name: str) -> FilterEntry:
+    """The entry of a command-line name or a results key."""
+    for e in filters():
+        if name in (e.name, e.key):
+            return e
+    raise LatentSiftError(f"Unknown Stage-1 filter {name!r}; registered: {', '.join(method_names())}.")
+
+
+def rule_keys(view: str = "table") -> list[str]:
+    """The rules' keys in the order of a ``view``: "table" (the protocol's tables, the report) or
+    "headline" (the main table); registered rules without a rank follow the built-ins."""
+    check_choice(view, "view", "rule_keys", ("table", "headline"))
+    order = list(rules())
+    return [e.key for e in sorted(order, key=lambda e: (getattr(e, f"{view}_rank"), order.index(e)))]
+
+
+def labels() -> dict[str, str]:
+    """key -> display label of every filter."""
+    return {e.key: e.label for e in filters()}
+
+
+def column_scores() -> dict[str, tuple[str, float]]:
+    """key -> (candidate-table column, sign) of the rules that are a plain column."""
+    return {e.key: e.column for e in rules() if e.column is not None}
+
+
+def make_baseline(name: str, **kw) -> "RuleFilter":
+    """A rule filter by command-line name or key, e.g. ``make_baseline("random", seed=0)``."""
+    e = filter_entry(name)
+    if e.kind != "rule":
+        raise LatentSiftError(f"{e.name!r} is not a rule filter; rules: {', '.join(x.name for x in rules())}.")
+    return e.factory(**kw)
+
+
+register_filter("latentsift", kind="state", label="LatentSift (paper)")(LatentSift)
+
+
+class RuleFilter(Stage1Filter):
+    """A rule filter (baseline): s = normalised within-subset rank of a per-candidate rule score ``raw``.
+
+    A subclass implements ``_raw(cands, states)`` (one number per candidate, higher = keep); set
+    ``needs_states = True`` to receive the candidates' states (else ``states`` is None).
+    """
+
+    needs_states = False
+
+    def _raw(self, cands: list[Trajectory], states: dict[str, TrajectoryStates] | None) -> np.ndarray:
+        raise NotImplementedError
+
+    def prepare_many(self, pools, states: Any = None, *, fingerprint: Any = None) -> dict[str, Prepared]:
+        pools = as_pools(pools)
+        check_pools(pools)
+        out = {}
+        for p in pools:
+            cands = sorted(p.candidates, key=lambda c: c.traj_id)
+            st = None
+            if states is not None and self.needs_states:
+                st, _ = resolve_states(states, [c.traj_id for c in cands], fingerprint, owner=f"{self.name}.prepare",
+                                       need_fingerprint=False)
+            out[p.instance_id] = Prepared(instance_id=p.instance_id, traj_ids=[c.traj_id for c in cands],
+                                          raw=self._raw(cands, st))
+        return out
+
+    def _rank(self, prepared: Prepared, idx: np.ndarray) -> dict[str, np.ndarray]:
+        return {"s": normalized_ranks(prepared.raw[idx])}
+
+
+@register_filter("random", label="random", table_rank=3, headline_rank=0, prune_policy="random")
+class RandomFilter(RuleFilter):
+    """Random Stage 1: raw = a uniform number in [0, 1) from sha256("random:{seed}:{traj_id}").
+
+    A fixed random order per seed (a draw's retained set is random because draws differ).
+    """
+
+    def _raw(self, cands, states):
+        return np.array([int.from_bytes(hashlib.sha256(f"random:{self.seed}:{c.traj_id}".encode()).digest()[:8],
+                                        "big") / 2.0 ** 64 for c in cands])
+
+
+@register_filter("shortest-tokens", label="shortest (tokens)", table_rank=0, headline_rank=2, tokenizer=True,
+                 prune_policy="longest-so-far")
+class ShortestTokensFilter(RuleFilter):
+    """Prefer fewer tokens: raw = -n_tokens, from the states (``TrajectoryStates.n_tokens``, the
+    tokens the policy saw) or, without states, from ``tokenizer`` over cot + fn + obs text."""
+
+    needs_states = True
+
+    def __init__(self, *, tokenizer: Any = None, **kw):
+        super().__init__(**kw)
+        self.tokenizer = tokenizer
+
+    def _raw(self, cands, states):
+        vals = []
+        for c in cands:
+            if states is not None:
+                n = int(states[c.traj_id].n_tokens)
+                if n <= 0:
+                    raise LatentSiftError(f"The states of {c.traj_id!r} record no token count (n_tokens=0); "
+                                          "pass a tokenizer instead.")
+            elif self.tokenizer is not None:
+                text = "".join(s.cot + s.fn + s.obs for s in c.steps)
+                n = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            else:
+                raise LatentSiftError(f"{self.name} needs the candidates' states (n_tokens) or a tokenizer.")
+            vals.append(-float(n))
+        return np.array(vals)
+
+
+@register_filter("shortest-chars", label="shortest (chars)", table_rank=1, headline_rank=1,
+                 column=("n_chars", -1.0))
+class ShortestCharsFilter(RuleFilter):
+    """Prefer fewer characters: raw = -(characters of cot + fn + obs over all steps)."""
+
+    def _raw(self, cands, states):
+        return np.array([-float(c.n_chars) for c in cands])
+
+
+@register_filter("fewest-steps", label="fewest steps", table_rank=2, headline_rank=3, column=("n_steps", -1.0),
+                 prune_policy="most-steps-so-far")
+class FewestStepsFilter(RuleFilter):
+    """Prefer fewer agent steps: raw = -n_steps."""
+
+    def _raw(self, cands, states):
+        return np.array([-float(c.n_steps) for c in cands])
+
+
+#: The key of the rule every paired comparison is made against (keep the shortest in characters).
+REFERENCE = _FILTERS["shortest-chars"].key
+#: The key of the random rule (the chance-level comparison).
+RANDOM = _FILTERS["random"].key

@@ -1,0 +1,469 @@
+"""The learned branch: a gated linear head over all-layer span states (paper section "Linear scorer and signal fusion", appendix "Learned scorer architecture and training").
+
+For each model-authored span j (cot and fn, observations excluded) the head reads the per-layer
+mean-pooled states u[j][l], l = 1..L, and computes
+
+    (g_j, v_j) = sum_l W_l u[j][l] + b        W_l in R^{d x 2} per layer, b in R^2 shared
+    q_lin = sum_j sigmoid(g_j) v_j / max(sum_j sigmoid(g_j), 1e-8)
+
+which is ``W u~ + b`` on the concatenation u~ = [u(1); ...; u(L)] without ever forming it. Training:
+binary cross-entropy of q_lin (a logit) against y = 1[reward >= 0.5], AdamW (lr 3e-6, weight decay
+1e-5), gradients accumulated over 16 trajectories per optimizer step (the loss is the mean over the
+accumulated trajectories; a last, shorter group is averaged over its own size), at most 40 epochs,
+80/20 train/validation split with seed 0, and the checkpoint (after an epoch) with the lowest
+validation loss is kept. Every one of these is a constructor setting.
+
+Initialisation (``init``):
+  "zeros" (default): W = 0 and b = (0, log(p / (1 - p))) with p the positive rate of the training
+      split, so training starts at the constant base-rate predictor (loss = the label entropy).
+      The paper does not state its init; with lr 3e-6 a random init whose logits are far from the
+      base rate may not recover within 40 epochs, the zero init cannot start there.
+  "torch": each per-layer projection as ``torch.nn.Linear(d, 2, bias=False)`` initialises it
+      (uniform in +-1/sqrt(d)) from a generator seeded with ``seed``; b = 0.
+
+Pitfall: the states are used without normalisation (as the paper says), so the logit scale follows
+the hidden-state norms of the model; the learning rate is small for that reason.
+
+Determinism: the split and the epoch orders come from ``numpy.random.default_rng(seed)``, the
+"torch" init from a seeded ``torch.Generator``; ``fit`` runs with
+``torch.use_deterministic_algorithms(True)``; ``fit`` and ``decision_function`` run at a fixed torch
+thread count (``latentsift._core.threads``: the gradient's reduction over spans rounds differently when it is
+split across threads), so two fits give identical weights and scores whatever the caller's thread count.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .._core.validation import LatentSiftError, NotFittedError, param_error, check_positive_int
+from .._core.io import ArtefactKind, atomic_path, read_artefact, replaced_folder, write_artefact
+from .._core.threads import fixed_threads
+from ..bank.bank import Bank, as_fingerprint
+from ..states.model import Fingerprint
+from ..states.states import TrajectoryStates
+from ..states.store import StateStore, check_recorded_settings
+
+SCORER_FORMAT = "latentsift-scorer"
+SCORER_VERSION = 1
+SCORER_JSON = "scorer.json"
+SCORER_TENSORS = "scorer.safetensors"
+CURVE_PNG = "training_curve.png"
+SCORER_ARTEFACT = ArtefactKind(SCORER_FORMAT, SCORER_VERSION, SCORER_JSON, noun="a scorer directory",
+                               make="train one with 'latentsift scorer train'", redo="retrain the scorer")
+INITS = ("zeros", "torch")
+GATE_EPS = 1e-8  # Eq. (linear-scorer): max(sum_j sigmoid(g_j), 1e-8)
+
+
+# ---------------------------------------------------------------------- the equations
+def span_outputs(u, W, b):
+    """(g, v) per span = sum_l W_l u[j][l] + b (Eq. linear-head); u (S, L, d), W (L, d, 2) -> (S, 2).
+
+    ``u`` may also be a sequence of (S_i, L, d) blocks: their spans in order, as if concatenated
+    (the blocks are never copied into one tensor). Computed as one (2, L*d) x (L*d, S_i) product per
+    block on zero-copy views (the concatenated vector u~ is never formed); this orientation is ~3x
+    faster on CPU than (S, L*d) x (L*d, 2), and its gradient g^T u reads u once. The bias is added
+    once, after the blocks are joined.
+    """
+    import torch
+    L, d = W.shape[0], W.shape[1]
+    Wt = W.permute(2, 0, 1).reshape(2, L * d)  # (2, L*d), a 2 x 17k copy of the weights only
+    blocks = [u] if torch.is_tensor(u) else list(u)
+    outs = [(Wt @ x.reshape(-1, L * d).T).T for x in blocks]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs)) + b
+
+
+def gated_logits(out, owner, n_traj: int):
+    """q_lin = sum_j sigmoid(g_j) v_j / max(sum_j sigmoid(g_j), 1e-8) per trajectory (Eq. linear-scorer).
+
+    out: (S, 2) span outputs (g, v); owner: (S,) int64 trajectory number of each span in 0..n_traj-1.
+    A trajectory without model-authored spans gets q_lin = 0 (0 / 1e-8).
+    """
+    import torch
+    a = torch.sigmoid(out[:, 0])
+    num = torch.zeros(n_traj, dtype=out.dtype).index_add_(0, owner, a * out[:, 1])
+    den = torch.zeros(n_traj, dtype=out.dtype).index_add_(0, owner, a)
+    return num / den.clamp_min(GATE_EPS)
+
+
+@contextlib.contextmanager
+def _deterministic():
+    import torch
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev)
+
+
+class _Packed:
+    """Model-authored span states of several trajectories, stacked: u (S, L, d) float32 + offsets."""
+
+    def __init__(self, states: Sequence[TrajectoryStates]):
+        import torch
+        masks = [s.scorer_mask() for s in states]
+        self.sizes = np.array([int(m.sum()) for m in masks], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)])
+        if not states:
+            self.u = torch.zeros(0, 0, 0)
+            return
+        L, d = states[0].n_layers, states[0].d_model
+        # each trajectory's model-authored spans gathered straight into their rows (one copy, no
+        # per-trajectory temporaries joined afterwards: packing was ~1/8 of a scorer fit's time)
+        u = np.empty((int(self.offsets[-1]), L, d), dtype=np.float32)
+        for s, m, a, z in zip(states, masks, self.offsets[:-1], self.offsets[1:]):
+            if s.layers.dtype == np.float32:
+                np.compress(m, s.layers, axis=0, out=u[a:z])
+            else:
+                u[a:z] = s.layers[m]
+        self.u = torch.from_numpy(u)
+
+    def outputs(self, idx: np.ndarray, W, b):
+        """Span outputs (g, v) of trajectories ``idx`` (per-trajectory views, no gather copy) and
+        the owner number 0..len(idx)-1 of each span."""
+        import torch
+        lo, hi = self.offsets[idx], self.offsets[idx + 1]
+        if np.all(lo[1:] == hi[:-1]):  # contiguous run of trajectories: one product
+            out = span_outputs(self.u[lo[0]:hi[-1]], W, b)
+        else:
+            out = span_outputs([self.u[a:z] for a, z in zip(lo, hi)], W, b)
+        owner = torch.from_numpy(np.repeat(np.arange(len(idx)), self.sizes[idx]))
+        return out, owner
+
+
+class LinearScorer:
+    """Gated linear head on all-layer span states (sklearn style: settings in, ``fit`` -> self).
+
+    Learned attributes: ``W_`` (n_layers, d_model, 2) float32, ``b_`` (2,) float32 (the best
+    checkpoint), ``history_`` (one dict per epoch, epoch 0 = before training: ``train_loss``,
+    ``val_loss``, ``seconds``), ``best_epoch_``, ``train_ids_``, ``val_ids_``, ``train_pos_rate_``,
+    ``n_layers_``, ``d_model_``, ``fingerprint_`` (None when not given).
+    """
+
+    def __init__(self, *, lr: float = 3e-6, weight_decay: float = 1e-5, accumulation: int = 16,
+                 max_epochs: int = 40, val_frac: float = 0.2, seed: int = 0, init: str = "zeros",
+                 patience: int | None = None):
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.accumulation = accumulation
+        self.max_epochs = max_epochs
+        self.val_frac = val_frac
+        self.seed = seed
+        self.init = init
+        self.patience = patience
+
+    def get_params(self) -> dict:
+        return {"lr": self.lr, "weight_decay": self.weight_decay, "accumulation": self.accumulation,
+                "max_epochs": self.max_epochs, "val_frac": self.val_frac, "seed": self.seed,
+                "init": self.init, "patience": self.patience}
+
+    def __repr__(self) -> str:
+        return "LinearScorer(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
+
+    def _check_params(self) -> None:
+        o = "LinearScorer"
+        for name in ("lr", "weight_decay"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                    or (name == "lr" and v == 0):
+                raise param_error(name, o, "a positive float" if name == "lr" else "a float >= 0", v)
+        check_positive_int(self.accumulation, "accumulation", o)
+        check_positive_int(self.max_epochs, "max_epochs", o)
+        if self.patience is not None:
+            check_positive_int(self.patience, "patience", o)
+        if isinstance(self.val_frac, bool) or not isinstance(self.val_frac, (int, float)) \
+                or not 0.0 <= self.val_frac < 1.0:
+            raise param_error("val_frac", o, "a float in [0, 1)", self.val_frac)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
+            raise param_error("seed", o, "an int", self.seed)
+        if self.init not in INITS:
+            raise param_error("init", o, f"one of {list(INITS)}", self.init)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "W_"):
+            raise NotFittedError("This LinearScorer is not fitted yet: call fit(...) or LinearScorer.load(path).")
+
+    # ------------------------------------------------------------------ fit
+    def _initial_params(self, L: int, d: int, pos_rate: float):
+        import torch
+        if self.init == "zeros":
+            W = torch.zeros(L, d, 2)
+            p = min(max(pos_rate, 1e-6), 1 - 1e-6)
+            b = torch.tensor([0.0, math.log(p / (1 - p))])  # start at the base-rate logit
+        else:
+            g = torch.Generator().manual_seed(int(self.seed))
+            bound = 1.0 / math.sqrt(d)  # nn.Linear(d, 2) default: kaiming_uniform(a=sqrt(5))
+            W = (torch.rand(L, d, 2, generator=g) * 2 - 1) * bound
+            b = torch.zeros(2)
+        return W.float(), b.float()
+
+    def split(self, traj_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """The seeded train/validation split of sorted ``traj_ids`` (the paper's 80/20, seed 0)."""
+        ids = sorted(traj_ids)
+        perm = np.random.default_rng(int(self.seed)).permutation(len(ids))
+        n_val = int(round(self.val_frac * len(ids)))
+        if self.val_frac > 0:
+            n_val = min(max(n_val, 1), len(ids) - 1)
+        val = sorted(ids[i] for i in perm[:n_val])
+        train = sorted(ids[i] for i in perm[n_val:])
+        return train, val
+
+    def fit(self, states: Sequence[TrajectoryStates], labels: Mapping[str, int] | Sequence[int], *,
+            fingerprint: Fingerprint | None = None,
+            callback: Callable[[dict], None] | None = None) -> "LinearScorer":
+        """Train on bank trajectories. ``labels``: dict traj_id -> 0/1, or a list aligned with ``states``.
+
+        The result does not depend on the order of ``states`` (trajectories are sorted by traj_id).
+        ``callback`` receives each epoch's history entry (for progress bars).
+        """
+        import torch
+        self._check_params()
+        states, lab, fingerprint = _check_fit_inputs(states, labels, fingerprint)
+        ids = [s.traj_id for s in states]
+        L, d, lids = states[0].n_layers, states[0].d_model, getattr(states[0], "layer_ids", None)
+        by_id = {s.traj_id: s for s in states}
+        train_ids, val_ids = self.split(ids)
+        if len(train_ids) == 0:
+            raise LatentSiftError("LinearScorer.fit needs at least one training trajectory.")
+        y_tr = torch.tensor([float(lab[t]) for t in train_ids])
+        y_va = torch.tensor([float(lab[t]) for t in val_ids])
+        pos_rate = float(y_tr.mean())
+        best, history = self._train([by_id[t] for t in train_ids], [by_id[t] for t in val_ids], y_tr, y_va,
+                                    (L, d, pos_rate), len(ids), callback)
+        self.W_ = best[2].numpy().astype(np.float32)
+        self.b_ = best[3].numpy().astype(np.float32)
+        self.best_epoch_ = int(best[1])
+        self.history_ = history
+        self.train_ids_, self.val_ids_ = train_ids, val_ids
+        self.train_pos_rate_ = pos_rate
+        self.n_layers_, self.d_model_ = L, d
+        self.layer_ids_ = None if lids is None else [int(x) for x in lids]
+        self.fingerprint_ = fingerprint
+        return self
+
+    def _train(self, train: list, val: list, y_tr, y_va, shape: tuple[int, int, float], n_ids: int,
+               callback: Callable[[dict], None] | None) -> tuple[tuple, list[dict]]:
+        """AdamW on the gated head over accumulated trajectories, one validation loss per epoch, early
+        stopping by ``patience``: ((best criterion, epoch, W, b), history)."""
+        import torch
+        L, d, pos_rate = shape
+        with _deterministic(), fixed_threads():
+            tr = _Packed(train)
+            va = _Packed(val) if val else None
+            W0, b0 = self._initial_params(L, d, pos_rate)
+            W = torch.nn.Parameter(W0)
+            b = torch.nn.Parameter(b0)
+            opt = torch.optim.AdamW([W, b], lr=float(self.lr), weight_decay=float(self.weight_decay))
+            bce = torch.nn.functional.binary_cross_entropy_with_logits
+
+            def mean_loss(packed, y):
+                if packed is None:
+                    return float("nan")
+                with torch.no_grad():
+                    losses = []
+                    for s in range(0, len(y), 256):
+                        idx = np.arange(s, min(s + 256, len(y)))
+                        out, own = packed.outputs(idx, W, b)
+                        q = gated_logits(out, own, len(idx))
+                        losses.append(bce(q, y[idx], reduction="sum"))
+                    return float(torch.stack(losses).sum() / len(y))
+
+            rng = np.random.default_rng(int(self.seed))
+            rng.permutation(n_ids)  # consumed by the split: epoch orders follow it in the stream
+            t0 = time.perf_counter()
+            history = [{"epoch": 0, "train_loss": mean_loss(tr, y_tr), "val_loss": mean_loss(va, y_va),
+                        "seconds": 0.0}]
+            if callback:
+                callback(history[-1])
+            best = (math.inf, 0, W.detach().clone(), b.detach().clone())
+            stale = 0
+            acc = int(self.accumulation)
+            for epoch in range(1, int(self.max_epochs) + 1):
+                order = rng.permutation(len(train))
+                for s in range(0, len(order), acc):
+                    idx = np.sort(order[s:s + acc])
+                    out, own = tr.outputs(idx, W, b)
+                    q = gated_logits(out, own, len(idx))
+                    loss = bce(q, y_tr[idx], reduction="mean")  # mean over the accumulated trajectories
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                entry = {"epoch": epoch, "train_loss": mean_loss(tr, y_tr), "val_loss": mean_loss(va, y_va),
+                         "seconds": round(time.perf_counter() - t0, 4)}
+                history.append(entry)
+                if callback:
+                    callback(entry)
+                crit = entry["val_loss"] if va is not None else -epoch  # no validation: keep the last
+                if crit < best[0]:
+                    best = (crit, epoch, W.detach().clone(), b.detach().clone())
+                    stale = 0
+                else:
+                    stale += 1
+                    if self.patience is not None and stale >= self.patience:
+                        break
+        return best, history
+
+    # ------------------------------------------------------------------ use
+    def decision_function(self, states: Sequence[TrajectoryStates], *, chunk: int = 64) -> np.ndarray:
+        """q_lin (float64, one per trajectory, in the given order) from the best checkpoint."""
+        import torch
+        self._check_fitted()
+        states = list(states)
+        for s in states:
+            if not isinstance(s, TrajectoryStates):
+                raise param_error("states", "LinearScorer.decision_function", "a list of TrajectoryStates",
+                                  type(s).__name__)
+            lids = getattr(s, "layer_ids", None)
+            if (s.n_layers, s.d_model) != (self.n_layers_, self.d_model_) or \
+                    (None if lids is None else [int(x) for x in lids]) != self.layer_ids_:
+                raise LatentSiftError(f"States of {s.traj_id!r} have {s.n_layers} layers x d={s.d_model} "
+                                      f"(layers {lids}); the scorer was trained on {self.n_layers_} x "
+                                      f"{self.d_model_} (layers {self.layer_ids_}): another model or layer "
+                                      "selection. Extract all layers for the scorer.")
+        W = torch.from_numpy(self.W_)
+        b = torch.from_numpy(self.b_)
+        out = np.empty(len(states), dtype=np.float64)
+        with torch.no_grad(), fixed_threads():
+            for s in range(0, len(states), chunk):
+                part = states[s:s + chunk]
+                packed = _Packed(part)
+                o, own = packed.outputs(np.arange(len(part)), W, b)
+                out[s:s + len(part)] = gated_logits(o, own, len(part)).double().numpy()
+        return out
+
+    def check_fingerprint(self, fingerprint: Any, what: str = "candidate states") -> None:
+        self._check_fitted()
+        if self.fingerprint_ is not None:
+            self.fingerprint_.check_same(as_fingerprint(fingerprint, "LinearScorer.check_fingerprint"), what)
+
+    # ------------------------------------------------------------------ io
+    def plot_history(self, path: str | Path) -> Path:
+        """Training curve (train and validation BCE per epoch, best epoch marked) as a PNG."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        self._check_fitted()
+        ep = [h["epoch"] for h in self.history_]
+        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+        ax.plot(ep, [h["train_loss"] for h in self.history_], marker=".", label="train")
+        if self.val_ids_:
+            ax.plot(ep, [h["val_loss"] for h in self.history_], marker=".", label="validation")
+        ax.axvline(self.best_epoch_, color="grey", ls="--", lw=1, label=f"kept (epoch {self.best_epoch_})")
+        ax.set_xlabel("epoch (0 = initialisation)")
+        ax.set_ylabel("binary cross-entropy")
+        ax.set_title(f"LinearScorer: lr={self.lr:g}, wd={self.weight_decay:g}, init={self.init}")
+        ax.legend()
+        fig.tight_layout()
+        path = Path(path)
+        try:
+            with atomic_path(path, ".png") as tmp:
+                fig.savefig(tmp)
+        finally:
+            plt.close(fig)
+        return path
+
+    def to_json(self, source: Mapping[str, Any] | None = None) -> dict:
+        self._check_fitted()
+        return {"format": SCORER_FORMAT, "version": SCORER_VERSION, "settings": self.get_params(),
+                "fingerprint": self.fingerprint_.to_dict() if self.fingerprint_ is not None else None,
+                "n_layers": self.n_layers_, "d_model": self.d_model_, "layer_ids": self.layer_ids_,
+                "best_epoch": self.best_epoch_,
+                "train_pos_rate": self.train_pos_rate_, "history": self.history_,
+                "train_ids": self.train_ids_, "val_ids": self.val_ids_, "tensors": SCORER_TENSORS,
+                "source": dict(source or getattr(self, "source_", {}) or {})}
+
+    def save(self, path: str | Path, *, source: Mapping[str, Any] | None = None, plot: bool = True) -> Path:
+        """SCORER_DIR/scorer.safetensors (W, b), training_curve.png, then scorer.json (last = complete)."""
+        from safetensors.numpy import save as st_save
+        self._check_fitted()
+        with replaced_folder(path) as tmp:  # an old scorer stays whole until the new one is; a failure leaves none
+            if plot:
+                self.plot_history(tmp / CURVE_PNG)
+            blob = st_save({"W": np.ascontiguousarray(self.W_), "b": np.ascontiguousarray(self.b_)})
+            meta = write_artefact(tmp, SCORER_ARTEFACT, self.to_json(source), {"tensors": (SCORER_TENSORS, blob)})
+        self.source_ = dict(meta["source"])
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LinearScorer":
+        from safetensors.numpy import load as st_load
+        meta, blobs = read_artefact(path, SCORER_ARTEFACT, {"tensors": SCORER_TENSORS})
+        arr = st_load(blobs["tensors"])
+        sc = cls(**meta["settings"])
+        sc.W_, sc.b_ = arr["W"], arr["b"]
+        sc.history_ = meta["history"]
+        sc.best_epoch_ = int(meta["best_epoch"])
+        sc.train_ids_, sc.val_ids_ = meta["train_ids"], meta["val_ids"]
+        sc.train_pos_rate_ = meta["train_pos_rate"]
+        sc.n_layers_, sc.d_model_ = int(meta["n_layers"]), int(meta["d_model"])
+        sc.layer_ids_ = meta.get("layer_ids")
+        sc.fingerprint_ = Fingerprint.from_dict(meta["fingerprint"]) if meta.get("fingerprint") else None
+        sc.source_ = dict(meta.get("source", {}))
+        return sc
+
+
+def _check_fit_inputs(states, labels,
+                      fingerprint) -> tuple[list[TrajectoryStates], dict[str, int], Fingerprint | None]:
+    """``LinearScorer.fit``'s inputs checked: (states, traj_id -> label, fingerprint)."""
+    o = "LinearScorer.fit"
+    states = list(states)
+    if not states or not all(isinstance(s, TrajectoryStates) for s in states):
+        raise param_error("states", o, "a non-empty list of TrajectoryStates",
+                          "an empty list" if not states else "other objects")
+    ids = [s.traj_id for s in states]
+    if len(set(ids)) != len(ids):
+        raise LatentSiftError(f"The 'states' parameter of {o} has duplicate traj_ids.")
+    if isinstance(labels, Mapping):
+        lab = {}
+        for t in ids:
+            if t not in labels:
+                raise LatentSiftError(f"The 'labels' parameter of {o} has no label for {t!r}.")
+            lab[t] = labels[t]
+    else:
+        labels = list(labels)
+        if len(labels) != len(states):
+            raise LatentSiftError(f"The 'labels' parameter of {o} must have one label per state "
+                                  f"({len(states)}). Got {len(labels)} instead.")
+        lab = dict(zip(ids, labels))
+    for t, y in lab.items():
+        if isinstance(y, bool) or y not in (0, 1):
+            raise LatentSiftError(f"The 'labels' parameter of {o} must hold 0 or 1. Got {y!r} for {t!r}.")
+    L, d, lids = states[0].n_layers, states[0].d_model, getattr(states[0], "layer_ids", None)
+    for s in states:
+        if (s.n_layers, s.d_model, getattr(s, "layer_ids", None)) != (L, d, lids):
+            raise LatentSiftError(f"States of {s.traj_id!r} have {s.n_layers} layers x d={s.d_model}; "
+                                  f"others have {L} x {d} (mixed models or layer selections).")
+    if fingerprint is not None:
+        fingerprint = as_fingerprint(fingerprint, o)
+        if fingerprint.d_model != d:
+            raise LatentSiftError(f"The states have d_model={d} but the fingerprint says {fingerprint.d_model}.")
+    return states, lab, fingerprint
+
+
+def train_scorer(bank_dir: str | Path, *, states_dir: str | Path | None = None,
+                 scorer: LinearScorer | None = None,
+                 callback: Callable[[dict], None] | None = None) -> LinearScorer:
+    """``latentsift scorer train``: fit the head on the bank's trajectories and labels.
+
+    The states come from ``states_dir`` or, by default, the store the bank was built from
+    (recorded in its manifest); their fingerprint must be the bank's.
+    """
+    bank = Bank.load(bank_dir)
+    sdir = states_dir if states_dir is not None else bank.source_.get("states_dir")
+    if not sdir:
+        raise LatentSiftError(f"The bank {bank_dir} does not record its states directory; pass --states.")
+    store = StateStore(sdir).open()
+    bank.check_fingerprint(store.fingerprint, f"states in {sdir}")
+    check_recorded_settings(bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
+    states = store.load(bank.traj_ids_, dtype="float16")
+    scorer = scorer if scorer is not None else LinearScorer()
+    scorer.fit([states[t] for t in bank.traj_ids_], bank.labels_, fingerprint=bank.fingerprint_, callback=callback)
+    scorer.source_ = {"bank_dir": str(Path(bank_dir).resolve()), "states_dir": str(Path(sdir).resolve()),
+                      "n_trajectories": len(bank.traj_ids_), "label_counts": bank.label_counts(),
+                      "store_settings": store.settings}  # 'filter' refuses states of other span settings
+    return scorer

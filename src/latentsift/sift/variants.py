@@ -1,0 +1,247 @@
+"""Beyond the paper: variants of the Stage-1 filter, each a setting, never a fork of the method.
+
+The paper's LatentSift stays the reference. The variants here answer one question: does the
+hidden-state signal carry anything that length and agent identity do not?
+
+- ``center_by_group``: de-confounding style: subtract, per scaffold and channel, the mean state of
+  that scaffold's *bank* trajectories from every state (bank and candidates alike).
+- ``ScaffoldSift``: scaffold-conditioned banks: a candidate's states are compared only with bank
+  trajectories of its own scaffold.
+- ``LogisticProbe``: a regularised logistic probe on the same states as the gated head (model-authored
+  spans, mean over spans of a few layers), the regularisation chosen by cross-validation on the bank.
+- ``trajectory_signals``: length and patch signals read from the trajectory (no states);
+  ``bank_subsample``: nested instance subsets of a bank for training-set size curves.
+- ``StackedFilter`` + ``fit_stack``: a fusion of within-pool ranks of several per-candidate signals
+  (channel margins, learned logits, length in characters, step count), with weights fitted by a
+  logistic regression on *bank* pools only, whose signals come from cross-fitting inside the bank
+  (inner repository folds). Nothing assumes that shorter is better: the sign and size of every weight
+  are learned from the bank.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .._core.validation import LatentSiftError, NotFittedError
+from .rank import grouped_normalized_ranks, normalized_ranks
+from .sift import Prepared, Stage1Filter
+from ..states.states import TrajectoryStates
+from ..trajectories.trajectory import CHANNELS, Pool, Trajectory
+
+
+# ------------------------------------------------------------------------ state transforms
+def center_by_group(states: Mapping[str, TrajectoryStates], groups: Mapping[str, str], fit_ids: Sequence[str],
+                    *, layers: Sequence[int] | None = None) -> dict[str, TrajectoryStates]:
+    """States minus the per-(group, channel) mean over the ``fit_ids`` (bank) trajectories.
+
+    ``layers``: layer indices to keep (default all). A group with no bank trajectory is left as is
+    (its mean is unknown without looking at candidates).
+    """
+    fit = [t for t in fit_ids]
+    if not fit:
+        raise LatentSiftError("center_by_group needs at least one bank trajectory.")
+    sel = slice(None) if layers is None else list(layers)
+    sums: dict[tuple[str, int], np.ndarray] = {}
+    counts: dict[tuple[str, int], int] = {}
+    for t in fit:
+        st = states[t]
+        x = np.asarray(st.layers[:, sel, :], dtype=np.float64)
+        for c in range(len(CHANNELS)):
+            m = np.asarray(st.channel) == c
+            if m.any():
+                key = (groups[t], c)
+                sums[key] = sums.get(key, 0.0) + x[m].sum(axis=0)
+                counts[key] = counts.get(key, 0) + int(m.sum())
+    means = {k: (v / counts[k]).astype(np.float32) for k, v in sums.items()}
+    out: dict[str, TrajectoryStates] = {}
+    for t, st in states.items():
+        x = np.array(st.layers[:, sel, :], dtype=np.float32)
+        for c in range(len(CHANNELS)):
+            key = (groups[t], c)
+            if key in means:
+                m = np.asarray(st.channel) == c
+                x[m] -= means[key]
+        out[t] = TrajectoryStates(st.traj_id, x, st.step, st.channel, st.n_tokens)
+    return out
+
+
+# ------------------------------------------------------------------------ trajectory signals
+def patch_lines(patch: str) -> int:
+    """Changed lines (``+`` / ``-`` lines outside the file headers) of a unified diff; 0 for no patch."""
+    return sum(1 for line in patch.splitlines()
+               if line.startswith(("+", "-")) and not line.startswith(("+++", "---")))
+
+
+def trajectory_signals(traj: Trajectory) -> dict[str, float]:
+    """Per-candidate signals read from the trajectory itself (no states), for the stacked fusion.
+
+    ``neg_chars`` / ``neg_steps``: minus the length in characters / steps; ``patch_lines``: changed
+    lines of the final patch; ``no_patch``: 1 when the final patch is empty. Signs carry no
+    assumption: the stacked fusion learns each weight, sign included, from the bank.
+    """
+    return {"neg_chars": -float(traj.n_chars), "neg_steps": -float(traj.n_steps),
+            "patch_lines": float(patch_lines(traj.patch or "")), "no_patch": float(not (traj.patch or "").strip())}
+
+
+def bank_subsample(trajs: Sequence[Trajectory], fraction: float, *, seed: int = 0) -> list[Trajectory]:
+    """The trajectories of the first ``ceil(fraction * n)`` instances in a seeded hash order.
+
+    Whole instances are kept together; for one seed the subsets are nested (a larger fraction keeps
+    every instance of a smaller one), so a training-set size curve moves one way only.
+    """
+    if not 0 < fraction <= 1:
+        raise LatentSiftError(f"The 'fraction' parameter of bank_subsample must be in (0, 1]. Got {fraction!r} "
+                              "instead.")
+    insts = sorted({t.instance_id for t in trajs},
+                   key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())
+    keep = set(insts[: math.ceil(fraction * len(insts))])
+    return [t for t in trajs if t.instance_id in keep]
+
+
+# ------------------------------------------------------------------------ logistic probe
+def probe_layers(n_layers: int) -> tuple[int, int]:
+    """The probe's default layers: the final one and the middle one (index ``n_layers // 2``)."""
+    return (-1, n_layers // 2)
+
+
+def probe_features(states: Sequence[TrajectoryStates], layers: Sequence[int] | None = None) -> np.ndarray:
+    """Mean over model-authored spans (cot, fn) of the chosen layers' states (default ``probe_layers``),
+    concatenated.
+
+    A trajectory without a model-authored span gets zeros (documented; rare: an empty agent run).
+    """
+    d = states[0].d_model
+    layers = probe_layers(states[0].n_layers) if layers is None else layers
+    out = np.zeros((len(states), len(layers) * d), dtype=np.float32)
+    for i, st in enumerate(states):
+        u = st.scorer_states()
+        if len(u):
+            out[i] = np.asarray(u[:, list(layers), :], dtype=np.float32).mean(axis=0).reshape(-1)
+    return out
+
+
+@dataclass
+class LogisticProbe:
+    """L2-regularised logistic regression on ``probe_features``; C chosen by stratified k-fold CV."""
+
+    layers: tuple[int, ...] | None = None   # None: probe_layers(n_layers), the final and the middle layer
+    Cs: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+    cv: int = 4
+    seed: int = 0
+    model_: object = field(default=None, repr=False)
+
+    def fit(self, states: Sequence[TrajectoryStates], labels: Sequence[int]) -> "LogisticProbe":
+        from sklearn.linear_model import LogisticRegressionCV
+        from sklearn.model_selection import StratifiedKFold
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+        y = np.asarray(labels, dtype=int)
+        if len(set(y.tolist())) < 2 or np.bincount(y).min() < 2:
+            raise LatentSiftError("LogisticProbe.fit needs at least two resolved and two unresolved trajectories "
+                                  "(its regularisation is chosen by stratified cross-validation).")
+        self.layers_ = tuple(self.layers or probe_layers(states[0].n_layers))
+        X = probe_features(states, self.layers_)
+        folds = StratifiedKFold(n_splits=min(self.cv, int(np.bincount(y).min())), shuffle=True,
+                                random_state=self.seed)
+        self.model_ = make_pipeline(StandardScaler(), LogisticRegressionCV(
+            Cs=list(self.Cs), cv=folds, scoring="roc_auc", max_iter=2000, l1_ratios=(0.0,),
+            use_legacy_attributes=False))
+        self.model_.fit(X, y)
+        return self
+
+    def decision_function(self, states: Sequence[TrajectoryStates]) -> np.ndarray:
+        if self.model_ is None:
+            raise NotFittedError("This LogisticProbe is not fitted yet: call fit(...).")
+        return self.model_.decision_function(probe_features(states, self.layers_))
+
+
+# ------------------------------------------------------------------------ stacked fusion
+def pool_rank_features(raw: Mapping[str, np.ndarray], instance: np.ndarray) -> np.ndarray:
+    """(n, n_features) within-pool normalised ranks of every raw signal (rank normalisation per signal)."""
+    return np.stack([grouped_normalized_ranks(raw[k], instance) for k in sorted(raw)], axis=1)
+
+
+def fit_stack(raw: Mapping[str, np.ndarray], instance: np.ndarray, labels: np.ndarray, *, C: float = 1.0,
+              mixed_only: bool = True) -> dict[str, float]:
+    """Fusion weights: logistic regression of the label on within-pool ranks (bank pools only).
+
+    Only mixed pools (a resolved and an unresolved candidate) carry information about *which*
+    candidate to keep; ``mixed_only`` trains on those. Returns ``{signal: weight}``.
+    """
+    from sklearn.linear_model import LogisticRegression
+    y = np.asarray(labels, dtype=int)
+    X = pool_rank_features(raw, instance)
+    keep = np.ones(len(y), dtype=bool)
+    if mixed_only:
+        _, inv = np.unique(instance, return_inverse=True)
+        pos = np.bincount(inv, weights=y, minlength=inv.max() + 1)
+        n = np.bincount(inv, minlength=inv.max() + 1)
+        keep = (pos[inv] > 0) & (pos[inv] < n[inv])
+    if keep.sum() < 4 or len(set(y[keep].tolist())) < 2:
+        raise LatentSiftError("fit_stack: the bank has too few mixed pools to fit fusion weights.")
+    m = LogisticRegression(C=C, max_iter=1000).fit(X[keep], y[keep])
+    return {k: float(w) for k, w in zip(sorted(raw), m.coef_[0])}
+
+
+class StackedFilter(Stage1Filter):
+    """s = sum_k w_k * r_k, r_k the within-subset normalised rank of signal k (weights from the bank)."""
+
+    name = "stacked"
+
+    def __init__(self, raw: Mapping[str, Mapping[str, float]], weights: Mapping[str, float], *, seed: int = 0,
+                 **kw):
+        super().__init__(seed=seed, **kw)
+        missing = sorted(set(weights) - set(raw))
+        if missing:
+            raise LatentSiftError(f"StackedFilter: no per-candidate values for signals {missing}.")
+        self.raw = {k: raw[k] for k in sorted(weights)}
+        self.weights = dict(sorted(weights.items()))
+
+    def get_params(self) -> dict:
+        return super().get_params() | {"weights": self.weights}
+
+    def prepare_many(self, pools, states=None, *, fingerprint=None) -> dict[str, Prepared]:
+        out = {}
+        for p in pools:
+            ids = sorted(c.traj_id for c in p.candidates)
+            try:
+                q = np.array([[self.raw[k][t] for k in self.weights] for t in ids], dtype=np.float64)
+            except KeyError as e:
+                raise LatentSiftError(f"StackedFilter: no value for candidate {e.args[0]!r}.") from None
+            out[p.instance_id] = Prepared(p.instance_id, ids, channels=tuple(self.weights), q=q)
+        return out
+
+    def _rank(self, prepared: Prepared, idx: np.ndarray) -> dict[str, np.ndarray]:
+        w = np.array(list(self.weights.values()))
+        r = np.stack([normalized_ranks(prepared.q[idx, j]) for j in range(prepared.q.shape[1])], axis=1)
+        return {"s": r @ w}
+
+
+# ------------------------------------------------------------------------ scaffold-conditioned banks
+def split_pools_by_group(pools: Sequence[Pool], group_of) -> dict[str, list[Pool]]:
+    """Each pool split into sub-pools of one group (scaffold) each."""
+    out: dict[str, list[Pool]] = {}
+    for p in pools:
+        by: dict[str, list] = {}
+        for c in p.candidates:
+            by.setdefault(group_of(c), []).append(c)
+        for g, cs in by.items():
+            out.setdefault(g, []).append(Pool(p.instance_id, cs))
+    return out
+
+
+def merge_prepared(parts: Sequence[Prepared]) -> Prepared:
+    """One pool's Prepared from the Prepared of its per-scaffold sub-pools (rows re-sorted by traj_id)."""
+    ids = [t for p in parts for t in p.traj_ids]
+    order = np.argsort(np.array(ids, dtype=object), kind="stable")
+    cat = lambda name: None if getattr(parts[0], name) is None else np.concatenate(  # noqa: E731
+        [getattr(p, name) for p in parts])[order]
+    ev = {}
+    for p in parts:
+        ev.update(p.evidence)
+    return Prepared(parts[0].instance_id, [ids[i] for i in order], channels=parts[0].channels,
+                    q=cat("q"), q_lin=cat("q_lin"), raw=cat("raw"), evidence=ev)

