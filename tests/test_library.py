@@ -17,7 +17,7 @@ from latentsift.deploy.library import library_groups, open_stores
 from latentsift.deploy.sifter import Sifter, fit_sifter
 from latentsift.states.store import StateStore
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
-from latentsift.protocol.transfer import eval_sets, transfer_matrix
+from latentsift.protocol.transfer import eval_sets
 
 pytestmark = pytest.mark.model
 
@@ -119,8 +119,12 @@ def test_transfer_matrix_on_the_tiny_run(two_runs, tmp_path):
     trajs = [t for p in pools for t in load_jsonl(p)]
     sets = eval_sets(trajs)
     assert [s.name for s in sets] == ["acr pools", "sweagent pools", "acr + sweagent pools"]
-    out = transfer_matrix(pools, [states], tmp_path / "t", n_folds=2, n_boot=50, n_draws=5, scorer_epochs=0,
-                          log=lambda m: None)
+    # through the command: its progress is one plain line per evaluated set and fold when not on a terminal
+    r = CliRunner().invoke(app, ["transfer", *map(str, pools), "--states", str(states), "--out", str(tmp_path / "t"),
+                                 "--folds", "2", "--boot", "50", "--draws", "5", "--scorer-epochs", "0"])
+    assert r.exit_code == 0, r.output
+    assert "[transfer] acr pools: fold 1/2" in r.output and "[transfer] sweagent pools: fold 2/2" in r.output
+    out = tmp_path / "t"
     summ = json.loads((out / "summary.json").read_text())
     names = [r["set"]["name"] for r in summ["sets"]]
     assert names == ["acr pools", "sweagent pools"]  # the mixed pools leave no other agent to bank from

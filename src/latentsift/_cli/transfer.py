@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from ..protocol.transfer import transfer_matrix
+from ._progress import StageProgress
 from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed, StatesDirs
 
 
@@ -31,8 +32,8 @@ def transfer_cmd(
     Retention is measured at each K only where the pools hold at least K >= 4 candidates.
     """
     console = Console(stderr=True)
-    with console.status("transfer matrix ...") as st:
+    # one line per fold and evaluated set (plain lines when stdout is not a terminal: CI, nohup)
+    with StageProgress(console) as bar:
         report = transfer_matrix(pools, states, out, n_folds=folds, ks=tuple(k), n_draws=draws,
-                                 n_boot=boot, scorer_epochs=scorer_epochs, seed=seed,
-                                 log=lambda m: st.update(m))
+                                 n_boot=boot, scorer_epochs=scorer_epochs, seed=seed, log=bar.print)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json beside it)")
