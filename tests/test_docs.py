@@ -40,3 +40,27 @@ def test_each_documented_import_exists(doc, module, name):
     mod = importlib.import_module(module)
     assert not name or hasattr(mod, name) or importlib.util.find_spec(f"{module}.{name}"), \
         f"{doc}: `from {module} import {name}`: no such name"
+
+
+LINK = re.compile(r"\]\(((?:\.\./|docs/)?[\w./-]*\.md)?(#[\w-]+)?\)")
+
+
+def _slugs(path: Path) -> set[str]:
+    """GitHub's heading anchors of a markdown file (lower case, punctuation dropped, spaces -> '-')."""
+    heads = [l.lstrip("#").strip() for l in path.read_text().splitlines() if re.match(r"#{1,6} ", l)]
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
+def test_every_link_between_the_docs_resolves():
+    """Each [text](file.md#anchor) of README.md and docs/*.md names a file and a heading that exist."""
+    broken = []
+    for doc in DOCS:
+        for target, anchor in LINK.findall(doc.read_text()):
+            if not target and not anchor:
+                continue
+            path = (doc.parent / target).resolve() if target else doc
+            if not path.is_file():
+                broken.append(f"{doc.name}: {target}")
+            elif anchor and anchor[1:] not in _slugs(path):
+                broken.append(f"{doc.name}: {target}{anchor}")
+    assert broken == []
