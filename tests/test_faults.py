@@ -463,6 +463,7 @@ def test_filter_with_no_pool_left_is_no_traceback(tiny, tmp_path):
 @pytest.mark.model
 def test_bank_build_replaces_a_bank_whole_or_not_at_all(tiny, tmp_path, monkeypatch):
     import latentsift.bank.bank as bank_mod
+    from latentsift._jobs.bank import build_bank
     run, _ = tiny
     pools, states, bank = run / "pools.jsonl", run / "states", tmp_path / "bank"
     assert cli("bank", "build", states, "--pools", pools, "--out", bank).exit_code == 0
@@ -470,7 +471,7 @@ def test_bank_build_replaces_a_bank_whole_or_not_at_all(tiny, tmp_path, monkeypa
     # a build killed while writing the new bank: the old one is whole, no temporary is left
     monkeypatch.setattr(bank_mod, "write_artefact", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        bank_mod.build_bank(states, pools, center="mean").save(bank)
+        build_bank(states, pools, center="mean").save(bank)
     monkeypatch.undo()
     assert digest(bank) == before
     no_tmp(tmp_path)

@@ -14,7 +14,8 @@ from conftest import refused  # tests/conftest.py
 from latentsift.cli import app
 from latentsift.deploy.leak import check_leaks
 from latentsift.protocol import CrossvalSettings, crossval, leaking_pools
-from latentsift.deploy.sifter import Sifter, fit_sifter
+from latentsift._jobs.sifter import fit_sifter
+from latentsift.deploy.sifter import Sifter
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
 pytestmark = pytest.mark.model

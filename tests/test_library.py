@@ -14,7 +14,8 @@ from latentsift._core.validation import FingerprintMismatch, LatentSiftError
 from conftest import refused  # tests/conftest.py
 from latentsift.cli import app
 from latentsift.deploy.library import library_groups, open_stores
-from latentsift.deploy.sifter import Sifter, fit_sifter
+from latentsift._jobs.sifter import fit_sifter
+from latentsift.deploy.sifter import Sifter
 from latentsift.states.store import StateStore
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 from latentsift.protocol.transfer import eval_sets

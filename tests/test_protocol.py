@@ -15,7 +15,8 @@ from latentsift.cli import app
 from latentsift.protocol import crossval
 from latentsift.sift.scorer import LinearScorer
 from latentsift.sift.sift import LatentSift
-from latentsift.deploy.sifter import Sifter, fit_sifter
+from latentsift._jobs.sifter import fit_sifter
+from latentsift.deploy.sifter import Sifter
 from latentsift.states.store import StateStore
 from latentsift.trajectories.trajectory import group_pools, load_jsonl, save_jsonl
 

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from latentsift._core.validation import LatentSiftError
 from latentsift.cli import app
 from latentsift.deploy.shift import Reference, bank_vectors, loo_distances
-from latentsift.deploy.sifter import Sifter, fit_sifter, run_sifter_filter
+from latentsift._jobs.sifter import fit_sifter, run_sifter_filter
+from latentsift.deploy.sifter import Sifter
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
 pytestmark = pytest.mark.model

@@ -70,7 +70,8 @@ def test_repository_reference_leaves_out_the_whole_repository(tiny_run):
 
 def test_fit_saves_the_stated_false_alarm_rate_and_reference(tiny_run, tmp_path):
     from latentsift._core.validation import LatentSiftError
-    from latentsift.deploy.sifter import Sifter, fit_sifter
+    from latentsift._jobs.sifter import fit_sifter
+    from latentsift.deploy.sifter import Sifter
     from latentsift.trajectories.trajectory import save_jsonl
 
     run = tiny_run["out"]

@@ -1,6 +1,6 @@
 """``latentsift bank build`` and ``latentsift scorer train``.
 
-Parsing and progress only; the logic is ``latentsift.bank.bank.build_bank`` and
+Parsing and progress only; the logic is ``latentsift._jobs.bank.build_bank`` and
 ``latentsift.sift.scorer.train_scorer``.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from rich.console import Console
 
 from .._core.guard import check_output
 from .._core.validation import LatentSiftError
-from ..bank.bank import build_bank
+from .._jobs.bank import build_bank
 from ..sift.scorer import CURVE_PNG, LinearScorer, train_scorer
 from ._options import Channels, Seed, csv_list
 from ._progress import StageProgress

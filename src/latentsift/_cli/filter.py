@@ -18,7 +18,7 @@ from .._core.validation import LatentSiftError
 from .._jobs.filter import filter_options, run_filter
 from ..deploy.operating import calibration_pools_for_filter, target_recall_filter, target_recall_options
 from ..sift.rules import rules
-from ..deploy.sifter import run_sifter_filter_chosen
+from .._jobs.sifter import run_sifter_filter_chosen
 from ._options import Seed, StatesDir, csv_list
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from .._core.guard import check_output
 from ..deploy.shift import FALSE_ALARM
-from ..deploy.sifter import fit_sifter
+from .._jobs.sifter import fit_sifter
 from ._options import FirstInstances, ScorerEpochs, Seed, StatesDirs
 
 

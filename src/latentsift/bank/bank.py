@@ -36,8 +36,7 @@ from .._core.io import ArtefactKind, read_artefact, replaced_folder, write_artef
 from .knn import BACKENDS, bank_sqnorms, nearest_distances
 from ..states.model import Fingerprint
 from ..states.states import TrajectoryStates
-from ..states.store import StateStore
-from ..trajectories.trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory, group_pools, load_jsonl
+from ..trajectories.trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory, group_pools
 
 BANK_FORMAT = "latentsift-bank"
 BANK_VERSION = 1
@@ -534,37 +533,3 @@ def inner_folds(trajs: Sequence[Trajectory], group: Callable[[Trajectory], str] 
                 seed: int = 0) -> Iterator[Fold]:
     """``iter_folds`` over ``split_by_repo`` of ``trajs``' own groups: the inner cross-fit of a bank."""
     return iter_folds(trajs, split_by_repo({t.traj_id: group(t) for t in trajs}, n_folds=n_folds, seed=seed), group)
-
-
-# ---------------------------------------------------------------------- files in, bank out
-def build_bank(states_dir: str | Path, pools: str | Path, *, repos: Sequence[str] | None = None,
-               exclude_repos: Sequence[str] | None = None, **params) -> Bank:
-    """``latentsift bank build``: a fitted bank from a state store and a canonical pools JSONL.
-
-    Every trajectory of ``pools`` whose repository is selected (``repos`` / ``exclude_repos``)
-    becomes a bank entry; it must carry a reward (label = 1[reward >= 0.5]) and stored states.
-    The states directory, pools file and repository selection are recorded in ``bank.source_``;
-    ``params``: the ``Bank`` settings.
-    """
-    trajs = {t.traj_id: t for t in load_jsonl(pools)}
-    ids = select_by_repo({t: x.repo for t, x in trajs.items()}, include=repos, exclude=exclude_repos)
-    if not ids:
-        raise LatentSiftError(f"No trajectory of {pools} is left after the repository selection.")
-    unlabelled = [t for t in ids if trajs[t].label is None]
-    if unlabelled:
-        raise LatentSiftError(f"{pools}: {len(unlabelled)} selected trajectories have no reward (e.g. "
-                              f"{unlabelled[0]!r}); bank entries need outcome labels.")
-    n_pos = sum(trajs[t].label for t in ids)
-    if n_pos in (0, len(ids)):  # the same check as Bank.fit, before loading any state
-        raise LatentSiftError(f"The bank would have an empty {'positive' if n_pos == 0 else 'negative'} class: "
-                              f"the {len(ids)} selected trajectories of {pools} are all "
-                              f"{'unresolved' if n_pos == 0 else 'resolved'}. Select repositories with both "
-                              "outcomes.")
-    store = StateStore(states_dir).open()
-    states = store.load(ids, dtype="float16")
-    bank = Bank.from_trajectories([trajs[t] for t in ids], states, store.fingerprint, **params)
-    bank.source_ = {"states_dir": str(Path(states_dir).resolve()), "pools": str(Path(pools).resolve()),
-                    "repos": list(repos) if repos is not None else None,
-                    "exclude_repos": list(exclude_repos) if exclude_repos is not None else None,
-                    "store_settings": store.settings}
-    return bank

@@ -5,7 +5,7 @@ from .leak import check_leaks
 from .library import SubBank, load_runs
 from .operating import OperatingPoint, apply_operating_point, fit_operating_point
 from .shift import Reference, guard
-from .sifter import Sifter, fit_sifter
+from .sifter import Sifter
 
 __all__ = ["OperatingPoint", "Reference", "Sifter", "SubBank", "apply_operating_point", "check_leaks",
-           "fit_operating_point", "fit_sifter", "guard", "load_runs"]
+           "fit_operating_point", "guard", "load_runs"]

@@ -26,19 +26,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._core.io import ArtefactKind, jsonable, member, output_lock, read_artefact, replaced_folder, write_artefact
-from .._core.validation import FingerprintMismatch, LatentSiftError, check_choice, check_labelled
+from .._core.io import ArtefactKind, jsonable, member, read_artefact, replaced_folder, write_artefact
+from .._core.validation import FingerprintMismatch, LatentSiftError, check_labelled
 from ..bank.bank import Bank, Fold, as_fingerprint, inner_folds
 from ..metrics.diagnostics import within_pool_auc
-from .leak import ON_LEAK, apply_on_leak
-from .library import BANK_CHOICES, SubBank, fit_sub_banks, load_sub_banks, load_runs, nearest_choice, pool_distances, \
-    save_sub_banks
+from .library import SubBank, fit_sub_banks, load_sub_banks, save_sub_banks
 from ..sift.rank import grouped_normalized_ranks, min_channel_rank
 from ..sift.scorer import LinearScorer
-from .shift import (FALSE_ALARM, ON_SHIFT, REFERENCE_KIND, REFERENCE_KINDS, Reference, check_false_alarm, guard,
-                    scaffold_of)
-from ..sift.sift import FilterRun, LatentSift, load_selected_pools, resolve_states
-from ..states.store import StateStore, check_recorded_settings
+from .shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
+from ..sift.sift import LatentSift, resolve_states
 from ..trajectories.trajectory import Trajectory
 
 SIFTER_FORMAT = "latentsift-sifter"
@@ -214,138 +210,3 @@ def in_bank_evidence(bank: Bank, trajs: Sequence[Trajectory], states, fingerprin
     auc = distance_auc(cross_fit_distance(folds, states, fingerprint, seed=seed), trajs)
     return {"paper-distance_within_pool_auc": None if np.isnan(auc) else float(auc),
             "rule": "2 inner repository folds; bank from one, pools of the other; ties 1/2"}
-
-
-def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
-               per_agent: bool = False, false_alarm: float | None = None, reference_kind: str | None = None,
-               log=print) -> Sifter:
-    """``latentsift fit``: a sifter from every labelled candidate of one or several pools files, saved to ``out``.
-
-    ``pools_path`` / ``states_dir``: a path or a list of paths (several runs, e.g. the Lite pools and
-    the Verified pairs); the stores must share the model fingerprint and the value-changing extraction
-    settings (refused before any work otherwise, ``library.open_stores``). ``instances``: only the
-    first N instances by id of each pools file (the rule of ``extract --instances N``). ``per_agent``:
-    also a sub-bank and scorer per agent (``Sifter.fit``).
-    """
-    if reference_kind is not None:
-        check_choice(reference_kind, "reference", "fit", REFERENCE_KINDS)
-    if false_alarm is not None:
-        check_false_alarm(false_alarm, "--false-alarm", "fit")
-    pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
-    states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
-    with output_lock(out):  # a second 'fit' to the same --out is refused, not lost
-        trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)
-        sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, per_agent=per_agent, log=log,
-                                                                    false_alarm=false_alarm,
-                                                                    reference_kind=reference_kind)
-        sifter.store_settings_ = store.settings
-        sifter.save(out)
-    return sifter
-
-
-def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "warn", on_leak: str = "allow",
-                      instances: Sequence[str] | None = None, **settings):
-    """``latentsift filter --sifter``: the saved sifter on every pool, with the shift guard.
-
-    Returns the ``FilterRun`` (the format of ``filter``) with ``configuration`` (the sifter's
-    config and what it has seen), ``shift`` (per pool: the decision and its numbers) and ``leak``.
-    ``on_leak`` defaults to "allow": a sifter is a deployed filter, and a bank that has seen other
-    attempts at a pool's task is knowledge, not leakage (``latentsift.deploy.leak``); each such pool is
-    named in the output and in the warnings.
-    """
-    check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
-    check_choice(on_leak, "on_leak", "filter", ON_LEAK)
-    pools = load_selected_pools(pools_path, instances)
-    if states_dir is None:
-        raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
-    store = StateStore(states_dir).open()
-    sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
-    check_recorded_settings(sifter.bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
-    pools, leak, leak_warnings = apply_on_leak(pools, sifter.bank, on_leak)
-    ids = [c.traj_id for p in pools for c in p.candidates]
-    missing = [t for t in ids if not store.has(t)]
-    if missing:
-        raise LatentSiftError(f"filter: the state store {str(states_dir)!r} has no states for {len(missing)} "
-                              f"candidates, e.g. {missing[0]!r}; run 'latentsift extract' on the pools first.")
-    states = store.load(ids)
-    results = sifter.score_pools(pools, states, fingerprint=store.fingerprint)
-    shift, warnings = guard(results, pools, states, sifter.bank, sifter.reference_, on_shift)
-    inputs = {"pools": str(Path(pools_path).resolve()), "states_dir": str(Path(states_dir).resolve()),
-              "sifter_dir": sifter.path_, "bank_repos": sifter.bank.repo_names_,
-              "bank_label_counts": sifter.bank.label_counts()}
-    eval_repos = sorted({c.repo for p in pools for c in p.candidates})
-    inputs["repos_shared_with_bank"] = sorted(set(eval_repos) & set(sifter.bank.repo_names_))
-    run = FilterRun(method=sifter.name, settings=sifter.get_params(), inputs=inputs,
-                    fingerprint=store.fingerprint.to_dict(), pools=results)
-    run.extra = {"configuration": {"config": sifter.config_, "seen": sifter.seen_},
-                 "shift": shift, "leak": {**leak, "warnings": leak_warnings}}
-    return run, warnings
-
-
-def run_sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice: str = "nearest",
-                             on_shift: str = "warn", on_leak: str = "allow", instances: Sequence[str] | None = None,
-                             **settings):
-    """``latentsift filter --sifter --bank-choice nearest``: each pool scored with the sub-bank nearest to it.
-
-    The sifter must have a bank library (``fit --per-agent``). Per pool: the median nearest-bank
-    distance of its candidates to every sub-bank (the shift guard's distance), the nearest one's bank
-    and scorer score it, and the shift guard judges it against that sub-bank's reference. The
-    ``FilterRun`` gains ``bank_choice`` (mode, sub-banks, per pool the choice and the distances).
-    ``bank_choice="all"`` is ``run_sifter_filter``. ``on_leak`` as there, against the all-agent bank
-    (every sub-bank's trajectories are in it).
-    """
-    check_choice(bank_choice, "bank_choice", "filter", BANK_CHOICES)
-    if bank_choice == "all":
-        return run_sifter_filter(pools_path, states_dir, sifter_dir, on_shift=on_shift, on_leak=on_leak,
-                                 instances=instances, **settings)
-    check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
-    check_choice(on_leak, "on_leak", "filter", ON_LEAK)
-    if states_dir is None:
-        raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
-    pools = load_selected_pools(pools_path, instances)
-    store = StateStore(states_dir).open()
-    sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
-    if not sifter.library_:
-        raise LatentSiftError(f"filter --bank-choice {bank_choice}: the sifter {str(sifter_dir)!r} has no bank "
-                              "library; refit it with 'latentsift fit --per-agent', or use --bank-choice all.")
-    check_recorded_settings(sifter.bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
-    pools, leak, leak_warnings = apply_on_leak(pools, sifter.bank, on_leak)
-    for sub in sifter.library_:  # the overlap allowed on the all-agent bank holds for its parts too
-        sub.bank.allowed_instances_ = set(getattr(sifter.bank, "allowed_instances_", set()))
-    ids = [c.traj_id for p in pools for c in p.candidates]
-    missing = [t for t in ids if not store.has(t)]
-    if missing:
-        raise LatentSiftError(f"filter: the state store {str(states_dir)!r} has no states for {len(missing)} "
-                              f"candidates, e.g. {missing[0]!r}; run 'latentsift extract' on the pools first.")
-    states = store.load(ids)
-    dist = pool_distances(pools, states, sifter.library_)
-    chosen = nearest_choice(dist)
-    subs = {s.name: s for s in sifter.library_}
-    params = sifter.get_params()
-    results, shift_pools, warnings = [], [], []
-    for name in sorted(set(chosen.values())):
-        sub = subs[name]
-        group = [p for p in pools if chosen[p.instance_id] == name]
-        res = LatentSift(sub.bank, sub.scorer, **params).score_pools(group, states, fingerprint=store.fingerprint)
-        sh, w = guard(res, group, states, sub.bank, sub.reference, on_shift)
-        shift_pools += [dict(x, bank=name) for x in sh["pools"]]
-        warnings += w
-        results += res
-    results.sort(key=lambda r: r.instance_id)
-    shift_pools.sort(key=lambda x: x["instance_id"])
-    inputs = {"pools": str(Path(pools_path).resolve()), "states_dir": str(Path(states_dir).resolve()),
-              "sifter_dir": sifter.path_}
-    run = FilterRun(method=sifter.name, settings=params, inputs=inputs, fingerprint=store.fingerprint.to_dict(),
-                    pools=results)
-    run.extra = {"configuration": {"config": sifter.config_, "seen": sifter.seen_},
-                 "bank_choice": {"mode": bank_choice,
-                                 "rule": "per pool, the sub-bank with the smallest median nearest-bank distance of "
-                                         "the pool's candidates (the shift guard's distance)",
-                                 "sub_banks": [{k: v for k, v in s.to_dict().items() if k != "parts"}
-                                               for s in sifter.library_],
-                                 "pools": [{"instance_id": i, "chosen": chosen[i], "distances": dist[i]}
-                                           for i in sorted(chosen)]},
-                 "shift": {"on_shift": on_shift, "reference": "the chosen sub-bank's (sub_banks[].shift_reference)",
-                           "n_shifted": sum(x["shifted"] for x in shift_pools), "pools": shift_pools},
-                 "leak": {**leak, "warnings": leak_warnings}}
-    return run, warnings
