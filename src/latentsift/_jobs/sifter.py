@@ -46,6 +46,16 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     return sifter
 
 
+def _pool_states(store: StateStore, states_dir, pools) -> dict:
+    """The states of every candidate of ``pools``, refused with one message when some are not stored."""
+    ids = [c.traj_id for p in pools for c in p.candidates]
+    missing = [t for t in ids if not store.has(t)]
+    if missing:
+        raise LatentSiftError(f"filter: the state store {str(states_dir)!r} has no states for {len(missing)} "
+                              f"candidates, e.g. {missing[0]!r}; run 'latentsift extract' on the pools first.")
+    return store.load(ids)
+
+
 def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "warn", on_leak: str = "allow",
                       instances: Sequence[str] | None = None, **settings):
     """``latentsift filter --sifter``: the saved sifter on every pool, with the shift guard.
@@ -65,12 +75,7 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
     check_recorded_settings(sifter.bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
     pools, leak, leak_warnings = apply_on_leak(pools, sifter.bank, on_leak)
-    ids = [c.traj_id for p in pools for c in p.candidates]
-    missing = [t for t in ids if not store.has(t)]
-    if missing:
-        raise LatentSiftError(f"filter: the state store {str(states_dir)!r} has no states for {len(missing)} "
-                              f"candidates, e.g. {missing[0]!r}; run 'latentsift extract' on the pools first.")
-    states = store.load(ids)
+    states = _pool_states(store, states_dir, pools)
     results = sifter.score_pools(pools, states, fingerprint=store.fingerprint)
     shift, warnings = guard(results, pools, states, sifter.bank, sifter.reference_, on_shift)
     inputs = {"pools": str(Path(pools_path).resolve()), "states_dir": str(Path(states_dir).resolve()),
@@ -115,12 +120,7 @@ def run_sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice:
     pools, leak, leak_warnings = apply_on_leak(pools, sifter.bank, on_leak)
     for sub in sifter.library_:  # the overlap allowed on the all-agent bank holds for its parts too
         sub.bank.allowed_instances_ = set(getattr(sifter.bank, "allowed_instances_", set()))
-    ids = [c.traj_id for p in pools for c in p.candidates]
-    missing = [t for t in ids if not store.has(t)]
-    if missing:
-        raise LatentSiftError(f"filter: the state store {str(states_dir)!r} has no states for {len(missing)} "
-                              f"candidates, e.g. {missing[0]!r}; run 'latentsift extract' on the pools first.")
-    states = store.load(ids)
+    states = _pool_states(store, states_dir, pools)
     dist = pool_distances(pools, states, sifter.library_)
     chosen = nearest_choice(dist)
     subs = {s.name: s for s in sifter.library_}
