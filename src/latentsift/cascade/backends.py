@@ -7,8 +7,10 @@ Each reads P(YES) and P(NO) at the first answer position of a judge prompt (how,
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -26,6 +28,18 @@ class CallFailed(Exception):
     def __init__(self, msg: str, attempts: int, n_in: int = 0, n_out: int = 0):
         super().__init__(msg)
         self.attempts, self.n_in, self.n_out = attempts, n_in, n_out
+
+
+def thread_tokenizer(tokenizer, local: threading.local):
+    """``tokenizer`` in the main thread, a deep copy of it per other thread: a fast tokenizer refuses
+    use of one object from two threads at once ("RuntimeError: Already borrowed",
+    huggingface/tokenizers#537), and the copies encode the same."""
+    if tokenizer is None or threading.current_thread() is threading.main_thread():
+        return tokenizer
+    tok = getattr(local, "tokenizer", None)
+    if tok is None:
+        tok = local.tokenizer = copy.deepcopy(tokenizer)
+    return tok
 
 
 @dataclass
@@ -61,6 +75,13 @@ class LocalBackend:
         self.backend_id = f"local:{policy.fingerprint.digest}"
         self.reuse_head = reuse_head
         self._head: tuple[str, list[int], Any] | None = None
+        self._local = threading.local()
+        # condensation counts the same blocks again and again
+        self.count_text = functools.lru_cache(maxsize=1 << 16)(self._count_text)
+
+    @property
+    def _tok(self):
+        return thread_tokenizer(self.tokenizer, self._local)
 
     def answer_ids(self, yes: str = YES, no: str = NO) -> tuple[int, int]:
         ids = [self.tokenizer.encode(w, add_special_tokens=False) for w in (yes, no)]
@@ -69,16 +90,18 @@ class LocalBackend:
         return ids[0][0], ids[1][0]
 
     def encode(self, system: str, user: str, prefix: str) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
+        tok = self._tok
+        text = tok.apply_chat_template(
             [{"role": "system", "content": system}, {"role": "user", "content": user}],
             add_generation_prompt=True, tokenize=False) + prefix
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(tok(text, add_special_tokens=False)["input_ids"])
 
-    def count_text(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+    def _count_text(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False)) if text else 0
 
     def head(self, text: str, n: int) -> str:
-        return self.tokenizer.decode(self.tokenizer.encode(text, add_special_tokens=False)[:n])
+        tok = self._tok
+        return tok.decode(tok.encode(text, add_special_tokens=False)[:n])
 
     def judge(self, system: str, user: str, prefix: str, yes: str = YES, no: str = NO) -> RawJudgement:
         import torch
@@ -174,6 +197,7 @@ class OpenAIBackend:
         self.backoff = float(backoff)
         self.concurrency = check_positive_int(concurrency, "concurrency", "OpenAIBackend")
         self.tokenizer = tokenizer
+        self._local = threading.local()
         self.top_logprobs = top_logprobs
         self.prefill_params = dict(prefill_params if prefill_params is not None else
                                    {"continue_final_message": True, "add_generation_prompt": False})
@@ -188,21 +212,24 @@ class OpenAIBackend:
     def count_text(self, text: str) -> int:
         if not text:
             return 0
-        if self.tokenizer is not None:
-            return len(self.tokenizer.encode(text, add_special_tokens=False))
+        tok = thread_tokenizer(self.tokenizer, self._local)
+        if tok is not None:
+            return len(tok.encode(text, add_special_tokens=False))
         return max(1, len(text) // 4)
 
     def head(self, text: str, n: int) -> str:
-        if self.tokenizer is not None:
-            return self.tokenizer.decode(self.tokenizer.encode(text, add_special_tokens=False)[:n])
+        tok = thread_tokenizer(self.tokenizer, self._local)
+        if tok is not None:
+            return tok.decode(tok.encode(text, add_special_tokens=False)[:n])
         return text[: 4 * n]
 
     def count_prompt(self, system: str, user: str, prefix: str) -> int:
-        if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(
+        tok = thread_tokenizer(self.tokenizer, self._local)
+        if tok is not None and getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(
                 [{"role": "system", "content": system}, {"role": "user", "content": user}],
                 add_generation_prompt=True, tokenize=False) + prefix
-            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return len(tok(text, add_special_tokens=False)["input_ids"])
         return self.count_text(system) + self.count_text(user) + self.count_text(prefix) + 16
 
     def judge(self, system: str, user: str, prefix: str, yes: str = YES, no: str = NO) -> RawJudgement:

@@ -260,6 +260,10 @@ def build_prompt(traj, *, system_prompt: str = SYSTEM_PROMPT, question: str = QU
     return system_prompt, render_log(_parts(traj), question)
 
 
+#: Threads that build the judge prompts (tokenizing is thread-safe and releases the GIL).
+PROMPT_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
 class PromptTooLong(Exception):
     """The prompt does not fit the budget even after every condensation rule."""
 
@@ -412,12 +416,20 @@ class EFVerifier:
         blob = json.dumps([self.backend.backend_id, system, user, self.answer_prefix, YES, NO], ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()
 
-    def score_one(self, traj) -> VerifierResult:
+    def _built_prompt(self, traj) -> tuple[str, str, int, dict] | PromptTooLong:
         try:
-            system, user, _, counts = self.prompt(traj)
-        except PromptTooLong as e:  # no call is made: nothing charged
-            return VerifierFailure(traj.traj_id, str(e), attempts=0, n_condensed=sum(e.counts.values()),
-                                   condensed=e.counts)
+            return self.prompt(traj)
+        except PromptTooLong as e:
+            return e
+
+    def score_one(self, traj, built: tuple[str, str, int, dict] | PromptTooLong | None = None) -> VerifierResult:
+        """Score one trajectory; ``built`` is its :meth:`prompt` (or the ``PromptTooLong`` it raised)
+        when already computed."""
+        built = self._built_prompt(traj) if built is None else built
+        if isinstance(built, PromptTooLong):  # no call is made: nothing charged
+            return VerifierFailure(traj.traj_id, str(built), attempts=0, n_condensed=sum(built.counts.values()),
+                                   condensed=built.counts)
+        system, user, _, counts = built
         n_cond = sum(counts.values())
         key = self.cache_key(system, user)
         hit = self._cache_get(key)
@@ -443,8 +455,12 @@ class EFVerifier:
         results: dict[str, VerifierResult] = {}
         workers = int(getattr(self.backend, "concurrency", 1))
         if workers <= 1:
-            for i, t in enumerate(trajs):
-                results[t.traj_id] = self.score_one(t)
+            # the prompts first, on every core (the tokenizer releases the GIL; tokenizing is most of a
+            # cached rerun's time), then the calls one at a time (the model uses the cores itself)
+            with ThreadPoolExecutor(max_workers=PROMPT_THREADS) as pool:
+                built = list(pool.map(self._built_prompt, trajs))
+            for i, (t, b) in enumerate(zip(trajs, built)):
+                results[t.traj_id] = self.score_one(t, b)
                 if progress:
                     progress(i + 1, len(trajs))
         else:
