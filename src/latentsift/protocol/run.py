@@ -93,15 +93,28 @@ class Run:
         key_path = fold_dir / "key.json"
         if key_path.is_file() and json.loads(key_path.read_text()).get("key") == key:
             return Bank.load(fold_dir / "bank"), LinearScorer.load(fold_dir / "scorer")
-        labels = {t.traj_id: int(t.label) for t in bank_trajs}
-        bank = Bank.from_trajectories(bank_trajs, states, fingerprint, **bank_params)
-        scorer = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed).fit(
-            [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint)
+        twin = self._fitted_twin(key, fold_dir)
+        if twin is not None:  # the same bank trajectories and settings were fitted under another name
+            bank, scorer = Bank.load(twin / "bank"), LinearScorer.load(twin / "scorer")
+        else:
+            labels = {t.traj_id: int(t.label) for t in bank_trajs}
+            bank = Bank.from_trajectories(bank_trajs, states, fingerprint, **bank_params)
+            scorer = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed).fit(
+                [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint)
         bank.save(fold_dir / "bank")
         scorer.save(fold_dir / "scorer")
         atomic_write_json(key_path, {"key": key})
         # continue from the saved files, exactly as a cached rerun does (same arrays, same results)
         return Bank.load(fold_dir / "bank"), LinearScorer.load(fold_dir / "scorer")
+
+    def _fitted_twin(self, key: str, fold_dir: Path) -> Path | None:
+        """Another folder of OUT/folds whose bank and scorer were fitted with ``key`` (the fits are
+        deterministic, so they are reused instead of refitted: the pruning's inner splits of
+        different folds often leave the same bank trajectories)."""
+        for path in sorted((self.out / "folds").glob("fold-*/*/key.json")):
+            if path.parent != fold_dir and json.loads(path.read_text()).get("key") == key:
+                return path.parent
+        return None
 
     def cached_fold(self, trajs: Sequence[Trajectory], splits: Sequence[Split], k: int, name: str = "paper"):
         """(bank, scorer, evaluation pools) of fold k as a finished run left them in OUT/folds (read, never

@@ -113,14 +113,11 @@ class _Packed:
             self.u = torch.zeros(0, 0, 0)
             return
         L, d = states[0].n_layers, states[0].d_model
-        # each trajectory's model-authored spans gathered straight into their rows (one copy, no
-        # per-trajectory temporaries joined afterwards: packing was ~1/8 of a scorer fit's time)
+        # each trajectory's model-authored spans copied into their rows (boolean indexing: measured
+        # twice as fast as np.compress(..., out=) on these (S, L, d) blocks)
         u = np.empty((int(self.offsets[-1]), L, d), dtype=np.float32)
         for s, m, a, z in zip(states, masks, self.offsets[:-1], self.offsets[1:]):
-            if s.layers.dtype == np.float32:
-                np.compress(m, s.layers, axis=0, out=u[a:z])
-            else:
-                u[a:z] = s.layers[m]
+            u[a:z] = s.layers[m]
         self.u = torch.from_numpy(u)
 
     def outputs(self, idx: np.ndarray, W, b):
