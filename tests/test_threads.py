@@ -105,3 +105,35 @@ def test_nearest_distances_threads_setting():
     assert np.array_equal(nearest_distances(q, b, threads=None), nearest_distances(q, b))
     with pytest.raises(LatentSiftError, match="'threads' parameter of nearest_distances"):
         nearest_distances(q, b, threads=0)
+
+
+
+def _probe_states(n=462, L=2, seed=0):
+    """Low-rank, heavy-tailed features of one span per channel: at 462 x 1152 features OpenBLAS splits
+    the logistic fit's products across threads (at 240 it does not, and the test could not fail)."""
+    rng = np.random.default_rng(seed)
+    basis = rng.standard_normal((32, L * D)) * np.exp(rng.standard_normal(L * D))
+    out, y = [], []
+    for i in range(n):
+        label = int(rng.random() < 0.45)
+        z = rng.standard_normal(32) @ basis + 0.3 * rng.standard_normal(L * D) + 0.05 * label * basis[0]
+        layers = np.repeat(z.reshape(1, L, D), 3, axis=0).astype(np.float32)
+        chans = np.array([CHANNEL_ID[c] for c in ("cot", "obs", "fn")], np.int8)
+        out.append(TrajectoryStates(f"t{i:04d}", layers, np.zeros(3, np.int32), chans, n_tokens=30))
+        y.append(label)
+    return out, y
+
+
+def test_logistic_probe_does_not_depend_on_the_blas_thread_count():
+    """scikit-learn's logistic fit rounds differently at 1 and 2 OpenBLAS threads (checked: without
+    the fixed count these scores differ by ~4e-6); the probe, the stack, the calibration and the
+    protocol's entry points run at a fixed BLAS count whatever the caller set."""
+    from threadpoolctl import threadpool_limits
+
+    from latentsift.sift.variants import LogisticProbe
+    states, y = _probe_states()
+    scores = []
+    for n in (1, 2):
+        with threadpool_limits(limits=n, user_api="blas"):
+            scores.append(LogisticProbe().fit(states, y).decision_function(states))
+    assert np.array_equal(scores[0], scores[1]) and np.ptp(scores[0]) > 0

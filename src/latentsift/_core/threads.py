@@ -7,10 +7,19 @@ fixed one-thread blocks instead: ``knn``). A summary
 computed from those numbers then depends on how many threads the machine, ``OMP_NUM_THREADS`` or a Ray
 worker chose. These computations therefore run at ``NUMERIC_THREADS`` torch threads (1 by default):
 they are small next to the model's forward pass, which keeps the caller's thread count.
+
+numpy's BLAS (OpenBLAS in numpy's wheels) has the same property: scikit-learn's logistic fits and the
+bootstrap's weighted products round differently at 1 and 2 BLAS threads (measured: the logistic
+probe's scores differ between ``OPENBLAS_NUM_THREADS=1`` and 2). Those run inside
+:func:`fixed_blas_threads`, which sets every BLAS library loaded in the process to ``NUMERIC_THREADS``
+(threadpoolctl) and leaves torch's own thread count alone.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+
+from threadpoolctl import threadpool_limits
 
 NUMERIC_THREADS = 1
 
@@ -28,3 +37,20 @@ def fixed_threads(n: int | None = NUMERIC_THREADS):
         yield
     finally:
         torch.set_num_threads(prev)
+
+
+@contextlib.contextmanager
+def fixed_blas_threads(n: int = NUMERIC_THREADS):
+    """Run the block with numpy's BLAS (and any other BLAS threadpoolctl sees) at ``n`` threads."""
+    with threadpool_limits(limits=int(n), user_api="blas"):
+        yield
+
+
+def blas_fixed(fn):
+    """Decorator: ``fn`` runs inside :func:`fixed_blas_threads` (its results do not depend on how many
+    BLAS threads the machine or ``OPENBLAS_NUM_THREADS`` gives numpy)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with fixed_blas_threads():
+            return fn(*args, **kwargs)
+    return wrapper

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, select_by_repo
 from ..states.store import StateStore
@@ -13,6 +14,7 @@ from ..trajectories.trajectory import load_jsonl
 __all__ = ["build_bank"]
 
 
+@blas_fixed
 def build_bank(states_dir: str | Path, pools: str | Path, *, repos: Sequence[str] | None = None,
                exclude_repos: Sequence[str] | None = None, **params) -> Bank:
     """``latentsift bank build``: a fitted bank from a state store and a canonical pools JSONL.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, check_choice
 from ..bank.bank import Bank
 from ..deploy.leak import ON_LEAK, apply_on_leak
@@ -63,6 +64,7 @@ def filter_options(*, method: str = "latentsift", bank_dir=None, scorer_dir=None
             "latentsift": {k: v for k, v in chosen.items() if v is not None} | {"branches": branches}}
 
 
+@blas_fixed
 def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str = "latentsift",
                instances: Sequence[str] | None = None, ray_address: str | None = None, bank_shards: int | None = None,
                approx: str | None = None, on_shift: str | None = None, on_leak: str = "error",

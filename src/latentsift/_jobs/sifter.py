@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from .._core.threads import blas_fixed
 from .._core.io import output_lock
 from .._core.validation import LatentSiftError, check_choice
 from ..deploy.leak import ON_LEAK, apply_on_leak
@@ -19,6 +20,7 @@ from ..states.store import StateStore, check_recorded_settings
 __all__ = ["fit_sifter", "run_sifter_filter", "run_sifter_filter_chosen"]
 
 
+@blas_fixed
 def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
                per_agent: bool = False, false_alarm: float | None = None, reference_kind: str | None = None,
                log=print) -> Sifter:
@@ -56,6 +58,7 @@ def _pool_states(store: StateStore, states_dir, pools) -> dict:
     return store.load(ids)
 
 
+@blas_fixed
 def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "warn", on_leak: str = "allow",
                       instances: Sequence[str] | None = None, **settings):
     """``latentsift filter --sifter``: the saved sifter on every pool, with the shift guard.
@@ -90,6 +93,7 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     return run, warnings
 
 
+@blas_fixed
 def run_sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice: str = "nearest",
                              on_shift: str = "warn", on_leak: str = "allow", instances: Sequence[str] | None = None,
                              **settings):

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, check_choice
 from .bootstrap import CI_LEVEL, bootstrap_weights
 
@@ -64,6 +65,7 @@ class CalibrationMap:
         return cls(d["method"], list(d["x"]), list(d["y"]), int(d["n"]), int(d["n_pos"]))
 
 
+@blas_fixed
 def fit_calibration(scores: Sequence[float], labels: Sequence[int], method: str = "isotonic") -> CalibrationMap:
     """The calibration map of ``method`` fitted on candidates' ``scores`` and 0/1 ``labels``."""
     check_choice(method, "method", "fit_calibration", CALIBRATION_METHODS)

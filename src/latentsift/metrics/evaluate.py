@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .._core.threads import blas_fixed
 from .._core.io import jsonable
 from .._core.validation import LatentSiftError, check_choice, check_positive_int, param_error
 from ..cascade.cascade import (MISSING_RULES, TIE_RULES, CandidateRecord, Filter, PoolSpec, VerifierTable,
@@ -173,6 +174,7 @@ class EvaluateSettings:
     meta: Mapping[str, Any] | None = None
 
 
+@blas_fixed
 def evaluate_run(pools: Sequence[PoolSpec], filters: Mapping[str, Filter], records: Mapping[str, CandidateRecord],
                  settings: EvaluateSettings | None = None, *, final_verifier: VerifierTable | None = None,
                  distributions: Mapping[str, Mapping[str, float]] | None = None, progress=None) -> Summary:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .._core.threads import blas_fixed
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError, check_choice, check_labelled, check_states_present
 from ..deploy.library import load_runs
@@ -67,6 +68,7 @@ class CrossvalSettings(ProtocolSettings):
         return select_instances(trajs, self.first_instances)
 
 
+@blas_fixed
 def crossval(pools_path: str | Path | Sequence, states_dir: str | Path | Sequence, out: str | Path, *,
              verifier: str | Path | None = None, log: Callable[[str], None] = print,
              progress: Callable[[str, int, int, str], None] | None = None, **settings) -> Path:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .._core.threads import blas_fixed
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError, check_positive_int
 from ..cascade.verifier import EFVerifier, LocalBackend, save_results
@@ -281,6 +282,7 @@ def prepare_run(settings: ReproduceSettings, log: Callable[[str], None] = print)
     return run, trajs, policy, store
 
 
+@blas_fixed
 def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print,
               progress: Callable[[str, int, int, str], None] | None = None) -> Path:
     """Run the whole job; returns the report folder. Reruns reuse every cached stage."""

@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .._core.threads import blas_fixed
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError, check_positive_int
 from ..bank.bank import Bank, split_by_repo
@@ -260,6 +261,7 @@ def evaluate_set(es: EvalSet, trajs: Sequence[Trajectory], states: Mapping[str, 
 
 
 # ---------------------------------------------------------------------- the command
+@blas_fixed
 def transfer_matrix(pools_paths: Sequence[str | Path], states_dirs: Sequence[str | Path], out: str | Path, *,
                     log: Callable[[str], None] = print, **settings) -> Path:
     """``latentsift transfer``: the matrix over every evaluation set; writes OUT/summary.json and report.md."""

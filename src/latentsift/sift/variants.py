@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, NotFittedError
 from .rank import grouped_normalized_ranks, normalized_ranks
 from .sift import Prepared, Stage1Filter
@@ -134,6 +135,7 @@ class LogisticProbe:
     seed: int = 0
     model_: object = field(default=None, repr=False)
 
+    @blas_fixed
     def fit(self, states: Sequence[TrajectoryStates], labels: Sequence[int]) -> "LogisticProbe":
         from sklearn.linear_model import LogisticRegressionCV
         from sklearn.model_selection import StratifiedKFold
@@ -153,6 +155,7 @@ class LogisticProbe:
         self.model_.fit(X, y)
         return self
 
+    @blas_fixed
     def decision_function(self, states: Sequence[TrajectoryStates]) -> np.ndarray:
         if self.model_ is None:
             raise NotFittedError("This LogisticProbe is not fitted yet: call fit(...).")
@@ -165,6 +168,7 @@ def pool_rank_features(raw: Mapping[str, np.ndarray], instance: np.ndarray) -> n
     return np.stack([grouped_normalized_ranks(raw[k], instance) for k in sorted(raw)], axis=1)
 
 
+@blas_fixed
 def fit_stack(raw: Mapping[str, np.ndarray], instance: np.ndarray, labels: np.ndarray, *, C: float = 1.0,
               mixed_only: bool = True) -> dict[str, float]:
     """Fusion weights: logistic regression of the label on within-pool ranks (bank pools only).
