@@ -71,14 +71,14 @@ def test_nearest_distances_do_not_depend_on_the_thread_count(threads):
 
 def test_nearest_distances_use_the_callers_threads_and_restore_them(threads, monkeypatch):
     """Workers are the caller's torch thread count; each runs its products at one torch thread."""
-    import latentsift.bank.knn as knn
+    import latentsift._core.threads as th
     seen = []
-    real = knn._one_thread
+    real = th._one_thread
 
     def spy():
         real()
         seen.append(torch.get_num_threads())
-    monkeypatch.setattr(knn, "_one_thread", spy)
+    monkeypatch.setattr(th, "_one_thread", spy)
     rng = np.random.default_rng(2)
     q, b = rng.standard_normal((64, 8)).astype(np.float32), rng.standard_normal((400, 8)).astype(np.float32)
     threads(2, nearest_distances, q, b, block_q=16, block_b=100)

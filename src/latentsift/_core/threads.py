@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from concurrent.futures import ThreadPoolExecutor
 
 from threadpoolctl import threadpool_limits
 
@@ -54,3 +55,16 @@ def blas_fixed(fn):
         with fixed_blas_threads():
             return fn(*args, **kwargs)
     return wrapper
+
+
+def _one_thread() -> None:
+    """Worker initializer: torch's (OpenMP) thread count is per OS thread, so each worker sets its own."""
+    import torch
+    torch.set_num_threads(1)
+
+
+def one_thread_pool(n_workers: int) -> ThreadPoolExecutor:
+    """Workers that each run torch at one thread: work split into pieces fixed by the data alone, each
+    piece computed at one thread, gives the same bits in any worker and at any worker count (measured:
+    a product in a worker without this initializer runs at the process's count and rounds differently)."""
+    return ThreadPoolExecutor(max(1, int(n_workers)), initializer=_one_thread)

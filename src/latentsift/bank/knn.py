@@ -25,11 +25,10 @@ results are the same at any thread count while the products use every core.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .._core.threads import fixed_threads
+from .._core.threads import fixed_threads, one_thread_pool
 from .._core.validation import LatentSiftError, check_choice, check_positive_int, check_states
 
 BACKENDS = ("torch", "faiss")
@@ -101,18 +100,12 @@ def _nearest_torch(q: np.ndarray, b: np.ndarray, block_q: int, block_b: int, dty
         if n_workers <= 1:
             res = [nearest(i, [shortlist(i, j) for j in bs]) for i in qs]
         else:
-            with ThreadPoolExecutor(n_workers, initializer=_one_thread) as pool:
+            with one_thread_pool(n_workers) as pool:
                 parts = {(i, j): pool.submit(shortlist, i, j) for i in qs for j in bs}
                 res = [f.result() for f in [pool.submit(lambda i=i: nearest(i, [parts[i, j].result() for j in bs]))
                                             for i in qs]]
     d = torch.cat([r[0] for r in res]).to(torch.float32)
     return d.numpy(), torch.cat([r[1] for r in res]).numpy()
-
-
-def _one_thread() -> None:
-    """Worker initializer: torch's (OpenMP) thread count is per OS thread, so each worker sets its own."""
-    import torch
-    torch.set_num_threads(1)
 
 
 def _nearest_faiss(q: np.ndarray, b: np.ndarray):

@@ -42,7 +42,7 @@ import numpy as np
 
 from .._core.validation import LatentSiftError, NotFittedError, param_error, check_positive_int
 from .._core.io import ArtefactKind, atomic_path, read_artefact, replaced_folder, write_artefact
-from .._core.threads import fixed_threads
+from .._core.threads import fixed_threads, one_thread_pool
 from ..bank.bank import Bank, as_fingerprint
 from ..states.model import Fingerprint
 from ..states.states import TrajectoryStates
@@ -104,7 +104,7 @@ def _deterministic():
 class _Packed:
     """Model-authored span states of several trajectories, stacked: u (S, L, d) float32 + offsets."""
 
-    def __init__(self, states: Sequence[TrajectoryStates]):
+    def __init__(self, states: Sequence[TrajectoryStates], pool=None):
         import torch
         masks = [s.scorer_mask() for s in states]
         self.sizes = np.array([int(m.sum()) for m in masks], dtype=np.int64)
@@ -114,23 +114,60 @@ class _Packed:
             return
         L, d = states[0].n_layers, states[0].d_model
         # each trajectory's model-authored spans copied into their rows (boolean indexing: measured
-        # twice as fast as np.compress(..., out=) on these (S, L, d) blocks)
+        # twice as fast as np.compress(..., out=) on these (S, L, d) blocks), by the pool's workers
+        # when given (numpy's copies release the GIL)
         u = np.empty((int(self.offsets[-1]), L, d), dtype=np.float32)
-        for s, m, a, z in zip(states, masks, self.offsets[:-1], self.offsets[1:]):
-            u[a:z] = s.layers[m]
+
+        def copy(i: int) -> None:
+            u[self.offsets[i]:self.offsets[i + 1]] = states[i].layers[masks[i]]
+        if pool is None:
+            for i in range(len(states)):
+                copy(i)
+        else:
+            list(pool.map(copy, range(len(states))))
         self.u = torch.from_numpy(u)
 
-    def outputs(self, idx: np.ndarray, W, b):
-        """Span outputs (g, v) of trajectories ``idx`` (per-trajectory views, no gather copy) and
-        the owner number 0..len(idx)-1 of each span."""
-        import torch
+    def blocks(self, idx: np.ndarray) -> list:
+        """The span blocks of trajectories ``idx`` in order, as zero-copy views: one block for a
+        contiguous run of trajectories (one product), else one per trajectory."""
         lo, hi = self.offsets[idx], self.offsets[idx + 1]
-        if np.all(lo[1:] == hi[:-1]):  # contiguous run of trajectories: one product
-            out = span_outputs(self.u[lo[0]:hi[-1]], W, b)
-        else:
-            out = span_outputs([self.u[a:z] for a, z in zip(lo, hi)], W, b)
-        owner = torch.from_numpy(np.repeat(np.arange(len(idx)), self.sizes[idx]))
-        return out, owner
+        if np.all(lo[1:] == hi[:-1]):
+            return [self.u[lo[0]:hi[-1]]]
+        return [self.u[a:z] for a, z in zip(lo, hi)]
+
+    def owner(self, idx: np.ndarray):
+        """The owner number 0..len(idx)-1 of each span of trajectories ``idx``."""
+        import torch
+        return torch.from_numpy(np.repeat(np.arange(len(idx)), self.sizes[idx]))
+
+    def outputs(self, idx: np.ndarray, W, b):
+        """Span outputs (g, v) of trajectories ``idx`` and the owner number of each span."""
+        blocks = self.blocks(idx)
+        return span_outputs(blocks[0] if len(blocks) == 1 else blocks, W, b), self.owner(idx)
+
+
+def _products(Wt, blocks: list, pool):
+    """Eq. (linear-head) without the bias: the (2, L*d) x (L*d, S_i) product of each block, computed by
+    the pool's one-thread workers; (S, 2), the same bits as :func:`span_outputs` (which adds b)."""
+    import torch
+    K = Wt.shape[1]
+    outs = list(pool.map(lambda x: (Wt @ x.reshape(-1, K).T).T, blocks))
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _weight_grad(grad, blocks: list, pool):
+    """d loss / d Wt = sum_i grad_i^T X_i for ``grad`` (S, 2) of :func:`_products`' output: each
+    block's term as the product's backward computes it, in the pool; the terms added last block
+    first, the order in which autograd's engine reaches them, so the sum has its bits too."""
+    K = blocks[0].shape[1] * blocks[0].shape[2]
+    ends = np.cumsum([x.shape[0] for x in blocks])
+    starts = ends - np.array([x.shape[0] for x in blocks])
+    parts = list(pool.map(lambda i: grad.narrow(0, int(starts[i]), int(ends[i] - starts[i])).t().mm(
+        blocks[i].reshape(-1, K)), range(len(blocks))))
+    total = parts[-1]
+    for part in parts[-2::-1]:
+        total = total + part
+    return total
 
 
 class LinearScorer:
@@ -249,32 +286,36 @@ class LinearScorer:
         stopping by ``patience``: ((best criterion, epoch, W, b), history)."""
         import torch
         L, d, pos_rate = shape
-        with _deterministic(), fixed_threads():
-            tr = _Packed(train)
-            va = _Packed(val) if val else None
+        n_workers = torch.get_num_threads()  # the caller's count: workers, each at one thread
+        with _deterministic(), fixed_threads(), one_thread_pool(n_workers) as pool:
+            tr = _Packed(train, pool)
+            va = _Packed(val, pool) if val else None
             W0, b0 = self._initial_params(L, d, pos_rate)
             W = torch.nn.Parameter(W0)
             b = torch.nn.Parameter(b0)
             opt = torch.optim.AdamW([W, b], lr=float(self.lr), weight_decay=float(self.weight_decay))
             bce = torch.nn.functional.binary_cross_entropy_with_logits
 
-            def mean_loss(packed, y):
-                if packed is None:
-                    return float("nan")
-                with torch.no_grad():
-                    losses = []
-                    for s in range(0, len(y), 256):
-                        idx = np.arange(s, min(s + 256, len(y)))
-                        out, own = packed.outputs(idx, W, b)
-                        q = gated_logits(out, own, len(idx))
-                        losses.append(bce(q, y[idx], reduction="sum"))
-                    return float(torch.stack(losses).sum() / len(y))
+            def chunk_loss(packed, y, s):
+                with torch.no_grad():  # grad mode is per thread
+                    idx = np.arange(s, min(s + 256, len(y)))
+                    out, own = packed.outputs(idx, W, b)
+                    return bce(gated_logits(out, own, len(idx)), y[idx], reduction="sum")
+
+            def mean_losses():
+                """(train, validation) mean loss; their 256-trajectory chunks computed side by side."""
+                sets = [(tr, y_tr)] + ([(va, y_va)] if va is not None else [])
+                jobs = [(i, pool.submit(chunk_loss, p, y, s)) for i, (p, y) in enumerate(sets)
+                        for s in range(0, len(y), 256)]
+                out = [float(torch.stack([f.result() for j, f in jobs if j == i]).sum() / len(y))
+                       for i, (_, y) in enumerate(sets)]
+                return out[0], out[1] if va is not None else float("nan")
 
             rng = np.random.default_rng(int(self.seed))
             rng.permutation(n_ids)  # consumed by the split: epoch orders follow it in the stream
             t0 = time.perf_counter()
-            history = [{"epoch": 0, "train_loss": mean_loss(tr, y_tr), "val_loss": mean_loss(va, y_va),
-                        "seconds": 0.0}]
+            train_loss, val_loss = mean_losses()
+            history = [{"epoch": 0, "train_loss": train_loss, "val_loss": val_loss, "seconds": 0.0}]
             if callback:
                 callback(history[-1])
             best = (math.inf, 0, W.detach().clone(), b.detach().clone())
@@ -284,13 +325,19 @@ class LinearScorer:
                 order = rng.permutation(len(train))
                 for s in range(0, len(order), acc):
                     idx = np.sort(order[s:s + acc])
-                    out, own = tr.outputs(idx, W, b)
-                    q = gated_logits(out, own, len(idx))
+                    # the products (and below their weight gradient) in the workers; autograd does the
+                    # rest, from the products' output on: the same operations as autograd through them
+                    blocks = tr.blocks(idx)
+                    prod = _products(W.detach().permute(2, 0, 1).reshape(2, L * d), blocks, pool)
+                    prod.requires_grad_()
+                    q = gated_logits(prod + b, tr.owner(idx), len(idx))
                     loss = bce(q, y_tr[idx], reduction="mean")  # mean over the accumulated trajectories
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
+                    W.grad = _weight_grad(prod.grad, blocks, pool).view(2, L, d).permute(1, 2, 0).contiguous()
                     opt.step()
-                entry = {"epoch": epoch, "train_loss": mean_loss(tr, y_tr), "val_loss": mean_loss(va, y_va),
+                train_loss, val_loss = mean_losses()
+                entry = {"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss,
                          "seconds": round(time.perf_counter() - t0, 4)}
                 history.append(entry)
                 if callback:
@@ -325,12 +372,17 @@ class LinearScorer:
         W = torch.from_numpy(self.W_)
         b = torch.from_numpy(self.b_)
         out = np.empty(len(states), dtype=np.float64)
-        with torch.no_grad(), fixed_threads():
-            for s in range(0, len(states), chunk):
+
+        def score(s: int) -> None:
+            with torch.no_grad():
                 part = states[s:s + chunk]
                 packed = _Packed(part)
                 o, own = packed.outputs(np.arange(len(part)), W, b)
                 out[s:s + len(part)] = gated_logits(o, own, len(part)).double().numpy()
+
+        n_workers = torch.get_num_threads()
+        with fixed_threads(), one_thread_pool(n_workers) as pool:  # chunks side by side, each at one thread
+            list(pool.map(score, range(0, len(states), chunk)))
         return out
 
     def check_fingerprint(self, fingerprint: Any, what: str = "candidate states") -> None:
