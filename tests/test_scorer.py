@@ -155,3 +155,38 @@ def test_packed_span_states_are_each_trajectorys_model_authored_spans_in_order(d
     assert p.u.dtype == torch.float32 and np.array_equal(p.u.numpy(), want)
     assert p.sizes.tolist() == [int((s.channel != CHANNEL_ID["obs"]).sum()) for s in sts]
     assert p.offsets.tolist() == [0, *np.cumsum(p.sizes).tolist()]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_products_and_weight_gradient_equal_autograd_bit_for_bit(workers):
+    """Training computes the head's products and their weight gradient in one-thread workers and lets
+    autograd do the rest; the result must be autograd's through span_outputs, bit for bit, for a
+    contiguous run, scattered trajectories and one trajectory (the sizes of the packaged model)."""
+    from latentsift._core.threads import fixed_threads, one_thread_pool
+    from latentsift.sift.scorer import _Packed, _products, _weight_grad
+
+    rng = np.random.default_rng(7)
+    Lm, Dm = 30, 576
+    sts = []
+    for i in range(24):
+        n = 3 + i % 9
+        chans = np.array([CHANNEL_ID[c] for c in ("cot", "obs", "fn")] * n, np.int8)
+        layers = (3 * rng.standard_normal((3 * n, Lm, Dm))).astype(np.float32)
+        sts.append(TrajectoryStates(f"t{i:02d}", layers, np.repeat(np.arange(n, dtype=np.int32), 3), chans))
+    W0 = torch.from_numpy((1e-3 * rng.standard_normal((Lm, Dm, 2))).astype(np.float32))
+    b0 = torch.tensor([0.1, -0.2])
+    y = torch.from_numpy((np.arange(24) % 2).astype(np.float32))
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    with fixed_threads(), one_thread_pool(workers) as pool:
+        packed = _Packed(sts, pool)
+        for idx in (np.arange(4, 20), np.array([0, 3, 5, 6, 11, 17, 18, 23]), np.array([9])):
+            W, b = torch.nn.Parameter(W0.clone()), torch.nn.Parameter(b0.clone())
+            out, own = packed.outputs(idx, W, b)
+            bce(gated_logits(out, own, len(idx)), y[idx]).backward()
+            blocks = packed.blocks(idx)
+            b2 = torch.nn.Parameter(b0.clone())
+            prod = _products(W0.permute(2, 0, 1).reshape(2, Lm * Dm), blocks, pool).requires_grad_()
+            bce(gated_logits(prod + b2, packed.owner(idx), len(idx)), y[idx]).backward()
+            grad = _weight_grad(prod.grad, blocks, pool).view(2, Lm, Dm).permute(1, 2, 0)
+            assert torch.equal(prod.detach() + b0, out.detach())
+            assert torch.equal(grad, W.grad) and torch.equal(b2.grad, b.grad)
