@@ -277,3 +277,23 @@ def test_token_cache_is_keyed_by_the_model(policy, world, tmp_path):
     assert json.loads(path.read_text())["key"] != key  # recomputed for the other model, not reused
     direct = step_tokens(trajs, policy.tokenizer)
     assert all((first[t].gen == direct[t].gen).all() and (first[t].obs == direct[t].obs).all() for t in direct)
+
+
+def test_a_run_reuses_a_bank_and_scorer_fitted_under_another_name_with_the_same_key(world, tmp_path, monkeypatch):
+    """The pruning's inner splits of different folds often leave the same bank trajectories:
+    ``Run.fit_fold`` copies that fit (the same arrays) instead of fitting again; another set is fitted."""
+    from latentsift.protocol.crossval import CrossvalSettings
+    from latentsift.protocol.run import Run
+
+    trajs, states, _ = world
+    run = Run(CrossvalSettings(pools="p", states="s", out=str(tmp_path), scorer_epochs=3), log=lambda m: None)
+    bank_trajs = [t for t in trajs if t.repo.startswith("org/bank")]
+    fits = []
+    real = LinearScorer.fit
+    monkeypatch.setattr(LinearScorer, "fit", lambda self, *a, **kw: (fits.append(1), real(self, *a, **kw))[1])
+    b1, s1 = run.fit_fold(0, bank_trajs, states, FP, {}, "prune-inner-0")
+    b2, s2 = run.fit_fold(2, bank_trajs, states, FP, {}, "prune-inner-1")
+    assert len(fits) == 1 and (tmp_path / "folds" / "fold-2" / "prune-inner-1" / "key.json").is_file()
+    assert np.array_equal(s1.W_, s2.W_) and list(b1.traj_ids_) == list(b2.traj_ids_)
+    run.fit_fold(1, bank_trajs[:-2], states, FP, {}, "prune-inner-0")
+    assert len(fits) == 2
