@@ -5,6 +5,7 @@ scores, the smaller value of sha256(f"{seed}:{traj_id}") first. NaN scores count
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Sequence
 
@@ -33,6 +34,7 @@ def check_retention(min_keep, frac, owner: str) -> tuple[int, float]:
     return int(min_keep), float(frac)
 
 
+@functools.lru_cache(maxsize=1 << 18)  # the evaluation asks again for every draw of every filter
 def tie_key(traj_id: str, seed: int = 0) -> int:
     """Deterministic pseudo-random tie-breaker for one candidate (stable across runs and platforms)."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{traj_id}".encode()).digest()[:8], "big")
