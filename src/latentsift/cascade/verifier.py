@@ -260,7 +260,7 @@ def build_prompt(traj, *, system_prompt: str = SYSTEM_PROMPT, question: str = QU
     return system_prompt, render_log(_parts(traj), question)
 
 
-#: Threads that build the judge prompts (tokenizing is thread-safe and releases the GIL).
+#: Threads that build the judge prompts (the tokenizer releases the GIL; each thread uses its own copy).
 PROMPT_THREADS = max(1, min(8, os.cpu_count() or 1))
 
 

@@ -26,9 +26,14 @@ the hidden-state norms of the model; the learning rate is small for that reason.
 
 Determinism: the split and the epoch orders come from ``numpy.random.default_rng(seed)``, the
 "torch" init from a seeded ``torch.Generator``; ``fit`` runs with
-``torch.use_deterministic_algorithms(True)``; ``fit`` and ``decision_function`` run at a fixed torch
-thread count (``latentsift._core.threads``: the gradient's reduction over spans rounds differently when it is
-split across threads), so two fits give identical weights and scores whatever the caller's thread count.
+``torch.use_deterministic_algorithms(True)``. Threads without thread-dependent results: a product
+whose reduction over spans is split across threads rounds differently, so every product runs at one
+torch thread, in pieces fixed by the data alone (one per trajectory, or one per contiguous run of
+trajectories; 256-trajectory chunks for the epoch losses, 64 for scoring), and the caller's thread
+count only sets how many workers share the pieces (``latentsift._core.threads.one_thread_pool``). The
+head's weight gradient is computed from the same pieces and summed in the order autograd's engine
+would sum it (tested bit for bit against autograd). Two fits give identical weights and scores
+whatever the caller's thread count.
 """
 from __future__ import annotations
 
