@@ -68,3 +68,13 @@ def one_thread_pool(n_workers: int) -> ThreadPoolExecutor:
     piece computed at one thread, gives the same bits in any worker and at any worker count (measured:
     a product in a worker without this initializer runs at the process's count and rounds differently)."""
     return ThreadPoolExecutor(max(1, int(n_workers)), initializer=_one_thread)
+
+
+@contextlib.contextmanager
+def one_thread_workers():
+    """A :func:`one_thread_pool` with as many workers as the caller's torch thread count, while the
+    calling thread itself runs at :func:`fixed_threads` (the count is read before it is fixed)."""
+    import torch
+    n_workers = torch.get_num_threads()
+    with fixed_threads(), one_thread_pool(n_workers) as pool:
+        yield pool

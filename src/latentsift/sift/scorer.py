@@ -30,7 +30,7 @@ Determinism: the split and the epoch orders come from ``numpy.random.default_rng
 whose reduction over spans is split across threads rounds differently, so every product runs at one
 torch thread, in pieces fixed by the data alone (one per trajectory, or one per contiguous run of
 trajectories; 256-trajectory chunks for the epoch losses, 64 for scoring), and the caller's thread
-count only sets how many workers share the pieces (``latentsift._core.threads.one_thread_pool``). The
+count only sets how many workers share the pieces (``latentsift._core.threads.one_thread_workers``). The
 head's weight gradient is computed from the same pieces and summed in the order autograd's engine
 would sum it (tested bit for bit against autograd). Two fits give identical weights and scores
 whatever the caller's thread count.
@@ -47,7 +47,7 @@ import numpy as np
 
 from .._core.validation import LatentSiftError, NotFittedError, param_error, check_positive_int
 from .._core.io import ArtefactKind, atomic_path, read_artefact, replaced_folder, write_artefact
-from .._core.threads import fixed_threads, one_thread_pool
+from .._core.threads import one_thread_workers
 from ..bank.bank import Bank, as_fingerprint
 from ..states.model import Fingerprint
 from ..states.states import TrajectoryStates
@@ -75,11 +75,20 @@ def span_outputs(u, W, b):
     once, after the blocks are joined.
     """
     import torch
-    L, d = W.shape[0], W.shape[1]
-    Wt = W.permute(2, 0, 1).reshape(2, L * d)  # (2, L*d), a 2 x 17k copy of the weights only
+    Wt = _flat_weights(W)
     blocks = [u] if torch.is_tensor(u) else list(u)
-    outs = [(Wt @ x.reshape(-1, L * d).T).T for x in blocks]
+    outs = [_block_product(Wt, x) for x in blocks]
     return (outs[0] if len(outs) == 1 else torch.cat(outs)) + b
+
+
+def _flat_weights(W):
+    """W (L, d, 2) as the (2, L*d) matrix of Eq. (linear-head): a 2 x 17k copy of the weights only."""
+    return W.permute(2, 0, 1).reshape(2, W.shape[0] * W.shape[1])
+
+
+def _block_product(Wt, x):
+    """One block's (S_i, 2) outputs without the bias: the (2, L*d) x (L*d, S_i) product on a view."""
+    return (Wt @ x.reshape(-1, Wt.shape[1]).T).T
 
 
 def gated_logits(out, owner, n_traj: int):
@@ -155,8 +164,7 @@ def _products(Wt, blocks: list, pool):
     """Eq. (linear-head) without the bias: the (2, L*d) x (L*d, S_i) product of each block, computed by
     the pool's one-thread workers; (S, 2), the same bits as :func:`span_outputs` (which adds b)."""
     import torch
-    K = Wt.shape[1]
-    outs = list(pool.map(lambda x: (Wt @ x.reshape(-1, K).T).T, blocks))
+    outs = list(pool.map(lambda x: _block_product(Wt, x), blocks))
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
@@ -291,8 +299,7 @@ class LinearScorer:
         stopping by ``patience``: ((best criterion, epoch, W, b), history)."""
         import torch
         L, d, pos_rate = shape
-        n_workers = torch.get_num_threads()  # the caller's count: workers, each at one thread
-        with _deterministic(), fixed_threads(), one_thread_pool(n_workers) as pool:
+        with _deterministic(), one_thread_workers() as pool:
             tr = _Packed(train, pool)
             va = _Packed(val, pool) if val else None
             W0, b0 = self._initial_params(L, d, pos_rate)
@@ -333,7 +340,7 @@ class LinearScorer:
                     # the products (and below their weight gradient) in the workers; autograd does the
                     # rest, from the products' output on: the same operations as autograd through them
                     blocks = tr.blocks(idx)
-                    prod = _products(W.detach().permute(2, 0, 1).reshape(2, L * d), blocks, pool)
+                    prod = _products(_flat_weights(W.detach()), blocks, pool)
                     prod.requires_grad_()
                     q = gated_logits(prod + b, tr.owner(idx), len(idx))
                     loss = bce(q, y_tr[idx], reduction="mean")  # mean over the accumulated trajectories
@@ -385,8 +392,7 @@ class LinearScorer:
                 o, own = packed.outputs(np.arange(len(part)), W, b)
                 out[s:s + len(part)] = gated_logits(o, own, len(part)).double().numpy()
 
-        n_workers = torch.get_num_threads()
-        with fixed_threads(), one_thread_pool(n_workers) as pool:  # chunks side by side, each at one thread
+        with one_thread_workers() as pool:  # chunks side by side, each at one thread
             list(pool.map(score, range(0, len(states), chunk)))
         return out
 
