@@ -58,6 +58,27 @@ def _pool_states(store: StateStore, states_dir, pools) -> dict:
     return store.load(ids)
 
 
+def _open_sifter(pools_path, states_dir, sifter_dir, on_shift: str, on_leak: str, instances, settings,
+                 *, needs_library: str | None = None):
+    """What both sifter filter drivers start with: the checked settings, the selected pools, the store,
+    the saved sifter (refused when its bank came from other extraction settings, or, with
+    ``needs_library`` (the ``--bank-choice`` asked), when it has no bank library) and the leak rule
+    applied: (pools, store, sifter, leak, leak warnings)."""
+    check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
+    check_choice(on_leak, "on_leak", "filter", ON_LEAK)
+    if states_dir is None:
+        raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
+    pools = load_selected_pools(pools_path, instances)
+    store = StateStore(states_dir).open()
+    sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
+    if needs_library is not None and not sifter.library_:
+        raise LatentSiftError(f"filter --bank-choice {needs_library}: the sifter {str(sifter_dir)!r} has no bank "
+                              "library; refit it with 'latentsift fit --per-agent', or use --bank-choice all.")
+    check_recorded_settings(sifter.bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
+    pools, leak, leak_warnings = apply_on_leak(pools, sifter.bank, on_leak)
+    return pools, store, sifter, leak, leak_warnings
+
+
 @blas_fixed
 def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "warn", on_leak: str = "allow",
                       instances: Sequence[str] | None = None, **settings):
@@ -69,15 +90,8 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     attempts at a pool's task is knowledge, not leakage (``latentsift.deploy.leak``); each such pool is
     named in the output and in the warnings.
     """
-    check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
-    check_choice(on_leak, "on_leak", "filter", ON_LEAK)
-    pools = load_selected_pools(pools_path, instances)
-    if states_dir is None:
-        raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
-    store = StateStore(states_dir).open()
-    sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
-    check_recorded_settings(sifter.bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
-    pools, leak, leak_warnings = apply_on_leak(pools, sifter.bank, on_leak)
+    pools, store, sifter, leak, leak_warnings = _open_sifter(pools_path, states_dir, sifter_dir, on_shift, on_leak,
+                                                            instances, settings)
     states = _pool_states(store, states_dir, pools)
     results = sifter.score_pools(pools, states, fingerprint=store.fingerprint)
     shift, warnings = guard(results, pools, states, sifter.bank, sifter.reference_, on_shift)
@@ -110,18 +124,8 @@ def run_sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice:
     if bank_choice == "all":
         return run_sifter_filter(pools_path, states_dir, sifter_dir, on_shift=on_shift, on_leak=on_leak,
                                  instances=instances, **settings)
-    check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
-    check_choice(on_leak, "on_leak", "filter", ON_LEAK)
-    if states_dir is None:
-        raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
-    pools = load_selected_pools(pools_path, instances)
-    store = StateStore(states_dir).open()
-    sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
-    if not sifter.library_:
-        raise LatentSiftError(f"filter --bank-choice {bank_choice}: the sifter {str(sifter_dir)!r} has no bank "
-                              "library; refit it with 'latentsift fit --per-agent', or use --bank-choice all.")
-    check_recorded_settings(sifter.bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
-    pools, leak, leak_warnings = apply_on_leak(pools, sifter.bank, on_leak)
+    pools, store, sifter, leak, leak_warnings = _open_sifter(pools_path, states_dir, sifter_dir, on_shift, on_leak,
+                                                            instances, settings, needs_library=bank_choice)
     for sub in sifter.library_:  # the overlap allowed on the all-agent bank holds for its parts too
         sub.bank.allowed_instances_ = set(getattr(sifter.bank, "allowed_instances_", set()))
     states = _pool_states(store, states_dir, pools)
