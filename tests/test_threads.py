@@ -137,3 +137,54 @@ def test_logistic_probe_does_not_depend_on_the_blas_thread_count():
         with threadpool_limits(limits=n, user_api="blas"):
             scores.append(LogisticProbe().fit(states, y).decision_function(states))
     assert np.array_equal(scores[0], scores[1]) and np.ptp(scores[0]) > 0
+
+
+# ------------------------------------------------------------------ the model's forward passes
+@pytest.fixture(scope="module")
+def acr_trajs(data_dir):
+    from latentsift.trajectories.importers import import_paths
+    return import_paths(data_dir / "r2egym" / "acr-run-1.jsonl.gz").trajectories[:4]
+
+
+DEMO_RENDER = {"max_span_tokens": 16, "max_prompt_tokens": 128}  # the default run's spans: ~600-token renderings
+
+
+def test_replay_does_not_depend_on_the_thread_count(threads, policy, acr_trajs):
+    """The bf16 kernels round differently at 1 and 2 threads (checked without the fix: the rotary
+    embedding's cos/sin and the q projection of a 570-token forward differ); replay runs its forwards
+    at one thread whatever the caller set."""
+    from latentsift.states.channel import render
+    from latentsift.states.states import replay_many
+    rs = [render(t, policy.tokenizer, **DEMO_RENDER) for t in acr_trajs]  # 679, 570, 808, 679 tokens
+    runs = [threads(n, replay_many, policy, rs) for n in (1, 2)]  # without the fix the 2nd and 3rd differ
+    assert all(np.array_equal(a.layers, b.layers) and np.ptp(a.layers) > 0 for a, b in zip(*runs))
+
+
+def test_extraction_replays_trajectories_side_by_side_with_the_same_states(policy, acr_trajs):
+    """Two workers, each replaying whole trajectories at one thread, give each trajectory the states of
+    a replay alone, in input order; the routed hooks are gone after."""
+    from latentsift.states.extract import extract_many, extract_settings, extract_one
+    from latentsift.states.states import has_hooks
+    settings = extract_settings(policy, **DEMO_RENDER)
+    alone = [extract_one(policy, t, settings)[0] for t in acr_trajs]
+    seen = []
+    for workers in (2, 3):
+        side = [st for st, _, _ in extract_many(policy, acr_trajs, settings, workers=workers)]
+        assert [s.traj_id for s in side] == [t.traj_id for t in acr_trajs]
+        seen.append(all(np.array_equal(a.layers, b.layers) and np.array_equal(a.step, b.step)
+                        for a, b in zip(alone, side)))
+    assert seen == [True, True] and not has_hooks(policy)
+    assert len({a.layers.shape[0] for a in alone}) > 1  # different trajectories: a mix-up would show
+
+
+def test_local_verifier_scores_do_not_depend_on_threads_or_concurrency(threads, policy, acr_trajs):
+    """The local judge scores at one torch thread, ``concurrency`` prompts at once (the caller's count)."""
+    from latentsift.cascade.verifier import EFVerifier, LocalBackend
+    scores, workers = [], []
+    for n in (1, 2):
+        backend = threads(n, LocalBackend, policy=policy)
+        res = threads(n, EFVerifier(backend, max_prompt_tokens=512).score, acr_trajs)
+        scores.append([res[t.traj_id].score for t in acr_trajs])
+        workers.append(backend.concurrency)
+    assert scores[0] == scores[1] and len(set(scores[0])) == len(acr_trajs)
+    assert workers == [1, 2]

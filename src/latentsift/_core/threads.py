@@ -16,9 +16,11 @@ probe's scores differ between ``OPENBLAS_NUM_THREADS=1`` and 2). Those run insid
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Iterator
 
 from threadpoolctl import threadpool_limits
 
@@ -78,3 +80,20 @@ def one_thread_workers():
     n_workers = torch.get_num_threads()
     with fixed_threads(), one_thread_pool(n_workers) as pool:
         yield pool
+
+
+def ordered_map(pool: Executor, fn: Callable[[Any], Any], items: Iterable, ahead: int) -> Iterator:
+    """``fn(x)`` for each item, in order, at most ``ahead`` submitted before their results are taken
+    (``Executor.map`` submits every item at once). Closing the generator early (an error, Ctrl-C in
+    the consumer) cancels what has not started."""
+    waiting: collections.deque = collections.deque()
+    try:
+        for x in items:
+            waiting.append(pool.submit(fn, x))
+            if len(waiting) >= ahead:
+                yield waiting.popleft().result()
+        while waiting:
+            yield waiting.popleft().result()
+    finally:
+        for f in waiting:
+            f.cancel()

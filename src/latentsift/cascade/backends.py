@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .._core.threads import NUMERIC_THREADS, fixed_threads
 from .._core.validation import LatentSiftError, check_positive_int, param_error
 from ..states.model import load_policy
 
@@ -63,9 +64,11 @@ class LocalBackend:
     by the answer prefix; one forward pass with ``logits_to_keep=1``; P(YES) and P(NO) by token id
     (module docstring). Pitfall: SmolLM2 splits ``"YES"`` into ``"Y" + "ES"``, so its YES id is the
     id of ``"Y"`` (the first token of the word as the tokenizer encodes it); ``"NO"`` is one token.
-    """
 
-    concurrency = 1
+    Each forward runs at one torch thread (a score must not depend on the machine's core count:
+    ``states.replay``), and ``concurrency`` prompts are scored at once: the torch thread count on a
+    CPU, one on a GPU (``Policy.replay_workers``).
+    """
 
     def __init__(self, model: str | os.PathLike | None = None, *, policy=None, dtype: str = "auto",
                  device: str | None = None, reuse_head: bool = True):
@@ -78,7 +81,9 @@ class LocalBackend:
                                   "needs one (use an instruction-tuned model).")
         self.backend_id = f"local:{policy.fingerprint.digest}"
         self.reuse_head = reuse_head
+        self.concurrency = policy.replay_workers()
         self._head: tuple[str, list[int], Any] | None = None
+        self._head_lock = threading.Lock()
         self._local = threading.local()
         # condensation counts the same blocks again and again
         self.count_text = functools.lru_cache(maxsize=4096)(self._count_text)
@@ -114,9 +119,9 @@ class LocalBackend:
         if len(ids) > self.policy.context_length:
             raise CallFailed(f"prompt of {len(ids)} tokens exceeds the model context {self.policy.context_length}", 0)
         yes_id, no_id = self.answer_ids(yes, no)
-        head, cache = self._shared_head(system) if self.reuse_head else ([], None)
         dev = self.policy.device
-        with torch.inference_mode():
+        with torch.inference_mode(), fixed_threads(NUMERIC_THREADS):
+            head, cache = self._shared_head(system) if self.reuse_head else ([], None)
             if cache is not None and len(ids) > len(head) and ids[:len(head)] == head:
                 out = self.policy.model(input_ids=torch.tensor([ids[len(head):]], device=dev), logits_to_keep=1,
                                         past_key_values=copy.deepcopy(cache), use_cache=True)
@@ -135,22 +140,25 @@ class LocalBackend:
         equals a full forward pass up to float rounding (tested), and depends on the prompt alone,
         never on the order of calls. A model whose forward takes no cache gets full passes.
         """
+        with self._head_lock:  # computed once, by whichever scoring thread comes first
+            if self._head is None or self._head[0] != system:
+                self._head = self._compute_head(system)
+            return self._head[1], self._head[2]
+
+    def _compute_head(self, system: str) -> tuple[str, list[int], Any]:
         import torch
 
-        if self._head is None or self._head[0] != system:
-            a, b = self.encode(system, "a", ""), self.encode(system, "b", "")
-            n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            cache = None
-            if n:
-                try:
-                    with torch.inference_mode():
-                        out = self.policy.model(input_ids=torch.tensor([a[:n]], device=self.policy.device),
-                                                logits_to_keep=1, use_cache=True)
-                    cache = out.past_key_values
-                except (TypeError, ValueError):  # a model without a KV cache: full passes
-                    cache = None
-            self._head = (system, a[:n], cache)
-        return self._head[1], self._head[2]
+        a, b = self.encode(system, "a", ""), self.encode(system, "b", "")
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        if not n:
+            return system, [], None
+        try:
+            with torch.inference_mode(), fixed_threads(NUMERIC_THREADS):
+                out = self.policy.model(input_ids=torch.tensor([a[:n]], device=self.policy.device),
+                                        logits_to_keep=1, use_cache=True)
+        except (TypeError, ValueError):  # a model without a KV cache: full passes
+            return system, a[:n], None
+        return system, a[:n], out.past_key_values
 
     def describe(self) -> dict:
         yes_id, no_id = self.answer_ids()

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Mapping
 from .._core.io import atomic_write_bytes
 from .._core.validation import LatentSiftError, check_positive_int
 from ..states.channel import render
-from ..states.extract import ExtractionBackend, Extracted, extract_one, extract_settings, render_settings
+from ..states.extract import ExtractionBackend, Extracted, extract_many, extract_settings, render_settings
 from ..states.model import Fingerprint, load_policy
 from ..states.store import SHARDS, encode_shard
 from .cluster import connect, worker_cpus
@@ -69,8 +69,7 @@ class ExtractWorker:
         """Replay ``trajs``, write their shard to ``shards/tmp_name``; returns what the driver commits."""
         t0 = time.perf_counter()
         states, truncated, windowed = [], 0, 0
-        for t in trajs:
-            st, tr, wi = extract_one(self.policy, t, self.settings)
+        for st, tr, wi in extract_many(self.policy, trajs, self.settings):
             states.append(st)
             truncated += int(tr)
             windowed += int(wi)
@@ -87,7 +86,8 @@ class RayBackend(ExtractionBackend):
     """``workers`` Ray actors, each loading ``model`` once (same store, same states; see the module doc).
 
     ``model`` is a path every node can read (or None: the embedded model). ``ray_address``: local,
-    auto or HOST:PORT (``scale.cluster.connect``). ``threads``: torch threads per worker.
+    auto or HOST:PORT (``scale.cluster.connect``). ``threads``: torch threads per worker, which replays
+    that many trajectories at once, each at one thread (``states.extract.extract_many``).
     ``gpus_per_worker`` / ``cpus_per_worker`` are the actors' Ray resources (CPU default: a fraction
     of the cluster so actors never claim every CPU).
     """

@@ -137,6 +137,12 @@ class Policy:
     def device(self):
         return next(self.model.parameters()).device
 
+    def replay_workers(self) -> int:
+        """How many forward passes to run at once: the caller's torch thread count on a CPU (each pass
+        runs at one thread, see ``states.replay``), one on a GPU."""
+        import torch
+        return 1 if self.device.type != "cpu" else max(1, torch.get_num_threads())
+
 
 _CACHE: dict[tuple, Policy] = {}
 

@@ -18,12 +18,14 @@ Both pool inside forward hooks (:func:`layer_hooks`): per-span float32 sums are 
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from .._core.threads import NUMERIC_THREADS, fixed_threads
 from .._core.validation import LatentSiftError, check_positive_int, param_error
 from .channel import Rendering
 from ..trajectories.trajectory import CHANNEL_ID, CHANNELS
@@ -86,36 +88,64 @@ def _decoder_layers(policy) -> list:
     return list(policy.layers[: policy.n_layers])
 
 
+class _Router:
+    """The hooks of one model: one per decoder layer, each calling the current thread's ``fn``."""
+
+    def __init__(self, policy):
+        self.local = threading.local()
+        self.users = 0
+        layers = _decoder_layers(policy)
+        norm, last = policy.base.norm, len(layers) - 1
+
+        def make(i: int):
+            def hook(module, args, output):
+                fn = getattr(self.local, "fn", None)
+                if fn is not None:
+                    h = output[0] if isinstance(output, tuple) else output
+                    fn(i, norm(h) if i == last else h)
+            hook._latentsift = True
+            return hook
+
+        self.handles = [layer.register_forward_hook(make(i)) for i, layer in enumerate(layers)]
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+_ROUTERS: dict[int, _Router] = {}  # id(model) -> its hooks while some thread has a layer_hooks block open
+_ROUTERS_LOCK = threading.Lock()
+
+
 @contextmanager
 def layer_hooks(policy, fn: Callable[[int, Any], None]) -> Iterator[None]:
-    """Call ``fn(i, hidden)`` for layer l = i + 1 (i = 0..L-1) on every forward of the decoder.
+    """Call ``fn(i, hidden)`` for layer l = i + 1 (i = 0..L-1) on every forward of the decoder run by
+    this thread while the block is open.
 
     ``hidden`` is the layer's output ``(batch, seq, d_model)`` in the model dtype; for the last
     layer the final norm (``policy.base.norm``) is applied first, so the values equal
-    ``output_hidden_states[1..L]``. The hooks are removed on exit, also on errors.
-
-    Pitfall: hooks are global state on the model; never call the model from another thread while
-    this context is open.
+    ``output_hidden_states[1..L]``. Threads may replay through one model at the same time: the
+    hooks are installed once per model and call the ``fn`` of the thread running the forward (a
+    forward in a thread without an open block calls nothing). They are removed when the last block
+    closes, also on errors.
     """
-    layers = _decoder_layers(policy)
-    norm = policy.base.norm
-    last = len(layers) - 1
-    handles = []
-
-    def make(i: int):
-        def hook(module, args, output):
-            h = output[0] if isinstance(output, tuple) else output
-            fn(i, norm(h) if i == last else h)
-        hook._latentsift = True
-        return hook
-
+    key = id(policy.model)
+    with _ROUTERS_LOCK:
+        router = _ROUTERS.get(key)
+        if router is None:
+            router = _ROUTERS[key] = _Router(policy)
+        router.users += 1
+    prev = getattr(router.local, "fn", None)
+    router.local.fn = fn
     try:
-        for i, layer in enumerate(layers):
-            handles.append(layer.register_forward_hook(make(i)))
         yield
     finally:
-        for h in handles:
-            h.remove()
+        router.local.fn = prev
+        with _ROUTERS_LOCK:
+            router.users -= 1
+            if router.users == 0:
+                router.remove()
+                del _ROUTERS[key]
 
 
 def has_hooks(policy) -> bool:
@@ -208,6 +238,12 @@ def replay(policy, rendering, *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, max_t
     no state; a span cut by it is pooled over its kept tokens). Beyond ``context`` tokens (default:
     the model's ``max_position_embeddings``) the sliding-window rule of :func:`window_plan` applies.
 
+    The forward passes run at ``NUMERIC_THREADS`` (one) torch thread whatever the caller's count:
+    the CPU kernels round differently at 1 and 2 threads (measured with torch 2.13 in bf16: the
+    rotary embedding's cos/sin and a 570 x 576 x 576 projection), and a trajectory's states must not
+    depend on the machine's core count. The cores are used by replaying several trajectories at once,
+    one per thread (:func:`latentsift.states.extract.extract_many`).
+
     Pitfall: chunked prefill and a single forward agree only to the dtype's rounding (bf16: about
     1e-2 relative), since the attention kernels sum in a different order.
     """
@@ -248,7 +284,7 @@ def replay_many(policy, renderings: Sequence, *, chunk_tokens: int = DEFAULT_CHU
         ids = torch.as_tensor(np.asarray(r.input_ids[:n], dtype=np.int64), device=dev)[None]
         pooled = np.flatnonzero(span_of >= 0)
         last = int(pooled[-1]) + 1 if len(pooled) else 0  # tokens after the last span need no forward
-        with torch.inference_mode(), layer_hooks(policy, acc):
+        with torch.inference_mode(), fixed_threads(NUMERIC_THREADS), layer_hooks(policy, acc):
             for start, end, pool_from in window_plan(n, ctx):
                 end = min(end, last)
                 if end <= pool_from:
