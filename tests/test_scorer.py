@@ -84,7 +84,7 @@ def test_zero_init_starts_at_the_base_rate_and_defaults_follow_the_paper():
     assert sc.history_[0]["train_loss"] == pytest.approx(base, rel=1e-5)
     assert sc.get_params() | {"max_epochs": 40} == {"lr": 3e-6, "weight_decay": 1e-5, "accumulation": 16,
                                                      "max_epochs": 40, "val_frac": 0.2, "seed": 0,
-                                                     "init": "zeros", "patience": None}
+                                                     "init": "zeros", "patience": None, "train_loss": True}
 
 
 def test_training_is_deterministic_and_order_independent():
@@ -96,6 +96,23 @@ def test_training_is_deterministic_and_order_independent():
     assert [e["val_loss"] for e in a.history_] == [e["val_loss"] for e in b.history_]
     c = LinearScorer(lr=1e-3, max_epochs=4, init="torch", seed=1).fit(states, labels)
     assert not np.array_equal(a.W_, c.W_)
+
+
+def test_without_the_training_loss_the_fit_is_the_same(tmp_path):
+    """``train_loss=False`` (the protocol's fits) skips the training set's loss pass; the weights,
+    the validation losses and the kept epoch are the same, the history's train_loss is None."""
+    states, labels = dataset()
+    a = LinearScorer(lr=1e-3, max_epochs=4, init="torch").fit(states, labels)
+    b = LinearScorer(lr=1e-3, max_epochs=4, init="torch", train_loss=False).fit(states, labels)
+    np.testing.assert_array_equal(a.W_, b.W_)
+    assert [e["val_loss"] for e in a.history_] == [e["val_loss"] for e in b.history_]
+    assert a.best_epoch_ == b.best_epoch_ and all(e["train_loss"] > 0 for e in a.history_)
+    assert all(e["train_loss"] is None for e in b.history_)
+    b.save(tmp_path / "s")  # its curve has the validation line only
+    back = LinearScorer.load(tmp_path / "s")
+    assert back.get_params()["train_loss"] is False and back.history_ == b.history_
+    with pytest.raises(LatentSiftError, match="'train_loss' parameter"):
+        LinearScorer(train_loss="no").fit(states, labels)
 
 
 def test_save_load_plot(tmp_path):

@@ -33,7 +33,7 @@ def learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eva
             except LatentSiftError as e:
                 run.log(f"[curves] fold {k}: {tag} of the bank skipped ({e})")
                 continue
-            gated = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed).fit(
+            gated = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed, train_loss=False).fit(
                 [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint)
             ev = [states[i] for i in eval_ids]
             got = {"gated": dict(zip(eval_ids, gated.decision_function(ev).tolist())),

@@ -99,7 +99,7 @@ class Run:
         else:
             labels = {t.traj_id: int(t.label) for t in bank_trajs}
             bank = Bank.from_trajectories(bank_trajs, states, fingerprint, **bank_params)
-            scorer = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed).fit(
+            scorer = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed, train_loss=False).fit(
                 [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint)
         bank.save(fold_dir / "bank")
         scorer.save(fold_dir / "scorer")

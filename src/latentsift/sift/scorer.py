@@ -188,13 +188,13 @@ class LinearScorer:
 
     Learned attributes: ``W_`` (n_layers, d_model, 2) float32, ``b_`` (2,) float32 (the best
     checkpoint), ``history_`` (one dict per epoch, epoch 0 = before training: ``train_loss``,
-    ``val_loss``, ``seconds``), ``best_epoch_``, ``train_ids_``, ``val_ids_``, ``train_pos_rate_``,
+    ``val_loss``, ``seconds``; ``train_loss`` is None with ``train_loss=False``), ``best_epoch_``, ``train_ids_``, ``val_ids_``, ``train_pos_rate_``,
     ``n_layers_``, ``d_model_``, ``fingerprint_`` (None when not given).
     """
 
     def __init__(self, *, lr: float = 3e-6, weight_decay: float = 1e-5, accumulation: int = 16,
                  max_epochs: int = 40, val_frac: float = 0.2, seed: int = 0, init: str = "zeros",
-                 patience: int | None = None):
+                 patience: int | None = None, train_loss: bool = True):
         self.lr = lr
         self.weight_decay = weight_decay
         self.accumulation = accumulation
@@ -203,11 +203,14 @@ class LinearScorer:
         self.seed = seed
         self.init = init
         self.patience = patience
+        # the training set's loss each epoch, for history_ only: a forward over the training
+        # trajectories that nothing fitted depends on (the protocol's fits skip it)
+        self.train_loss = train_loss
 
     def get_params(self) -> dict:
         return {"lr": self.lr, "weight_decay": self.weight_decay, "accumulation": self.accumulation,
                 "max_epochs": self.max_epochs, "val_frac": self.val_frac, "seed": self.seed,
-                "init": self.init, "patience": self.patience}
+                "init": self.init, "patience": self.patience, "train_loss": self.train_loss}
 
     def __repr__(self) -> str:
         return "LinearScorer(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
@@ -228,6 +231,8 @@ class LinearScorer:
             raise param_error("val_frac", o, "a float in [0, 1)", self.val_frac)
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
             raise param_error("seed", o, "an int", self.seed)
+        if not isinstance(self.train_loss, bool):
+            raise param_error("train_loss", o, "a bool", self.train_loss)
         if self.init not in INITS:
             raise param_error("init", o, f"one of {list(INITS)}", self.init)
 
@@ -315,13 +320,16 @@ class LinearScorer:
                     return bce(gated_logits(out, own, len(idx)), y[idx], reduction="sum")
 
             def mean_losses():
-                """(train, validation) mean loss; their 256-trajectory chunks computed side by side."""
-                sets = [(tr, y_tr)] + ([(va, y_va)] if va is not None else [])
-                jobs = [(i, pool.submit(chunk_loss, p, y, s)) for i, (p, y) in enumerate(sets)
-                        for s in range(0, len(y), 256)]
-                out = [float(torch.stack([f.result() for j, f in jobs if j == i]).sum() / len(y))
-                       for i, (_, y) in enumerate(sets)]
-                return out[0], out[1] if va is not None else float("nan")
+                """(train, validation) mean loss (train: None unless ``train_loss``); their
+                256-trajectory chunks computed side by side."""
+                sets = {"train": (tr, y_tr)} if self.train_loss else {}
+                if va is not None:
+                    sets["val"] = (va, y_va)
+                jobs = {k: [pool.submit(chunk_loss, p, y, s) for s in range(0, len(y), 256)]
+                        for k, (p, y) in sets.items()}
+                out = {k: float(torch.stack([f.result() for f in fs]).sum() / len(sets[k][1]))
+                       for k, fs in jobs.items()}
+                return out.get("train"), out.get("val", float("nan"))
 
             rng = np.random.default_rng(int(self.seed))
             rng.permutation(n_ids)  # consumed by the split: epoch orders follow it in the stream
@@ -410,7 +418,8 @@ class LinearScorer:
         self._check_fitted()
         ep = [h["epoch"] for h in self.history_]
         fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-        ax.plot(ep, [h["train_loss"] for h in self.history_], marker=".", label="train")
+        if self.history_[0].get("train_loss") is not None:
+            ax.plot(ep, [h["train_loss"] for h in self.history_], marker=".", label="train")
         if self.val_ids_:
             ax.plot(ep, [h["val_loss"] for h in self.history_], marker=".", label="validation")
         ax.axvline(self.best_epoch_, color="grey", ls="--", lw=1, label=f"kept (epoch {self.best_epoch_})")
