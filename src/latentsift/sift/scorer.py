@@ -170,17 +170,19 @@ def _products(Wt, blocks: list, pool):
 
 def _weight_grad(grad, blocks: list, pool):
     """d loss / d Wt = sum_i grad_i^T X_i for ``grad`` (S, 2) of :func:`_products`' output: each
-    block's term as the product's backward computes it, in the pool; the terms added last block
-    first, the order in which autograd's engine reaches them, so the sum has its bits too."""
+    block's term as the product's backward computes it, (X_i^T grad_i)^T, in the pool; the terms
+    added last block first, the order in which autograd's engine reaches them, so the sum has its
+    bits too. The orientation matters: with AVX2 kernels (MKL) grad_i^T X_i rounds differently
+    (measured under the AVX2 emulation; on AVX-512 both agree)."""
     K = blocks[0].shape[1] * blocks[0].shape[2]
     ends = np.cumsum([x.shape[0] for x in blocks])
     starts = ends - np.array([x.shape[0] for x in blocks])
-    parts = list(pool.map(lambda i: grad.narrow(0, int(starts[i]), int(ends[i] - starts[i])).t().mm(
-        blocks[i].reshape(-1, K)), range(len(blocks))))
+    parts = list(pool.map(lambda i: blocks[i].reshape(-1, K).t().mm(
+        grad.narrow(0, int(starts[i]), int(ends[i] - starts[i]))).t(), range(len(blocks))))
     total = parts[-1]
     for part in parts[-2::-1]:
         total = total + part
-    return total
+    return total.contiguous()
 
 
 class LinearScorer:
