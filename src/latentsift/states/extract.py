@@ -122,15 +122,16 @@ class LocalBackend(ExtractionBackend):
         return self.policy.fingerprint, self.settings
 
     def run(self, store_path: Path, todo: list, shard_size: int) -> Iterator[Extracted]:
-        for a in range(0, len(todo), shard_size):
-            batch = todo[a:a + shard_size]
-            states = []
-            for t, (st, truncated, windowed) in zip(batch, extract_many(self.policy, batch, self.settings)):
-                states.append(st)
-                yield Extracted([t.traj_id], st.n_tokens, int(truncated), int(windowed))
-            shard = encode_shard(states, [t.instance_id for t in batch], self.policy.fingerprint, self.settings,
-                                 where=str(store_path))
-            yield Extracted([], shard=shard)
+        batch, states = [], []  # one pool for all shards: the workers go on while a shard is committed
+        for i, (st, truncated, windowed) in enumerate(extract_many(self.policy, todo, self.settings)):
+            batch.append(todo[i])
+            states.append(st)
+            yield Extracted([todo[i].traj_id], st.n_tokens, int(truncated), int(windowed))
+            if len(batch) == shard_size or i == len(todo) - 1:
+                shard = encode_shard(states, [b.instance_id for b in batch], self.policy.fingerprint,
+                                     self.settings, where=str(store_path))
+                batch, states = [], []
+                yield Extracted([], shard=shard)
 
     def describe(self) -> str:
         return f"model: {self.policy.describe()}"
