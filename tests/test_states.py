@@ -272,6 +272,22 @@ def test_recorder_rejects_incomplete_labels_and_batches(policy):
         rec.states()
 
 
+def test_recorder_sees_only_its_own_threads_forwards(policy, short_rendering):
+    """A replay in another thread while a recorder is open goes to neither the recorder nor is
+    changed by it (layer hooks and the recorder's pre-hook are per thread)."""
+    import threading
+    alone = replay(policy, short_rendering)
+    got = []
+    rec = StateRecorder(policy)
+    with rec:
+        worker = threading.Thread(target=lambda: got.append(replay(policy, short_rendering)))
+        worker.start()
+        worker.join()
+        with torch.inference_mode():
+            policy.base(input_ids=torch.tensor([[1, 2, 3]]))
+    assert rec.n_seen == 3 and np.array_equal(got[0].layers, alone.layers) and not has_hooks(policy)
+
+
 def test_replay_many_keeps_order(policy, shared_trajs):
     rs = [render(t, policy.tokenizer, max_span_tokens=4, max_prompt_tokens=8) for t in shared_trajs["acr"][:2]]
     out = replay_many(policy, rs)

@@ -373,8 +373,11 @@ class StateRecorder:
 
         self._stack = ExitStack()
         self._stack.enter_context(layer_hooks(self.policy, self._on_layer))
+        thread = threading.get_ident()
+
         def pre_hook(module, args, kwargs):
-            self._on_forward(module, args, kwargs)
+            if threading.get_ident() == thread:  # another thread's forwards (a replay) are not this conversation
+                self._on_forward(module, args, kwargs)
         pre_hook._latentsift = True
         handle = self.policy.base.register_forward_pre_hook(pre_hook, with_kwargs=True)
         self._stack.callback(handle.remove)
