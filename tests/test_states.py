@@ -329,9 +329,17 @@ def test_a_converted_gguf_copy_loads_the_same_model(policy, tmp_path, monkeypatc
     from pathlib import Path
 
     from latentsift.states import model as M
-    gguf = policy if policy.loaded_from == policy.path else M.load_policy(cache=False, disk_cache=False)
-    copy = M.load_policy(cache=False)  # the first load of the session wrote the copy
-    assert gguf.loaded_from == gguf.path
+    copy = M.load_policy(cache=False)  # the session's first load (the policy fixture) wrote the copy
+    # a copy that cannot be read back (here: a broken config) is passed over for the GGUF file, untouched
+    broken = tmp_path / "cache" / "converted" / Path(copy.loaded_from).name
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text("{not json")
+    (broken / M.CONVERTED_MARKER).write_text("{}")
+    monkeypatch.setenv(M.CACHE_ENV, str(tmp_path / "cache"))
+    gguf = M.load_policy(cache=False)
+    monkeypatch.undo()
+    assert gguf.loaded_from == gguf.path and sorted(p.name for p in broken.iterdir()) == [
+        "config.json", M.CONVERTED_MARKER]
     assert Path(copy.loaded_from).parent == M.converted_cache_root()
     assert (Path(copy.loaded_from) / M.CONVERTED_MARKER).is_file() and copy.path == gguf.path
     assert copy.fingerprint == gguf.fingerprint and copy.context_length == gguf.context_length
@@ -348,6 +356,6 @@ def test_a_converted_gguf_copy_loads_the_same_model(policy, tmp_path, monkeypatc
     # a cache that cannot be written is skipped; "off" turns it off
     (tmp_path / "file").write_text("not a folder")
     M._save_converted(copy.model, copy.tokenizer, tmp_path / "file" / "copy", {})
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "file"]
     monkeypatch.setenv(M.CACHE_ENV, "off")
     assert M.converted_cache_root() is None

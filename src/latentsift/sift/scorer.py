@@ -190,8 +190,9 @@ class LinearScorer:
 
     Learned attributes: ``W_`` (n_layers, d_model, 2) float32, ``b_`` (2,) float32 (the best
     checkpoint), ``history_`` (one dict per epoch, epoch 0 = before training: ``train_loss``,
-    ``val_loss``, ``seconds``; ``train_loss`` is None with ``train_loss=False``), ``best_epoch_``, ``train_ids_``, ``val_ids_``, ``train_pos_rate_``,
-    ``n_layers_``, ``d_model_``, ``fingerprint_`` (None when not given).
+    ``val_loss``, ``seconds``; ``train_loss`` is None with ``train_loss=False``), ``best_epoch_``,
+    ``train_ids_``, ``val_ids_``, ``train_pos_rate_``, ``n_layers_``, ``d_model_``, ``fingerprint_``
+    (None when not given).
     """
 
     def __init__(self, *, lr: float = 3e-6, weight_decay: float = 1e-5, accumulation: int = 16,

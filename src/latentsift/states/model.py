@@ -378,14 +378,23 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
         src = str(p)
         weights_sha = _sha_dir_weights(p)
     converted = _converted_dir(weights_sha, dtype) if disk_cache and p.is_file() else None
-    if converted is not None and (converted / CONVERTED_MARKER).is_file():
-        src, kwargs = str(converted), {"local_files_only": True}
+    model = tokenizer = None
+    loaded_from = str(p)
     with _quiet_loading():
-        tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kwargs)
-        if converted is not None and src != str(converted):
-            _save_converted(model, tokenizer, converted, {"gguf": str(p), "weights_sha": weights_sha,
-                                                          "dtype": dtype})
+        if converted is not None and (converted / CONVERTED_MARKER).is_file():
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(str(converted), local_files_only=True)
+                model = AutoModelForCausalLM.from_pretrained(str(converted), dtype=getattr(torch, dtype),
+                                                             local_files_only=True)
+                loaded_from = str(converted)
+            except Exception:  # a copy this installation cannot read back: the GGUF file, as without a cache
+                model = tokenizer = None
+        if model is None:
+            tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kwargs)
+            if converted is not None and not (converted / CONVERTED_MARKER).is_file():
+                _save_converted(model, tokenizer, converted, {"gguf": str(p), "weights_sha": weights_sha,
+                                                              "dtype": dtype})
     model.to(dev).eval()
     cfg = model.config
     template = getattr(tokenizer, "chat_template", None) or ""
@@ -400,7 +409,7 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
         dtype=dtype,
     )
     policy = Policy(model=model, tokenizer=tokenizer, fingerprint=fp, path=str(p), dtype_choice=choice,
-                    loaded_from=src if converted is not None and src == str(converted) else str(p))
+                    loaded_from=loaded_from)
     if cache:
         _CACHE[key] = policy
     return policy
