@@ -46,8 +46,9 @@ Dtype = Annotated[str, typer.Option(
     "--dtype", help=f"Model dtype: {AUTO_DTYPE} (bfloat16 on CUDA and on CPUs with native bf16, else float32), "
                     + ", ".join(DTYPES) + ".")]
 Threads = Annotated[Optional[int], typer.Option(
-    "--threads", help="torch CPU threads (default: torch's choice; 1 is faster on a machine shared with other "
-                      "jobs).")]
+    "--threads", help="torch CPU threads (default: torch's choice): the model runs that many trajectories or "
+                      "prompts at once, each at one thread, so results do not depend on it; 1 is faster on a "
+                      "machine shared with other jobs.")]
 
 
 def csv_list(value: Optional[str]) -> Optional[list[str]]:
