@@ -119,9 +119,9 @@ class LocalBackend:
         if len(ids) > self.policy.context_length:
             raise CallFailed(f"prompt of {len(ids)} tokens exceeds the model context {self.policy.context_length}", 0)
         yes_id, no_id = self.answer_ids(yes, no)
+        head, cache = self._shared_head(system) if self.reuse_head else ([], None)
         dev = self.policy.device
         with torch.inference_mode(), fixed_threads(NUMERIC_THREADS):
-            head, cache = self._shared_head(system) if self.reuse_head else ([], None)
             if cache is not None and len(ids) > len(head) and ids[:len(head)] == head:
                 out = self.policy.model(input_ids=torch.tensor([ids[len(head):]], device=dev), logits_to_keep=1,
                                         past_key_values=copy.deepcopy(cache), use_cache=True)
