@@ -89,3 +89,33 @@ def test_exact_duplicates_go_to_the_first_row_wherever_they_lie(block_b):
     assert I[:3].tolist() == [5, 7, 7] and np.all(D[:3] == 0)
     ref = np.sqrt(((q[3:, None, :].astype(np.float64) - b[None]) ** 2).sum(-1)).min(1)
     np.testing.assert_allclose(D[3:], ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cols", [4096, 4096 + 64 * 3, 300, 200])
+def test_the_two_level_shortlist_finds_what_topk_finds(cols):
+    import torch
+    from latentsift.bank.knn import SHORTLIST_GROUP, smallest
+    g = torch.Generator().manual_seed(cols)
+    full = torch.randn(40, cols + 50, generator=g)
+    v = full[:, :cols]  # a view with a wider row stride, as the product buffer's last bank block
+    v[0, :] = 1.0  # one row of ties only
+    v[1, 5::SHORTLIST_GROUP] = -9.0  # the smallest entries spread over groups
+    v[2, 64:72] = -9.0  # ... or packed in one group
+    for k in (1, 4):
+        vals, idx = smallest(v, k)
+        ref_vals, ref_idx = v.topk(k, dim=1, largest=False, sorted=False)
+        assert torch.equal(vals.sort(1).values, ref_vals.sort(1).values)
+        assert torch.equal(v.gather(1, idx), vals)  # the columns hold those values
+        assert torch.equal(idx[3:].sort(1).values, ref_idx[3:].sort(1).values)  # no ties: the same columns
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blocks_through_the_two_level_shortlist_equal_brute_force(threads):
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((70, 24)).astype(np.float32)
+    b = rng.standard_normal((1500, 24)).astype(np.float32)
+    b[1400] = q[3]  # an exact hit in the last, narrower block (plain topk)
+    D, I = nearest_distances(q, b, block_q=32, block_b=512, return_index=True, threads=threads)
+    ref, ref_i = brute(q, b)
+    np.testing.assert_allclose(D, ref, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(I, ref_i) and I[3] == 1400 and D[3] == 0.0

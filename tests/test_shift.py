@@ -11,10 +11,11 @@ from typer.testing import CliRunner
 
 from latentsift._core.validation import LatentSiftError
 from latentsift.cli import app
-from latentsift.deploy.shift import Reference, bank_vectors, loo_distances
+from latentsift.deploy.shift import Reference, bank_vectors, loo_distances, ordered_row_sums
 from latentsift._jobs.sifter import fit_sifter, run_sifter_filter
 from latentsift.deploy.sifter import Sifter
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
+
 
 pytestmark = pytest.mark.model
 
@@ -117,3 +118,21 @@ def test_a_bare_bank_gets_the_state_space_check(acr_sifter):
     keep = run_filter(d / "hidden_pools.jsonl", states, on_shift="keep-all", **kw)
     assert all(c.retained for p in keep.pools for c in p.candidates)
     assert "shift" not in run_filter(d / "hidden_pools.jsonl", states, **kw).extra  # no guard unless asked
+
+
+def test_ordered_row_sums_are_np_add_at_bit_for_bit():
+    rng = np.random.default_rng(3)
+    n, rows = 7, (rng.standard_normal((400, 5)) * 10.0 ** rng.integers(-6, 6, (400, 1))).astype(np.float32)
+    rows[:3] = -0.0  # a sum that is -0.0 from a copy but 0.0 from 0.0 + -0.0
+    owner = rng.integers(0, n - 1, 400)  # owner n - 1 has no rows
+    owner[:3] = 0
+    owner[owner == 0] = np.where(np.arange((owner == 0).sum()) < 3, 0, 1)  # owner 0: exactly the -0.0 rows
+    ref, cnt = np.zeros((n, 5)), np.zeros(n, dtype=np.int64)
+    np.add.at(ref, owner, rows)
+    np.add.at(cnt, owner, 1)
+    sums, counts = ordered_row_sums(rows, owner, n)
+    assert sums.tobytes() == ref.tobytes() and np.array_equal(counts, cnt) and counts[-1] == 0
+    assert not np.signbit(sums[0]).any()  # 0.0 + -0.0, as add.at gives
+    assert sums.tobytes() != ordered_row_sums(rows[::-1], owner[::-1], n)[0].tobytes()  # the order is kept
+    empty = ordered_row_sums(np.zeros((0, 5), np.float32), np.zeros(0, np.int64), 3)
+    assert empty[0].shape == (3, 5) and not empty[0].any() and not empty[1].any()

@@ -33,6 +33,7 @@ from .._core.validation import LatentSiftError, check_choice, check_positive_int
 
 BACKENDS = ("torch", "faiss")
 RERANK = 4  # rows per query that the expansion ranks first and the exact distance then decides between
+SHORTLIST_GROUP = 64  # columns per group in the two-level shortlist (``smallest``); fastest of 16-128
 
 
 def _as_tensor(x: np.ndarray, dtype):
@@ -57,6 +58,24 @@ def bank_sqnorms(bank: np.ndarray, dtype: str = "float32") -> np.ndarray:
     return torch.linalg.vector_norm(_as_tensor(bank, tdtype), dim=1).square_().numpy()
 
 
+def smallest(v, k: int, group: int = SHORTLIST_GROUP):
+    """(values, columns) of the ``k`` smallest entries of each row of ``v``, unsorted, as
+    ``v.topk(k, largest=False)`` finds them, through the rows' ``group``-wide column groups: the k
+    smallest entries lie in the k groups with the smallest minima (each group holding one of them has
+    its minimum at or below the k-th smallest value), so a topk over the group minima and one over
+    those k groups' entries replace the topk over the whole row (~2x faster on a 512 x 4,096 block,
+    where a topk costs a quarter of the block's product). Rows not made of at least k whole groups
+    take the plain topk."""
+    nq, nb = v.shape
+    if nb % group or nb // group < k:
+        return v.topk(k, dim=1, largest=False, sorted=False)
+    groups = v.view(nq, nb // group, group)
+    gi = groups.amin(dim=2).topk(k, dim=1, largest=False, sorted=False).indices
+    cand = groups.gather(1, gi.unsqueeze(2).expand(nq, k, group)).reshape(nq, k * group)
+    vals, j = cand.topk(k, dim=1, largest=False, sorted=False)
+    return vals, gi.gather(1, j // group) * group + j % group
+
+
 def _nearest_torch(q: np.ndarray, b: np.ndarray, block_q: int, block_b: int, dtype: str, sqnorms=None,
                    threads: int | None = None, rerank: int = RERANK):
     import torch
@@ -78,7 +97,7 @@ def _nearest_torch(q: np.ndarray, b: np.ndarray, block_q: int, block_b: int, dty
         out = buf[:qi.shape[0], :bj.shape[0]]
         with torch.inference_mode():
             torch.addmm(bnorm[j:j + block_b].unsqueeze(0), qi, bj.T, beta=1.0, alpha=-2.0, out=out)
-            vals, idx = out.topk(min(k, bj.shape[0]), dim=1, largest=False, sorted=False)
+            vals, idx = smallest(out, min(k, bj.shape[0]))
         return vals, idx + j
 
     def nearest(i: int, parts: list):

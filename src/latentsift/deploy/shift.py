@@ -72,16 +72,35 @@ def trajectory_vector(states: TrajectoryStates, bank) -> np.ndarray | None:
     return np.concatenate(parts).mean(axis=0)
 
 
+def ordered_row_sums(rows: np.ndarray, owner: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n, d) float64 sums of ``rows`` per owner and the (n,) row counts: each owner's rows added one
+    at a time in their order from 0.0, the bits of ``np.add.at(sums, owner, rows)``, which takes a
+    Python-speed path for 2-D rows (~5x slower on a bank). One vectorised add per row rank: the j-th
+    row of every owner at once (no owner appears twice in one add)."""
+    counts = np.bincount(owner, minlength=n)
+    sums = np.zeros((n, rows.shape[1]), dtype=np.float64)
+    if len(owner) == 0:
+        return sums, counts
+    order = np.argsort(owner, kind="stable")
+    ranked = owner[order]
+    rank = np.empty(len(owner), dtype=np.int64)
+    rank[order] = np.arange(len(owner)) - np.searchsorted(ranked, ranked, side="left")
+    by_rank = np.argsort(rank, kind="stable")
+    ends = np.cumsum(np.bincount(rank))
+    for a, z in zip(ends - np.bincount(rank), ends):
+        sel = by_rank[a:z]
+        sums[owner[sel]] += rows[sel]
+    return sums, counts
+
+
 def bank_vectors(bank) -> tuple[list[str], np.ndarray]:
     """(traj_ids, (n, d) mean transformed state per bank trajectory), from the bank's own rows."""
-    n, d = len(bank.traj_ids_), bank.d_model_
-    sums = np.zeros((n, d), dtype=np.float64)
-    counts = np.zeros(n, dtype=np.int64)
-    for k in ("pos", "neg"):
-        for c in bank.channels:
-            rows, own = getattr(bank, f"{k}_")[c], getattr(bank, f"{k}_owner_")[c]
-            np.add.at(sums, own, rows)
-            np.add.at(counts, own, 1)
+    n = len(bank.traj_ids_)
+    parts = [(getattr(bank, f"{k}_")[c], getattr(bank, f"{k}_owner_")[c]) for k in ("pos", "neg")
+             for c in bank.channels]
+    rows = np.concatenate([r for r, _ in parts]).reshape(-1, bank.d_model_)
+    own = np.concatenate([o for _, o in parts]).astype(np.int64)
+    sums, counts = ordered_row_sums(rows, own, n)
     keep = counts > 0
     ids = [t for t, m in zip(bank.traj_ids_, keep) if m]
     return ids, (sums[keep] / counts[keep, None]).astype(np.float32)
