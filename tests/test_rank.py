@@ -73,6 +73,17 @@ def test_average_ranks_equal_scipy(values):
     np.testing.assert_allclose(average_ranks(x), rankdata(x, method="average") - 1)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(-3, 3).map(float), finite, st.just(-np.inf), st.just(np.inf)),
+                min_size=1, max_size=40))
+def test_pairwise_and_sorted_ranks_agree_bit_for_bit(values):
+    from latentsift.sift.rank import _pairwise_ranks, _sorted_ranks, average_ranks
+    x = np.array(values, dtype=float)
+    assert _pairwise_ranks(x).tobytes() == _sorted_ranks(x).tobytes() == average_ranks(x).tobytes()
+    with_nan = np.append(x, np.nan)  # NaN: the sorted path, whatever the length
+    assert average_ranks(with_nan).tobytes() == _sorted_ranks(with_nan).tobytes()
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), st.one_of(st.integers(-2, 2).map(float), st.just(float("nan")))),
                 min_size=1, max_size=40))

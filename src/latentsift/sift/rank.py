@@ -9,6 +9,8 @@ import numpy as np
 
 from .._core.validation import check_scores
 
+PAIRWISE_MAX = 32  # NaN-free arrays up to this length are ranked by pairwise counts
+
 
 def average_ranks(x: np.ndarray) -> np.ndarray:
     """Zero-based ascending ranks, ties sharing the mean of the ranks they occupy.
@@ -17,6 +19,21 @@ def average_ranks(x: np.ndarray) -> np.ndarray:
     because the evaluation calls it for every draw of every filter and scipy's per-call overhead
     dominated there (~180 us vs ~15 us for a pool of 6).
     """
+    if x.shape[0] <= PAIRWISE_MAX and not np.isnan(x).any():
+        return _pairwise_ranks(x)
+    return _sorted_ranks(x)
+
+
+def _pairwise_ranks(x: np.ndarray) -> np.ndarray:
+    """``average_ranks`` of a short, NaN-free array by counting: a value with ``less`` smaller and ``eq``
+    equal values (itself included) occupies ranks less .. less + eq - 1, mean (2 less + eq - 1) / 2:
+    the same integers halved as :func:`_sorted_ranks` computes, so the same bits (tested); a third
+    of the time for a pool of 6, where a sort's fixed costs dominate."""
+    col = x[:, None]
+    return (2 * (x < col).sum(axis=1) + (x == col).sum(axis=1) - 1) / 2.0
+
+
+def _sorted_ranks(x: np.ndarray) -> np.ndarray:
     n = x.shape[0]
     order = np.argsort(x, kind="mergesort")
     xs = x[order]
