@@ -15,26 +15,16 @@ from ..trajectories.trajectory import group_pools
 from .variants import variant_filters
 
 class DrawScorer:
-    """``score_draw(instance_id, traj_ids)``: a filter's scores ranked within the draw.
-
-    The evaluation asks for the same draw many times (every K, bootstrap and table draws the same
-    subsets of a pool), so each (instance, traj_ids in their order) is ranked once and its scores are
-    kept: the same call gives the same scores, computed once. The prepared scores never change.
-    """
+    """``score_draw(instance_id, traj_ids)``: a filter's scores ranked within the draw."""
 
     def __init__(self, table: dict[str, tuple]):
         self.table = table
-        self._seen: dict[tuple, dict[str, float]] = {}
 
     def __call__(self, instance_id: str, traj_ids: Sequence[str]) -> dict[str, float]:
-        key = (instance_id, tuple(traj_ids))
-        got = self._seen.get(key)
-        if got is None:
-            if instance_id not in self.table:
-                raise LatentSiftError(f"No Stage-1 scores were prepared for instance {instance_id!r}.")
-            filt, prep = self.table[instance_id]
-            got = self._seen[key] = filt.rank_subset(prep, traj_ids)
-        return dict(got)  # a copy: a caller may change its own
+        if instance_id not in self.table:
+            raise LatentSiftError(f"No Stage-1 scores were prepared for instance {instance_id!r}.")
+        filt, prep = self.table[instance_id]
+        return filt.rank_subset(prep, traj_ids)
 
 
 def latentsift_variants(ablations: bool = True) -> dict[str, dict]:
