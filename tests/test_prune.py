@@ -297,3 +297,27 @@ def test_a_run_reuses_a_bank_and_scorer_fitted_under_another_name_with_the_same_
     assert np.array_equal(s1.W_, s2.W_) and list(b1.traj_ids_) == list(b2.traj_ids_)
     run.fit_fold(1, bank_trajs[:-2], states, FP, {}, "prune-inner-0")
     assert len(fits) == 2
+
+
+def test_filters_sharing_a_scorer_score_each_cut_once(world, monkeypatch):
+    """PrefixSift's shared cache: the learned prefix scores of a cut are computed once for every filter
+    with that scorer, and are what each filter computes alone."""
+    trajs, states, tokens = world
+    bank, scorer = _fit([t for t in trajs if t.repo.startswith("org/bank")], states)
+    pools = _eval_pools(trajs, "org/eval0")
+    cuts = [{c.traj_id: cut_length(tokens[c.traj_id], "steps", v) for p in pools for c in p.candidates}
+            for v in (1, 2, 4)]
+    filters = [LatentSift(bank, scorer, branches=b, n_evidence=0) for b in ("both", "learned")]
+    alone = [[PrefixSift(f, pools, states, fingerprint=FP).prepare(c) for c in cuts] for f in filters]
+    calls = []
+    original = type(scorer).decision_function
+    monkeypatch.setattr(type(scorer), "decision_function",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    cache: dict = {}
+    shared = [[PrefixSift(f, pools, states, fingerprint=FP, cache=cache).prepare(c) for c in cuts] for f in filters]
+    assert len(calls) == len(cuts)  # one scoring per cut, not per filter
+    for a, b in zip(alone, shared):
+        for x, y in zip(a, b):
+            for i in x:
+                assert x[i].q_lin.tobytes() == y[i].q_lin.tobytes()
+                assert (x[i].q is None) == (y[i].q is None) and (x[i].q is None or x[i].q.tobytes() == y[i].q.tobytes())

@@ -196,22 +196,20 @@ class PrefixSift:
         self.ids, self.states = ids, st
         self.pos = {t: i for i, t in enumerate(ids)}
         self._d: dict[str, tuple] = {}
+        self._cache = cache
         if filt._uses_distance:
             for ch in filt.channels:
                 cid = CHANNEL_ID[ch]
-                zs, steps, owner = [], [], []
-                if cache is not None and (id(filt.bank), ch, tuple(ids)) in cache:
-                    self._d[ch] = cache[(id(filt.bank), ch, tuple(ids))]
+                key = (id(filt.bank), ch, tuple(ids))  # ``cache``: shared by filters on the same bank and pools
+                if cache is not None and key in cache:
+                    self._d[ch] = cache[key]
                     continue
+                zs, steps, owner = [], [], []
                 for i, t in enumerate(ids):
                     sel = np.asarray(st[t].channel) == cid
                     zs.append(st[t].distance_states(filt.bank.layer)[sel])
                     steps.append(np.asarray(st[t].step)[sel].astype(np.int64))
                     owner.append(np.full(int(sel.sum()), i, dtype=np.int64))
-                key = (id(filt.bank), ch, tuple(ids))  # ``cache``: shared by filters on the same bank and pools
-                if cache is not None and key in cache:
-                    self._d[ch] = cache[key]
-                    continue
                 z = np.concatenate(zs).reshape(-1, filt.bank.d_model_)
                 s, o = np.concatenate(steps), np.concatenate(owner)
                 if z.shape[0]:
@@ -235,11 +233,18 @@ class PrefixSift:
                                                  weighting=f.weighting)
         q_lin = None
         if f._uses_learned:
-            q_lin = np.full(n, np.nan)
-            cs = [cut_states(self.states[t], int(lim[i])) for i, t in enumerate(self.ids)]
-            have = [i for i, c in enumerate(cs) if c.scorer_mask().any()]  # no model span yet: ranks lowest
-            if have:
-                q_lin[have] = f.scorer.decision_function([cs[i] for i in have])
+            # ``cache``: the learned branch's prefix scores depend on the scorer and the cut alone, so
+            # the filters that share a scorer (both branches, the learned one alone) score each cut once
+            key = ("q_lin", id(f.scorer), tuple(self.ids), lim.tobytes())
+            q_lin = None if self._cache is None else self._cache.get(key)
+            if q_lin is None:
+                q_lin = np.full(n, np.nan)
+                cs = [cut_states(self.states[t], int(lim[i])) for i, t in enumerate(self.ids)]
+                have = [i for i, c in enumerate(cs) if c.scorer_mask().any()]  # no model span yet: ranks lowest
+                if have:
+                    q_lin[have] = f.scorer.decision_function([cs[i] for i in have])
+                if self._cache is not None:
+                    self._cache[key] = q_lin
         out = {}
         for p in self.pools:
             tids = sorted(c.traj_id for c in p.candidates)
