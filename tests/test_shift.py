@@ -124,9 +124,8 @@ def test_ordered_row_sums_are_np_add_at_bit_for_bit():
     rng = np.random.default_rng(3)
     n, rows = 7, (rng.standard_normal((400, 5)) * 10.0 ** rng.integers(-6, 6, (400, 1))).astype(np.float32)
     rows[:3] = -0.0  # a sum that is -0.0 from a copy but 0.0 from 0.0 + -0.0
-    owner = rng.integers(0, n - 1, 400)  # owner n - 1 has no rows
-    owner[:3] = 0
-    owner[owner == 0] = np.where(np.arange((owner == 0).sum()) < 3, 0, 1)  # owner 0: exactly the -0.0 rows
+    owner = rng.integers(1, n - 1, 400)  # owner n - 1 has no rows
+    owner[:3] = 0  # owner 0: exactly the -0.0 rows
     ref, cnt = np.zeros((n, 5)), np.zeros(n, dtype=np.int64)
     np.add.at(ref, owner, rows)
     np.add.at(cnt, owner, 1)

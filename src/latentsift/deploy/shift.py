@@ -86,8 +86,9 @@ def ordered_row_sums(rows: np.ndarray, owner: np.ndarray, n: int) -> tuple[np.nd
     rank = np.empty(len(owner), dtype=np.int64)
     rank[order] = np.arange(len(owner)) - np.searchsorted(ranked, ranked, side="left")
     by_rank = np.argsort(rank, kind="stable")
-    ends = np.cumsum(np.bincount(rank))
-    for a, z in zip(ends - np.bincount(rank), ends):
+    per_rank = np.bincount(rank)
+    ends = np.cumsum(per_rank)
+    for a, z in zip(ends - per_rank, ends):
         sel = by_rank[a:z]
         sums[owner[sel]] += rows[sel]
     return sums, counts
