@@ -207,3 +207,25 @@ def test_worker_products_and_weight_gradient_equal_autograd_bit_for_bit(workers)
             grad = _weight_grad(prod.grad, blocks, pool).view(2, Lm, Dm).permute(1, 2, 0)
             assert torch.equal(prod.detach() + b0, out.detach())
             assert torch.equal(grad, W.grad) and torch.equal(b2.grad, b.grad)
+
+
+def test_weight_gradient_orientation_keeps_autograd_bits_beyond_the_probe():
+    """The weight gradient's faster orientation is used only where the probe found it equal to the
+    product's backward; on shapes the probe never tried (other span counts and widths, scaled data)
+    the chosen orientation must still give autograd's bits through the head's own product (on AVX2
+    kernels the probe keeps autograd's orientation)."""
+    from latentsift._core.threads import fixed_threads
+    from latentsift.sift.scorer import GRAD_PROBE_SHAPES, _block_product, _flat_weights, _grad_term, _rows_exact
+
+    gen = torch.Generator().manual_seed(11)
+    rows = _rows_exact()
+    shapes = [(n, layers) for n in (2, 5, 33, 64, 129, 300, 511, 777) for layers in (1, 4, 30)]
+    assert not {(n, 576 * layers) for n, layers in shapes} & set(GRAD_PROBE_SHAPES)
+    with fixed_threads():
+        for n, layers in shapes:
+            x = torch.randn(n, layers, 576, generator=gen) * torch.rand(n, 1, 1, generator=gen) * 10
+            g = torch.randn(n, 2, generator=gen) * 1e-3
+            W = torch.zeros(layers, 576, 2, requires_grad=True)
+            _block_product(_flat_weights(W), x).backward(g)
+            want = W.grad.permute(2, 0, 1).reshape(2, -1)
+            assert torch.equal(_grad_term(x.reshape(n, -1), g, rows), want), (n, layers, rows)
