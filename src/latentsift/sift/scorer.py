@@ -170,7 +170,7 @@ def _products(Wt, blocks: list, pool):
 
 
 # (spans, width) of the seeded blocks on which the two orientations of a block's weight gradient are
-# compared once per process (the widths of L*d = 2, 8 and 30 x 576 states)
+# compared once per process (the widths of 1, 2, 8 and 30 layers of 576 states)
 GRAD_PROBE_SHAPES = ((1, 1152), (3, 1152), (16, 17280), (97, 1152), (480, 4608), (1031, 576))
 
 
