@@ -23,7 +23,6 @@ YES, NO = "YES", "NO"
 TOP_LOGPROBS = 20
 
 
-
 def token_ids(tok, text: str) -> list[int]:
     """The ids of ``text`` with no special tokens added, as ``tok(text, add_special_tokens=False)``
     gives them: from the Rust tokenizer's ``encode_batch_fast`` (no character offsets: measured 1.5x
@@ -33,6 +32,7 @@ def token_ids(tok, text: str) -> list[int]:
     if bt is not None and hasattr(bt, "encode_batch_fast") and bt.truncation is None and bt.padding is None:
         return bt.encode_batch_fast([text], add_special_tokens=False)[0].ids
     return list(tok(text, add_special_tokens=False)["input_ids"])
+
 
 class CallFailed(Exception):
     """One verifier call that produced no score (carries tokens charged and attempts)."""
