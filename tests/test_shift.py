@@ -16,7 +16,6 @@ from latentsift._jobs.sifter import fit_sifter, run_sifter_filter
 from latentsift.deploy.sifter import Sifter
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
-
 pytestmark = pytest.mark.model
 
 
