@@ -20,3 +20,38 @@ def make_states(tid: str, rng, quality: float, n_steps: int, tokens_per_step: in
     layers = 0.3 * rng.standard_normal((len(steps), L, D)).astype(np.float32) + np.float32(quality) * DIRECTION
     return TrajectoryStates(tid, layers, np.array(steps, np.int32), np.array(chans, np.int8),
                             n_tokens=tokens_per_step * n_steps)
+
+
+def write_single_policy(folder, *, n_instances: int = 16, k: int = 4, agent: str = "policy-a",
+                        repo: str = "humaneval", mixed: int | None = None, seed: int = 0, prefix: str = "HumanEval"):
+    """A one-agent, one-repository data set as a team has it (HumanEval-like tasks): ``folder/pools.jsonl``
+    (canonical labelled pools, K candidates per task) and ``folder/states`` (a state store of synthetic
+    states: resolved candidates lean along ``DIRECTION``). ``mixed``: how many tasks have both outcomes
+    (default all); the others alternate all-resolved / all-unresolved. Returns (pools path, states path)."""
+    from pathlib import Path
+
+    from latentsift.states.store import StateStore
+    from latentsift.trajectories.trajectory import Step, Trajectory, save_jsonl
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    mixed = n_instances if mixed is None else mixed
+    trajs, states = [], {}
+    for i in range(n_instances):
+        inst = f"{prefix}/{i}"
+        for j in range(k):
+            label = int(j < k // 2) if i < mixed else int(i % 2 == 0)
+            tid = f"{agent}/{inst}/{j}"
+            n_steps = 1 + (i + j) % 3
+            states[tid] = make_states(tid, rng, (0.6 if label else -0.6) + 0.3 * rng.standard_normal(), n_steps)
+            steps = [Step(cot="think " * (1 + (i * 7 + j * 3 + s) % 11), fn=f"run_examples({s})",
+                          obs="ok " * (2 + (i + 5 * j + s) % 7)) for s in range(n_steps)]
+            trajs.append(Trajectory(traj_id=tid, instance_id=inst, repo=repo, task_prompt=f"Write task {i}.",
+                                    steps=steps, reward=float(label), agent=agent, run=agent))
+    store = StateStore(folder / "states").create(FP, {"layers": list(range(1, L + 1)), "store_dtype": "float32"})
+    ids = sorted(states)
+    inst_of = {t.traj_id: t.instance_id for t in trajs}
+    store.write([states[t] for t in ids], [inst_of[t] for t in ids])
+    save_jsonl(trajs, folder / "pools.jsonl")
+    return folder / "pools.jsonl", folder / "states"

@@ -89,18 +89,32 @@ def _pick(diag: dict, name: str) -> dict:
     return diag["scores"][name]["vs_reference"]
 
 
+def missing_references(scores: Mapping, missing: Mapping[str, str] | None = None,
+                       references: Sequence[str] = REFERENCES) -> dict[str, str]:
+    """reference -> why it is absent from ``scores`` (the reference rule is computed from the table: never absent).
+    An absent reference is reported as missing, never replaced by another score."""
+    missing = missing or {}
+    return {r: missing.get(r, "not in this run") for r in references if r not in scores and r != REF_LENGTH_RULE}
+
+
 def auc_comparisons(table: Mapping[str, np.ndarray], scores: Mapping[str, np.ndarray], *,
-                    n_boot: int, seed: int, adjusted_level: float | None = None) -> dict:
+                    n_boot: int, seed: int, adjusted_level: float | None = None,
+                    missing: Mapping[str, str] | None = None, references: Sequence[str] = REFERENCES,
+                    names: Sequence[str] | None = None) -> dict:
     """Every state score against each reference (paired AUC differences) and its length-removed AUC.
 
     ``table``: the candidate table (``tables.candidate_table``); ``scores``: name -> (n,) scores
     aligned with it (higher = better), holding the references present in the run. With
-    ``adjusted_level`` each difference is also given at that level (``adjusted``).
+    ``adjusted_level`` each difference is also given at that level (``adjusted``). ``references``:
+    the references compared with (``REFERENCES`` by default); one absent from ``scores`` is listed
+    in ``missing_references`` with its reason (``missing``: name -> reason). ``names``: the state
+    scores compared (default: every state score of ``scores``).
     """
-    names = state_scores(list(scores))
-    refs = [r for r in REFERENCES if r in scores or r == REF_LENGTH_RULE]
+    names = state_scores(list(scores)) if names is None else [n for n in names if n in scores]
+    refs = [r for r in references if r in scores or r == REF_LENGTH_RULE]
     levels = [CI_LEVEL] + ([adjusted_level] if adjusted_level else [])
-    out: dict = {"scores": {}, "references": refs, "length_removed_method": METHOD, "length_slopes": {}}
+    out: dict = {"scores": {}, "references": refs, "length_removed_method": METHOD, "length_slopes": {},
+                 "missing_references": missing_references(scores, missing, references)}
     by_level = {}
     resid = {}
     log_len = np.log(np.maximum(np.asarray(table["n_chars"], dtype=np.float64), 1.0))
@@ -196,23 +210,30 @@ def ledger_difference(ledger: Sequence[dict], key: str, reference: str, *, n_boo
 
 
 def winner(auc: Mapping) -> str | None:
-    """The state score with the highest AUC among those higher than every reference (None: no such score)."""
+    """The state score with the highest AUC among those higher than every reference present (None: no such
+    score). A missing reference (``missing_references``) is not compared with; the verdict names it."""
     ok = [(row["auc"]["auc"], n) for n, row in auc["scores"].items()
           if row["vs"] and all(v["outcome"] == "higher" for v in row["vs"].values())]
     return max(ok)[1] if ok else None
 
 
 def decision_section(table: Mapping[str, np.ndarray], scores: Mapping[str, np.ndarray], ledger: Sequence[dict], *,
-                     reference_workflow: str | None, n_boot: int, seed: int, level: float = CI_LEVEL) -> dict:
+                     reference_workflow: str | None, n_boot: int, seed: int, level: float = CI_LEVEL,
+                     missing: Mapping[str, str] | None = None) -> dict:
     """summary.json ``decision``: the AUC comparisons (with Bonferroni-adjusted intervals), the paired token
-    savings against the reference rule, the winner by the rule, and how many intervals were looked at."""
+    savings against the reference rule, the winner by the rule, and how many intervals were looked at.
+    ``missing``: filter -> why it is absent (a missing reference is named with it, never replaced)."""
     names = state_scores(list(scores))
     n_refs = len([r for r in REFERENCES if r in scores or r == REF_LENGTH_RULE])
     m = n_auc_intervals(len(names), n_refs)
     adjusted = 1.0 - (1.0 - level) / max(m, 1)
-    auc = auc_comparisons(table, scores, n_boot=n_boot, seed=seed, adjusted_level=adjusted)
+    auc = auc_comparisons(table, scores, n_boot=n_boot, seed=seed, adjusted_level=adjusted, missing=missing)
     tokens = ({} if reference_workflow is None else
               token_savings_difference(ledger, names, reference_workflow, n_boot=n_boot, seed=seed))
+    absent = {"missing": "a reference that could not be fitted is reported as missing with its reason, never "
+                         "replaced by another score; the winner is then decided among the references present and "
+                         "is not said to beat the missing one"} \
+        if auc["missing_references"] else {}
     return {
         "rules": {
             "beats": "F beats reference R when the paired 95% bootstrap interval (instances resampled) of "
@@ -225,7 +246,7 @@ def decision_section(table: Mapping[str, np.ndarray], scores: Mapping[str, np.nd
                       f"saving({REFERENCE}) lies above 0 (savings against the reference workflow)",
             "post_hoc": "rows with post_hoc = true (the stacked fusions and the inner-CV default that chooses "
                         "among them) were added after the evaluation folds had been seen",
-        },
+        } | absent,
         "references": {"length_rule": REF_LENGTH_RULE, "length_stack": REF_LENGTH_STACK, "random": REF_RANDOM},
         "paper": PAPER,
         "multiplicity": {"n_auc_intervals": m, "bonferroni_level": adjusted,

@@ -28,6 +28,7 @@ from ..sift.rules import make_baseline
 from ..sift.sift import LatentSift, Prepared, Stage1Filter
 from ..trajectories.trajectory import Pool, Trajectory, group_pools
 from ..states.states import TrajectoryStates
+from .folds import group_noun
 from .settings import digest
 
 
@@ -167,7 +168,7 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
                      cascade: Mapping[str, Any] | None = None, target_retention: float = TARGET_RETENTION,
                      inner: bool = True, n_boot: int = 1000, seed: int = 0,
                      log: Callable[[str], None] = lambda m: None,
-                     group: Callable[[Trajectory], str] | None = None) -> dict:
+                     group: Callable[[Trajectory], str] | None = None, group_name: str = "repository") -> dict:
     """Offline pruning on recorded pools, by prefix truncation of the stored states.
 
     ``folds``: (bank repos, evaluation repos) pairs; ``fit(name, bank_trajs) -> (Bank, LinearScorer)``
@@ -177,7 +178,8 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
     ``"in-bank"``: per fold, the threshold chosen on the bank alone (cross-fitted over the inner
     repository split of the bank; most tokens saved with retention >= ``target_retention``).
     ``group(traj)``: the fold group the ``folds`` name (default the repository; the protocol's
-    ``group_of`` when it groups by instance or agent), also used for the inner split.
+    ``group_of`` when it groups by instance or agent), also used for the inner split; ``group_name``: that
+    group as a word (the report's 'inner <group> split').
     Returns a JSON-able dict (``rows``: one per policy, schedule, threshold).
     """
     schedules = {k: check_schedule(k, v, "evaluate_pruning") for k, v in (schedules or SCHEDULES).items()}
@@ -232,7 +234,7 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
     rows.append({"policy": "no pruning", "schedule": "-", "checkpoints": [], "threshold": None, **_summary(none, boot)})
     out = {"rows": rows, "chosen_thresholds": chosen, "n_instances": len(insts),
            "n_solvable": int(none["solvable"].sum()), "k": sorted({len(pools_by[i].candidates) for i in insts}),
-           "min_alive_rule": "max(3, floor(K/2)) alive (running or finished) candidates",
+           "min_alive_rule": "max(3, floor(K/2)) alive (running or finished) candidates", "inner_split": group_name,
            "target_retention": target_retention, "n_boot": n_boot, "seed": seed,
            "prefix_bank_fallbacks": len(fallbacks),
            "gen_tokens_total": float(none["gen_total"].sum()), "obs_tokens_total": float(none["obs_total"].sum())}
@@ -316,4 +318,4 @@ def reproduce_pruning(run, trajs: Sequence[Trajectory], store, tokenizer, folds,
 
     return evaluate_pruning(trajs, states, fp, folds, tokens, fit=fit, policies=policies, thresholds=thresholds,
                             schedules=schedules, cascade=cascade, n_boot=s.n_boot, seed=s.seed, log=run.log,
-                            group=run.group)
+                            group=run.group, group_name=group_noun(s.group_by, 1))

@@ -30,7 +30,7 @@ from ..sift.scorer import LinearScorer
 from ..states.store import StateStore
 from ..trajectories.trajectory import Trajectory, load_jsonl
 from ..cascade.verifier import VerifierFailure
-from .decide import decision_section
+from .decide import REF_LENGTH_STACK, decision_section
 from .folds import Split, fold_splits, group_of
 from .guard import protocol_guard
 from .operating import operating_points
@@ -158,6 +158,23 @@ def open_run(run_dir: str | Path, settings_classes: dict[str, type], *,
     return Run(settings, log=log), settings.select(load_jsonl(pools)), StateStore(states).open()
 
 
+def composition(trajs: Sequence[Trajectory], group_by: str) -> dict:
+    """summary.json ``composition``: the agents, repositories and fold grouping of the evaluated candidates
+    (the report's words follow it: one agent's pools are not 'pools of mixed agents')."""
+    agents = sorted({t.agent for t in trajs})
+    return {"agents": agents, "n_agents": len(agents), "n_repositories": len({t.repo for t in trajs}),
+            "n_instances": len({t.instance_id for t in trajs}), "group_by": group_by,
+            "n_fold_groups": len({group_of(t, group_by) for t in trajs})}
+
+
+def missing_filters(fold_info: dict, settings: ProtocolSettings) -> dict[str, str]:
+    """filter -> why it is absent from this run: not fitted in some fold (``stage1_filters``), or not run."""
+    missing = dict(fold_info.get("missing") or {})
+    if not settings.variants:
+        missing.setdefault(REF_LENGTH_STACK, "not run: the beyond-paper variants are off (--no-variants)")
+    return missing
+
+
 def no_verifier_table(trajs: Sequence[Trajectory]) -> dict:
     """A final-verifier table that scores nobody: Stage 4 keeps every survivor, charges nothing."""
     return {t.traj_id: VerifierFailure(t.traj_id, error="no verifier results given", attempts=0) for t in trajs}
@@ -186,13 +203,15 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     run.timed("operating_points", t0)
     # the comparisons that decide, the single-agent pools and the verdict (protocol.decide, single_agent, verdict)
     t0 = time.perf_counter()
+    data["composition"] = composition(trajs, settings.group_by)
+    missing = missing_filters(st.fold_info, settings)
     data["decision"] = decision_section(table, {n: v for n, v in scores.items() if n in filters}, summary.ledger,
                                         reference_workflow=data["tokens"].get("reference"),
-                                        n_boot=settings.n_boot, seed=settings.seed)
+                                        n_boot=settings.n_boot, seed=settings.seed, missing=missing)
     data["single_agent"] = single_agent_pools(
         pools, records, filters, trajs, ks=settings.ks, n_draws=settings.n_draws, n_boot=settings.n_boot,
         seed=settings.seed, final_verifier=ef if ef is not None else no_verifier_table(trajs),
-        reference="ef_verifier" if ef is not None else None)
+        reference="ef_verifier" if ef is not None else None, missing=missing)
     if st.single_guard is not None:
         data["single_agent"]["shift_guard"] = st.single_guard
     data["verdict"] = verdict_lines(data)
@@ -256,9 +275,11 @@ def _stage1(run: Run, trajs: Sequence[Trajectory], store, tokenizer, verifier, e
     t0 = time.perf_counter()
     guard_info = protocol_guard(run, trajs, folds, states, fingerprint, false_alarm=settings.guard_false_alarm,
                                 n_boot=settings.n_boot, seed=settings.seed, agent_transfer=settings.agent_transfer)
+    # one agent: its single-agent bank is the fold bank itself (the false alarms above), so no second table
     single_guard = single_agent_guard(run, trajs, folds, states, fingerprint, guard_info.get("detection", {}),
                                       false_alarm=settings.guard_false_alarm, n_boot=settings.n_boot,
-                                      seed=settings.seed) if settings.agent_transfer else None
+                                      seed=settings.seed) \
+        if settings.agent_transfer and len({t.agent for t in trajs}) >= 2 else None
     run.timed("shift_guard", t0)
     ef = verifier() if callable(verifier) else verifier
     del states

@@ -97,9 +97,16 @@ def candidate_table_of(subs: Sequence[PoolSpec], trajs: Sequence[Trajectory]) ->
 
 def single_agent_pools(pools: Sequence[PoolSpec], records, filters: Mapping, trajs: Sequence[Trajectory], *,
                        ks: Sequence[int], final_verifier, reference: str | None, n_draws: int, n_boot: int,
-                       seed: int) -> dict:
-    """The ``single_agent`` section: the cascade, AUCs and paired differences on the sub-pools."""
+                       seed: int, missing: Mapping[str, str] | None = None) -> dict:
+    """The ``single_agent`` section: the cascade, AUCs and paired differences on the sub-pools.
+
+    ``missing``: filter -> why it is absent from ``filters`` (a missing reference is named, never replaced).
+    With one agent every pool is that agent's: the section is a note (the main tables are its tables)."""
     agent_of = {t.traj_id: t.agent for t in trajs}
+    agents = sorted(set(agent_of.values()))
+    if len(agents) == 1:
+        return {"note": f"one agent ({agents[0]}) wrote every candidate: every pool is a single-agent pool, so the "
+                        "main tables are the single-agent tables"}
     subs, base = split_pools_by_agent(pools, agent_of)
     if not subs:
         return {"note": "no agent wrote two or more candidates of one instance: no single-agent pools"}
@@ -124,14 +131,14 @@ def single_agent_pools(pools: Sequence[PoolSpec], records, filters: Mapping, tra
                                     for r in (REF_LENGTH_RULE, REF_RANDOM)},
            "best_difference": {r: ledger_difference(summary.ledger, "best", r, n_boot=n_boot, seed=seed)
                                for r in (REF_LENGTH_RULE, REF_RANDOM)},
-           "auc": auc_comparisons(table, scores, n_boot=n_boot, seed=seed),
+           "auc": auc_comparisons(table, scores, n_boot=n_boot, seed=seed, missing=missing),
            "per_agent": {}}
     for a in sorted(set(table["agent"].tolist())):
         keep = table["agent"] == a
         sub_table = {c: v[keep] for c, v in table.items()}
         if len(set(sub_table["instance_id"].tolist())) >= 2:
             out["per_agent"][a] = auc_comparisons(sub_table, {n: v[keep] for n, v in scores.items()},
-                                                  n_boot=n_boot, seed=seed)
+                                                  n_boot=n_boot, seed=seed, missing=missing)
     return out
 
 

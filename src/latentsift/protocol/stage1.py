@@ -44,7 +44,8 @@ def latentsift_variants(ablations: bool = True) -> dict[str, dict]:
 
 def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
                    sweep: str | None = None) -> tuple[dict, dict, dict]:
-    """name -> draw scorer for every filter; per-candidate full-pool scores; fold bookkeeping.
+    """name -> draw scorer for every filter; per-candidate full-pool scores; fold bookkeeping (``folds``, and
+    ``missing``: filter -> why it could not be fitted in every fold; such a filter is left out, never replaced).
 
     ``run``: the ``protocol.Run``; ``sweep``: a representation of the sweep (states of its own): only
     the paper's method and the inner-CV default are built, named ``sweep:<name>`` and
@@ -76,6 +77,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
             info["variants"] = variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
                                                per_instance, put, curves=sweep is None)
         fold_info.append(info)
+    missing = _drop_incomplete(per_instance, fold_info, trajs)
     if sweep is not None:
         per_instance = {f"sweep:{sweep}" + ("" if n == "latentsift" else f":{n}"): per_instance[n]
                         for n in ("latentsift", "default") if n in per_instance}
@@ -84,7 +86,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
             for name, table in per_instance.items()}
     if sweep is not None:
         run.timed(f"stage1:{sweep}", t0)
-        return draw_scorers, full, {"folds": fold_info}
+        return draw_scorers, full, {"folds": fold_info, "missing": missing}
     full |= run.curve_scores  # training-set size curves: per-candidate scores, diagnostics only
     channels = {}
     for i, (f, p) in per_instance["latentsift"].items():
@@ -93,4 +95,19 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
         if p.q_lin is not None:
             channels.setdefault("q_lin", {}).update(dict(zip(p.traj_ids, p.q_lin.tolist())))
     run.timed("stage1", t0)
-    return draw_scorers, full | {"_components": channels}, {"folds": fold_info}
+    return draw_scorers, full | {"_components": channels}, {"folds": fold_info, "missing": missing}
+
+
+def _drop_incomplete(per_instance: dict, fold_info: list[dict], trajs) -> dict[str, str]:
+    """Remove (in place) every filter that some fold could not fit, so that no filter is evaluated on part of
+    the pools or stands in for another; returns name -> the first fold's reason (summary.json names them)."""
+    instances = {t.instance_id for t in trajs}
+    missing: dict[str, str] = {}
+    for info in fold_info:
+        for name, why in info.get("variants", {}).get("missing", {}).items():
+            missing.setdefault(name, why)
+    for name in list(per_instance):
+        if name in missing or set(per_instance[name]) != instances:
+            missing.setdefault(name, "not fitted in every fold")
+            per_instance.pop(name, None)
+    return missing

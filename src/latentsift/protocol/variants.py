@@ -36,7 +36,8 @@ def trajs_of(bank_trajs, eval_pools):
 
 def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer, per_instance, put, *,
                     curves: bool = True) -> dict:
-    """Beyond-paper variants of one outer fold (``latentsift.sift.variants``); returns what was chosen."""
+    """Beyond-paper variants of one outer fold (``latentsift.sift.variants``); returns what was chosen (and,
+    when the inner cross-validation is impossible in this fold, ``missing``: variant name -> reason)."""
     seed = run.settings.seed
     bank_ids = sorted(t.traj_id for t in bank_trajs)
     labels = {t.traj_id: int(t.label) for t in bank_trajs}
@@ -76,21 +77,24 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
         return stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, probe_eval,
                                 per_instance, put)
     except LatentSiftError as e:  # e.g. a bank with too few resolved trajectories (tiny runs)
-        for n in [*STACK_CONFIGS, "default"]:
-            tbl = per_instance["latentsift"]
-            put(n if n == "default" else f"variant:{n}", tbl[eval_pools[0].instance_id][0],
-                {p.instance_id: tbl[p.instance_id][1] for p in eval_pools})
-        run.log(f"[variants] fold {k}: inner cross-validation impossible ({e}); the stacked variants "
-                "and the default fall back to the paper's method in this fold")
-        return {"chosen_default": "latentsift (fallback)", "reason": str(e)}
+        # the stacked variants (stack:length, a reference, among them) cannot be fitted in this fold: they are
+        # missing from the run (``stage1_filters`` drops them, with this reason), never replaced by another
+        # filter; the default (a choice, not a reference) keeps the paper's method, named as a fallback
+        tbl = per_instance["latentsift"]
+        put("default", tbl[eval_pools[0].instance_id][0], {p.instance_id: tbl[p.instance_id][1] for p in eval_pools})
+        run.log(f"[variants] fold {k}: inner cross-validation impossible ({e}); the stacked variants are missing "
+                "from this run and the default falls back to the paper's method in this fold")
+        return {"chosen_default": "latentsift (fallback)", "reason": str(e),
+                "missing": {f"variant:{n}": f"fold {k}: inner cross-validation impossible ({e})" for n in STACK_CONFIGS}}
 
 
 def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, probe_eval, per_instance,
                      put) -> dict:
     """Stacked fusions with weights fitted on cross-fitted bank signals, and the inner-CV choice."""
     seed = run.settings.seed
-    # cross-fitted bank signals (inner repository folds) for the stacked fusion and the choice
-    inner = list(inner_folds(bank_trajs, seed=seed))
+    # cross-fitted bank signals for the stacked fusion and the choice: inner folds of the bank split by the
+    # run's own fold groups (repository, agent or instance: ``run.group``), as the outer folds are
+    inner = list(inner_folds(bank_trajs, run.group, seed=seed))
     bank_raw: dict[str, dict[str, float]] = {}
     inner_fold_of: dict[str, int] = {}
     for f in inner:

@@ -51,7 +51,9 @@ def auc_table(data: Mapping, auc: Mapping, *, adjusted: bool = False) -> list[st
                 [_auc(lr["auc"]), _diff(lr["minus_half"], adjusted), "yes" if row["post_hoc"] else ""]
         rows.append("| " + " | ".join(cells) + " |")
     ref_row = ", ".join(f"{filter_name(data, r)} {_auc(a)}" for r, a in auc.get("reference_aucs", {}).items())
-    return rows + ["", f"References: {ref_row}.", ""]
+    gone = [f"Missing reference: {filter_name(data, r)} ({why}); no comparison with it is made."
+            for r, why in (auc.get("missing_references") or {}).items()]
+    return rows + ["", f"References: {ref_row}.", *(["", *gone] if gone else []), ""]
 
 
 def decision_markdown(data: Mapping) -> list[str]:

@@ -100,6 +100,12 @@ def _folds_markdown(folds: list[dict]) -> list[str]:
     return lines
 
 
+def _group_word(data: Mapping) -> str:
+    """The fold group of the run as a word ('repository', 'agent', 'instance'): the inner folds split by it too."""
+    g = (data.get("composition") or {}).get("group_by", "repo")
+    return {"repo": "repository"}.get(g, g)
+
+
 def _selection_markdown(data: dict) -> list[str]:
     """'Selection quality beyond length': retention and AUC against the length rules, per agent."""
     sel, ks, ret = data["selection"], _ks(data), data["retention"]
@@ -151,7 +157,7 @@ def _selection_markdown(data: dict) -> list[str]:
         if not choice:
             continue
         lines += [f"Default configuration{title} chosen per fold by cross-validation inside the bank only (inner "
-                  "repository folds; cross-fitted within-pool AUC on bank pools):", ""]
+                  f"{_group_word(data)} folds; cross-fitted within-pool AUC on bank pools):", ""]
         for c in choice:
             ev = c.get("inner_cv_within_pool_auc")
             evs = ", ".join(f"{k} {_num(v)}" for k, v in ev.items()) if ev else c.get("reason", "")
@@ -170,7 +176,9 @@ def _agent_transfer_markdown(data: dict) -> list[str]:
     ref = data["selection"].get("reference", REFERENCE)
     pa = data["selection"].get("per_agent_retention", {})
     kmax = ks[-1]
-    rows_f = [(f"both agents ({_name(data, tr.get('reference', 'latentsift'))})", tr.get("reference", "latentsift"))]
+    n_agents = len(tr.get("agents") or [None, None])
+    every = "both agents" if n_agents == 2 else f"all {n_agents} agents"
+    rows_f = [(f"{every} ({_name(data, tr.get('reference', 'latentsift'))})", tr.get("reference", "latentsift"))]
     rows_f += [(f"{a} only", f) for a, f in sorted(tr.get("filters", {}).items())]
     rows_f += [(_name(data, f), f) for f in rule_keys() if f in ret and not filter_entry(f).tokenizer]
     groups = sorted({g for _, f in rows_f for g in pa.get(f, {})})
@@ -232,14 +240,18 @@ def _shift_guard_markdown(data: dict) -> list[str]:
              "check (an agent or scaffold absent from the bank) separately.", ""]
     rows = []
     fa = g["false_alarms"]["pooled"]
+    same = "same agent" if (data.get("composition") or {}).get("n_agents") == 1 else "same agents"
     for kind in kinds:
-        rows.append(["false alarm: held-out folds, same agents", kind, _rate(fa[kind]["distance"]),
+        rows.append([f"false alarm: held-out folds, {same}", kind, _rate(fa[kind]["distance"]),
                      _rate(fa[kind]["name"])])
     for pair, d in sorted(g.get("detection", {}).items()):
         for kind in kinds:
             rows.append([f"detection: bank of {d['bank_agent']}, pools of {d['pool_agent']} only", kind,
                          _rate(d[kind]["distance"]), _rate(d[kind]["name"])])
     lines += [_table(["pools", "reference", "distance check", "name check"], rows), ""]
+    if (data.get("composition") or {}).get("n_repositories") == 1:
+        lines += ["One repository: there is no other repository to leave out, so the 'repository' rows leave out "
+                  "the instance instead (the per-fold table's 'kind used').", ""]
     per = g["false_alarms"].get("per_fold", [])
     if per:
         rows = [[str(f["fold"]), kind, _num(f["threshold"][kind]), f["reference_kind_used"][kind],
@@ -280,7 +292,7 @@ def _pruning_markdown(pr: dict) -> list[str]:
              "read (observations), as a share of all the pools' tokens; retention: a resolved candidate "
              "survives (instances with one); Best@K: the cascade run on the survivors. 95% bootstrap "
              f"intervals over instances ({pr['n_boot']} resamples). Thresholds 'in-bank': chosen per fold on "
-             "the bank alone (inner repository split; most tokens saved with retention >= "
+             f"the bank alone (inner {pr.get('inner_split', 'repository')} split; most tokens saved with retention >= "
              f"{pr['target_retention']:.0%}).", "",
              pr["verdict"]["sentence"], ""]
     if pr.get("prefix_bank_fallbacks"):
