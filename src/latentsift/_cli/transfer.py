@@ -26,14 +26,18 @@ def transfer_cmd(
     boot: Boot = 1000,
     scorer_epochs: ScorerEpochs = 40,
     seed: Seed = 0,
+    group_by: str = typer.Option("repo", "--group-by", help="Disjoint folds by repo, or by instance (one repository "
+                                 "or none, e.g. two policies on the same tasks: a bank never holds the task it scores)."),
 ) -> None:
     """Banks from other agents on each agent's pools: all agents, the nearest one, each single agent.
 
-    Retention is measured at each K only where the pools hold at least K >= 4 candidates.
+    Retention is measured at each K only where the pools hold at least K >= 4 candidates; the shift guard's flags
+    of the all-agent bank on each set's pools are reported beside.
     """
     console = Console(stderr=True)
     # one line per fold and evaluated set (plain lines when stdout is not a terminal: CI, nohup)
     with StageProgress(console) as bar:
         report = transfer_matrix(pools, states, out, n_folds=folds, ks=tuple(k), n_draws=draws,
-                                 n_boot=boot, scorer_epochs=scorer_epochs, seed=seed, log=bar.print)
+                                 n_boot=boot, scorer_epochs=scorer_epochs, seed=seed, group_by=group_by,
+                                 log=bar.print)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json beside it)")

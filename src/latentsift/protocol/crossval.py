@@ -38,7 +38,9 @@ class CrossvalSettings(ProtocolSettings):
     token columns; ``first_instances``: only the first N instances by id (the rule of
     ``extract --instances N``); ``on_leak``: pools that straddle fold groups are refused ("error")
     or left out and named ("skip"); ``sources``: with several pools files / stores, their paths
-    (``pools`` is then their union).
+    (``pools`` is then their union); ``premise``: also the premise section (``protocol.premise``: the
+    paper's method, its branches and the probe against the length rules, ``stack:length`` and random,
+    with its own Bonferroni family) and the per-candidate scores that pair two runs (own vs proxy).
     """
 
     pools: str
@@ -48,11 +50,12 @@ class CrossvalSettings(ProtocolSettings):
     first_instances: int | None = None
     on_leak: str = "error"
     sources: dict | None = None
+    premise: bool = False
 
     owner = "crossval"
     key_order = ("pools", "states", "out", "group_by", "n_folds", "ks", "n_draws", "n_boot", "seed", "scorer_epochs",
                  "variants", "curve_fractions", "agent_transfer", "verifier", "first_instances", "on_leak", "sources",
-                 "guard_false_alarm", "target_recalls")
+                 "guard_false_alarm", "target_recalls", "premise")
 
     def __post_init__(self):
         super().__post_init__()

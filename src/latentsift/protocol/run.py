@@ -34,6 +34,7 @@ from .decide import REF_LENGTH_STACK, decision_section
 from .folds import Split, fold_splits, group_of
 from .guard import protocol_guard
 from .operating import operating_points
+from .premise import SCORES_FILE, premise_section, save_scores
 from .pruning import reproduce_pruning
 from .settings import ProtocolSettings, digest
 from .single_agent import single_agent_guard, single_agent_pools
@@ -214,6 +215,10 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
         reference="ef_verifier" if ef is not None else None, missing=missing)
     if st.single_guard is not None:
         data["single_agent"]["shift_guard"] = st.single_guard
+    if getattr(settings, "premise", False):  # the premise test on one policy's pools (protocol.premise)
+        data["premise"] = premise_section(table, {n: v for n, v in scores.items() if n in filters}, data,
+                                          missing=missing, n_boot=settings.n_boot, seed=settings.seed)
+        save_scores(out / SCORES_FILE, table, {n: v for n, v in scores.items() if n in filters})
     data["verdict"] = verdict_lines(data)
     run.timed("decide", t0)
     # offline early pruning by prefix truncation of the stored states (latentsift.sift.prune); reuses the

@@ -4,9 +4,10 @@ Evaluation sets (``eval_sets``): the pools of each agent alone where it wrote tw
 per instance, the pools of several agents where no agent did (e.g. the Verified pairs, one
 candidate per agent and instance) and the mixed pools of several agents where pools hold K >= 4
 candidates (for retention). Every bank leaves out each agent with candidates in the evaluated
-pools (leave-the-evaluated-agents-out), and every bank is repository-disjoint from the pools it
-scores: the evaluated repositories are split into ``n_folds`` folds (``bank.split_by_repo``) and the
-pools of a fold are scored by banks and scorers built from the other repositories only.
+pools (leave-the-evaluated-agents-out), and every bank is disjoint from the pools it scores by the fold
+group (``group_by``: repository, the default, or instance, for one repository or none, e.g. two policies
+on the same tasks): the evaluated groups are split into ``n_folds`` folds (``bank.split_by_repo``) and
+the pools of a fold are scored by banks and scorers built from the other groups only.
 
 Bank configurations per evaluation set: ``all`` (every other agent pooled), ``nearest`` (per pool,
 the single-agent sub-bank with the smallest median nearest-bank distance of the pool's candidates,
@@ -19,6 +20,11 @@ paired difference to shortest-in-characters (``diagnostics.diagnostics_table``);
 resolved candidate survives Stage 1 among seeded draws of K candidates that hold one) where pools
 hold K >= 4, with its bootstrap interval (``evaluate.mean_ci``). Two-candidate pools keep both
 candidates at Stage 1 (max(3, floor(K/2))), so they are measured by AUC only.
+
+The shift guard's flags (``shift_eval.pool_flags``) of the ``all`` bank on the pools it scores: the share
+of pools the distance check flags (threshold at the ``1 - FALSE_ALARM`` quantile of the bank's own pools
+left out by repository, or by instance when folds are by instance) and the name check flags (an agent
+absent from the bank: always, for another agent's pools), with bootstrap intervals over pools.
 
     OUT/summary.json   settings, evaluation sets, per set and configuration: AUC (+ interval), retention
     OUT/report.md      the tables and the bank-choice verdict
@@ -34,21 +40,24 @@ import numpy as np
 
 from .._core.threads import blas_fixed
 from .._core.io import atomic_write_json
-from .._core.validation import LatentSiftError, check_positive_int
+from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..bank.bank import Bank, split_by_repo
 from ..metrics.diagnostics import auc_difference_ci, interval_outcome
 from ..metrics.score_table import diagnostics_table
 from ..metrics.bootstrap import bootstrap_indices, draw_subsets, instance_seed, mean_ci
 from ..deploy.library import SubBank, fit_sub_bank, load_runs, nearest_choice, pool_distances
-from ..deploy.shift import Reference
+from ..deploy.shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
 from ..sift.rules import REFERENCE, filter_entry, make_baseline, rule_keys
 from ..sift.sift import LatentSift, Stage1Filter
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import Pool, Trajectory, group_pools
+from .folds import group_noun, group_of
+from .shift_eval import flag_rate, pool_flags
 
 #: The rule filters of the matrix: those computed from the trajectories alone, in the tables' order.
 BASELINE_NAMES = tuple(filter_entry(k).name for k in rule_keys() if not filter_entry(k).tokenizer)
 RETENTION_MIN_K = 4  # retention is reported where pools hold K >= 4 (smaller pools keep max(3, .) = all)
+TRANSFER_GROUP_BY = ("repo", "instance")  # by agent would be the evaluated agents themselves
 
 
 @dataclass
@@ -64,10 +73,12 @@ class TransferSettings:
     n_boot: int = 1000
     seed: int = 0
     scorer_epochs: int = 40
+    group_by: str = "repo"
 
     def __post_init__(self):
         for name in ("n_folds", "n_draws", "n_boot"):
             check_positive_int(getattr(self, name), name, "transfer")
+        check_choice(self.group_by, "group_by", "transfer", TRANSFER_GROUP_BY)
         if self.scorer_epochs < 0:
             raise LatentSiftError(f"transfer: scorer_epochs must be >= 0 (0 = distance branch only). "
                                   f"Got {self.scorer_epochs}.")
@@ -190,20 +201,31 @@ def evaluate_set(es: EvalSet, trajs: Sequence[Trajectory], states: Mapping[str, 
     """Every bank configuration and baseline on one evaluation set (repository folds, see module doc)."""
     others = sorted({t.agent for t in trajs} - set(es.agents))
     eval_ids = {c.traj_id for p in es.pools for c in p.candidates}
-    repos = {c.traj_id: c.repo for p in es.pools for c in p.candidates}
-    folds = split_by_repo(repos, n_folds=min(s.n_folds, len(set(repos.values()))), seed=s.seed)
+    groups = {c.traj_id: group_of(c, s.group_by) for p in es.pools for c in p.candidates}
+    n_groups = len(set(groups.values()))
+    if n_groups < 2:
+        raise LatentSiftError(f"transfer: the pools of {es.name} come from one {group_noun(s.group_by, 1)}; folds "
+                              f"need two or more (use --group-by instance for one repository).")
+    folds = split_by_repo(groups, n_folds=min(s.n_folds, n_groups), seed=s.seed)
     configs = ["all", "nearest"] + [f"agent:{a}" for a in others]
     scored = {c: _Scored() for c in configs}
     choices: dict[str, dict] = {}
+    kind = "instance" if s.group_by == "instance" else REFERENCE_KIND
+    flags: list[dict] = []
     for k, (_, fold_repos) in enumerate(folds):
         fold_repos = set(fold_repos)
-        pools = [p for p in es.pools if p.candidates[0].repo in fold_repos]
-        bank_trajs = [t for t in trajs if t.agent in others and t.repo not in fold_repos
+        pools = [p for p in es.pools if group_of(p.candidates[0], s.group_by) in fold_repos]
+        bank_trajs = [t for t in trajs if t.agent in others and group_of(t, s.group_by) not in fold_repos
                       and t.traj_id not in eval_ids]
         log(f"[transfer] {es.name}: fold {k + 1}/{len(folds)} ({len(pools)} pools; bank {len(bank_trajs)} "
             f"trajectories of {others})")
         if _usable(bank_trajs):
-            scored["all"].add(_fit_latentsift(bank_trajs, states, fp, s, "all"), pools, states, fp)
+            filt = _fit_latentsift(bank_trajs, states, fp, s, "all")
+            scored["all"].add(filt, pools, states, fp)
+            if pools:  # the shift guard on the same bank: would it flag these pools?
+                ref = Reference.from_bank(filt.bank, agents=others, scaffolds=sorted({scaffold_of(t) for t in bank_trajs}),
+                                          kind=kind)
+                flags += [dict(v, kind_used=ref.kind) for v in pool_flags(pools, states, filt.bank, ref).values()]
         singles = {}
         for a in others:
             ts = [t for t in bank_trajs if t.agent == a]
@@ -255,8 +277,11 @@ def evaluate_set(es: EvalSet, trajs: Sequence[Trajectory], states: Mapping[str, 
     n_chosen: dict[str, int] = {}
     for v in choices.values():
         n_chosen[v["chosen"]] = n_chosen.get(v["chosen"], 0) + 1
+    guard = {"bank": "all", "reference_kind": kind, "kind_used": sorted({f["kind_used"] for f in flags}),
+             "false_alarm_setting": FALSE_ALARM,
+             **{c: flag_rate([f[c] for f in flags], n_boot=s.n_boot, seed=s.seed) for c in ("distance", "name")}}
     return {"set": es.describe(), "bank_agents": others, "folds": [sorted(f[1]) for f in folds],
-            "auc": auc, "retention": retention,
+            "auc": auc, "retention": retention, "shift_guard": guard,
             "nearest": {"n_chosen": n_chosen, "pools": choices}, "nearest_minus_all": paired}
 
 
@@ -324,6 +349,10 @@ def verdict(results: Sequence[dict]) -> dict:
                            "else undetermined"}
 
 
+def _rate(r: dict) -> str:
+    return f"{100 * r['rate']:.1f}% [{100 * r['lo']:.1f}, {100 * r['hi']:.1f}] (n={r['n_pools']})"
+
+
 def _fmt_ci(a: dict | None) -> str:
     if not a or a.get("auc") is None:
         return "-"
@@ -333,9 +362,10 @@ def _fmt_ci(a: dict | None) -> str:
 
 def render_report(summary: dict) -> str:
     s = summary["settings"]
+    noun = group_noun(s.get("group_by", "repo"), 1)
     lines = ["# Transfer matrix: banks from other agents", "",
              f"Pools: {', '.join(s['pools'])}; states: {', '.join(s['states'])}. Banks leave out every agent with "
-             f"candidates in the evaluated pools and are repository-disjoint from them ({s['n_folds']} repository "
+             f"candidates in the evaluated pools and are {noun}-disjoint from them ({s['n_folds']} {noun} "
              f"folds, seed {s['seed']}); scorer epochs {s['scorer_epochs']}; {s['n_boot']} bootstrap resamples "
              "of instances (95% intervals).", "", "| agent | trajectories | resolved | repositories |",
              "| --- | ---: | ---: | ---: |"]
@@ -352,6 +382,12 @@ def render_report(summary: dict) -> str:
             dtxt = "-" if diff.get("estimate") is None or diff.get("lo") is None else \
                 f"{diff['estimate']:+.2f} [{diff['lo']:+.2f}, {diff['hi']:+.2f}]"
             lines.append(f"| {name} | {_fmt_ci(v['auc'])} | {dtxt} |")
+        g = r.get("shift_guard")
+        if g and g["distance"].get("rate") is not None:
+            lines += ["", f"Shift guard on the `all` bank ({g['reference_kind']}-held-out reference, kind used "
+                      f"{', '.join(g['kind_used'])}; stated false-alarm rate {g['false_alarm_setting']:.0%}): "
+                      f"{_rate(g['distance'])} of these pools flagged by the distance check, {_rate(g['name'])} by "
+                      "the name check (an agent absent from the bank)."]
         for k, row in r["retention"].items():
             lines += ["", f"Retention at K = {k} (a resolved candidate survives Stage 1):", "",
                       "| bank / rule | retention [95% CI] | instances |", "| --- | ---: | ---: |"]

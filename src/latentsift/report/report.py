@@ -24,6 +24,7 @@ from .._core.io import atomic_write_text
 from ._format import _ci_pct, _ks, _ktok, _name, _pct, _table
 from .decision_report import decision_markdown, verdict_markdown
 from .figures import write_figures
+from .premise_report import premise_markdown
 from .sections import (_agent_transfer_markdown, _operating_markdown, _pruning_markdown, _run_markdown,
                        _selection_markdown, _shift_guard_markdown)
 
@@ -65,6 +66,7 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
     come first (``_settings_markdown`` .. ``_diagnostics_markdown``), the protocol's sections after."""
     lines = ["# LatentSift evaluation report", ""]
     lines += verdict_markdown(data)  # at most 12 lines: the verdict first, the run's settings below
+    lines += premise_markdown(data)  # the premise test, when the run asked for it (crossval premise=True)
     lines += _settings_markdown(data)
     lines += _best_markdown(data)
     lines += _retention_markdown(data)

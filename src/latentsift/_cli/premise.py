@@ -1,0 +1,50 @@
+"""``latentsift premise``: the premise test on one policy's pools (parsing and progress only)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from .._core.guard import check_output
+from .._jobs.premise import premise
+from ..protocol import CrossvalSettings
+from ..protocol.premise import PREMISE_KS
+from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed
+from ._progress import StageProgress
+
+_DEFAULT = CrossvalSettings.defaults()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("premise")(premise_cmd)
+
+
+def premise_cmd(
+    pools: Path = typer.Argument(..., help="Canonical JSONL of one policy's labelled candidate pools."),
+    states: Path = typer.Option(..., "--states", help="STATES_DIR of the policy's own states of these candidates."),
+    proxy_states: Optional[Path] = typer.Option(None, "--proxy-states", help="STATES_DIR of the SAME candidates "
+                                                "encoded by another model (e.g. SmolLM2 replay): adds own - proxy."),
+    out: Path = typer.Option(..., "--out", help="Folder for own/ and proxy/ (crossval runs), summary.json and "
+                             "report.md."),
+    group_by: str = typer.Option("instance", "--group-by", help="Disjoint folds by instance (task; the premise's "
+                                 "rule), repo or agent."),
+    folds: Folds = _DEFAULT["n_folds"],
+    k: Ks = PREMISE_KS,
+    draws: Draws = _DEFAULT["n_draws"],
+    boot: Boot = _DEFAULT["n_boot"],
+    scorer_epochs: ScorerEpochs = _DEFAULT["scorer_epochs"],
+    seed: Seed = _DEFAULT["seed"],
+    verifier: Optional[Path] = typer.Option(None, "--verifier", help="Final-verifier results (folder or "
+                                            "verdicts.jsonl) for the cascade's Stage 4 (default: none)."),
+) -> None:
+    """Do the policy's own states beat length? Within-pool AUC of the paper's method, its branches and the probe
+    against the length rules, stack:length and random; retention@K; verifier calls at R = 0.9, 0.95; own - proxy."""
+    check_output(out, [pools, states, proxy_states, verifier])
+    console = Console(stderr=True)
+    with StageProgress(console) as bar:
+        report = premise(pools, states, out, proxy_states=proxy_states, ks=tuple(k), group_by=group_by,
+                         n_folds=folds, n_draws=draws, n_boot=boot, scorer_epochs=scorer_epochs, seed=seed,
+                         verifier=verifier, log=bar.print, progress=bar.update)
+    console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json beside it)")

@@ -1,0 +1,61 @@
+"""``latentsift premise``: the premise test on one policy's pools (file driver of ``protocol.premise``):
+``crossval`` on the policy's own state store and on a proxy store of the same candidates, then own
+against proxy, written as OUT/summary.json and OUT/report.md."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .._core.io import atomic_write_json, atomic_write_text
+from .._core.validation import LatentSiftError, check_states_present
+from ..protocol.crossval import crossval
+from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, own_vs_proxy, premise_ks
+from ..report.premise_report import premise_report_markdown
+from ..states.store import StateStore
+from ..trajectories.trajectory import group_pools, load_jsonl
+
+__all__ = ["premise"]
+
+
+def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_states: str | Path | None = None,
+            ks: Sequence[int] = PREMISE_KS, log: Callable[[str], None] = print,
+            progress: Callable[[str, int, int, str], None] | None = None, **settings) -> Path:
+    """``latentsift premise``: the premise test on one policy's pools.
+
+    Runs ``crossval`` (folds by task unless ``group_by`` says otherwise, the operating points at R = 0.9
+    and 0.95, retention@K for ``ks`` up to the pool size) on the policy's own ``states`` into OUT/own and,
+    with ``proxy_states`` (the same candidates encoded by another model), on those into OUT/proxy; then
+    writes OUT/summary.json and OUT/report.md (own, proxy, own - proxy). ``settings``: further
+    ``CrossvalSettings`` fields (``n_folds``, ``n_draws``, ``n_boot``, ``seed``, ``scorer_epochs``, ...).
+    Reruns reuse each run's cached folds. Returns OUT.
+    """
+    out = Path(out)
+    trajs = load_jsonl(pools)
+    use_ks = premise_ks([len(p.candidates) for p in group_pools(trajs)], ks)
+    kw = {"group_by": "instance", "agent_transfer": False, "target_recalls": PREMISE_RECALLS} | settings
+    kw |= {"ks": use_ks, "premise": True}
+    runs = {"own": states} | ({"proxy": proxy_states} if proxy_states is not None else {})
+    for name, st in runs.items():  # both stores hold every candidate: checked before any run starts
+        if not Path(st).is_dir():
+            raise LatentSiftError(f"premise: no state store at {str(st)!r} ({name} states).")
+        check_states_present(StateStore(st).open(), trajs, f"premise ({name} states)")
+    (out / "summary.json").unlink(missing_ok=True)  # presence of summary.json = this premise run finished
+    for name, st in runs.items():
+        log(f"[premise] {name} states: {st}")
+        crossval(pools, st, out / name, log=log, progress=progress, **kw)
+    summary = {"format": "latentsift-premise", "version": 1,
+               "inputs": {"pools": str(pools), **{f"{n}_states": str(s) for n, s in runs.items()}},
+               "settings": {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v)
+                            for k, v in kw.items()}, "runs": {}}
+    for name in runs:
+        s = json.loads((out / name / "report" / "summary.json").read_text())
+        summary["runs"][name] = {"composition": s.get("composition"), "premise": s["premise"],
+                                 "fingerprint": s["settings"]["meta"].get("fingerprint")}
+    if proxy_states is not None:
+        summary["own_vs_proxy"] = own_vs_proxy(out / "own", out / "proxy", n_boot=kw.get("n_boot", 1000),
+                                               seed=kw.get("seed", 0))
+    atomic_write_json(out / "summary.json", summary)
+    atomic_write_text(out / "report.md", premise_report_markdown(summary))
+    log(f"[premise] report: {out / 'report.md'}")
+    return out

@@ -1,0 +1,157 @@
+"""The premise test on one policy's pools: do the states of the policy that wrote the candidates beat length?
+
+Rules (stated before any number; docs/results.md repeats them):
+
+- **What is compared**: the paper's method (``latentsift``), its two branches (``branch:distance``,
+  ``branch:learned``) and the logistic probe (``variant:probe``), each against shortest-in-characters,
+  fewest steps, ``stack:length`` (the length signals fused with weights fitted on the bank) and random:
+  paired within-pool AUC differences, bootstrap over instances (``decide.auc_comparisons``), and the
+  length-removed AUC minus 1/2 (``decide.residualize_within_pool``).
+- **Folds** by task (``group_by="instance"``; a policy's pools hold one repository or none); the inner
+  cross-validation of ``stack:length`` and the probe splits each bank by task as well.
+- **Missing references**: a reference that cannot be fitted is named with its reason, never replaced;
+  a claim that needs it is then undetermined.
+- **Multiplicity**: the premise table's family is its m = scores x (references + 1) intervals; each is
+  also given at the Bonferroni level 1 - 0.05 / m, and the verdict reads the Bonferroni intervals.
+- **Own states beat length** when the Bonferroni interval of AUC(paper) - AUC(R) lies above 0 for every
+  length reference R (shortest-in-characters, fewest steps, ``stack:length``); *do not* when one lies
+  below 0; otherwise *undetermined* (also when ``stack:length`` is missing).
+- **Own against proxy**: the same candidates in two state stores (the policy's own states and a proxy
+  encoder's replay), the same folds and settings; per filter the paired difference AUC(own) - AUC(proxy),
+  bootstrap over instances, at 95% and at the Bonferroni level over the filters compared.
+- Retention@K (K = 4, 8, 16 up to the pool size) and verifier calls at the target recalls 0.9 and 0.95
+  come from the run's cascade and operating points (``metrics.evaluate``, ``protocol.operating``).
+
+``premise_section`` is the ``premise`` part of a run's summary.json (``crossval(..., premise=True)``);
+``own_vs_proxy`` pairs two such runs; ``latentsift._jobs.premise.premise`` runs both and writes the report.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .._core.io import atomic_write_json
+from .._core.validation import LatentSiftError
+from ..metrics.diagnostics import CI_LEVEL, auc_difference_ci, interval_outcome
+from ..sift.rules import RANDOM, REFERENCE, filter_entry
+from .decide import PAPER, REF_LENGTH_STACK, auc_comparisons, n_auc_intervals
+
+PREMISE_SCORES = (PAPER, "branch:distance", "branch:learned", "variant:probe")
+FEWEST_STEPS = filter_entry("fewest-steps").key
+LENGTH_REFERENCES = (REFERENCE, FEWEST_STEPS, REF_LENGTH_STACK)
+PREMISE_REFERENCES = LENGTH_REFERENCES + (RANDOM,)
+PREMISE_KS = (4, 8, 16)
+PREMISE_RECALLS = (0.9, 0.95)
+SCORES_FILE = Path("premise") / "scores.json"   # per-candidate scores of a run, for own-vs-proxy pairing
+
+RULES = {
+    "compared": "the paper's method, its distance and learned branches and the logistic probe, each against "
+                "shortest-in-characters, fewest steps, stack:length and random: paired within-pool AUC differences "
+                "(bootstrap over instances) and the length-removed AUC minus 1/2",
+    "beats_length": "own states beat length when the Bonferroni interval of AUC(paper) - AUC(R) lies above 0 for "
+                    "every length reference R (shortest-in-characters, fewest steps, stack:length); they do not when "
+                    "one lies below 0; otherwise (or with a length reference missing) undetermined",
+    "missing": "a reference that cannot be fitted is named with its reason, never replaced",
+    "multiplicity": "m = scores x (references + 1) intervals; each also at the Bonferroni level 1 - 0.05/m",
+}
+
+
+def premise_ks(pools_sizes: Sequence[int], ks: Sequence[int] = PREMISE_KS) -> tuple[int, ...]:
+    """The Ks of the premise's retention (those no larger than the largest pool); refused when none is."""
+    top = max(pools_sizes) if pools_sizes else 0
+    use = tuple(k for k in ks if k <= top)
+    if not use:
+        raise LatentSiftError(f"premise: the pools hold at most {top} candidates; retention@K needs K in "
+                              f"{list(ks)} no larger than the pools (pass smaller ks).")
+    return use
+
+
+def _verdict(row: Mapping | None, missing: Mapping[str, str]) -> str:
+    """'yes' / 'no' / 'undetermined' for one score by the ``beats_length`` rule (Bonferroni intervals)."""
+    if row is None:
+        return "undetermined"
+    outs = []
+    for r in LENGTH_REFERENCES:
+        d = row["vs"].get(r)
+        if d is None:
+            outs.append("missing")
+            continue
+        a = d.get("adjusted") or d
+        outs.append(interval_outcome({"estimate": d.get("estimate"), "lo": a.get("lo"), "hi": a.get("hi")}))
+    if "lower" in outs:
+        return "no"
+    return "yes" if all(o == "higher" for o in outs) else "undetermined"
+
+
+def premise_section(table: Mapping[str, np.ndarray], scores: Mapping[str, np.ndarray], data: Mapping, *,
+                    missing: Mapping[str, str] | None, n_boot: int, seed: int, level: float = CI_LEVEL) -> dict:
+    """summary.json ``premise`` of a finished evaluation (``data``: its summary with ``retention`` and
+    ``operating_points``; ``table``/``scores``: the candidate table and full-pool scores aligned with it)."""
+    missing = dict(missing or {})
+    names = [n for n in PREMISE_SCORES if n in scores]
+    refs = [r for r in PREMISE_REFERENCES if r in scores or r == REFERENCE]
+    m = n_auc_intervals(len(names), len(refs))
+    adjusted = 1.0 - (1.0 - level) / max(m, 1)
+    auc = auc_comparisons(table, {n: scores[n] for n in names + refs if n in scores}, n_boot=n_boot, seed=seed,
+                          adjusted_level=adjusted, missing=missing, references=PREMISE_REFERENCES, names=names)
+    shown = names + [r for r in refs if r in data["retention"]]
+    ks = [k for k in data["retention"].get(PAPER, {}) if int(k) in PREMISE_KS]
+    op = data.get("operating_points") or {}
+    calls = {f: {r: {"verifier_calls": row["verifier_calls"], "realized_recall": row["realized_recall"]["pooled"],
+                     "n_folds_keep_all": row["n_folds_keep_all"]}
+                 for r, row in op["filters"][f]["targets"].items() if float(r) in PREMISE_RECALLS}
+             for f in shown if f in op.get("filters", {})}
+    beats = {n: _verdict(auc["scores"].get(n), auc["missing_references"]) for n in names}
+    return {"rules": RULES, "scores": names, "references": refs,
+            "missing_scores": {n: missing.get(n, "not in this run") for n in PREMISE_SCORES if n not in scores},
+            "multiplicity": {"n_auc_intervals": m, "bonferroni_level": adjusted},
+            "auc": auc, "beats_length": beats, "own_states_beat_length": beats.get(PAPER, "undetermined"),
+            "retention": {f: {str(k): data["retention"][f][k] for k in ks} for f in shown},
+            "ks": [str(k) for k in ks], "verifier_calls": calls, "target_recalls": [f"{r:g}" for r in PREMISE_RECALLS]}
+
+
+def save_scores(path: Path, table: Mapping[str, np.ndarray], scores: Mapping[str, np.ndarray]) -> None:
+    """The premise filters' per-candidate scores (aligned with the candidate table) for the pairing."""
+    keep = [n for n in PREMISE_SCORES + PREMISE_REFERENCES if n in scores]
+    atomic_write_json(path, {"format": "latentsift-premise-scores", "version": 1,
+                             "traj_id": table["traj_id"].tolist(), "instance_id": table["instance_id"].tolist(),
+                             "label": [int(x) for x in table["label"]],
+                             "scores": {n: [None if not np.isfinite(v) else float(v) for v in scores[n]]
+                                        for n in keep}})
+
+
+def _load_scores(run_dir: Path) -> dict:
+    path = Path(run_dir) / SCORES_FILE
+    if not path.is_file():
+        raise LatentSiftError(f"premise: {path} is missing; run crossval with premise=True into {run_dir} first.")
+    return json.loads(path.read_text())
+
+
+def own_vs_proxy(own_dir: str | Path, proxy_dir: str | Path, *, n_boot: int = 1000, seed: int = 0,
+                 level: float = CI_LEVEL) -> dict:
+    """Per premise filter, AUC(own) - AUC(proxy) on the same candidates, paired bootstrap over instances
+    (the same resamples for both arms), at ``level`` and at the Bonferroni level over the filters."""
+    own, proxy = _load_scores(Path(own_dir)), _load_scores(Path(proxy_dir))
+    if own["traj_id"] != proxy["traj_id"] or own["label"] != proxy["label"]:
+        raise LatentSiftError("premise: the own and proxy runs do not hold the same labelled candidates; own against "
+                              "proxy compares two state stores of the SAME candidates.")
+    table = {"instance_id": np.array(own["instance_id"]), "label": np.array(own["label"])}
+    names = [n for n in PREMISE_SCORES if n in own["scores"] and n in proxy["scores"]]
+    adjusted = 1.0 - (1.0 - level) / max(len(names), 1)
+    out = {"rule": "AUC(own) - AUC(proxy) for the same filter on the same candidates, paired bootstrap over "
+                   f"instances ({n_boot} resamples); Bonferroni level over the {len(names)} filters compared",
+           "bonferroni_level": adjusted, "n_candidates": len(own["traj_id"]),
+           "n_instances": len(set(own["instance_id"])), "filters": {},
+           "not_compared": sorted(set(PREMISE_SCORES) - set(names))}
+    for n in names:
+        a = np.array([np.nan if v is None else v for v in own["scores"][n]], dtype=float)
+        b = np.array([np.nan if v is None else v for v in proxy["scores"][n]], dtype=float)
+        d = auc_difference_ci(table, a, b, n_boot=n_boot, seed=seed, level=level).as_dict()
+        adj = auc_difference_ci(table, a, b, n_boot=n_boot, seed=seed, level=adjusted).as_dict()
+        out["filters"][n] = d | {"outcome": interval_outcome(d),
+                                 "adjusted": {"level": adjusted, "lo": adj["lo"], "hi": adj["hi"],
+                                              "outcome": interval_outcome(adj)}}
+    return out

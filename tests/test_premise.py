@@ -1,0 +1,152 @@
+"""The premise test on one policy's pools (``latentsift premise``, ``protocol.premise``) and the transfer of a
+bank between two policies' pools with the shift guard's flags (``latentsift transfer --group-by instance``).
+
+Synthetic states in real state stores for the structure (fast), and the packaged SmolLM2 on the tiny run's
+pools for real states: two span settings of the same trajectories stand in for own and proxy.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import refused
+from latentsift.cli import app
+from latentsift.protocol.premise import PREMISE_REFERENCES, PREMISE_SCORES
+from latentsift._jobs.premise import premise
+from latentsift.states.extract import extract_pools
+from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
+from synthetic import write_single_policy
+
+FAST = ["--folds", "2", "--draws", "5", "--boot", "50", "--scorer-epochs", "2"]
+
+
+def _cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def synthetic_premise(tmp_path_factory):
+    """K = 8 candidates of 16 tasks, one policy; a proxy store of the same candidates with other states."""
+    d = tmp_path_factory.mktemp("premise")
+    pools, own = write_single_policy(d / "own", k=8)
+    _, proxy = write_single_policy(d / "proxy", k=8, seed=7)
+    r = _cli("premise", pools, "--states", own, "--proxy-states", proxy, "--out", d / "out", *FAST)
+    assert r.exit_code == 0, r.output
+    return d, json.loads((d / "out" / "summary.json").read_text()), (d / "out" / "report.md").read_text()
+
+
+def test_premise_section_compares_the_four_scores_with_the_four_references(synthetic_premise):
+    d, s, md = synthetic_premise
+    pre = s["runs"]["own"]["premise"]
+    assert pre["scores"] == list(PREMISE_SCORES) and pre["references"] == list(PREMISE_REFERENCES)
+    assert pre["missing_scores"] == {} and pre["auc"]["missing_references"] == {}
+    m = pre["multiplicity"]
+    assert m["n_auc_intervals"] == 4 * 5 and m["bonferroni_level"] == pytest.approx(1 - 0.05 / 20)
+    for n in PREMISE_SCORES:
+        row = pre["auc"]["scores"][n]
+        assert set(row["vs"]) == set(PREMISE_REFERENCES)
+        for d_ in row["vs"].values():  # the Bonferroni interval is wider than the 95% one
+            assert d_["adjusted"]["lo"] <= d_["lo"] and d_["adjusted"]["hi"] >= d_["hi"]
+        assert "minus_half" in row["length_removed"]
+    # the same numbers as the run's own decision table where the two overlap (one computation, two families)
+    dec = json.loads((d / "out" / "own" / "report" / "summary.json").read_text())["decision"]["auc"]
+    assert pre["auc"]["scores"]["latentsift"]["auc"] == dec["scores"]["latentsift"]["auc"]
+    assert pre["auc"]["scores"]["latentsift"]["vs"]["shortest_chars"]["estimate"] == \
+        dec["scores"]["latentsift"]["vs"]["shortest_chars"]["estimate"]
+    # K = 16 exceeds the pools of 8: retention at 4 and 8 only; verifier calls at R = 0.9 and 0.95
+    assert pre["ks"] == ["4", "8"] and set(pre["retention"]["latentsift"]) == {"4", "8"}
+    assert set(pre["verifier_calls"]["latentsift"]) == {"0.9", "0.95"}
+    # the synthetic states separate the outcomes and length does not: own states beat length by the rule
+    assert pre["own_states_beat_length"] == "yes"
+    assert s["runs"]["own"]["composition"]["agents"] == ["policy-a"]
+
+
+def test_own_vs_proxy_pairs_the_same_candidates(synthetic_premise):
+    d, s, md = synthetic_premise
+    cmp = s["own_vs_proxy"]
+    assert set(cmp["filters"]) == set(PREMISE_SCORES) and cmp["n_candidates"] == 128 and cmp["n_instances"] == 16
+    for n, row in cmp["filters"].items():
+        own = s["runs"]["own"]["premise"]["auc"]["scores"][n]["auc"]["auc"]
+        proxy = s["runs"]["proxy"]["premise"]["auc"]["scores"][n]["auc"]["auc"]
+        assert row["a"] == pytest.approx(own) and row["b"] == pytest.approx(proxy)
+        assert row["estimate"] == pytest.approx(own - proxy)
+        assert row["adjusted"]["level"] == pytest.approx(1 - 0.05 / 4)
+    assert "## Own states" in md and "## Proxy states" in md and "## Own states against the proxy encoder" in md
+    assert md.index("Rules (stated before the numbers)") < md.index("### Within-pool AUC")
+    own_md = (d / "out" / "own" / "report" / "report.md").read_text()
+    assert "## The premise: own states against length" in own_md
+
+
+def test_premise_refuses_stores_of_other_candidates_and_pools_smaller_than_every_k(synthetic_premise, tmp_path):
+    d = synthetic_premise[0]
+    pools, _ = write_single_policy(tmp_path / "other", n_instances=16, k=8, prefix="Other")
+    r = _cli("premise", d / "own" / "pools.jsonl", "--states", d / "own" / "states", "--proxy-states",
+             tmp_path / "other" / "states", "--out", tmp_path / "out", *FAST)
+    refused(r, "proxy states", "has no states")
+    assert not (tmp_path / "out").exists()  # refused before any run started
+    small, states = write_single_policy(tmp_path / "small", n_instances=8, k=3)
+    refused(_cli("premise", small, "--states", states, "--out", tmp_path / "out2", *FAST), "at most 3 candidates")
+    assert not (tmp_path / "out2").exists()
+
+
+def test_transfer_between_two_policies_on_the_same_tasks_reports_the_guard_flags(tmp_path):
+    pa, sa = write_single_policy(tmp_path / "a", agent="policy-a")
+    pb, sb = write_single_policy(tmp_path / "b", agent="policy-b", seed=3)
+    refused(_cli("transfer", pa, pb, "--states", sa, "--states", sb, "--out", tmp_path / "repo", "--folds", "2",
+                 "--boot", "50", "--draws", "5", "--scorer-epochs", "2"), "one repository", "--group-by instance")
+    r = _cli("transfer", pa, pb, "--states", sa, "--states", sb, "--out", tmp_path / "tr", "--group-by", "instance",
+             "--folds", "2", "--boot", "50", "--draws", "5", "--scorer-epochs", "2", "--k", "4")
+    assert r.exit_code == 0, r.output
+    s = json.loads((tmp_path / "tr" / "summary.json").read_text())
+    assert s["settings"]["group_by"] == "instance"
+    sets = {x["set"]["name"]: x for x in s["sets"]}
+    assert set(sets) == {"policy-a pools", "policy-b pools"}
+    for name, other in (("policy-a pools", "policy-b"), ("policy-b pools", "policy-a")):
+        x = sets[name]
+        assert x["bank_agents"] == [other]
+        folds = x["folds"]  # folds by task: each task scored once, by a bank without it
+        assert sorted(t for f in folds for t in f) == sorted({f"HumanEval/{i}" for i in range(16)})
+        g = x["shift_guard"]
+        assert g["reference_kind"] == "instance" and g["kind_used"] == ["instance"]
+        assert g["name"]["rate"] == 1.0 and g["name"]["n_pools"] == 16  # another policy: never in the bank
+        assert 0.0 <= g["distance"]["rate"] <= 1.0 and g["distance"]["n_pools"] == 16
+    md = (tmp_path / "tr" / "report.md").read_text()
+    assert "instance-disjoint" in md and "Shift guard on the `all` bank (instance-held-out reference" in md
+
+
+@pytest.mark.model
+def test_premise_on_real_states_of_two_span_settings(tiny_run, policy, tmp_path, one_torch_thread):
+    """The tiny run's pools of one agent, its SmolLM2 states (spans of 8 tokens) as 'own' and a replay with
+    spans of 4 tokens as 'proxy': the same candidates, the same folds, paired."""
+    run, tiny = tiny_run["out"], tiny_run["settings"]
+    trajs = load_jsonl(run / "pools.jsonl")
+    agent = sorted({t.agent for t in trajs})[0]
+    one = [t for t in trajs if t.agent == agent]
+    save_jsonl(one, tmp_path / "pools.jsonl")
+    extract_pools(policy, one, tmp_path / "proxy", max_span_tokens=4, max_prompt_tokens=tiny["max_prompt_tokens"])
+    k = max(len([t for t in one if t.instance_id == i]) for i in {t.instance_id for t in one})
+    out = premise(tmp_path / "pools.jsonl", run / "states", tmp_path / "out", proxy_states=tmp_path / "proxy",
+                  ks=(k,), n_folds=2, n_draws=5, n_boot=50, scorer_epochs=tiny["scorer_epochs"], log=lambda m: None)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["runs"]["own"]["composition"]["agents"] == [agent]
+    assert s["runs"]["own"]["composition"]["group_by"] == "instance"
+    own_fp, proxy_fp = s["runs"]["own"]["fingerprint"], s["runs"]["proxy"]["fingerprint"]
+    assert own_fp["architecture"] == proxy_fp["architecture"]  # one model, two span settings
+    cmp = s["own_vs_proxy"]
+    assert cmp["n_candidates"] == len(one)
+    for n, row in cmp["filters"].items():
+        assert row["estimate"] == pytest.approx(row["a"] - row["b"])
+    # the scores differ between the two stores (other spans, other states), the length rules do not
+    own_scores = json.loads((out / "own" / "premise" / "scores.json").read_text())
+    proxy_scores = json.loads((out / "proxy" / "premise" / "scores.json").read_text())
+    assert own_scores["traj_id"] == proxy_scores["traj_id"]
+    assert own_scores["scores"]["shortest_chars"] == proxy_scores["scores"]["shortest_chars"]
+    assert not np.allclose(np.array(own_scores["scores"]["latentsift"], dtype=float),
+                           np.array(proxy_scores["scores"]["latentsift"], dtype=float))
+    for name in ("own", "proxy"):  # every reference is there or named missing with a reason, never replaced
+        pre = s["runs"][name]["premise"]
+        for r in PREMISE_REFERENCES:
+            assert (r in pre["references"]) != (r in pre["auc"]["missing_references"])
