@@ -55,7 +55,7 @@ def test_the_words_follow_one_agent_one_repository_and_folds_by_instance(one_pol
                                        "one-agent (policy-a) bank false alarms ")
     assert s["single_agent"] == {"note": "one agent (policy-a) wrote every candidate: every pool is a single-agent "
                                          "pool, so the main tables are the single-agent tables"}
-    assert "inner instance folds" in md
+    assert "inner instance folds" in md and "scored by a bank without its instance" in md
     assert "One repository: there is no other repository to leave out" in md
     assert "held-out folds, same agent |" in md
     assert "Missing reference" not in md

@@ -1,7 +1,7 @@
 """Operating points of every Stage-1 filter on the outer folds (the ``operating_points`` section of summary.json).
 
 Per filter and outer fold k: the calibration pools are the other folds' pools, each scored by its
-own fold's bank and scorer, i.e. by a bank without its repository (cross-fitted over the outer
+own fold's bank and scorer, i.e. by a bank without its fold group (cross-fitted over the outer
 folds); the calibration map (``latentsift.metrics.calibrate``, isotonic) and the keep rule for each target
 pool recall R (``latentsift.deploy.operating``, conformal risk control) are fitted on them and applied to
 fold k's pools, scored as new pools. The paper's fixed ``max(3, floor(K/2))`` stays the selection
@@ -28,6 +28,7 @@ from ..deploy.operating import CalibrationPools, GUARANTEE, fit_operating_point
 from ..sift.retain import retain_count
 from ..sift.rules import REFERENCE
 from ..trajectories.trajectory import Pool, group_pools
+from .folds import group_noun
 from .settings import hash_key
 
 REFERENCE_RULE = REFERENCE   # paired differences are taken against the registry's reference rule
@@ -109,7 +110,8 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
     out: dict[str, Any] = {
         "targets": list(targets), "curve_targets": list(all_targets), "reference": reference if reference in filters else None,
         "rule": "per pool: the best candidate and every candidate whose score reaches the fold's threshold; threshold by "
-                "conformal risk control on the other folds' pools (each scored by a bank without its repository) "
+                f"conformal risk control on the other folds' pools (each scored by a bank without its "
+                f"{group_noun(s.group_by, 1)}) "
                 "holding a resolved candidate; a fold whose calibration set is too small keeps all",
         "guarantee": GUARANTEE, "calibration": "isotonic regression on the other folds' candidates (cross-fitted)",
         "intervals": f"95% bootstrap over pools ({s.n_boot} resamples, paired across filters)",
