@@ -59,6 +59,8 @@ def test_premise_section_compares_the_four_scores_with_the_four_references(synth
     # K = 16 exceeds the pools of 8: retention at 4 and 8 only; verifier calls at R = 0.9 and 0.95
     assert pre["ks"] == ["4", "8"] and set(pre["retention"]["latentsift"]) == {"4", "8"}
     assert set(pre["verifier_calls"]["latentsift"]) == {"0.9", "0.95"}
+    assert set(pre["best_at_k"]) == set(pre["retention"]) | {"oracle Pass@K"}
+    assert pre["final_verifier"].startswith("no verifier results given")
     # the synthetic states separate the outcomes and length does not: own states beat length by the rule
     assert pre["own_states_beat_length"] == "yes"
     assert s["runs"]["own"]["composition"]["agents"] == ["policy-a"]
@@ -76,6 +78,7 @@ def test_own_vs_proxy_pairs_the_same_candidates(synthetic_premise):
         assert row["adjusted"]["level"] == pytest.approx(1 - 0.05 / 4)
     assert "## Own states" in md and "## Proxy states" in md and "## Own states against the proxy encoder" in md
     assert md.index("Rules (stated before the numbers)") < md.index("### Within-pool AUC")
+    assert "### Best@K through the cascade" in md and "Final verifier: no verifier results given" in md
     own_md = (d / "out" / "own" / "report" / "report.md").read_text()
     assert "## The premise: own states against length" in own_md
 

@@ -19,8 +19,10 @@ Rules (stated before any number; docs/results.md repeats them):
 - **Own against proxy**: the same candidates in two state stores (the policy's own states and a proxy
   encoder's replay), the same folds and settings; per filter the paired difference AUC(own) - AUC(proxy),
   bootstrap over instances, at 95% and at the Bonferroni level over the filters compared.
-- Retention@K (K = 4, 8, 16 up to the pool size) and verifier calls at the target recalls 0.9 and 0.95
-  come from the run's cascade and operating points (``metrics.evaluate``, ``protocol.operating``).
+- Retention@K and Best@K through the cascade (K = 4, 8, 16 up to the pool size; without verifier
+  results Stage 4 keeps every survivor and Best@K is the expected label of a uniform pick among them:
+  ``final_verifier`` says which) and verifier calls at the target recalls 0.9 and 0.95 come from the
+  run's cascade and operating points (``metrics.evaluate``, ``protocol.operating``).
 
 ``premise_section`` is the ``premise`` part of a run's summary.json (``crossval(..., premise=True)``);
 ``own_vs_proxy`` pairs two such runs; ``latentsift._jobs.premise.premise`` runs both and writes the report.
@@ -110,6 +112,9 @@ def premise_section(table: Mapping[str, np.ndarray], scores: Mapping[str, np.nda
             "multiplicity": {"n_auc_intervals": m, "bonferroni_level": adjusted},
             "auc": auc, "beats_length": beats, "own_states_beat_length": beats.get(PAPER, "undetermined"),
             "retention": {f: {str(k): data["retention"][f][k] for k in ks} for f in shown},
+            "best_at_k": {f: {str(k): data["best_at_k"]["filters"][f][k] for k in ks} for f in shown}
+            | {"oracle Pass@K": {str(k): data["best_at_k"]["oracle_pass"][k] for k in ks}},
+            "final_verifier": (data["settings"].get("meta") or {}).get("stage4", "the run's EF verifier results"),
             "ks": [str(k) for k in ks], "verifier_calls": calls, "target_recalls": [f"{r:g}" for r in PREMISE_RECALLS]}
 
 

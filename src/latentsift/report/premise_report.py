@@ -46,6 +46,13 @@ def premise_markdown(data: Mapping, pre: Mapping | None = None, *, title: str | 
         lines += [f"| {filter_name(data, f)} | " + " | ".join(_pct(r.get(k)) for k in ks) + " |"
                   for f, r in pre["retention"].items()]
         lines.append("")
+    if ks and pre.get("best_at_k"):
+        lines += [f"{level} Best@K through the cascade", "", f"Final verifier: {pre.get('final_verifier')}. Best@K "
+                  "(%, 95% interval over instances).", "",
+                  "| filter | " + " | ".join(f"K={k}" for k in ks) + " |", "| :-- |" + " --: |" * len(ks)]
+        lines += [f"| {filter_name(data, f)} | " + " | ".join(_pct(r.get(k)) for k in ks) + " |"
+                  for f, r in pre["best_at_k"].items()]
+        lines.append("")
     rs = pre.get("target_recalls") or []
     if pre.get("verifier_calls"):
         lines += [f"{level} Verifier calls at a target recall", "", "Candidates kept per pool by the recall-targeted "
