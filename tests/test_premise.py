@@ -151,5 +151,6 @@ def test_premise_on_real_states_of_two_span_settings(tiny_run, policy, tmp_path,
                            np.array(proxy_scores["scores"]["latentsift"], dtype=float))
     for name in ("own", "proxy"):  # every reference is there or named missing with a reason, never replaced
         pre = s["runs"][name]["premise"]
+        assert pre["ks"] == [str(k)] and set(pre["retention"]["latentsift"]) == {str(k)}
         for r in PREMISE_REFERENCES:
             assert (r in pre["references"]) != (r in pre["auc"]["missing_references"])

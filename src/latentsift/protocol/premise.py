@@ -100,7 +100,7 @@ def premise_section(table: Mapping[str, np.ndarray], scores: Mapping[str, np.nda
     auc = auc_comparisons(table, {n: scores[n] for n in names + refs if n in scores}, n_boot=n_boot, seed=seed,
                           adjusted_level=adjusted, missing=missing, references=PREMISE_REFERENCES, names=names)
     shown = names + [r for r in refs if r in data["retention"]]
-    ks = [k for k in data["retention"].get(PAPER, {}) if int(k) in PREMISE_KS]
+    ks = list(data["retention"].get(PAPER, {}))  # the run's Ks (``premise`` runs PREMISE_KS up to the pool size)
     op = data.get("operating_points") or {}
     calls = {f: {r: {"verifier_calls": row["verifier_calls"], "realized_recall": row["realized_recall"]["pooled"],
                      "n_folds_keep_all": row["n_folds_keep_all"]}
