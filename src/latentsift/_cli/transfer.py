@@ -27,7 +27,8 @@ def transfer_cmd(
     scorer_epochs: ScorerEpochs = 40,
     seed: Seed = 0,
     group_by: str = typer.Option("repo", "--group-by", help="Disjoint folds by repo, or by instance (one repository "
-                                 "or none, e.g. two policies on the same tasks: a bank never holds the task it scores)."),
+                                 "or none, e.g. two policies on the same tasks: a bank never holds the task it "
+                                 "scores)."),
 ) -> None:
     """Banks from other agents on each agent's pools: all agents, the nearest one, each single agent.
 

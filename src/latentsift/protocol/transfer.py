@@ -223,8 +223,8 @@ def evaluate_set(es: EvalSet, trajs: Sequence[Trajectory], states: Mapping[str, 
             filt = _fit_latentsift(bank_trajs, states, fp, s, "all")
             scored["all"].add(filt, pools, states, fp)
             if pools:  # the shift guard on the same bank: would it flag these pools?
-                ref = Reference.from_bank(filt.bank, agents=others, scaffolds=sorted({scaffold_of(t) for t in bank_trajs}),
-                                          kind=kind)
+                scaffolds = sorted({scaffold_of(t) for t in bank_trajs})
+                ref = Reference.from_bank(filt.bank, agents=others, scaffolds=scaffolds, kind=kind)
                 flags += [dict(v, kind_used=ref.kind) for v in pool_flags(pools, states, filt.bank, ref).values()]
         singles = {}
         for a in others:

@@ -84,8 +84,9 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
         put("default", tbl[eval_pools[0].instance_id][0], {p.instance_id: tbl[p.instance_id][1] for p in eval_pools})
         run.log(f"[variants] fold {k}: inner cross-validation impossible ({e}); the stacked variants are missing "
                 "from this run and the default falls back to the paper's method in this fold")
+        why = f"fold {k}: inner cross-validation impossible ({e})"
         return {"chosen_default": "latentsift (fallback)", "reason": str(e),
-                "missing": {f"variant:{n}": f"fold {k}: inner cross-validation impossible ({e})" for n in STACK_CONFIGS}}
+                "missing": {f"variant:{n}": why for n in STACK_CONFIGS}}
 
 
 def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, probe_eval, per_instance,

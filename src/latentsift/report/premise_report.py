@@ -95,7 +95,9 @@ def premise_report_markdown(summary: Mapping) -> str:
         comp = r.get("composition") or {}
         fp = r.get("fingerprint") or {}
         who = ", ".join(comp.get("agents") or []) or "n/a"
-        lines += [f"## {name.capitalize()} states", "", f"Encoder: {fp.get('architecture', 'n/a')} ({fp.get('n_layers', '?')} layers, d = {fp.get('d_model', '?')}); "
+        lines += [f"## {name.capitalize()} states", "",
+                  f"Encoder: {fp.get('architecture', 'n/a')} ({fp.get('n_layers', '?')} layers, "
+                  f"d = {fp.get('d_model', '?')}); "
                   f"agents: {who}; {comp.get('n_instances', '?')} tasks, {comp.get('n_repositories', '?')} "
                   f"repositories; folds by {comp.get('group_by', '?')}. Full run: `{name}/report/report.md`.", ""]
         lines += premise_markdown({"settings": {}}, r["premise"], title=None)
