@@ -224,30 +224,40 @@ def run_program(program: str, limits: SandboxLimits | None = None, *,
                 proc.wait()
             seconds = time.perf_counter() - t0
         stdout, stderr = _tail(root / "stdout", limits.output_chars), _tail(root / "stderr", limits.output_chars)
-        status, detail = _verdict(root / "status", proc.returncode, timed_out, limits)
+        status, detail = _verdict(root / "status", proc.returncode, timed_out, limits, stderr)
         return SandboxResult(status, detail, stdout, stderr, round(seconds, 3), kind)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _verdict(status_file: Path, returncode: int, timed_out: bool, limits: SandboxLimits) -> tuple[str, str]:
+def _verdict(status_file: Path, returncode: int, timed_out: bool, limits: SandboxLimits,
+             stderr: str) -> tuple[str, str]:
+    """The status and detail of a finished run. A run that never reached the program (``unshare`` or
+    the confinement failed) is the machine's fault, not the candidate's: ``LatentSiftError``."""
+    lines = []
+    for line in status_file.read_bytes().decode("utf-8", errors="replace").splitlines():
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            lines.append(None)
+    if not lines or lines[0] != {"started": True}:
+        if timed_out:
+            return "timeout", f"killed after the {limits.timeout_s:g} s wall-clock limit, before the program started"
+        why = lines[0].get("setup") if lines and isinstance(lines[0], dict) else None
+        last = (stderr.strip().splitlines() or [f"exit code {returncode}"])[-1]
+        raise LatentSiftError(f"The sandbox could not start a program: {why or last}")
     if timed_out:
         return "timeout", f"killed after the {limits.timeout_s:g} s wall-clock limit"
-    lines = status_file.read_bytes().decode("utf-8", errors="replace").splitlines()
-    report = None
-    if lines:
-        try:
-            report = json.loads(lines[-1])
-        except json.JSONDecodeError:
-            report = None
-    if isinstance(report, dict) and report.get("status") in STATUSES and returncode in (0, 70):
+    report = lines[-1] if len(lines) > 1 else None
+    if isinstance(report, dict) and report.get("status") in STATUSES and returncode == 0:
         return str(report["status"]), str(report.get("detail", ""))
     if returncode < 0 or returncode > 128:  # a signal (``unshare`` passes its child's on as 128 + n)
         sig = -returncode if returncode < 0 else returncode - 128
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        if sig == signal.SIGXCPU or sig == signal.SIGKILL and report is None:
-            return "crashed", f"killed by {name} (the CPU-time limit or the kernel)"
-        return "crashed", f"killed by {name}"
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return "crashed", f"killed by {name}" + (" (the CPU-time limit)" if sig == signal.SIGXCPU else "")
     return "crashed", f"exited with code {returncode} before the harness could report"
 
 
