@@ -176,12 +176,11 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def run_program(program: str, limits: SandboxLimits | None = None, *,
-                files: dict[str, str] | None = None) -> SandboxResult:
-    """Run the Python source ``program`` in the sandbox (see the module docstring); ``files``: more
-    text files (name -> content) written into its folder first. Never raises for anything the
-    program does; raises ``LatentSiftError`` only when ``limits.require`` is set and the machine
-    cannot isolate it."""
+def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxResult:
+    """Run the Python source ``program`` in the sandbox (see the module docstring). Never raises for
+    anything the program does; raises ``LatentSiftError`` when the machine cannot run it as asked:
+    ``limits.require`` without namespaces, or a sandbox that failed before the program started
+    (``unshare`` or the confinement refused), so that no candidate is labelled by a broken sandbox."""
     limits = limits or SandboxLimits()
     kind = isolation()
     if limits.require and kind == "none":
@@ -193,10 +192,9 @@ def run_program(program: str, limits: SandboxLimits | None = None, *,
     try:
         work = root / "work"
         work.mkdir(mode=0o700)
-        for name, text in {PROGRAM_FILE: program, **(files or {})}.items():
-            (work / name).write_text(text, encoding="utf-8")
+        (work / PROGRAM_FILE).write_text(program, encoding="utf-8")
         if drop:
-            for p in (work, *work.iterdir()):
+            for p in (work, work / PROGRAM_FILE):
                 os.chown(p, NOBODY, NOBODY)
         cfg = {"program": PROGRAM_FILE, "uid": NOBODY if drop else os.getuid(), "gid": NOBODY if drop else os.getgid(),
                "drop": drop, "namespaces": kind != "none",
