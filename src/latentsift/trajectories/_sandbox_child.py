@@ -14,7 +14,7 @@ before it reads the candidate program, confines itself:
 4. (without a network namespace) an audit hook that refuses Python's socket calls.
 
 Then (in namespaces) it forks, so that the program is not the PID namespace's init, writes a
-"started" line to the status file descriptor, executes the program in ``__main__``'s namespace and
+"started" line to the status file descriptor, executes the program as the module ``candidate`` and
 writes one JSON status line after it:
 ``passed`` (ran to its end), ``failed`` (an ``AssertionError`` or an early ``SystemExit``),
 ``memory`` (``MemoryError``) or ``error`` (any other exception), with a one-line detail. A process
@@ -142,7 +142,8 @@ def main():
         source = f.read()
     status.write(json.dumps({"started": True}) + "\n")  # confined: what follows is the program's doing
     status.flush()
-    ns = {"__name__": "__main__", "__file__": cfg["program"], "__builtins__": __builtins__}
+    # not "__main__": a candidate's ``if __name__ == "__main__":`` demo does not run (as in HumanEval's harness)
+    ns = {"__name__": "candidate", "__file__": cfg["program"], "__builtins__": __builtins__}
     try:
         exec(compile(source, cfg["program"], "exec"), ns)
         outcome = ("passed", "ran to its end")

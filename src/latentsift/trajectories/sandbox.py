@@ -16,6 +16,9 @@ One subprocess per program, in a fresh temporary folder, under limits (:class:`S
 - **output**: stdout and stderr go to files (bounded by ``RLIMIT_FSIZE``), of which the last
   ``output_chars`` characters are kept.
 
+The program runs as the module ``candidate``, not ``__main__``: a candidate's own ``if __name__ ==
+"__main__":`` demo block does not run (as in HumanEval's harness), so its demo cannot fail its label.
+
 The namespaces come from util-linux's ``unshare`` (``--net --pid --fork --kill-child --mount``),
 which needs root (as here and in CI) or unprivileged user namespaces (then ``--user --map-root-user``
 is added and the program keeps the caller's uid). :func:`isolation` probes once which one works.
