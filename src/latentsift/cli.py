@@ -10,7 +10,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from ._cli import bank, crossval, evaluate, explore, extract, fit, import_, premise, reproduce, transfer
+from ._cli import bank, crossval, evaluate, explore, extract, fit, import_, policy, premise, reproduce, transfer
 from ._cli import filter as filter_
 from ._core.errors import user_message
 
@@ -43,7 +43,7 @@ app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pre
                   help="LatentSift: token-free Stage-1 filtering of SWE-agent candidates.")
 
 for _commands in (import_, extract, bank, filter_, evaluate, reproduce, crossval, premise, fit, explore,
-                  transfer):
+                  transfer, policy):
     _commands.register(app)
 
 
