@@ -392,7 +392,8 @@ _SAME_BYTES_DTYPES = ["float32"] + (["bfloat16"] if _NATIVE_BF16 else [])
 
 def _state_bytes(policy, trajs) -> dict[str, str]:
     settings = extract_settings(policy, **SAME_BYTES)
-    return {s.traj_id: hashlib.sha256(s.layers.tobytes()).hexdigest() for s, _, _ in extract_many(policy, trajs, settings)}
+    return {s.traj_id: hashlib.sha256(s.layers.tobytes()).hexdigest()
+            for s, _, _ in extract_many(policy, trajs, settings)}
 
 
 @pytest.fixture(scope="module")

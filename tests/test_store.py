@@ -128,8 +128,8 @@ def test_a_resumed_store_refuses_another_dtype_or_other_kernels(tmp_path):
     bf16 = Fingerprint(**{**FP.__dict__, "dtype": "bfloat16"})
     with pytest.raises(LatentSiftError) as e:
         StateStore(tmp_path / "s").open_or_create(bf16, {**SETTINGS, "kernels": KERNELS, "dtype_reason": "AMX present"})
-    assert str(e.value) == (f"The store {tmp_path / 's'} holds float32 states; this run computes bfloat16 (AMX present). "
-                            "Pass --dtype float32 to resume it, or another --out.")
+    assert str(e.value) == (f"The store {tmp_path / 's'} holds float32 states; this run computes bfloat16 "
+                            "(AMX present). Pass --dtype float32 to resume it, or another --out.")
     for change, said in (({"cpu_capability": "AVX2"}, "cpu_capability='AVX512' (now 'AVX2')"),
                          ({"env": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}, "env={} (now {'ONEDNN_MAX_CPU_ISA': 'AVX2'})"),
                          ({"torch": "2.14.0+cpu", "amx": True}, "amx=False (now True), torch='2.13.0+cpu' (now "

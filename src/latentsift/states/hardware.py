@@ -42,6 +42,8 @@ CACHE_ENV = "LATENTSIFT_CACHE"
 DTYPE_CACHE_FILE = "dtype.json"
 #: Rows of the probe's matmul: one prefill chunk (``states.DEFAULT_CHUNK_TOKENS``).
 PROBE_TOKENS = 2048
+#: The probe's (rows, d_model, d_ff) when the model's own are not given: the embedded SmolLM2-135M's MLP.
+DEFAULT_PROBE_SHAPE = (PROBE_TOKENS, 576, 1536)
 #: Interleaved float32 / bfloat16 runs of the probe (the minimum time of each counts).
 PROBE_REPEATS = 7
 #: bfloat16 is chosen on an AVX512-BF16 CPU without AMX only when the probe runs at least this many
@@ -206,7 +208,7 @@ def _read_cache(path: Path) -> dict:
 _CHOICES: dict[tuple, DtypeChoice] = {}
 
 
-def cpu_dtype_choice(shape: tuple[int, int, int] | Callable[[], tuple[int, int, int]] = (PROBE_TOKENS, 576, 1536),
+def cpu_dtype_choice(shape: tuple[int, int, int] | Callable[[], tuple[int, int, int]] = DEFAULT_PROBE_SHAPE,
                      *, facts: CpuFacts | None = None,
                      measure: Callable[[tuple[int, int, int]], Probe] = measure_bf16_speed) -> DtypeChoice:
     """The dtype of ``auto`` on this CPU (:func:`decide_cpu_dtype`). ``shape``: the probe's (rows,
@@ -224,8 +226,10 @@ def cpu_dtype_choice(shape: tuple[int, int, int] | Callable[[], tuple[int, int, 
     root = cache_root()
     path = None if root is None else root / DTYPE_CACHE_FILE
     entry = _read_cache(path).get(key) if path is not None else None
-    if isinstance(entry, dict) and entry.get("dtype") in ("bfloat16", "float32") and isinstance(entry.get("reason"), str):
-        choice = DtypeChoice(entry["dtype"], f"{entry['reason']}, measured {entry.get('measured', '?')}, cached in {path}")
+    if (isinstance(entry, dict) and entry.get("dtype") in ("bfloat16", "float32")
+            and isinstance(entry.get("reason"), str)):
+        choice = DtypeChoice(entry["dtype"],
+                             f"{entry['reason']}, measured {entry.get('measured', '?')}, cached in {path}")
     else:
         made, probe = decide_cpu_dtype(facts, lambda: measure(shape))
         when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

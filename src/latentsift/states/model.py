@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .._core.validation import LatentSiftError, FingerprintMismatch
-from .hardware import CACHE_ENV, PROBE_TOKENS, DtypeChoice, cache_root, cpu_dtype_choice
+from .hardware import CACHE_ENV, DEFAULT_PROBE_SHAPE, PROBE_TOKENS, DtypeChoice, cache_root, cpu_dtype_choice
 
 DTYPES = ("bfloat16", "float16", "float32")
 AUTO_DTYPE = "auto"
@@ -147,7 +147,7 @@ _CACHE: dict[tuple, Policy] = {}
 
 
 def resolve_dtype(dtype: str, device: str,
-                  shape: tuple[int, int, int] | Callable[[], tuple[int, int, int]] = (PROBE_TOKENS, 576, 1536)
+                  shape: tuple[int, int, int] | Callable[[], tuple[int, int, int]] = DEFAULT_PROBE_SHAPE
                   ) -> DtypeChoice:
     """The dtype to run in: an explicit one as given; ``auto`` = bfloat16 on CUDA (float32 on a GPU
     without bf16), on a CPU the rule of :func:`latentsift.states.hardware.cpu_dtype_choice` (AMX:
@@ -285,7 +285,8 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     """Load a policy from a local HF directory or a ``.gguf`` file; ``None`` = embedded default.
 
     CUDA is used when present unless ``device`` says otherwise. ``dtype``: "auto" (default: bfloat16
-    on CUDA and on CPUs with native bf16, float32 elsewhere, see :func:`resolve_dtype`), or
+    on CUDA; on a CPU from its features, and for AVX512-BF16 without AMX a probe of this model's
+    linear measured once per machine, see :func:`resolve_dtype`), or
     "bfloat16", "float16", "float32". The resolved dtype is in the fingerprint and, with its reason,
     in ``policy.dtype_choice``.
 
