@@ -216,24 +216,30 @@ def n_layers_of(path: str | os.PathLike | None = None) -> int:
     return int(_model_config(p).num_hidden_layers)
 
 
-def probe_shape(p: Path) -> tuple[int, int, int]:
-    """The dtype probe's matmul for the model at ``p``: (``PROBE_TOKENS``, d_model, d_ff), its MLP's
-    up-projection on one prefill chunk. Read from ``config.json`` (a directory, or a converted copy
-    of a GGUF file: milliseconds), else from the GGUF header (seconds)."""
-    cfg_file = p / "config.json" if p.is_dir() else None
-    root = converted_cache_root()
-    if cfg_file is None and root is not None and root.is_dir():
-        copies = sorted(root.glob(f"{_sha_file(p)}-*/{CONVERTED_MARKER}"))
-        cfg_file = copies[0].parent / "config.json" if copies else None
-    if cfg_file is not None and cfg_file.is_file():
+def _config_sizes(cfg_file: Path) -> tuple[int | None, int | None] | None:
+    """(hidden_size, intermediate_size) of a ``config.json``; None when it cannot be read."""
+    try:
         cfg = json.loads(cfg_file.read_text())
         cfg = cfg.get("text_config") or cfg
-        d, f = cfg.get("hidden_size"), cfg.get("intermediate_size")
-    else:
+        return cfg.get("hidden_size"), cfg.get("intermediate_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def probe_shape(p: Path) -> tuple[int, int, int]:
+    """The dtype probe's matmul for the model at ``p``: (``PROBE_TOKENS``, d_model, d_ff), its MLP's
+    up-projection on one prefill chunk. Read from ``config.json`` (a directory, or a readable
+    converted copy of a GGUF file: milliseconds), else from the model's own config (seconds)."""
+    files = [p / "config.json"] if p.is_dir() else []
+    root = converted_cache_root()
+    if not files and root is not None and root.is_dir():
+        files = [m.parent / "config.json" for m in sorted(root.glob(f"{_sha_file(p)}-*/{CONVERTED_MARKER}"))]
+    sizes = next((s for s in map(_config_sizes, files) if s is not None), None)
+    if sizes is None:
         cfg = _model_config(p)
-        d, f = getattr(cfg, "hidden_size", None), getattr(cfg, "intermediate_size", None)
-    d = int(d or 576)
-    return PROBE_TOKENS, d, int(f or 4 * d)
+        sizes = getattr(cfg, "hidden_size", None), getattr(cfg, "intermediate_size", None)
+    d = int(sizes[0] or 576)
+    return PROBE_TOKENS, d, int(sizes[1] or 4 * d)
 
 
 def converted_cache_root() -> Path | None:
