@@ -110,14 +110,17 @@ def test_the_real_probe_decides_the_same_under_load(fresh_choice, monkeypatch):
     assert "measured" in loaded.reason and "cached in" not in loaded.reason
 
 
-def test_this_machine_s_rule_and_the_model_s_probe_shape(fresh_choice):
+def test_this_machine_s_rule_and_the_model_s_probe_shape(fresh_choice, request, monkeypatch):
     """What the rule picks here, from the real facts (printed for the log), and the shape it would
-    measure for the embedded model (read from its converted copy or the GGUF header)."""
+    measure for the embedded model (read from the session's converted copy, else the GGUF header)."""
     facts = H.cpu_facts()
     assert facts.torch and facts.capability
     bf16, amx, _ = H.usable_bf16_units(facts)
-    assert M.probe_shape(M.default_model_path()) == (H.PROBE_TOKENS, 576, 1536)
-    c = M.resolve_dtype("auto", "cpu", lambda: M.probe_shape(M.default_model_path()))
+    monkeypatch.setenv(H.CACHE_ENV, request.config._latentsift_cache)
+    shape = M.probe_shape(M.default_model_path())
+    assert shape == (H.PROBE_TOKENS, 576, 1536)
+    monkeypatch.setenv(H.CACHE_ENV, str(fresh_choice.parent))
+    c = M.resolve_dtype("auto", "cpu", lambda: shape)
     print(facts, c)
     if amx:
         assert c.dtype == "bfloat16" and "AMX present" in c.reason
