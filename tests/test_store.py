@@ -126,7 +126,7 @@ KERNELS = {"torch": "2.13.0+cpu", "device": "cpu", "forward_threads": 1, "cpu_ca
 def test_a_resumed_store_refuses_another_dtype_or_other_kernels(tmp_path):
     StateStore(tmp_path / "s").create(FP, {**SETTINGS, "kernels": KERNELS, "dtype_reason": "set explicitly"})
     bf16 = Fingerprint(**{**FP.__dict__, "dtype": "bfloat16"})
-    with pytest.raises(LatentSiftError) as e:
+    with pytest.raises(FingerprintMismatch) as e:  # the dtype is part of the fingerprint
         StateStore(tmp_path / "s").open_or_create(bf16, {**SETTINGS, "kernels": KERNELS, "dtype_reason": "AMX present"})
     assert str(e.value) == (f"The store {tmp_path / 's'} holds float32 states; this run computes bfloat16 "
                             "(AMX present). Pass --dtype float32 to resume it, or another --out.")

@@ -31,7 +31,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .._core.io import ArtefactKind, WriterLock, atomic_write_bytes, member, read_artefact, sha256_hex, write_artefact
-from .._core.validation import LatentSiftError, param_error
+from .._core.validation import FingerprintMismatch, LatentSiftError, param_error
 from .model import Fingerprint
 from .states import TrajectoryStates
 
@@ -146,8 +146,9 @@ class StateStore:
         old_dtype = self.fingerprint.dtype
         if old_dtype != fingerprint.dtype:
             why = f" ({settings['dtype_reason']})" if settings.get("dtype_reason") else ""
-            raise LatentSiftError(f"The store {self.path} holds {old_dtype} states; this run computes "
-                                  f"{fingerprint.dtype}{why}. Pass --dtype {old_dtype} to resume it, or another --out.")
+            raise FingerprintMismatch(f"The store {self.path} holds {old_dtype} states; this run computes "
+                                      f"{fingerprint.dtype}{why}. Pass --dtype {old_dtype} to resume it, "
+                                      "or another --out.")
         self.fingerprint.check_same(fingerprint, what=f"states in {self.path}")
         was, now = self.settings.get(KERNELS), settings.get(KERNELS)
         if was is not None and now is not None and was != now:
