@@ -16,9 +16,10 @@ import numpy as np
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..bank.bank import Bank, inner_folds
 from ..sift.calibration import calibration_methods
-from ..sift.keep import (CalibrationPools, RecallKeep, check_calibration_size, check_target_recall, top_mask)
+from ..sift.keep import (CalibrationPools, FixedKeep, RecallKeep, apply_keep, check_calibration_size,
+                         check_target_recall, keep_rule, keep_rules, top_mask)
 from ..sift.scorer import LinearScorer
-from ..sift.rules import make_baseline
+from ..sift.rules import filter_entry, make_baseline
 from ..sift.sift import LatentSift, load_selected_pools
 from .sifter import Sifter
 from ..states.store import StateStore
@@ -70,7 +71,7 @@ def apply_operating_point(results: list, op: RecallKeep, *, shifted: Sequence[st
 CALIBRATION_MODES = ("split", "cross-fitted")
 
 
-def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latentsift", bank_dir=None, scorer_dir=None,
+def calibration_pools_for_filter(cal_path, cal_states, *, method: str = LatentSift.name, bank_dir=None, scorer_dir=None,
                                  sifter_dir=None, settings: dict | None = None, scorer_epochs: int = 40,
                                  instances=None) -> CalibrationPools:
     """Labelled calibration pools scored as new pools by the filter that ``filter`` runs.
@@ -88,7 +89,8 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latents
     if unlabelled:
         raise LatentSiftError(f"filter --calibration: {len(unlabelled)} candidates of {cal_path} have no reward, "
                               f"e.g. {unlabelled[0]!r}; calibration pools must be labelled.")
-    if method != "latentsift":
+    entry = filter_entry(method)
+    if entry.kind != "state":
         results = make_baseline(method, **settings).score_pools(pools, None if cal_states is None else
                                                                 StateStore(cal_states).open())
         return _from_results(results, trajs, "split (a rule: no bank)")
@@ -104,8 +106,8 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latents
     overlap = sorted({p.instance_id for p in pools} & bank.instance_ids_)
     store = StateStore(cal_states).open()
     if not overlap:
-        filt = LatentSift(bank, None if params.get("branches") == "distance" else
-                          (sifter.scorer if sifter_dir is not None else LinearScorer.load(scorer_dir)), **params)
+        filt = entry.factory(bank, None if params.get("branches") == "distance" else
+                             (sifter.scorer if sifter_dir is not None else LinearScorer.load(scorer_dir)), **params)
         return _from_results(filt.score_pools(pools, store.load([t.traj_id for t in trajs]),
                                               fingerprint=store.fingerprint), trajs,
                              "split: calibration pools disjoint from the bank, scored by the same bank and scorer")
@@ -123,7 +125,7 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latents
         sc = None if params.get("branches") == "distance" else LinearScorer(
             max_epochs=scorer_epochs, seed=params.get("seed", 0)).fit([states[i] for i in ids], [labels[i] for i in ids],
                                                                      fingerprint=store.fingerprint)
-        results += LatentSift(b, sc, **params).score_pools(f.eval_pools, states, fingerprint=store.fingerprint)
+        results += entry.factory(b, sc, **params).score_pools(f.eval_pools, states, fingerprint=store.fingerprint)
     return _from_results(results, trajs, f"cross-fitted: {len(overlap)} calibration pools are in the bank; each "
                                          "scored by a bank and scorer of the other half of the repositories")
 
@@ -138,15 +140,20 @@ def _from_results(results, trajs, how: str) -> CalibrationPools:
 
 def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
                           calibration_method: str = "isotonic", calibration_epochs: int = 40, on_shift=None,
-                          min_keep=None) -> dict:
+                          min_keep=None, keep_rule: str = FixedKeep.name) -> dict:
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
 
     Returns ``{"target_recall", "on_shift", "min_keep"}``: without a target, "warn" and 3 (the paper's
     rule); with one, "keep-all" and 1. The calibration file is read for its labels only.
     """
+    check_choice(keep_rule, "keep_rule", "filter (--keep-rule)", keep_rules())
+    if keep_rule != FixedKeep.name and (target_recall is not None or keep_rule == RecallKeep.name):
+        raise LatentSiftError("--keep-rule names another retention than the paper's; the recall-targeted one is "
+                              "--target-recall R: pass one of them.")
     if target_recall is None:
-        if calibration is not None:
-            raise LatentSiftError("--calibration is used with --target-recall only; pass --target-recall R.")
+        if calibration is not None and keep_rule == FixedKeep.name:
+            raise LatentSiftError("--calibration is used with --target-recall only (or with a --keep-rule to fit "
+                                  "on it); pass --target-recall R.")
         return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": 3 if min_keep is None else min_keep}
     target_recall = check_target_recall(target_recall, "filter (--target-recall)")
     if calibration is None:
@@ -168,6 +175,19 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
 def count_positive_pools(cal_path, instances=None) -> int:
     """Calibration pools holding a resolved candidate (read from the labels, before any scoring)."""
     return sum(any(c.label == 1 for c in p.candidates) for p in load_selected_pools(cal_path, instances))
+
+
+def keep_rule_filter(run, name: str, cal: CalibrationPools | None = None) -> dict:
+    """Apply the registered keep rule ``name`` (fitted on ``cal`` when given) to a ``FilterRun`` (in place)
+    and record it in its ``keep_rule`` section."""
+    rule = keep_rule(name)
+    if cal is not None:
+        rule.fit(cal)
+    apply_keep(run.pools, rule)
+    section = rule.to_dict() | {"calibration_pools": None if cal is None else
+                                {"how": cal.how, "n_pools": len(cal.scores), "n_with_resolved": cal.n_positive()}}
+    run.extra["keep_rule"] = section
+    return section
 
 
 def target_recall_filter(run, target: float, cal: CalibrationPools, *, method: str = "isotonic", min_keep: int = 1,
