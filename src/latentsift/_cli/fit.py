@@ -7,9 +7,7 @@ from typing import List
 import typer
 from rich.console import Console
 
-from .._core.guard import check_output
-from ..deploy.shift import FALSE_ALARM
-from .._jobs.sifter import fit_sifter
+from .._jobs.sifter import FALSE_ALARM, fit_sifter
 from ._options import FirstInstances, ScorerEpochs, Seed, StatesDirs
 
 
@@ -33,7 +31,6 @@ def fit_cmd(
                                   "(each bank pool against the bank without its repository) or instance."),
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
-    check_output(out, [pools, states], kind="sifter", replaces=True)
     console = Console(stderr=True)
     sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
                         per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference,

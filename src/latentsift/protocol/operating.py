@@ -3,7 +3,7 @@
 Per filter and outer fold k: the calibration pools are the other folds' pools, each scored by its
 own fold's bank and scorer, i.e. by a bank without its fold group (cross-fitted over the outer
 folds); the calibration map (``latentsift.metrics.calibrate``, isotonic) and the keep rule for each target
-pool recall R (``latentsift.deploy.operating``, conformal risk control) are fitted on them and applied to
+pool recall R (``latentsift.sift.keep.RecallKeep``, conformal risk control) are fitted on them and applied to
 fold k's pools, scored as new pools. The paper's fixed ``max(3, floor(K/2))`` stays the selection
 of the rest of the report; this section only adds the recall-targeted rule beside it, on full pools.
 
@@ -24,8 +24,7 @@ import numpy as np
 from .._core.validation import LatentSiftError
 from ..metrics.calibrate import ece_ci, fit_calibration, reliability
 from ..metrics.bootstrap import bootstrap_indices, mean_ci
-from ..deploy.operating import CalibrationPools, GUARANTEE, fit_operating_point
-from ..sift.retain import retain_count
+from ..sift.keep import GUARANTEE, PAPER_KEEP, CalibrationPools, RecallKeep
 from ..sift.rules import REFERENCE
 from ..trajectories.trajectory import Pool, group_pools
 from .folds import group_noun
@@ -65,7 +64,7 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
     order = [p.instance_id for _, ps in fold_pools for p in ps]
     n_pools = len(order)
     boot = bootstrap_indices(n_pools, s.n_boot, np.random.default_rng(s.seed))
-    fixed_calls = np.array([retain_count(len(p.candidates)) for _, ps in fold_pools for p in ps], dtype=np.float64)
+    fixed_calls = np.array([PAPER_KEEP.count(len(p.candidates)) for _, ps in fold_pools for p in ps], dtype=np.float64)
     all_targets = tuple(sorted(set(targets) | set(CURVE_TARGETS)))
     per_filter: dict[str, dict] = {}
     for name, filt in filters.items():
@@ -86,7 +85,7 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
             for r in all_targets:
                 acc = res["by_target"][r]
                 try:
-                    op = fit_operating_point(cal, cmap, r, min_keep=1, seed=s.seed, owner="operating points")
+                    op = RecallKeep(r, min_keep=1, seed=s.seed).fit(cal)
                     status = "ok"
                 except LatentSiftError:
                     op, status = None, f"calibration too small for R={r:g} ({cal.n_positive()} pools with a " \
@@ -210,8 +209,7 @@ def new_agent_curves(run, trajs, fold_pools, filters: Mapping[str, Any], *, targ
                             op = None
                             if cal.scores:
                                 try:
-                                    op = fit_operating_point(cal, fit_calibration(*cal.flat()), r, seed=s.seed,
-                                                             owner="new-agent curve")
+                                    op = RecallKeep(r, seed=s.seed).fit(cal)
                                 except LatentSiftError:
                                     op = None
                             keep_all += op is None
