@@ -528,3 +528,26 @@ def test_a_damaged_shard_says_a_rerun_repairs_it_and_fit_keeps_the_umask(tiny, t
     store = StateStore(copy).open()
     with pytest.raises(Exception, match="re-run the same 'latentsift extract' command on this store"):
         store.load(store.traj_ids())
+
+
+# --------------------------------------------------------------------------- the last faults
+def _commands(group=None, path=()):
+    """(path, command) of every command and sub-command of the CLI."""
+    import typer.main
+    group = group or typer.main.get_command(app)
+    for name, cmd in sorted(group.commands.items()):
+        yield (*path, name), cmd
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, (*path, name))
+
+
+#: What only a developer should read: reST literals, the form-feed escape, private module names.
+INTERNAL = ("``", "\\f", "\f", "_jobs", "_cli", "_core", "latentsift._", "Length:", ":class:", ":func:")
+
+
+@pytest.mark.parametrize("path", [()] + [p for p, _ in _commands()], ids=lambda p: " ".join(p) or "latentsift")
+def test_help_shows_no_internal_note(path):
+    r = cli(*path, "--help")
+    assert r.exit_code == 0, r.output
+    found = [w for w in INTERNAL if w in r.output]
+    assert not found, f"'latentsift {' '.join(path)} --help' shows {found}:\n{r.output}"

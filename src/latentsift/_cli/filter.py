@@ -89,10 +89,10 @@ def filter_cmd(
                                           "seen other attempts at the same task is knowledge). Each such pool is "
                                           "named in the output."),
 ) -> None:
-    """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON.\f
-    Length: its signature is one typer option per setting; the body parses and prints (``_pool_table``),
-    the work is in ``latentsift._jobs.filter`` (``\\f`` keeps this paragraph out of ``--help``).
-    """
+    """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
+    # Length: the signature is one typer option per setting; the body parses and prints (_pool_table),
+    # the work is in latentsift._jobs.filter. (A note here, not in the docstring: typer shows the whole
+    # docstring in the command list, '\f' included.)
     resolved = filter_options(method=method, bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
                               bank_choice=bank_choice, on_leak=on_leak, ray_address=ray, bank_shards=bank_shards,
                               approx=approx, distance_only=distance_only, learned_only=learned_only,
