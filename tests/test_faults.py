@@ -551,3 +551,105 @@ def test_help_shows_no_internal_note(path):
     assert r.exit_code == 0, r.output
     found = [w for w in INTERNAL if w in r.output]
     assert not found, f"'latentsift {' '.join(path)} --help' shows {found}:\n{r.output}"
+
+
+# --------------------------------------------------------------------------- hand-edited manifests
+@pytest.fixture(scope="module")
+def artefacts(canonical, tmp_path_factory, one_torch_thread):
+    """A store of the fixture trajectories, and a bank, scorer and sifter of its two astropy ones (a
+    resolved and an unresolved), each written by its command; ``candidates.jsonl``: the third, scored."""
+    d = tmp_path_factory.mktemp("artefacts")
+    trajs = load_jsonl(canonical)
+    save_jsonl([t for t in trajs if t.repo == "astropy/astropy"], d / "bank.jsonl")
+    save_jsonl([t for t in trajs if t.repo != "astropy/astropy"], d / "candidates.jsonl")
+    for args in (["extract", canonical, "--out", d / "states", "--threads", 1],
+                 ["bank", "build", d / "states", "--pools", d / "bank.jsonl", "--out", d / "bank"],
+                 ["scorer", "train", d / "bank", "--out", d / "scorer", "--max-epochs", 1],
+                 ["fit", d / "bank.jsonl", "--states", d / "states", "--out", d / "sifter", "--scorer-epochs", 1]):
+        r = cli(*args)
+        assert r.exit_code == 0, r.output
+    return d
+
+
+#: kind -> (the manifest in its folder, the command that reads it given (artefacts folder, copy, out)).
+READERS = {
+    "store": ("manifest.json", lambda a, c, o: ["bank", "build", c, "--pools", a / "bank.jsonl", "--out", o / "bank"]),
+    "bank": ("manifest.json", lambda a, c, o: ["filter", a / "candidates.jsonl", "--states", a / "states", "--bank",
+                                               c, "--distance-only", "--out", o / "f.json"]),
+    "scorer": ("scorer.json", lambda a, c, o: ["filter", a / "candidates.jsonl", "--states", a / "states", "--bank",
+                                               a / "bank", "--scorer", c, "--out", o / "f.json"]),
+    "sifter": ("sifter.json", lambda a, c, o: ["filter", a / "candidates.jsonl", "--states", a / "states",
+                                               "--sifter", c, "--out", o / "f.json"]),
+}
+_GONE = object()
+#: (kind, what is done) -> (path in the manifest, new value or _GONE, the words of the one-line answer).
+EDITS = {
+    ("store", "field removed"): (("settings",), _GONE, "field 'settings' is missing"),
+    ("store", "fingerprint field removed"): (("fingerprint", "d_model"), _GONE, "field 'fingerprint.d_model' is missing"),
+    ("store", "wrong type"): (("settings", "layers"), "abc", "field 'settings.layers'"),
+    ("store", "unknown field"): (("colour",), "blue", "unknown field 'colour'"),
+    ("store", "NaN number"): (("settings", "context"), float("nan"), "field 'settings.context'"),
+    ("bank", "field removed"): (("trajectories",), _GONE, "field 'trajectories' is missing"),
+    ("bank", "label removed"): (("trajectories", 0, "label"), _GONE, "field 'trajectories[0].label' is missing"),
+    ("bank", "wrong type"): (("trajectories", 0, "label"), "1", "field 'trajectories[0].label'"),
+    ("bank", "wrong value"): (("settings", "channels"), ["cot", "colour"], "field 'settings'"),
+    ("bank", "unknown field"): (("settings", "colour"), "blue", "unknown field 'settings.colour'"),
+    ("bank", "null number"): (("label_counts", "pos"), None, "field 'label_counts.pos'"),
+    ("scorer", "field removed"): (("best_epoch",), _GONE, "field 'best_epoch' is missing"),
+    ("scorer", "wrong type"): (("settings", "lr"), "abc", "field 'settings.lr'"),
+    ("scorer", "unknown field"): (("settings", "colour"), "blue", "unknown field 'settings.colour'"),
+    ("scorer", "NaN number"): (("train_pos_rate",), float("nan"), "field 'train_pos_rate'"),
+    ("sifter", "shift_reference removed"): (("shift_reference",), _GONE, "field 'shift_reference' is missing"),
+    ("sifter", "config removed"): (("config",), _GONE, "field 'config' is missing"),
+    ("sifter", "seen removed"): (("seen",), _GONE, "field 'seen' is missing"),
+    ("sifter", "wrong type"): (("library",), "abc", "field 'library'"),
+    ("sifter", "wrong value"): (("config", "settings", "distance"), "sideways", "field 'config.settings'"),
+    ("sifter", "unknown field"): (("colour",), "blue", "unknown field 'colour'"),
+    ("sifter", "NaN quantile"): (("shift_reference", "loo_quantile"), float("nan"),
+                                 "field 'shift_reference.loo_quantile' must be a finite"),
+    ("sifter", "null quantile"): (("shift_reference", "loo_quantile"), None,
+                                  "field 'shift_reference.loo_quantile' must be a finite"),
+    ("sifter", "null threshold quantile"): (("shift_reference", "quantile"), None, "field 'shift_reference.quantile'"),
+}
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("kind,edit", sorted(EDITS), ids=[f"{k}-{e}" for k, e in sorted(EDITS)])
+def test_a_hand_edited_manifest_is_one_line_naming_file_and_field(kind, edit, artefacts, tmp_path):
+    name, command = READERS[kind]
+    path, value, words = EDITS[(kind, edit)]
+    copy = tmp_path / kind
+    shutil.copytree(artefacts / ("states" if kind == "store" else kind), copy)
+    man = json.loads((copy / name).read_text())
+    node = man
+    for k in path[:-1]:
+        node = node[k]
+    if value is _GONE:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    (copy / name).write_text(json.dumps(man))  # (json writes NaN as NaN, as a hand edit may)
+    before = digest(copy)
+    out = tmp_path / "out"
+    refused(cli(*command(artefacts, copy, out)), f"{copy / name}: ", words, "edited or damaged")
+    assert digest(copy) == before and not out.exists()
+
+
+@pytest.mark.model
+def test_every_manifest_reads_back_and_an_edited_store_index_is_one_line(artefacts, tmp_path):
+    import pyarrow.parquet as pq
+    from latentsift._core.manifests import FingerprintFields
+    from latentsift.states.model import Fingerprint
+    assert set(FingerprintFields.model_fields) == {*Fingerprint.__dataclass_fields__, "digest"}
+    for kind, (_, command) in READERS.items():  # unedited: every reader accepts what its writer wrote
+        src = artefacts / ("states" if kind == "store" else kind)
+        r = cli(*command(artefacts, src, tmp_path / kind))
+        assert r.exit_code == 0, (kind, r.output)
+    copy = tmp_path / "states"
+    shutil.copytree(artefacts / "states", copy)
+    table = pq.read_table(copy / "index.parquet")
+    meta = json.loads(table.schema.metadata[b"latentsift"])
+    del meta["trajectories"][0]["row"]
+    pq.write_table(table.replace_schema_metadata({b"latentsift": json.dumps(meta).encode()}), copy / "index.parquet")
+    refused(cli(*READERS["store"][1](artefacts, copy, tmp_path / "x")),
+            f"{copy / 'index.parquet'}: field 'trajectories[0].row' is missing")

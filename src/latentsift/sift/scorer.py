@@ -48,6 +48,7 @@ import numpy as np
 
 from .._core.validation import LatentSiftError, NotFittedError, param_error, check_positive_int
 from .._core.io import ArtefactKind, atomic_path, read_artefact, replaced_folder, write_artefact
+from .._core.manifests import ScorerManifest, manifest_values
 from .._core.threads import fixed_threads, one_thread_workers
 from ..bank.bank import Bank, as_fingerprint
 from ..states.model import Fingerprint
@@ -60,7 +61,8 @@ SCORER_JSON = "scorer.json"
 SCORER_TENSORS = "scorer.safetensors"
 CURVE_PNG = "training_curve.png"
 SCORER_ARTEFACT = ArtefactKind(SCORER_FORMAT, SCORER_VERSION, SCORER_JSON, noun="a scorer directory",
-                               make="train one with 'latentsift scorer train'", redo="retrain the scorer")
+                               make="train one with 'latentsift scorer train'", redo="retrain the scorer",
+                               schema=ScorerManifest)
 INITS = ("zeros", "torch")
 GATE_EPS = 1e-8  # Eq. (linear-scorer): max(sum_j sigmoid(g_j), 1e-8)
 
@@ -499,6 +501,8 @@ class LinearScorer:
         meta, blobs = read_artefact(path, SCORER_ARTEFACT, {"tensors": SCORER_TENSORS})
         arr = st_load(blobs["tensors"])
         sc = cls(**meta["settings"])
+        with manifest_values(Path(path) / SCORER_JSON, "settings", SCORER_ARTEFACT.redo):
+            sc._check_params()
         sc.W_, sc.b_ = arr["W"], arr["b"]
         sc.history_ = meta["history"]
         sc.best_epoch_ = int(meta["best_epoch"])

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .._core.io import ArtefactKind, WriterLock, atomic_write_bytes, member, read_artefact, sha256_hex, write_artefact
+from .._core.manifests import StoreIndex, StoreManifest, check_manifest
 from .._core.validation import LatentSiftError, param_error
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -49,7 +50,8 @@ MATCHED_SETTINGS = ("max_span_tokens", "max_prompt_tokens", "max_tokens", "conte
                     "renderer", "patch_step_tokens")
 RENDERERS = ("render", "render_per_step")
 STORE_ARTEFACT = ArtefactKind(FORMAT, FORMAT_VERSION, MANIFEST, noun="a state store",
-                              make="run 'latentsift extract' first", redo="delete the directory and re-run extract")
+                              make="run 'latentsift extract' first", redo="delete the directory and re-run extract",
+                              schema=StoreManifest)
 
 
 def check_recorded_settings(recorded: dict | None, store: "StateStore", what: str) -> None:
@@ -110,13 +112,14 @@ class StateStore:
         and shards the index does not reference)."""
         import pyarrow.parquet as pq
 
-        self.manifest, _ = read_artefact(self.path, STORE_ARTEFACT, required=("fingerprint", "settings"))
+        self.manifest, _ = read_artefact(self.path, STORE_ARTEFACT)
         ipath = self.path / INDEX
         if not ipath.is_file():
             raise LatentSiftError(f"{self.path}: the index {INDEX} is missing; the store is damaged "
                                   "(delete the directory and re-run extract).")
         table = pq.read_table(ipath)
-        meta = json.loads(table.schema.metadata[META_KEY])
+        meta = json.loads((table.schema.metadata or {}).get(META_KEY, b"null"))
+        check_manifest(meta, StoreIndex, ipath, STORE_ARTEFACT.redo)
         self._rows = {k: table.column(k).to_pylist() for k in self._rows}
         self._shards = meta["shards"]
         self._trajs = {t["traj_id"]: t for t in meta["trajectories"]}
