@@ -653,3 +653,35 @@ def test_every_manifest_reads_back_and_an_edited_store_index_is_one_line(artefac
     pq.write_table(table.replace_schema_metadata({b"latentsift": json.dumps(meta).encode()}), copy / "index.parquet")
     refused(cli(*READERS["store"][1](artefacts, copy, tmp_path / "x")),
             f"{copy / 'index.parquet'}: field 'trajectories[0].row' is missing")
+
+
+def test_an_existing_out_that_the_command_did_not_write_is_refused(canonical, tmp_path):
+    """A user's file or folder at --out is never replaced; the command's own earlier output is."""
+    notes, folder = tmp_path / "notes.txt", tmp_path / "mine"
+    notes.write_text("my notes\n")
+    folder.mkdir()
+    (folder / "keep.txt").write_text("keep me")
+    d, nope = tmp_path / "in", tmp_path / "nope"
+    before = digest(notes, folder)
+    for args, out in ((["import", canonical], notes), (["import", canonical, "--out", tmp_path / "p.jsonl",
+                                                        "--summary-json"], notes),
+                      (["filter", canonical, "--method", "random"], notes)):
+        refused(cli(*args, *([] if args[-1] == "--summary-json" else ["--out"]), out), f"{out} exists and is not")
+    folder_commands = (["extract", canonical], ["bank", "build", d, "--pools", canonical], ["scorer", "train", d],
+                       ["fit", canonical, "--states", d], ["crossval", canonical, "--states", d],
+                       ["evaluate", "--pools", canonical, "--scores", d], ["verify", "--trajectories", canonical],
+                       ["reproduce", "--data", nope], ["explore", canonical, "--pools", canonical],
+                       ["transfer", canonical, "--states", d])
+    for args in folder_commands:
+        refused(cli(*args, "--out", folder), f"--out {folder} is a non-empty folder")
+        refused(cli(*args, "--out", notes), f"--out {notes} is a file")
+    assert digest(notes, folder) == before
+    # the command's own earlier output is replaced (an empty file holds nothing to lose)
+    (tmp_path / "empty.json").write_text("")
+    for _ in range(2):
+        r = cli("import", canonical, "--out", tmp_path / "p.jsonl.gz", "--summary-json", tmp_path / "s.json")
+        assert r.exit_code == 0, r.output
+        r = cli("filter", canonical, "--method", "random", "--out", tmp_path / "f.json")
+        assert r.exit_code == 0, r.output
+        assert cli("filter", canonical, "--method", "random", "--out", tmp_path / "empty.json").exit_code == 0
+    assert load_jsonl(tmp_path / "p.jsonl.gz") == load_jsonl(canonical)

@@ -81,7 +81,7 @@ def train_cmd(
                                            "validation loss (default: never)."),
 ) -> None:
     """Train the gated linear scorer on the bank trajectories; keep the best validation checkpoint."""
-    check_output(out, [bank_dir, states], kind="scorer", replaces=True)
+    check_output(out, [bank_dir, states], kind="scorer")
     console = Console(stderr=True)
     scorer = LinearScorer(lr=lr, weight_decay=weight_decay, accumulation=accumulation, max_epochs=max_epochs,
                           val_frac=val_frac, seed=seed, init=init, patience=patience)

@@ -26,7 +26,7 @@ def explore_cmd(
     out: Path = typer.Option(..., "--out", help="SITE_DIR to write (index.html, instances.html, instances/)."),
 ) -> None:
     """Write a static HTML site: pools, candidates side by side, trajectories with their evidence."""
-    check_output(out, [filter_json, pools, bank], kind="site", replaces=True)
+    check_output(out, [filter_json, pools, bank], kind="site")
     console = Console(stderr=True)
     with console.status("writing pages ..."):
         index = write_filter_site(filter_json, pools, out, bank_dir=bank)

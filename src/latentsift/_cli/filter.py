@@ -103,7 +103,7 @@ def filter_cmd(
                                    calibration_method=calibration_method, calibration_epochs=calibration_epochs,
                                    on_shift=on_shift, min_keep=min_keep)
     target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
-    check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states])
+    check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states], file="filter")
     ctx.with_resource(output_lock(out))  # held until the command ends: a second filter to this --out is refused
     console = Console(width=None if sys.stdout.isatty() else 160)
     inst = csv_list(instances) if instances else None

@@ -33,7 +33,7 @@ def fit_cmd(
                                   "(each bank pool against the bank without its repository) or instance."),
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
-    check_output(out, [pools, states], kind="sifter", replaces=True)
+    check_output(out, [pools, states], kind="sifter")
     console = Console(stderr=True)
     sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
                         per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference,

@@ -32,9 +32,10 @@ def register(app: typer.Typer) -> None:
                                                "file format)."),
     ) -> None:
         """Import trajectories into canonical JSONL (one trajectory per line) and print a summary."""
-        check_output(out, [*inputs, *(labels or ())])
+        check_output(out, [*inputs, *(labels or ())], file="pools")
         if summary_json is not None:
-            check_output(summary_json, [*inputs, *(labels or ()), out], option="--summary-json")
+            check_output(summary_json, [*inputs, *(labels or ()), out], file="import-summary",
+                         option="--summary-json")
         console = Console(stderr=True)
         with console.status("importing ..."):
             result = import_paths(inputs, format=format, labels=labels, skip_bad=skip_bad, scaffold=scaffold)

@@ -7,6 +7,7 @@ from typing import List
 import typer
 from rich.console import Console
 
+from .._core.guard import check_output
 from ..protocol.transfer import transfer_matrix
 from ._progress import StageProgress
 from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed, StatesDirs
@@ -31,6 +32,7 @@ def transfer_cmd(
 
     Retention is measured at each K only where the pools hold at least K >= 4 candidates.
     """
+    check_output(out, [*pools, *states], kind="report")
     console = Console(stderr=True)
     # one line per fold and evaluated set (plain lines when stdout is not a terminal: CI, nohup)
     with StageProgress(console) as bar:

@@ -33,7 +33,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from .._core.threads import blas_fixed
-from .._core.io import atomic_write_json
+from .._core.io import atomic_write_json, atomic_write_text
 from .._core.validation import LatentSiftError, check_positive_int
 from ..bank.bank import Bank, split_by_repo
 from ..metrics.diagnostics import auc_difference_ci, interval_outcome
@@ -290,8 +290,8 @@ def transfer_matrix(pools_paths: Sequence[str | Path], states_dirs: Sequence[str
                           for a in sorted({t.agent for t in trajs})},
                "sets": results, "verdict": verdict(results), "seconds": round(time.perf_counter() - t0, 1)}
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "summary.json", summary)
-    (out / "report.md").write_text(render_report(summary), encoding="utf-8")
+    atomic_write_text(out / "report.md", render_report(summary))
+    atomic_write_json(out / "summary.json", summary)  # last: its presence means the report is complete
     log(f"[transfer] report: {out / 'report.md'}")
     return out
 
