@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from .._core.guard import check_output
+from .._core.io import output_lock
 from .._core.validation import LatentSiftError
 from .._jobs.bank import build_bank
 from ..sift.scorer import CURVE_PNG, LinearScorer, train_scorer
@@ -55,7 +56,7 @@ def build_cmd(
     check_output(out, [states_dir, pools], kind="bank")
     params = dict(layer=layer, normalize=_opt_choice(normalize), center=_opt_choice(center),
                   channels=tuple(csv_list(channels) or ()), backend=backend)
-    with console.status("loading states and building the banks ..."):
+    with output_lock(out), console.status("loading states and building the banks ..."):  # one writer per --out
         bank = build_bank(states_dir, pools, repos=csv_list(repos), exclude_repos=csv_list(exclude_repos), **params)
         bank.save(out)
     lc, sc = bank.label_counts(), bank.state_counts()
@@ -85,15 +86,16 @@ def train_cmd(
     console = Console(stderr=True)
     scorer = LinearScorer(lr=lr, weight_decay=weight_decay, accumulation=accumulation, max_epochs=max_epochs,
                           val_frac=val_frac, seed=seed, init=init, patience=patience)
-    with StageProgress(console) as bar:
-        bar.update("train", 0, max_epochs, "loading states ...")
+    with output_lock(out):  # a second 'scorer train' to the same --out is refused, not lost
+        with StageProgress(console) as bar:
+            bar.update("train", 0, max_epochs, "loading states ...")
 
-        def progress(entry: dict) -> None:
-            bar.update("train", entry["epoch"], max_epochs,
-                       f"train {entry['train_loss']:.4f}  val {entry['val_loss']:.4f}")
+            def progress(entry: dict) -> None:
+                bar.update("train", entry["epoch"], max_epochs,
+                           f"train {entry['train_loss']:.4f}  val {entry['val_loss']:.4f}")
 
-        scorer = train_scorer(bank_dir, states_dir=states, scorer=scorer, callback=progress)
-    scorer.save(out)
+            scorer = train_scorer(bank_dir, states_dir=states, scorer=scorer, callback=progress)
+        scorer.save(out)
     h0, hb = scorer.history_[0], scorer.history_[scorer.best_epoch_]
     console.print(f"kept epoch {scorer.best_epoch_}: val loss {hb['val_loss']:.4f} (init {h0['val_loss']:.4f}), "
                   f"train loss {hb['train_loss']:.4f} (init {h0['train_loss']:.4f}). Curve: {out / CURVE_PNG}.")
