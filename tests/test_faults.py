@@ -688,3 +688,12 @@ def test_an_existing_out_that_the_command_did_not_write_is_refused(canonical, tm
         assert r.exit_code == 0, r.output
         assert cli("filter", canonical, "--method", "random", "--out", tmp_path / "empty.json").exit_code == 0
     assert load_jsonl(tmp_path / "p.jsonl.gz") == load_jsonl(canonical)
+
+
+def test_crossval_refuses_an_oversized_k_before_any_work(canonical, tmp_path):
+    """Every pool of the fixture holds one candidate: --k 2 is refused before the states are read,
+    and nothing is written (no folds/, no manifest)."""
+    out = tmp_path / "run"
+    refused(cli("crossval", canonical, "--states", tmp_path / "no-states", "--k", 2, "--out", out),
+            "--k 2 is larger than every pool", "up to 1")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
