@@ -567,7 +567,7 @@ def artefacts(canonical, tmp_path_factory, one_torch_thread):
     save_jsonl([t for t in trajs if t.repo != "astropy/astropy"], d / "candidates.jsonl")
     for args in (["extract", canonical, "--out", d / "states", "--threads", 1],
                  ["bank", "build", d / "states", "--pools", d / "bank.jsonl", "--out", d / "bank"],
-                 ["scorer", "train", d / "bank", "--out", d / "scorer", "--max-epochs", 1],
+                 ["scorer", "train", d / "bank", "--out", d / "scorer", "--max-epochs", 1, "--val-frac", 0],
                  ["fit", d / "bank.jsonl", "--states", d / "states", "--out", d / "sifter", "--scorer-epochs", 1]):
         r = cli(*args)
         assert r.exit_code == 0, r.output
@@ -697,3 +697,31 @@ def test_crossval_refuses_an_oversized_k_before_any_work(canonical, tmp_path):
     refused(cli("crossval", canonical, "--states", tmp_path / "no-states", "--k", 2, "--out", out),
             "--k 2 is larger than every pool", "up to 1")
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_scorer_val_frac_is_checked_up_front_and_its_split_said():
+    from latentsift._core.validation import LatentSiftError
+    from latentsift.sift.scorer import LinearScorer, check_split
+    for bad in (1, 1.5, -0.1):
+        refused(cli("scorer", "train", "no-bank", "--val-frac", bad, "--out", "no-scorer"), "--val-frac", "[0, 1)")
+    labels = {f"t{i}": i % 2 for i in range(10)}
+    notes = []
+    check_split(LinearScorer(val_frac=0.7), labels, notes.append)
+    assert notes == ["warning: --val-frac 0.7 trains on 3 of the 10 bank trajectories and validates on 7; "
+                     "the paper holds out 0.2."]
+    check_split(LinearScorer(val_frac=0.2), labels, notes.append)
+    assert len(notes) == 1  # the paper's split: nothing to say
+    with pytest.raises(LatentSiftError, match=r"--val-frac 0.95 leaves 1 of the 10 bank trajectories for training"):
+        check_split(LinearScorer(val_frac=0.95), labels)
+
+
+@pytest.mark.model
+def test_scorer_train_with_no_or_almost_all_validation(artefacts, tmp_path):
+    """The fixture bank holds one resolved and one unresolved trajectory."""
+    bank = artefacts / "bank"
+    refused(cli("scorer", "train", bank, "--val-frac", 0.99, "--out", tmp_path / "s"),
+            "--val-frac 0.99 leaves 1 of the 2 bank trajectories for training", "lower --val-frac")
+    assert not (tmp_path / "s").exists()
+    r = cli("scorer", "train", bank, "--val-frac", 0, "--max-epochs", 1, "--out", tmp_path / "s")
+    assert r.exit_code == 0, r.output
+    assert "no validation split" in r.output and "kept the last epoch" in r.output and "nan" not in r.output

@@ -83,19 +83,25 @@ def train_cmd(
 ) -> None:
     """Train the gated linear scorer on the bank trajectories; keep the best validation checkpoint."""
     check_output(out, [bank_dir, states], kind="scorer")
+    if not 0.0 <= val_frac < 1.0:
+        raise LatentSiftError(f"--val-frac is the share of bank trajectories held out for validation and must "
+                              f"lie in [0, 1) (the paper: 0.2). Got {val_frac:g} instead.")
     console = Console(stderr=True)
     scorer = LinearScorer(lr=lr, weight_decay=weight_decay, accumulation=accumulation, max_epochs=max_epochs,
                           val_frac=val_frac, seed=seed, init=init, patience=patience)
+    scorer._check_params()  # every option refused before the bank and the states load
     with output_lock(out):  # a second 'scorer train' to the same --out is refused, not lost
         with StageProgress(console) as bar:
             bar.update("train", 0, max_epochs, "loading states ...")
 
             def progress(entry: dict) -> None:
-                bar.update("train", entry["epoch"], max_epochs,
-                           f"train {entry['train_loss']:.4f}  val {entry['val_loss']:.4f}")
+                bar.update("train", entry["epoch"], max_epochs, f"train {entry['train_loss']:.4f}"
+                           + (f"  val {entry['val_loss']:.4f}" if val_frac > 0 else ""))
 
-            scorer = train_scorer(bank_dir, states_dir=states, scorer=scorer, callback=progress)
+            scorer = train_scorer(bank_dir, states_dir=states, scorer=scorer, callback=progress, log=bar.print)
         scorer.save(out)
     h0, hb = scorer.history_[0], scorer.history_[scorer.best_epoch_]
-    console.print(f"kept epoch {scorer.best_epoch_}: val loss {hb['val_loss']:.4f} (init {h0['val_loss']:.4f}), "
-                  f"train loss {hb['train_loss']:.4f} (init {h0['train_loss']:.4f}). Curve: {out / CURVE_PNG}.")
+    kept = (f"kept epoch {scorer.best_epoch_}: val loss {hb['val_loss']:.4f} (init {h0['val_loss']:.4f}), "
+            if scorer.val_ids_ else f"kept the last epoch, {scorer.best_epoch_} (no validation split): ")
+    console.print(f"{kept}train loss {hb['train_loss']:.4f} (init {h0['train_loss']:.4f}) on "
+                  f"{len(scorer.train_ids_)} trajectories. Curve: {out / CURVE_PNG}.")

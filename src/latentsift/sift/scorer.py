@@ -553,15 +553,39 @@ def _check_fit_inputs(states, labels,
     return states, lab, fingerprint
 
 
+def check_split(scorer: LinearScorer, labels: Mapping[str, int], log: Callable[[str], None] | None = None) -> None:
+    """Before any state loads: refuse a train/validation split whose training side lacks an outcome,
+    and say (``log``) when validation takes most of the trajectories or there is none."""
+    train, val = scorer.split(list(labels))
+    n, f = len(labels), scorer.val_frac
+    classes = {labels[t] for t in train}
+    if len(classes) < 2:
+        what = "none" if not train else ("all resolved" if classes == {1} else "all unresolved")
+        raise LatentSiftError(f"--val-frac {f:g} leaves {len(train)} of the {n} bank trajectories for training "
+                              f"({what}); the scorer needs both outcomes to learn from: lower --val-frac.")
+    if log is None:
+        return
+    if not val:
+        log("no validation split (--val-frac 0): every bank trajectory trains and the last epoch is kept.")
+    elif len(train) < len(val):
+        log(f"warning: --val-frac {f:g} trains on {len(train)} of the {n} bank trajectories and validates on "
+            f"{len(val)}; the paper holds out 0.2.")
+
+
 def train_scorer(bank_dir: str | Path, *, states_dir: str | Path | None = None,
                  scorer: LinearScorer | None = None,
-                 callback: Callable[[dict], None] | None = None) -> LinearScorer:
+                 callback: Callable[[dict], None] | None = None,
+                 log: Callable[[str], None] | None = None) -> LinearScorer:
     """``latentsift scorer train``: fit the head on the bank's trajectories and labels.
 
     The states come from ``states_dir`` or, by default, the store the bank was built from
-    (recorded in its manifest); their fingerprint must be the bank's.
+    (recorded in its manifest); their fingerprint must be the bank's. The split is checked first
+    (``check_split``; ``log`` gets its notes).
     """
     bank = Bank.load(bank_dir)
+    scorer = scorer if scorer is not None else LinearScorer()
+    scorer._check_params()
+    check_split(scorer, bank.labels_, log)
     sdir = states_dir if states_dir is not None else bank.source_.get("states_dir")
     if not sdir:
         raise LatentSiftError(f"The bank {bank_dir} does not record its states directory; pass --states.")
@@ -569,7 +593,6 @@ def train_scorer(bank_dir: str | Path, *, states_dir: str | Path | None = None,
     bank.check_fingerprint(store.fingerprint, f"states in {sdir}")
     check_recorded_settings(bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
     states = store.load(bank.traj_ids_, dtype="float16")
-    scorer = scorer if scorer is not None else LinearScorer()
     scorer.fit([states[t] for t in bank.traj_ids_], bank.labels_, fingerprint=bank.fingerprint_, callback=callback)
     scorer.source_ = {"bank_dir": str(Path(bank_dir).resolve()), "states_dir": str(Path(sdir).resolve()),
                       "n_trajectories": len(bank.traj_ids_), "label_counts": bank.label_counts(),
