@@ -725,3 +725,22 @@ def test_scorer_train_with_no_or_almost_all_validation(artefacts, tmp_path):
     r = cli("scorer", "train", bank, "--val-frac", 0, "--max-epochs", 1, "--out", tmp_path / "s")
     assert r.exit_code == 0, r.output
     assert "no validation split" in r.output and "kept the last epoch" in r.output and "nan" not in r.output
+
+
+@pytest.mark.model
+def test_a_full_disk_names_the_out_not_a_temporary(artefacts, tmp_path, monkeypatch):
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    a, out = artefacts, tmp_path / "out"
+    for args, named in ((["bank", "build", a / "states", "--pools", a / "bank.jsonl", "--out", out / "bank"],
+                         out / "bank" / "bank.safetensors"),
+                        (["scorer", "train", a / "bank", "--val-frac", 0, "--max-epochs", 1, "--out", out / "scorer"],
+                         out / "scorer" / "scorer.safetensors"),
+                        (["fit", a / "bank.jsonl", "--states", a / "states", "--scorer-epochs", 1, "--out",
+                          out / "sifter"], out / "sifter" / "bank" / "bank.safetensors")):
+        r = cli(*args)
+        refused(r, f"error: {named}: no space left on device")
+        assert ".tmp" not in r.output
+    assert not out.exists()

@@ -198,8 +198,11 @@ def replaced_folder(folder: str | os.PathLike) -> Iterator[Path]:
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(tmp, folder)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, OSError) and e.filename is not None and Path(e.filename).is_relative_to(tmp):
+                # name the file the user asked for (a full disk, a read-only mount), not the temporary one
+                raise type(e)(e.errno, e.strerror, str(folder / Path(e.filename).relative_to(tmp))) from None
             raise
 
 
