@@ -744,3 +744,26 @@ def test_a_full_disk_names_the_out_not_a_temporary(artefacts, tmp_path, monkeypa
         refused(r, f"error: {named}: no space left on device")
         assert ".tmp" not in r.output
     assert not out.exists()
+
+
+@pytest.mark.model
+def test_an_unreadable_shard_is_said_as_unreadable(artefacts, tmp_path, monkeypatch):
+    """(Simulated at the read: the tests may run as root, whom permissions do not stop.)"""
+    import pathlib
+    copy = tmp_path / "states"
+    shutil.copytree(artefacts / "states", copy)
+    shard = sorted((copy / "shards").iterdir())[0]
+    real = pathlib.Path.read_bytes
+
+    def read_bytes(self):
+        if self == shard:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real(self)
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+    for args in (["bank", "build", copy, "--pools", artefacts / "bank.jsonl", "--out", tmp_path / "bank"],
+                 ["extract", artefacts / "bank.jsonl", "--out", copy, "--threads", 1]):  # the resume's check
+        r = cli(*args)
+        refused(r, f"{shard}: the shard cannot be read", "readable")
+        assert "write" not in r.output
+    assert not (tmp_path / "bank").exists()

@@ -99,6 +99,8 @@ class StoreTrajectory(Record):
     instance_id: str
     shard: str
     row: Count
+    n_spans: Count
+    n_tokens: Count
 
 
 class StoreIndex(Artefact):

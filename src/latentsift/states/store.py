@@ -256,7 +256,7 @@ class StateStore:
         bad = []
         for s in self._shards:
             p = member(self.path / SHARDS, s["name"], self.path / INDEX)
-            if not p.is_file() or sha256_hex(p.read_bytes()) != s["sha256"]:
+            if not p.is_file() or sha256_hex(self._shard_bytes(p)) != s["sha256"]:
                 bad.append(s["name"])
         return bad
 
@@ -317,13 +317,21 @@ class StateStore:
         self._write_index()
 
     # -- reading ----------------------------------------------------------------------------
+    def _shard_bytes(self, p: Path) -> bytes:
+        """A shard's bytes; a shard that cannot be read (permissions, an I/O error) is said as such."""
+        try:
+            return p.read_bytes()
+        except OSError as e:
+            raise LatentSiftError(f"{p}: the shard cannot be read ({e.strerror or e}); make the store's files "
+                                  f"readable (e.g. chmod -R u+r {self.path}) and run the command again.") from None
+
     def _read_shard(self, shard: dict) -> dict[str, np.ndarray]:
         from safetensors.numpy import load
 
         p = member(self.path / SHARDS, shard["name"], self.path / INDEX)
         if not p.is_file():
             raise LatentSiftError(f"The shard {p} listed in {self.path / INDEX} is missing: {REPAIR}")
-        data = p.read_bytes()
+        data = self._shard_bytes(p)
         got = sha256_hex(data)
         if got != shard["sha256"]:
             raise LatentSiftError(f"The shard {p} is corrupted: sha256 {got[:16]}... does not match the index "
