@@ -767,3 +767,15 @@ def test_an_unreadable_shard_is_said_as_unreadable(artefacts, tmp_path, monkeypa
         refused(r, f"{shard}: the shard cannot be read", "readable")
         assert "write" not in r.output
     assert not (tmp_path / "bank").exists()
+
+
+@pytest.mark.model
+def test_explore_on_an_output_with_every_pool_skipped_says_so(artefacts, tmp_path):
+    a, f = artefacts, tmp_path / "f.json"
+    r = cli("filter", a / "bank.jsonl", "--states", a / "states", "--bank", a / "bank", "--distance-only",
+            "--on-leak", "skip", "--out", f)  # every pool's instance is in the bank
+    assert r.exit_code == 0, r.output
+    assert json.loads(f.read_text())["n_pools"] == 0
+    r = cli("explore", f, "--pools", a / "bank.jsonl", "--out", tmp_path / "site")
+    refused(r, f"{f} holds no scored pool", "left out every pool (2 with --on-leak skip", "nothing to explore")
+    assert "pass the pools file" not in r.output and not (tmp_path / "site").exists()

@@ -226,6 +226,12 @@ def write_filter_site(filter_json: str | Path, pools: str | Path, out_dir: str |
     detail = read_filter_output(fpath)
     every = load_jsonl(pools)
     inst = {p["instance_id"] for p in detail["pools"]}
+    if not inst:
+        leak = detail.get("leak") or {}
+        why = (f": the filter left out every pool ({len(leak['warnings'])} with --on-leak {leak.get('on_leak')}, "
+               "their instances are in the bank)" if leak.get("warnings") else "")
+        raise LatentSiftError(f"{fpath} holds no scored pool{why}; there is nothing to explore. Score pools "
+                              "whose instances the bank does not hold, or pass --on-leak allow to 'filter'.")
     trajs = [t for t in every if t.instance_id in inst]
     if not trajs:
         raise LatentSiftError(f"{pools} holds none of the {len(inst)} pools of {fpath}: pass the pools file "
