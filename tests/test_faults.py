@@ -779,3 +779,19 @@ def test_explore_on_an_output_with_every_pool_skipped_says_so(artefacts, tmp_pat
     r = cli("explore", f, "--pools", a / "bank.jsonl", "--out", tmp_path / "site")
     refused(r, f"{f} holds no scored pool", "left out every pool (2 with --on-leak skip", "nothing to explore")
     assert "pass the pools file" not in r.output and not (tmp_path / "site").exists()
+
+
+def test_ids_with_control_or_bidi_characters_are_escaped_in_the_console(canonical, tmp_path):
+    trajs = load_jsonl(canonical)
+    odd_id, odd_inst = "run/\x1b[31mred\u202eevil\nline[bold]x", "inst\u200f\x07"
+    trajs[0].traj_id, trajs[0].instance_id = odd_id, odd_inst
+    pools = tmp_path / "odd.jsonl"
+    save_jsonl(trajs, pools)
+    r = cli("filter", pools, "--method", "random", "--show", 5, "--out", tmp_path / "f.json")
+    assert r.exit_code == 0, r.output
+    for raw in ("\x1b", "\u202e", "\u200f", "\x07"):
+        assert raw not in r.output
+    assert "run/\\x1b[31mred\\u202eevil\\x0aline[bold]x" in r.output  # one line, markup shown as text
+    assert "inst\\u200f\\x07: keep 1 of 1" in r.output
+    saved = json.loads((tmp_path / "f.json").read_text())  # the file keeps the ids as they are
+    assert odd_id in [c["traj_id"] for p in saved["pools"] for c in p["candidates"]]

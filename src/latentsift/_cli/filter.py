@@ -20,6 +20,7 @@ from ..deploy.operating import calibration_pools_for_filter, target_recall_filte
 from ..sift.rules import rules
 from .._jobs.sifter import run_sifter_filter_chosen
 from ._options import Seed, StatesDir, csv_list
+from ._text import cell, markup
 
 
 def register(app: typer.Typer) -> None:
@@ -138,16 +139,16 @@ def filter_cmd(
     if 0 < show < len(run.pools):
         console.print(f"... {len(run.pools) - show} more pools in {out}")
     for c in run.extra.get("bank_choice", {}).get("pools", [])[:show]:
-        console.print(f"bank for {c['instance_id']}: {c['chosen']} (median nearest-bank distances "
-                      + ", ".join(f"{k} {_fmt(v)}" for k, v in c["distances"].items()) + ")")
+        console.print(f"bank for {markup(c['instance_id'])}: {markup(c['chosen'])} (median nearest-bank distances "
+                      + ", ".join(f"{markup(k)} {_fmt(v)}" for k, v in c["distances"].items()) + ")")
     leak = run.extra.get("leak", {})
     for w in leak.get("warnings", []):
-        console.print(f"[yellow]leak ({leak['on_leak']}): {w}[/yellow]")
+        console.print(f"[yellow]leak ({leak['on_leak']}): {markup(w)}[/yellow]")
     for w in warnings:
-        console.print(f"[yellow]shift ({on_shift}): {w}[/yellow]")
+        console.print(f"[yellow]shift ({on_shift}): {markup(w)}[/yellow]")
     shared = run.inputs.get("repos_shared_with_bank")
     if shared:
-        console.print(f"[yellow]note: the bank and the pools share repositories {shared}; the paper's protocol "
+        console.print(f"[yellow]note: the bank and the pools share repositories {markup(shared)}; the paper's protocol "
                       "keeps them disjoint.[/yellow]")
     if target_recall is not None:
         console.print(f"target pool recall {target_recall:g}: threshold {_fmt(op['threshold'])} "
@@ -162,7 +163,7 @@ def filter_cmd(
 
 def _pool_table(res, settings: dict) -> Table:
     """One pool's candidates, best first: per-channel q and r, the branch scores, s and kept."""
-    t = Table(title=f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}", title_justify="left")
+    t = Table(title=cell(f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}"), title_justify="left")
     t.add_column("candidate")
     chans = list(settings.get("channels", ())) if res.candidates and res.candidates[0].q is not None else []
     for c in chans:
@@ -175,7 +176,7 @@ def _pool_table(res, settings: dict) -> Table:
     for c in extra + ["s", "kept"]:
         t.add_column(c, justify="right")
     for c in sorted(res.candidates, key=lambda c: -c.s):
-        row = [c.traj_id] + [_fmt(c.q[ch]) for ch in chans] + [_fmt(c.r[ch]) for ch in chans]
+        row = [cell(c.traj_id)] + [_fmt(c.q[ch]) for ch in chans] + [_fmt(c.r[ch]) for ch in chans]
         row += [_fmt(getattr(c, k)) for k in extra] + [_fmt(c.s), "yes" if c.retained else ""]
         t.add_row(*row)
     return t
