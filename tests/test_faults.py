@@ -588,7 +588,8 @@ _GONE = object()
 #: (kind, what is done) -> (path in the manifest, new value or _GONE, the words of the one-line answer).
 EDITS = {
     ("store", "field removed"): (("settings",), _GONE, "field 'settings' is missing"),
-    ("store", "fingerprint field removed"): (("fingerprint", "d_model"), _GONE, "field 'fingerprint.d_model' is missing"),
+    ("store", "fingerprint field removed"): (("fingerprint", "d_model"), _GONE,
+                                             "field 'fingerprint.d_model' is missing"),
     ("store", "wrong type"): (("settings", "layers"), "abc", "field 'settings.layers'"),
     ("store", "unknown field"): (("colour",), "blue", "unknown field 'colour'"),
     ("store", "NaN number"): (("settings", "context"), float("nan"), "field 'settings.context'"),
@@ -795,3 +796,22 @@ def test_ids_with_control_or_bidi_characters_are_escaped_in_the_console(canonica
     assert "inst\\u200f\\x07: keep 1 of 1" in r.output
     saved = json.loads((tmp_path / "f.json").read_text())  # the file keeps the ids as they are
     assert odd_id in [c["traj_id"] for p in saved["pools"] for c in p["candidates"]]
+
+
+def test_commands_refuse_an_input_that_carries_nothing(canonical, tmp_path):
+    """An empty pools file (and an empty --ids list): one line before any model loads, nothing written."""
+    empty, no_ids = tmp_path / "empty.jsonl", tmp_path / "ids.txt"
+    empty.write_text("")
+    no_ids.write_text("\n")
+    out = tmp_path / "out"
+    for args, words in ((["extract", empty, "--out", out / "s"], f"{empty} holds no trajectory: nothing to extract"),
+                        (["verify", "--trajectories", empty, "--out", out / "v"], "nothing to verify"),
+                        (["verify", "--trajectories", canonical, "--ids", no_ids, "--out", out / "v"],
+                         f"--ids {no_ids} names no traj_id"),
+                        (["bank", "build", tmp_path / "s", "--pools", empty, "--out", out / "b"],
+                         f"{empty} holds no trajectory: nothing to build a bank from"),
+                        (["import", empty, "--out", out / "p.jsonl"], f"read 0 trajectories from {empty}")):
+        r = cli(*args)
+        refused(r, words)
+        assert "model:" not in r.output
+    assert not out.exists()

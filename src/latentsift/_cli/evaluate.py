@@ -146,6 +146,9 @@ def verify_cmd(
         if unknown:
             raise LatentSiftError(f"--ids: {len(unknown)} traj_id(s) not in {trajectories}, e.g. {unknown[:3]!r}.")
         trajs = [by[w] for w in wanted]
+    if not trajs:  # said before the model loads; no empty results are written
+        raise LatentSiftError(f"--ids {ids} names no traj_id: nothing to verify." if ids is not None else
+                              f"{trajectories} holds no trajectory: nothing to verify.")
     if backend == "local":
         if threads is not None:
             import torch

@@ -79,6 +79,8 @@ def extract_cmd(
     check_backend_options(model, dtype, device, layer_sel)
     console = Console(stderr=True)
     trajs = load_jsonl(pools)
+    if not trajs:  # said before the model loads; no empty store is made
+        raise LatentSiftError(f"{pools} holds no trajectory: nothing to extract (write it with 'latentsift import').")
     console.print(f"{len(trajs)} trajectories from {pools}; loading the model ...")
     backend = open_backend(model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
                            gpus_per_worker=gpus_per_worker)

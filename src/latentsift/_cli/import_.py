@@ -10,7 +10,8 @@ from rich.console import Console
 
 from .._core.guard import check_output
 from .._core.io import atomic_write_text
-from ..trajectories.importers import format_names, import_paths
+from .._core.validation import LatentSiftError
+from ..trajectories.importers import format_names, import_paths, nothing_read
 from ..trajectories.trajectory import save_jsonl
 
 
@@ -39,6 +40,8 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True)
         with console.status("importing ..."):
             result = import_paths(inputs, format=format, labels=labels, skip_bad=skip_bad, scaffold=scaffold)
+            if not result.trajectories:  # an input that carries nothing: said, never written as an empty file
+                raise LatentSiftError(nothing_read(inputs, result.summary))
             trajs = sorted(result.trajectories, key=lambda t: (t.instance_id, t.traj_id))
             n = save_jsonl(trajs, out)
         typer.echo(result.summary.to_text())

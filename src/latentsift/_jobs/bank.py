@@ -25,6 +25,8 @@ def build_bank(states_dir: str | Path, pools: str | Path, *, repos: Sequence[str
     ``params``: the ``Bank`` settings.
     """
     trajs = {t.traj_id: t for t in load_jsonl(pools)}
+    if not trajs:
+        raise LatentSiftError(f"{pools} holds no trajectory: nothing to build a bank from.")
     ids = select_by_repo({t: x.repo for t, x in trajs.items()}, include=repos, exclude=exclude_repos)
     if not ids:
         raise LatentSiftError(f"No trajectory of {pools} is left after the repository selection.")
