@@ -226,6 +226,7 @@ class WriterLock:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.close()
+                self._remove_made()
                 raise LatentSiftError(f"Another process is writing to {self.what}; wait for it to finish.") from None
             try:  # the file may have been removed by the holder that just released it
                 same = os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino
@@ -243,11 +244,14 @@ class WriterLock:
         fcntl.flock(self.f, fcntl.LOCK_UN)
         self.f.close()
         if self.remove:
-            for p in self.made:  # innermost first; stops at the first folder that holds something
-                try:
-                    p.rmdir()
-                except OSError:
-                    break
+            self._remove_made()
+
+    def _remove_made(self) -> None:
+        for p in self.made:  # innermost first; stops at the first folder that holds something
+            try:
+                p.rmdir()
+            except OSError:
+                break
 
 
 def output_lock(out: str | os.PathLike) -> WriterLock:
