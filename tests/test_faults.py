@@ -815,3 +815,27 @@ def test_commands_refuse_an_input_that_carries_nothing(canonical, tmp_path):
         refused(r, words)
         assert "model:" not in r.output
     assert not out.exists()
+
+
+def test_run_and_verifier_manifests_are_read_through_the_schema(tmp_path):
+    from latentsift._core.validation import LatentSiftError
+    from latentsift.protocol.reproduce import open_run_dir
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"settings": {}}))
+    with pytest.raises(LatentSiftError, match=r"run/manifest.json: field 'command' is missing"):
+        open_run_dir(run)
+    pools = tmp_path / "p.jsonl"
+    pools.write_text(json.dumps({"instance_id": "i", "candidates": [{"traj_id": "a", "label": 1},
+                                                                     {"traj_id": "b", "label": 0}]}) + "\n")
+    ef = tmp_path / "ef"
+    ef.mkdir()
+    (ef / "verdicts.jsonl").write_text("".join(json.dumps({"kind": "verdict", "traj_id": t, "score": 0.5, "p_yes": 0.5,
+                                                           "p_no": 0.5, "n_in": 1, "n_out": 1}) + "\n" for t in "ab"))
+    (ef / "manifest.json").write_text(json.dumps({"kind": "ef", "name": 7}))
+    refused(cli("evaluate", "--pools", pools, "--scores", ef, "--out", tmp_path / "r"),
+            f"{ef / 'manifest.json'}: field 'name': must be a valid string (got 7)")
+    (ef / "manifest.json").write_text("[1]")
+    refused(cli("evaluate", "--pools", pools, "--scores", ef, "--out", tmp_path / "r"),
+            f"{ef / 'manifest.json'}: must hold a JSON object (got list)")
+    assert not (tmp_path / "r").exists()

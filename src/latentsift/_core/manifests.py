@@ -9,7 +9,8 @@ the first problem into one line naming the file and the field, e.g.::
 
 ``read_artefact`` (``_core.io``) calls it for every artefact whose ``ArtefactKind`` names a schema:
 the state store (``StoreManifest``, and ``StoreIndex`` for its index), the bank (``BankManifest``), the
-scorer (``ScorerManifest``) and the sifter (``SifterManifest``, its bank library included).
+scorer (``ScorerManifest``) and the sifter (``SifterManifest``, its bank library included); a run
+folder (``RunManifest``) and verifier results (``VerifierManifest``) are read through it too.
 
 Records that describe where an artefact came from (a bank's ``source``, a store's extraction
 ``settings``, a sifter's ``choice`` and ``evidence``) are kept as written: their known entries are
@@ -250,6 +251,24 @@ class SifterManifest(Artefact):
     library_skipped: list[Record] = Field(default_factory=list)
 
 
+# ---------------------------------------------------------------------- run folders and verifier results
+class RunManifest(Record):
+    """A ``reproduce`` / ``crossval`` run folder's ``manifest.json`` (its settings are checked by the
+    command's settings class)."""
+
+    command: str
+    settings: dict[str, Any]
+    format: int | None = None
+
+
+class VerifierManifest(Record):
+    """The ``manifest.json`` of a score input folder: verifier results, a filter's scores (also written
+    by hand: ``{"kind": "filter"|"ef", "name": ...}``; other entries are kept as written)."""
+
+    kind: str | None = None
+    name: str | None = None
+
+
 # ---------------------------------------------------------------------- the check
 def _where(loc: tuple) -> str:
     out = ""
@@ -261,6 +280,8 @@ def _where(loc: tuple) -> str:
 def _problem(err: Mapping[str, Any]) -> str:
     """One pydantic error as a phrase naming the field."""
     field, kind, got = _where(err["loc"]), err["type"], err.get("input")
+    if not field and kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"must hold a JSON object (got {type(got).__name__})"
     if kind == "missing":
         return f"field {field!r} is missing"
     if kind == "extra_forbidden":
