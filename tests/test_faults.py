@@ -839,3 +839,14 @@ def test_run_and_verifier_manifests_are_read_through_the_schema(tmp_path):
     refused(cli("evaluate", "--pools", pools, "--scores", ef, "--out", tmp_path / "r"),
             f"{ef / 'manifest.json'}: must hold a JSON object (got list)")
     assert not (tmp_path / "r").exists()
+
+
+def test_an_edited_explorer_file_list_is_one_line(canonical, tmp_path):
+    from latentsift._core.guard import SITE_MANIFEST
+    f, site = tmp_path / "f.json", tmp_path / "site"
+    assert cli("filter", canonical, "--method", "random", "--out", f).exit_code == 0
+    assert cli("explore", f, "--pools", canonical, "--out", site).exit_code == 0
+    (site / SITE_MANIFEST).write_text(json.dumps({"files": "index.html"}))
+    before = digest(site)
+    refused(cli("explore", f, "--pools", canonical, "--out", site), f"{site / SITE_MANIFEST}: field 'files'")
+    assert digest(site) == before

@@ -10,7 +10,8 @@ the first problem into one line naming the file and the field, e.g.::
 ``read_artefact`` (``_core.io``) calls it for every artefact whose ``ArtefactKind`` names a schema:
 the state store (``StoreManifest``, and ``StoreIndex`` for its index), the bank (``BankManifest``), the
 scorer (``ScorerManifest``) and the sifter (``SifterManifest``, its bank library included); a run
-folder (``RunManifest``) and verifier results (``VerifierManifest``) are read through it too.
+folder (``RunManifest``), score and verifier folders (``VerifierManifest``) and the explorer's file list
+(``SiteManifest``) are read through it too.
 
 Records that describe where an artefact came from (a bank's ``source``, a store's extraction
 ``settings``, a sifter's ``choice`` and ``evidence``) are kept as written: their known entries are
@@ -267,6 +268,12 @@ class VerifierManifest(Record):
 
     kind: str | None = None
     name: str | None = None
+
+
+class SiteManifest(Record):
+    """The explorer's list of the files it wrote into its folder (it deletes only those on a rerun)."""
+
+    files: list[str] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------------- the check

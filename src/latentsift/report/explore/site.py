@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from ..._core.guard import SITE_MANIFEST
 from ..._core.io import atomic_write_json, read_json
+from ..._core.manifests import SiteManifest, check_manifest
 from ..._core.validation import LatentSiftError
 from ...cascade.cascade import stage1_retain
 from ...sift.sift import FilterRun, read_filter_output
@@ -59,8 +60,8 @@ def _site_files(out: Path) -> list[str]:
     path = out / SITE_MANIFEST
     if not path.is_file():
         return []
-    files = read_json(path).get("files", [])
-    return [f for f in files if isinstance(f, str) and ".." not in Path(f).parts and not Path(f).is_absolute()]
+    files = check_manifest(read_json(path), SiteManifest, path, "delete it and write the site again").get("files", [])
+    return [f for f in files if ".." not in Path(f).parts and not Path(f).is_absolute()]
 
 
 def write_site(out_dir: str | Path, trajectories: Sequence[Trajectory], *, detail: Mapping[str, Any] | None = None,
