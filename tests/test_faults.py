@@ -399,12 +399,15 @@ def test_options_a_sifter_would_ignore_are_refused(canonical, tmp_path):
 
 def test_a_second_writer_to_one_out_is_refused(canonical, tmp_path):
     from latentsift._core.io import output_lock
-    f, s = tmp_path / "f.json", tmp_path / "sifter"
-    with output_lock(f), output_lock(s):  # another process writing them (flock: another open file)
+    f, s, b, sc = tmp_path / "f.json", tmp_path / "sifter", tmp_path / "bank", tmp_path / "scorer"
+    with output_lock(f), output_lock(s), output_lock(b), output_lock(sc):  # another process writing them
         refused(cli("filter", canonical, "--method", "random", "--out", f), f"Another process is writing to {f}")
         refused(cli("fit", canonical, "--states", tmp_path / "states", "--out", s),
                 f"Another process is writing to {s}")
-    assert not f.exists() and not s.exists()
+        refused(cli("bank", "build", tmp_path / "states", "--pools", canonical, "--out", b),
+                f"Another process is writing to {b}")
+        refused(cli("scorer", "train", tmp_path / "bank-in", "--out", sc), f"Another process is writing to {sc}")
+    assert not f.exists() and not s.exists() and not b.exists() and not sc.exists()
     r = cli("filter", canonical, "--method", "random", "--out", f)  # released: the lock file is gone too
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]

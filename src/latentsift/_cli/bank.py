@@ -81,12 +81,14 @@ def train_cmd(
         bar.update("train", 0, max_epochs, "loading states ...")
 
         def progress(entry: dict) -> None:
-            bar.update("train", entry["epoch"], max_epochs,
-                       f"train {entry['train_loss']:.4f}  val {entry['val_loss']:.4f}")
+            bar.update("train", entry["epoch"], max_epochs, f"train {entry['train_loss']:.4f}"
+                       + (f"  val {entry['val_loss']:.4f}" if val_frac > 0 else ""))
 
-        scorer = train_scorer_to_file(bank_dir, out, states_dir=states, callback=progress, lr=lr,
+        scorer = train_scorer_to_file(bank_dir, out, states_dir=states, callback=progress, log=bar.print, lr=lr,
                                       weight_decay=weight_decay, accumulation=accumulation, max_epochs=max_epochs,
                                       val_frac=val_frac, seed=seed, init=init, patience=patience)
     h0, hb = scorer.history_[0], scorer.history_[scorer.best_epoch_]
-    console.print(f"kept epoch {scorer.best_epoch_}: val loss {hb['val_loss']:.4f} (init {h0['val_loss']:.4f}), "
-                  f"train loss {hb['train_loss']:.4f} (init {h0['train_loss']:.4f}). Curve: {out / CURVE_PNG}.")
+    kept = (f"kept epoch {scorer.best_epoch_}: val loss {hb['val_loss']:.4f} (init {h0['val_loss']:.4f}), "
+            if scorer.val_ids_ else f"kept the last epoch, {scorer.best_epoch_} (no validation split): ")
+    console.print(f"{kept}train loss {hb['train_loss']:.4f} (init {h0['train_loss']:.4f}) on "
+                  f"{len(scorer.train_ids_)} trajectories. Curve: {out / CURVE_PNG}.")

@@ -15,6 +15,7 @@ from rich.table import Table
 from .._core.validation import LatentSiftError
 from .._jobs.filter import filter_to_file, keep_rules, method_names
 from ._options import Seed, StatesDir, csv_list
+from ._text import cell, markup
 
 
 def register(app: typer.Typer) -> None:
@@ -88,10 +89,10 @@ def filter_cmd(
                                           "seen other attempts at the same task is knowledge). Each such pool is "
                                           "named in the output."),
 ) -> None:
-    """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON.\f
-    Length: its signature is one typer option per setting; the body parses and prints (``_pool_table``),
-    the work is in ``latentsift._jobs.filter`` (``\\f`` keeps this paragraph out of ``--help``).
-    """
+    """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
+    # Length: the signature is one typer option per setting; the body parses and prints (_pool_table),
+    # the work is in latentsift._jobs.filter. (A note here, not in the docstring: typer shows the whole
+    # docstring in the command list, '' included.)
     if show < 0:
         raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
     console = Console(width=None if sys.stdout.isatty() else 160)
@@ -111,16 +112,16 @@ def filter_cmd(
     if 0 < show < len(run.pools):
         console.print(f"... {len(run.pools) - show} more pools in {out}")
     for c in run.extra.get("bank_choice", {}).get("pools", [])[:show]:
-        console.print(f"bank for {c['instance_id']}: {c['chosen']} (median nearest-bank distances "
-                      + ", ".join(f"{k} {_fmt(v)}" for k, v in c["distances"].items()) + ")")
+        console.print(f"bank for {markup(c['instance_id'])}: {markup(c['chosen'])} (median nearest-bank distances "
+                      + ", ".join(f"{markup(k)} {_fmt(v)}" for k, v in c["distances"].items()) + ")")
     leak = run.extra.get("leak", {})
     for w in leak.get("warnings", []):
-        console.print(f"[yellow]leak ({leak['on_leak']}): {w}[/yellow]")
+        console.print(f"[yellow]leak ({leak['on_leak']}): {markup(w)}[/yellow]")
     for w in warnings:
-        console.print(f"[yellow]shift ({on_shift}): {w}[/yellow]")
+        console.print(f"[yellow]shift ({on_shift}): {markup(w)}[/yellow]")
     shared = run.inputs.get("repos_shared_with_bank")
     if shared:
-        console.print(f"[yellow]note: the bank and the pools share repositories {shared}; the paper's protocol "
+        console.print(f"[yellow]note: the bank and the pools share repositories {markup(shared)}; the paper's protocol "
                       "keeps them disjoint.[/yellow]")
     if target_recall is not None:
         console.print(f"target pool recall {target_recall:g}: threshold {_fmt(op['threshold'])} "
@@ -138,7 +139,7 @@ def filter_cmd(
 
 def _pool_table(res, settings: dict) -> Table:
     """One pool's candidates, best first: per-channel q and r, the branch scores, s and kept."""
-    t = Table(title=f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}", title_justify="left")
+    t = Table(title=cell(f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}"), title_justify="left")
     t.add_column("candidate")
     chans = list(settings.get("channels", ())) if res.candidates and res.candidates[0].q is not None else []
     for c in chans:
@@ -151,7 +152,7 @@ def _pool_table(res, settings: dict) -> Table:
     for c in extra + ["s", "kept"]:
         t.add_column(c, justify="right")
     for c in sorted(res.candidates, key=lambda c: -c.s):
-        row = [c.traj_id] + [_fmt(c.q[ch]) for ch in chans] + [_fmt(c.r[ch]) for ch in chans]
+        row = [cell(c.traj_id)] + [_fmt(c.q[ch]) for ch in chans] + [_fmt(c.r[ch]) for ch in chans]
         row += [_fmt(getattr(c, k)) for k in extra] + [_fmt(c.s), "yes" if c.retained else ""]
         t.add_row(*row)
     return t

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .._core.outputs import check_output
+from .._core.io import output_lock
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, select_by_repo
@@ -27,6 +28,8 @@ def build_bank(states_dir: str | Path, pools: str | Path, *, repos: Sequence[str
     ``params``: the ``Bank`` settings.
     """
     trajs = {t.traj_id: t for t in load_jsonl(pools)}
+    if not trajs:
+        raise LatentSiftError(f"{pools} holds no trajectory: nothing to build a bank from.")
     ids = select_by_repo({t: x.repo for t, x in trajs.items()}, include=repos, exclude=exclude_repos)
     if not ids:
         raise LatentSiftError(f"No trajectory of {pools} is left after the repository selection.")
@@ -58,6 +61,7 @@ def build_bank_to_file(states_dir: str | Path, pools: str | Path, out: str | Pat
     if repos is not None and exclude_repos is not None:
         raise LatentSiftError("Pass either --repos or --exclude-repos, not both.")
     check_output(out, [states_dir, pools], kind="bank")
-    bank = build_bank(states_dir, pools, repos=repos, exclude_repos=exclude_repos, **params)
-    bank.save(out)
+    with output_lock(out):  # one writer per --out: a second 'bank build' to it is refused, not lost
+        bank = build_bank(states_dir, pools, repos=repos, exclude_repos=exclude_repos, **params)
+        bank.save(out)
     return bank

@@ -13,5 +13,5 @@ def write_explorer(filter_json: str | Path, pools: str | Path | None, out: str |
                    bank: str | Path | None = None) -> Path:
     """``latentsift explore``: the site written to ``out`` (refused before any work when it would touch an
     input); returns its index page."""
-    check_output(out, [filter_json, pools, bank], kind="site", replaces=True)
+    check_output(out, [filter_json, pools, bank], kind="site")
     return write_filter_site(filter_json, pools, out, bank_dir=bank)

@@ -51,6 +51,8 @@ def run_extract(pools: str | Path, out: str | Path, *, model=None, dtype: str = 
     layer_sel = parse_layers(layers)
     check_backend_options(model, dtype, device, layer_sel)
     trajs = load_jsonl(pools)
+    if not trajs:  # said before the model loads; no empty store is made
+        raise LatentSiftError(f"{pools} holds no trajectory: nothing to extract (write it with 'latentsift import').")
     log(f"{len(trajs)} trajectories from {pools}; loading the model ...")
     backend = open_backend(model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
                            gpus_per_worker=gpus_per_worker)

@@ -188,7 +188,7 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                                    calibration_method=calibration_method, calibration_epochs=calibration_epochs,
                                    on_shift=on_shift, min_keep=min_keep, keep_rule=keep_rule)
     target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
-    out = check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states])
+    out = check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states], file="filter")
     with output_lock(out):  # a second filter to this --out is refused while this one runs
         settings: dict = {"min_keep": min_keep, "frac": frac, "seed": seed}
         if sifter is not None:

@@ -33,7 +33,7 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     first N instances by id of each pools file (the rule of ``extract --instances N``). ``per_agent``:
     also a sub-bank and scorer per agent (``Sifter.fit``).
     """
-    check_output(out, [pools_path, states_dir], kind="sifter", replaces=True)
+    check_output(out, [pools_path, states_dir], kind="sifter")
     if reference_kind is not None:
         check_choice(reference_kind, "reference", "fit", REFERENCE_KINDS)
     if false_alarm is not None:

@@ -18,12 +18,12 @@ def transfer_matrix(pools_paths: Sequence[str | Path], states_dirs: Sequence[str
                     log: Callable[[str], None] = print, **settings) -> Path:
     """``latentsift transfer``: the matrix over every evaluation set; writes OUT/summary.json and report.md."""
     out = Path(out)
-    check_output(out, [*pools_paths, *states_dirs])
+    check_output(out, [*pools_paths, *states_dirs], kind="report")
     with output_lock(out):
         summary = transfer_summary(pools_paths, states_dirs, out, log=log, **settings)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / "summary.json", summary)
         atomic_write_text(out / "report.md",
                           transfer_markdown(summary, group_noun(summary["settings"].get("group_by", "repo"), 1)))
+        atomic_write_json(out / "summary.json", summary)  # last: its presence means the report is complete
     log(f"[transfer] report: {out / 'report.md'}")
     return out

@@ -33,6 +33,9 @@ def run_verify(trajectories: str | Path, out: str | Path, *, name: str = "ef", b
         if unknown:
             raise LatentSiftError(f"--ids: {len(unknown)} traj_id(s) not in {trajectories}, e.g. {unknown[:3]!r}.")
         trajs = [by[w] for w in wanted]
+    if not trajs:  # said before the model loads; no empty results are written
+        raise LatentSiftError(f"--ids {ids} names no traj_id: nothing to verify." if ids is not None else
+                              f"{trajectories} holds no trajectory: nothing to verify.")
     be = open_verifier_backend(backend, **options)
     if log is not None:
         log(f"verifier backend: {be.describe()}")

@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .._core.io import atomic_write_text, iter_jsonl, read_json
+from .._core.manifests import VerifierManifest, check_manifest
 from .._core.validation import LatentSiftError, check_positive_int
 # the backends are part of the verifier's API: VerifierBackend and its two, yes_no_score, RawJudgement
 from .backends import (NO, YES, CallFailed, LocalVerifierBackend, OpenAIBackend, RawJudgement, VerifierBackend,
@@ -195,10 +196,8 @@ def load_results(path: str | Path) -> tuple[str, dict[str, VerifierResult], dict
     man: dict = {}
     if p.is_dir():
         if (p / MANIFEST_FILE).is_file():
-            man = read_json(p / MANIFEST_FILE)
-            if not isinstance(man, dict):
-                raise LatentSiftError(f"{p / MANIFEST_FILE}: must be a JSON object. Got {type(man).__name__} "
-                                      "instead.")
+            man = check_manifest(read_json(p / MANIFEST_FILE), VerifierManifest, p / MANIFEST_FILE,
+                                 "write the results again ('latentsift verify')")
         p = p / RESULTS_FILE
     if not p.is_file():
         raise LatentSiftError(f"No such verifier results file: {str(p)!r}.")

@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._core.io import atomic_write_json
+from .._core.io import atomic_write_json, read_json
+from .._core.manifests import RunManifest, check_manifest
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, Fold, iter_folds
 from ..metrics.score_table import diagnostics_table
@@ -143,7 +144,7 @@ def open_run(run_dir: str | Path, settings_classes: dict[str, type], *,
     man_path = run_dir / "manifest.json"
     if not man_path.is_file():
         raise LatentSiftError(f"{run_dir} is not a run folder (no manifest.json; run 'latentsift reproduce').")
-    man = json.loads(man_path.read_text())
+    man = check_manifest(read_json(man_path), RunManifest, man_path, "run the command again into a new --out")
     cls = settings_classes.get(man.get("command"))
     if cls is None:
         raise LatentSiftError(f"{man_path}: unknown command {man.get('command')!r}.")

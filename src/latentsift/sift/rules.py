@@ -58,7 +58,9 @@ class FilterEntry:
     filters without one come after the built-ins, in registration order); ``tokenizer``: the
     protocol passes it the policy's tokenizer; ``column``: (candidate-table column, sign) when the
     rule is a plain column (the diagnostics add it as a reference without scoring); ``prune_policy``:
-    the name of the early-stopping policy that applies it to prefixes (``latentsift.sift.prune``).
+    the name of the early-stopping policy that applies it to prefixes (``latentsift.sift.prune``);
+    ``color``: its colour in every chart of the report and the explorer (``latentsift.report.colors``;
+    None: the next free colour of the run).
     """
 
     name: str
@@ -71,12 +73,13 @@ class FilterEntry:
     tokenizer: bool
     column: tuple[str, float] | None
     prune_policy: str | None
-
+    color: str | None = None
 
 
 def register_filter(name: str, *, key: str | None = None, label: str | None = None, kind: str = "rule",
                     table_rank: float = math.inf, headline_rank: float = math.inf, tokenizer: bool = False,
-                    column: tuple[str, float] | None = None, prune_policy: str | None = None):
+                    column: tuple[str, float] | None = None, prune_policy: str | None = None,
+                    color: str | None = None):
     """Class decorator: register a ``Stage1Filter`` subclass under ``name`` (see ``FilterEntry``)."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise LatentSiftError(f"The 'name' parameter of register_filter must be lowercase words joined by '-'. "
@@ -95,7 +98,8 @@ def register_filter(name: str, *, key: str | None = None, label: str | None = No
             raise LatentSiftError(f"register_filter: the key {key!r} is taken by the filter {taken[key]!r}.")
         cls.name = name
         registry_add("filter", name, cls, key=key, label=label or name, kind=kind, table_rank=table_rank,
-                     headline_rank=headline_rank, tokenizer=tokenizer, column=column, prune_policy=prune_policy)
+                     headline_rank=headline_rank, tokenizer=tokenizer, column=column, prune_policy=prune_policy,
+                     color=color)
         return cls
 
     return register
@@ -162,7 +166,7 @@ def make_baseline(name: str, **kw) -> "RuleFilter":
     return e.factory(**kw)
 
 
-register_filter(LatentSift.name, kind="state", label="LatentSift (paper)")(LatentSift)
+register_filter(LatentSift.name, kind="state", label="LatentSift (paper)", color="#1f77b4")(LatentSift)
 
 
 class RuleFilter(Stage1Filter):
@@ -195,7 +199,7 @@ class RuleFilter(Stage1Filter):
         return {"s": normalized_ranks(prepared.raw[idx])}
 
 
-@register_filter("random", label="random", table_rank=3, headline_rank=0, prune_policy="random")
+@register_filter("random", label="random", table_rank=3, headline_rank=0, prune_policy="random", color="#7f7f7f")
 class RandomFilter(RuleFilter):
     """Random Stage 1: raw = a uniform number in [0, 1) from sha256("random:{seed}:{traj_id}").
 
@@ -208,7 +212,7 @@ class RandomFilter(RuleFilter):
 
 
 @register_filter("shortest-tokens", label="shortest (tokens)", table_rank=0, headline_rank=2, tokenizer=True,
-                 prune_policy="longest-so-far")
+                 prune_policy="longest-so-far", color="#ff7f0e")
 class ShortestTokensFilter(RuleFilter):
     """Prefer fewer tokens: raw = -n_tokens, from the states (``TrajectoryStates.n_tokens``, the
     tokens the policy saw) or, without states, from ``tokenizer`` over cot + fn + obs text."""
@@ -237,7 +241,7 @@ class ShortestTokensFilter(RuleFilter):
 
 
 @register_filter("shortest-chars", label="shortest (chars)", table_rank=1, headline_rank=1,
-                 column=("n_chars", -1.0))
+                 column=("n_chars", -1.0), color="#8c564b")
 class ShortestCharsFilter(RuleFilter):
     """Prefer fewer characters: raw = -(characters of cot + fn + obs over all steps)."""
 
@@ -246,7 +250,7 @@ class ShortestCharsFilter(RuleFilter):
 
 
 @register_filter("fewest-steps", label="fewest steps", table_rank=2, headline_rank=3, column=("n_steps", -1.0),
-                 prune_policy="most-steps-so-far")
+                 prune_policy="most-steps-so-far", color="#9467bd")
 class FewestStepsFilter(RuleFilter):
     """Prefer fewer agent steps: raw = -n_steps."""
 

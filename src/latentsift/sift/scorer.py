@@ -48,6 +48,7 @@ import numpy as np
 
 from .._core.validation import LatentSiftError, NotFittedError, param_error, check_positive_int
 from .._core.io import ArtefactKind, atomic_path, read_artefact, replaced_folder, write_artefact
+from .._core.manifests import ScorerManifest, manifest_values
 from .._core.threads import fixed_threads, one_thread_workers
 from ..bank.bank import Bank, as_fingerprint
 from ..states.model import Fingerprint
@@ -59,7 +60,8 @@ SCORER_JSON = "scorer.json"
 SCORER_TENSORS = "scorer.safetensors"
 CURVE_PNG = "training_curve.png"
 SCORER_ARTEFACT = ArtefactKind(SCORER_FORMAT, SCORER_VERSION, SCORER_JSON, noun="a scorer directory",
-                               make="train one with 'latentsift scorer train'", redo="retrain the scorer")
+                               make="train one with 'latentsift scorer train'", redo="retrain the scorer",
+                               schema=ScorerManifest)
 INITS = ("zeros", "torch")
 GATE_EPS = 1e-8  # Eq. (linear-scorer): max(sum_j sigmoid(g_j), 1e-8)
 
@@ -498,6 +500,8 @@ class LinearScorer:
         meta, blobs = read_artefact(path, SCORER_ARTEFACT, {"tensors": SCORER_TENSORS})
         arr = st_load(blobs["tensors"])
         sc = cls(**meta["settings"])
+        with manifest_values(Path(path) / SCORER_JSON, "settings", SCORER_ARTEFACT.redo):
+            sc._check_params()
         sc.W_, sc.b_ = arr["W"], arr["b"]
         sc.history_ = meta["history"]
         sc.best_epoch_ = int(meta["best_epoch"])
@@ -546,3 +550,23 @@ def _check_fit_inputs(states, labels,
         if fingerprint.d_model != d:
             raise LatentSiftError(f"The states have d_model={d} but the fingerprint says {fingerprint.d_model}.")
     return states, lab, fingerprint
+
+
+def check_split(scorer: LinearScorer, labels: Mapping[str, int], log: Callable[[str], None] | None = None) -> None:
+    """Before any state loads: refuse a train/validation split whose training side lacks an outcome,
+    and say (``log``) when validation takes most of the trajectories or there is none."""
+    train, val = scorer.split(list(labels))
+    n, f = len(labels), scorer.val_frac
+    classes = {labels[t] for t in train}
+    if len(classes) < 2:
+        what = "none" if not train else ("all resolved" if classes == {1} else "all unresolved")
+        raise LatentSiftError(f"--val-frac {f:g} leaves {len(train)} of the {n} bank trajectories for training "
+                              f"({what}); the scorer needs both outcomes to learn from: lower --val-frac.")
+    if log is None:
+        return
+    if not val:
+        log("no validation split (--val-frac 0): every bank trajectory trains and the last epoch is kept.")
+    elif len(train) < len(val):
+        log(f"warning: --val-frac {f:g} trains on {len(train)} of the {n} bank trajectories and validates on "
+            f"{len(val)}; the paper holds out 0.2.")
+
