@@ -236,40 +236,48 @@ def test_protocol_commands_refuse_a_bad_target_recall_before_any_work(tmp_path):
 
 
 def test_tiny_run_reports_operating_points(tiny_run):
-    """The tiny run (4 pools, 2 folds): a fold's calibration set (the other fold's pools) is too small for
-    R >= 0.9, so it keeps every candidate: calls = pool size, recall 1; at R = 0.5 (n >= 1) the rule runs."""
+    """The tiny run (4 pools, 2 folds). A trained filter has no clean calibration with 2 folds (a bank
+    without both folds is empty): each fold keeps all and says so. The rules and the EF verifier need
+    no refit: their calibration is the other fold's pools, too small for R >= 0.9 (keep all, said),
+    enough for R = 0.5 (n >= 1), where the rule runs."""
     data = json.loads(tiny_run["summary"])
     op = data["operating_points"]
     assert op["targets"] == [0.9, 0.95, 0.99] and op["reference"] == "shortest_chars"
-    sizes = data["pools"]
+    (pair,) = op["nested"]                                  # 2 folds: the one pair leaves an empty bank
+    assert pair["status"].startswith("skipped: the bank without folds 0 and 1 holds 0 trajectories")
     mean_k = np.mean([len(p["candidates"]) for p in _pools(tiny_run["out"])])
     for name in ("latentsift", "shortest_chars", "random", "ef_verifier"):
         e = op["filters"][name]
-        assert 0.0 <= e["ece"]["lo"] <= e["ece"]["mean"] <= e["ece"]["hi"] <= 1.0
-        assert sum(e["reliability"]["count"]) == sum(len(p["candidates"]) for p in _pools(tiny_run["out"]))
+        trained = name == "latentsift"
         for r in ("0.9", "0.95", "0.99"):
             row = e["targets"][r]
-            assert len(row["realized_recall"]["per_fold"]) == 2 and row["n_folds_keep_all"] == 2
+            folds = row["realized_recall"]["per_fold"]
+            assert len(folds) == 2 and row["n_folds_keep_all"] == 2
+            assert all(f["status"].startswith("no clean calibration" if trained else "calibration too small")
+                       for f in folds), folds
+            assert {f["calibration"] for f in folds} == {"no clean calibration" if trained else
+                                                         "label-free scores (no training)"}
             assert row["verifier_calls"]["mean"] == pytest.approx(mean_k)
-            assert row["realized_recall"]["pooled"]["mean"] == 1.0
-            if name != "shortest_chars":
-                assert row["difference_vs_reference"]["verifier_calls"]["mean"] == 0.0
+        if trained:
+            assert e["ece"]["n"] == 0          # no calibrated probability without a clean calibration set
+        else:
+            assert 0.0 <= e["ece"]["lo"] <= e["ece"]["mean"] <= e["ece"]["hi"] <= 1.0
+            assert sum(e["reliability"]["count"]) == sum(len(p["candidates"]) for p in _pools(tiny_run["out"]))
         curve = {c["target"]: c for c in e["curve"]}
         assert curve[1.0]["verifier_calls"] == pytest.approx(mean_k) and curve[1.0]["recall"] == 1.0
-        assert curve[0.5]["verifier_calls"] <= mean_k
-    # the way back for a new agent: bank of ACR, SWE-agent's candidates; "alone" with m < 9 pools keeps all
+    curve = {c["target"]: c for c in op["filters"]["shortest_chars"]["curve"]}
+    assert curve[0.5]["verifier_calls"] < mean_k / 2     # R = 0.5: the rule runs and keeps few
+    # the way back for a new agent: bank of ACR, SWE-agent's candidates; no clean calibration with 2 folds
     pair = op["new_agent"]["pairs"]["acr -> sweagent"]
     swe = [c for p in _pools(tiny_run["out"]) for c in p["candidates"] if c.agent == "sweagent"]
     n_swe_pools = len({c.instance_id for c in swe})
     assert pair["n_new_agent_pools"] == n_swe_pools
     for row in pair["rows"]:
-        assert row["n_test_pools"] == n_swe_pools and row["m_used_min"] <= min(row["m"], n_swe_pools)
-        if row["mode"] == "alone" and row["target"] >= 0.9:
-            assert row["n_folds_keep_all"] == 2 and row["realized_recall"] == 1.0
-            assert row["verifier_calls"] == pytest.approx(len(swe) / n_swe_pools)
+        assert row["n_test_pools"] == n_swe_pools and row["n_folds_keep_all"] == 2
+        assert row["verifier_calls"] == pytest.approx(len(swe) / n_swe_pools)
     report = (tiny_run["report"] / "report.md").read_text()
     assert "## Operating points" in report and "![reliability.png]" in report and "![cost_recall.png]" in report and "A way back" in report
-    assert (tiny_run["report"] / "cost_recall.png").is_file() and sizes
+    assert (tiny_run["report"] / "cost_recall.png").is_file()
 
 
 def _pools(out):
@@ -326,3 +334,82 @@ def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint
     assert row["n_keep"] == 1 and out["pools"][0]["retained"] == ["r0/new__0"]
     assert row["guaranteed"] == (not out["shift"]["pools"][0]["shifted"])
     assert _cli(*base, "--calibration", tmp_path / "pools.jsonl", "--out", tmp_path / "c.json").exit_code == 2
+
+
+# ---------------------------------------------------------------------- clean evaluation: nested calibration
+def _synthetic_protocol(tmp, labels_of=None, seed=7, n_repos=8, per_repo=4, k=6, agents=("acr", "swe")):
+    """Trajectories of ``n_repos`` repositories (``per_repo`` pools of ``k`` candidates, two agents), their
+    synthetic states, and a protocol Run (4 repository folds) writing into ``tmp``; ``labels_of``: traj_id ->
+    label overrides (the states keep the original quality)."""
+    from latentsift.protocol.crossval import CrossvalSettings
+    from latentsift.protocol.run import Run
+    rng = np.random.default_rng(seed)
+    trajs, states = [], {}
+    for r in range(n_repos):
+        for i in range(per_repo):
+            inst = f"org__r{r}-{i}"
+            q = rng.standard_normal(k)
+            y = (rng.random(k) < 1 / (1 + np.exp(-(2.5 * q - 0.5)))).astype(int)
+            for j in range(k):
+                tid = f"{agents[j % 2]}/{inst}/{j}"
+                lab = int(y[j]) if labels_of is None else labels_of.get(tid, int(y[j]))
+                states[tid] = make_states(tid, rng, 0.6 * q[j], n_steps=2 + j % 3)
+                steps = [Step(cot="think " * (s + 1 + j), fn=f"cmd{s}", obs="out" * (s + 2)) for s in range(2 + j % 3)]
+                trajs.append(Trajectory(traj_id=tid, instance_id=inst, repo=f"org/r{r}", task_prompt="fix it",
+                                        steps=steps, reward=float(lab), agent=agents[j % 2]))
+    s = CrossvalSettings(pools="-", states="-", out=str(tmp), n_folds=4, variants=False, agent_transfer=True,
+                         scorer_epochs=2, n_boot=50, ks=(3,), target_recalls=(0.8,))
+    return Run(s, log=lambda m: None), trajs, states
+
+
+def _operating_on(tmp, labels_of=None):
+    from latentsift.protocol.nested import nested_calibration
+    from latentsift.protocol.operating import operating_points
+    from latentsift.protocol.stage1 import stage1_filters
+    from latentsift.protocol.transfer_agents import agent_transfer
+    run, trajs, states = _synthetic_protocol(tmp, labels_of)
+    folds = run.folds(trajs)
+    ds, _, _ = stage1_filters(run, trajs, folds, states, FP, None)
+    ds |= agent_transfer(run, trajs, folds, states, FP)[0]
+    nested = nested_calibration(run, trajs, folds, states, FP, None)
+    return run, trajs, folds, operating_points(run, trajs, folds, ds, None, nested=nested, targets=(0.8,))
+
+
+def test_permuting_a_folds_labels_leaves_its_threshold_unchanged(tmp_path):
+    """What is tested: fold k's operating point (threshold, calibrated probability there, calibration size)
+    depends on the other folds' labels only. The labels of fold k's candidates are permuted (a seeded
+    shuffle within fold k); every trained filter's fold-k threshold stays the same, while the other
+    folds' thresholds (whose calibration sets hold fold k) move for some filter. Cross-fitted
+    calibration (the other folds scored by their own fold's bank, trained on fold k) fails this."""
+    run, trajs, folds, base = _operating_on(tmp_path / "a")
+    k = 1
+    fold_k = {t.traj_id for t in trajs if run.group(t) in set(folds[k][1])}
+    ids = sorted(fold_k)
+    lab = {t.traj_id: int(t.label) for t in trajs}
+    perm = np.random.default_rng(0).permutation(len(ids))
+    flipped = {t: lab[ids[p]] for t, p in zip(ids, perm)}
+    assert sum(flipped[t] != lab[t] for t in ids) >= 10          # a real change of fold k's labels
+    _, _, _, perm_op = _operating_on(tmp_path / "b", flipped)
+
+    def point(op, name, fold):
+        row = next(f for f in op["filters"][name]["targets"]["0.8"]["realized_recall"]["per_fold"] if f["fold"] == fold)
+        return row["status"], row.get("threshold"), row.get("p_threshold"), row.get("n_calibration_pools")
+
+    trained = [n for n in base["filters"] if n.startswith(("latentsift", "channels:", "distance:", "transfer:"))]
+    assert "latentsift" in trained and any(n.startswith("transfer:") for n in trained)
+    moved_elsewhere = False
+    for name in trained:
+        assert point(base, name, k) == point(perm_op, name, k), name
+        assert point(base, name, k)[0] == "ok"       # the rule ran: it did not keep everything
+        moved_elsewhere |= any(point(base, name, j) != point(perm_op, name, j) for j in range(4) if j != k)
+    assert moved_elsewhere
+    # every fold of every filter ran the rule (nothing kept whole by default), and keeps fewer than all
+    for name, e in base["filters"].items():
+        row = e["targets"]["0.8"]
+        assert row["n_folds_keep_all"] == 0, name
+        assert row["verifier_calls"]["mean"] < 6, name
+        assert {f["calibration"] for f in row["realized_recall"]["per_fold"]} == (
+            {"label-free scores (no training)"} if name in ("shortest_chars", "fewest_steps", "random")
+            or not name.startswith(("latentsift", "channels:", "distance:", "weighting:", "branch:", "transfer:"))
+            else {"nested"}), name
+    assert [p["status"] for p in base["nested"]] == ["ok"] * 6

@@ -43,12 +43,13 @@ def latentsift_variants(ablations: bool = True) -> dict[str, dict]:
 
 
 def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
-                   sweep: str | None = None) -> tuple[dict, dict, dict]:
+                   sweep: str | None = None, trained_only: bool = False) -> tuple[dict, dict, dict]:
     """name -> draw scorer for every filter; per-candidate full-pool scores; fold bookkeeping.
 
     ``run``: the ``protocol.Run``; ``sweep``: a representation of the sweep (states of its own): only
     the paper's method and the inner-CV default are built, named ``sweep:<name>`` and
-    ``sweep:<name>:default``.
+    ``sweep:<name>:default``; ``trained_only``: only the filters fitted on labels (no rule filters, no
+    training-size curves: the nested calibration of ``protocol.nested``).
     """
     s = run.settings
     t0 = time.perf_counter()
@@ -69,12 +70,12 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
         for name, params in latentsift_variants(ablations=sweep is None).items():
             filt = LatentSift(bank, scorer, seed=s.seed, **params)
             put(name, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
-        for rule in rules() if sweep is None else ():  # the registry's rule filters (baselines)
+        for rule in rules() if sweep is None and not trained_only else ():  # the registry's rule filters (baselines)
             filt = rule.factory(seed=s.seed, **({"tokenizer": tokenizer} if rule.tokenizer else {}))
             put(rule.key, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
         if s.variants or sweep is not None:
             info["variants"] = variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
-                                               per_instance, put, curves=sweep is None)
+                                               per_instance, put, curves=sweep is None and not trained_only)
         fold_info.append(info)
     if sweep is not None:
         per_instance = {f"sweep:{sweep}" + ("" if n == "latentsift" else f":{n}"): per_instance[n]

@@ -260,6 +260,8 @@ def _fig_reliability(data: dict, plt):
     ax.plot([0, 1], [0, 1], color="grey", linewidth=0.6, linestyle=":")
     for j, f in enumerate(names):
         r, e = op["filters"][f]["reliability"], op["filters"][f]["ece"]
+        if e.get("mean") is None:  # no clean calibration set: no calibrated probability to draw
+            continue
         ax.plot(r["mean_p"], r["frac_resolved"], marker="o", ms=3, color=f"C{j % 10}",
                 label=f"{filter_name(data, f)} (ECE {e['mean']:.3f})")
     ax.set_xlabel("calibrated P(resolved), bin mean")
