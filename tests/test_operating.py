@@ -16,8 +16,9 @@ from latentsift.trajectories.importers import import_paths
 from latentsift.trajectories.trajectory import Step, Trajectory, group_pools, load_jsonl, save_jsonl
 from synthetic import FP, make_states
 from latentsift.metrics.calibrate import ece, ece_ci, fit_calibration, reliability
-from latentsift.deploy.operating import (CalibrationPools, apply_operating_point, check_calibration_size, crc_threshold,
-                                         fit_operating_point, keep_mask, min_calibration_pools, pool_miss_score)
+from latentsift.deploy.operating import apply_operating_point
+from latentsift.sift.keep import (CalibrationPools, RecallKeep, check_calibration_size, crc_threshold, keep_mask,
+                                  min_calibration_pools, pool_miss_score)
 from latentsift.sift.sift import CandidateScore, PoolResult
 
 
@@ -52,12 +53,11 @@ def test_expected_recall_reaches_the_target_over_many_exchangeable_splits(target
     recalls, kept, ns = [], [], []
     for _ in range(400):
         cal, test = synthetic_pools(rng, 60), synthetic_pools(rng, 200)
-        cmap = fit_calibration(*cal.flat())
-        op = fit_operating_point(cal, cmap, target)
+        op = RecallKeep(target).fit(cal)
         r, k = realized(op, test)
         recalls.append(r)
         kept.append(k)
-        ns.append(op.n_calibration_pools)
+        ns.append(op.n_calibration_pools_)
     recalls = np.array(recalls)
     se = recalls.std(ddof=1) / np.sqrt(recalls.size)
     assert recalls.mean() >= target - 3 * se
@@ -129,7 +129,7 @@ def _pool(iid, scores):
 def test_a_flagged_pool_is_never_reported_as_guaranteed():
     rng = np.random.default_rng(3)
     cal = synthetic_pools(rng, 80)
-    op = fit_operating_point(cal, fit_calibration(*cal.flat()), 0.9)
+    op = RecallKeep(0.9).fit(cal)
     results = [_pool(f"p{i}", rng.standard_normal(5)) for i in range(6)]
     for on_shift in ("keep-all", "warn"):
         rows = apply_operating_point(results, op, shifted=["p1", "p4"], on_shift=on_shift)

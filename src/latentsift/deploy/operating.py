@@ -1,47 +1,22 @@
-"""Per-pool retention for a stated pool recall, with a finite-sample guarantee (conformal risk control).
+"""The recall-targeted keep rule in deployment: ``filter --target-recall R`` (``target_recall_filter``).
 
-Pool recall: the share of pools that hold a resolved candidate and keep at least one of them.
-A target recall R is a risk level alpha = 1 - R on the loss
-
-    L_i(tau) = 1[pool i holds a resolved candidate and Stage 1 keeps none of them],
-
-where pool i keeps its ``min_keep`` best candidates and every candidate whose score is at least the
-threshold ``tau`` (``keep_mask``): a confident pool (one candidate far above the rest) keeps one,
-an uncertain pool (every candidate above the threshold) keeps all. L_i grows with tau (a higher
-threshold keeps fewer candidates) and is bounded by B = 1.
-
-Conformal risk control (Angelopoulos, Bates, Fisch, Lei and Schuster, "Conformal Risk Control",
-ICLR 2024, Theorem 1), on the n calibration pools that hold a resolved candidate: with
-lambda = -tau (so the loss is non-increasing in lambda),
-
-    tau_hat = sup{ tau : (n / (n + 1)) R_hat_n(tau) + B / (n + 1) <= alpha },
-
-i.e. at most ``floor(alpha (n + 1) - 1)`` calibration pools may lose their resolved candidates
-(``crc_threshold``, closed form: an order statistic of each pool's best resolved score,
-``pool_miss_scores``). Then, when the calibration pools and a new pool holding a resolved
-candidate are exchangeable, E[L_new(tau_hat)] <= alpha, i.e. the expected pool recall is at
-least R. The bound needs ``alpha (n + 1) >= 1`` (``n >= 1 / alpha - 1``; a smaller calibration
-set is refused, ``check_calibration_size``); R = 1 keeps every candidate (trivially guaranteed).
-
-The keep decision is made on the score, and the calibrated probability (``latentsift.metrics.calibrate``,
-a non-decreasing map) is reported with it: the candidates kept are those whose probability is at
-least the threshold's, up to the plateaus of the isotonic step function, which a threshold on the
-probability would keep whole (still valid, but it keeps more than the guarantee needs).
-``apply_operating_point`` applies the rule to scored pools (``sift.PoolResult``), and a pool the
-shift guard flags is never reported as guaranteed (``on_shift`` decides what it keeps).
+The rule itself, its guarantee (conformal risk control) and the calibration pools it is fitted on are
+``latentsift.sift.keep`` (``RecallKeep``, ``CalibrationPools``). Here: the calibration pools scored as
+new pools by the filter that ``filter`` runs (``calibration_pools_for_filter``: split or cross-fitted),
+the one-line checks of the command's options before any work (``target_recall_options``), and the
+rule applied to scored pools (``apply_operating_point``, ``sift.PoolResult``): a pool the shift guard
+flags is never reported as guaranteed (``on_shift`` decides what it keeps).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..bank.bank import Bank, inner_folds
-from ..metrics.calibrate import CALIBRATION_METHODS, CalibrationMap, fit_calibration
-from ..sift.retain import order_by_score
+from ..sift.calibration import calibration_methods
+from ..sift.keep import (CalibrationPools, RecallKeep, check_calibration_size, check_target_recall, top_mask)
 from ..sift.scorer import LinearScorer
 from ..sift.rules import make_baseline
 from ..sift.sift import LatentSift, load_selected_pools
@@ -50,153 +25,9 @@ from ..states.store import StateStore
 
 TARGET_RECALLS = (0.90, 0.95, 0.99)
 ON_SHIFT_TARGET = ("keep-all", "warn")
-GUARANTEE = ("conformal risk control (Angelopoulos et al., Conformal Risk Control, Theorem 1): "
-             "E[1 - pool recall] <= 1 - R for a new pool holding a resolved candidate, when it and the "
-             "calibration pools holding one are exchangeable")
 
 
-def check_target_recall(value: Any, owner: str = "filter") -> float:
-    """A target pool recall in (0, 1]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0.0 < float(value) <= 1.0:
-        raise LatentSiftError(f"The 'target_recall' parameter of {owner} must be a number in (0, 1]. "
-                              f"Got {value!r} instead.")
-    return float(value)
-
-
-def min_calibration_pools(target: float) -> int:
-    """Fewest calibration pools holding a resolved candidate for which the bound can hold: n >= 1/alpha - 1."""
-    alpha = 1.0 - target
-    return 0 if alpha <= 0 else max(1, math.ceil(1.0 / alpha - 1.0 - 1e-9))
-
-
-def check_calibration_size(n: int, target: float, owner: str = "filter") -> None:
-    """Refuse a calibration set too small for conformal risk control at ``target``."""
-    need = min_calibration_pools(target)
-    if target < 1.0 and n < need:
-        raise LatentSiftError(f"{owner}: --target-recall {target:g} needs at least {need} calibration pools that "
-                              f"hold a resolved candidate (conformal risk control: n >= 1/(1 - R) - 1); the "
-                              f"calibration set has {n}. Add labelled pools or lower the target.")
-
-
-def top_mask(scores: np.ndarray, traj_ids: Sequence[str], n: int, seed: int = 0) -> np.ndarray:
-    """The ``n`` best candidates under the retention tie rule (``retain.order_by_score``)."""
-    mask = np.zeros(len(traj_ids), dtype=bool)
-    mask[order_by_score(scores, traj_ids, seed=seed)[:max(0, n)]] = True
-    return mask
-
-
-def keep_mask(scores: Any, traj_ids: Sequence[str], threshold: float, min_keep: int = 1, seed: int = 0) -> np.ndarray:
-    """Candidates kept: the ``min_keep`` best, and every candidate with score >= ``threshold``."""
-    s = np.asarray(scores, dtype=np.float64)
-    return top_mask(s, traj_ids, min_keep, seed) | (np.nan_to_num(s, nan=-np.inf) >= threshold)
-
-
-def pool_miss_score(scores: Any, labels: Any, traj_ids: Sequence[str], min_keep: int = 1, seed: int = 0) -> float:
-    """u such that the pool loses its resolved candidates exactly when the threshold exceeds u.
-
-    +inf when a resolved candidate is among the ``min_keep`` best (never lost); else the best score of
-    a resolved candidate (NaN scores count as -inf); NaN when the pool holds no resolved candidate.
-    """
-    raw = np.asarray(scores, dtype=np.float64)
-    s = np.nan_to_num(raw, nan=-np.inf)
-    y = np.asarray(labels).astype(bool)
-    if not y.any():
-        return float("nan")
-    if (top_mask(raw, traj_ids, min_keep, seed) & y).any():
-        return float("inf")
-    return float(s[y].max())
-
-
-def crc_threshold(u: Any, alpha: float) -> float:
-    """The conformal-risk-control threshold for the 0/1 pool loss 1[tau > u_i] (module docstring).
-
-    ``u``: ``pool_miss_score`` of the n calibration pools holding a resolved candidate. Returns the
-    largest threshold at which at most floor(alpha (n + 1) - 1) of them are lost: +inf keeps only
-    ``min_keep`` per pool, -inf keeps everything (alpha = 0).
-    """
-    u = np.sort(np.asarray(u, dtype=np.float64))
-    n = u.size
-    if alpha <= 0:
-        return float("-inf")
-    allowed = math.floor(alpha * (n + 1) - 1 + 1e-9)
-    if allowed < 0:
-        raise LatentSiftError(f"conformal risk control at alpha {alpha:g} needs n >= {min_calibration_pools(1 - alpha)} "
-                              f"calibration pools; got {n}.")
-    return float("inf") if allowed >= n else float(u[allowed])
-
-
-@dataclass
-class OperatingPoint:
-    """A keep rule chosen for ``target_recall`` on calibration pools (``fit_operating_point``).
-
-    ``threshold``: on the filter's score; ``p_threshold``: the calibrated probability there;
-    ``n_calibration_pools``: calibration pools holding a resolved candidate (the n of the bound);
-    ``n_lost_allowed``: of those, how many the threshold may lose.
-    """
-
-    target_recall: float
-    threshold: float
-    p_threshold: float
-    n_calibration_pools: int
-    n_lost_allowed: int
-    min_keep: int
-    calibration: CalibrationMap
-    seed: int = 0
-    guarantee: str = GUARANTEE
-
-    @property
-    def alpha(self) -> float:
-        return 1.0 - self.target_recall
-
-    def keep(self, scores: Any, traj_ids: Sequence[str]) -> np.ndarray:
-        return keep_mask(scores, traj_ids, self.threshold, self.min_keep, self.seed)
-
-    def to_dict(self) -> dict:
-        fin = (lambda v: None if not np.isfinite(v) else float(v))
-        return {"target_recall": self.target_recall, "alpha": round(self.alpha, 12),
-                "threshold": fin(self.threshold),
-                "threshold_meaning": "keep all" if self.threshold == -np.inf else
-                "keep min_keep only" if self.threshold == np.inf else "keep score >= threshold",
-                "p_threshold": fin(self.p_threshold), "n_calibration_pools": self.n_calibration_pools,
-                "n_lost_allowed": self.n_lost_allowed, "min_keep": self.min_keep,
-                "calibration": self.calibration.to_dict(), "guarantee": self.guarantee}
-
-
-@dataclass
-class CalibrationPools:
-    """Labelled pools scored as new pools: per pool its traj_ids, scores and 0/1 labels."""
-
-    instance_ids: list[str]
-    traj_ids: list[list[str]]
-    scores: list[np.ndarray]
-    labels: list[np.ndarray]
-    how: str = ""
-    extra: dict = field(default_factory=dict)
-
-    def flat(self) -> tuple[np.ndarray, np.ndarray]:
-        if not self.scores:
-            return np.zeros(0), np.zeros(0)
-        return np.concatenate(self.scores), np.concatenate(self.labels)
-
-    def n_positive(self) -> int:
-        return int(sum(np.asarray(y).any() for y in self.labels))
-
-
-def fit_operating_point(cal: CalibrationPools, calibration: CalibrationMap, target: float, *, min_keep: int = 1,
-                        seed: int = 0, owner: str = "filter") -> OperatingPoint:
-    """The keep rule for ``target`` pool recall on the calibration pools (refused when too few)."""
-    target = check_target_recall(target, owner)
-    min_keep = check_positive_int(min_keep, "min_keep", owner)
-    u = np.array([pool_miss_score(s, y, t, min_keep, seed) for s, y, t in zip(cal.scores, cal.labels, cal.traj_ids)])
-    u = u[~np.isnan(u)]
-    check_calibration_size(u.size, target, owner)
-    tau = crc_threshold(u, 1.0 - target)
-    allowed = -1 if target >= 1 else math.floor((1.0 - target) * (u.size + 1) - 1 + 1e-9)
-    p_tau = float(calibration.predict([tau])[0]) if np.isfinite(tau) else float("nan")
-    return OperatingPoint(target, tau, p_tau, int(u.size), int(max(allowed, 0)), min_keep, calibration, seed)
-
-
-def apply_operating_point(results: list, op: OperatingPoint, *, shifted: Sequence[str] = (),
+def apply_operating_point(results: list, op: RecallKeep, *, shifted: Sequence[str] = (),
                           on_shift: str = "keep-all") -> list[dict]:
     """Apply ``op`` to scored pools (``sift.PoolResult``, changed in place: ``retained`` and ``n_keep``).
 
@@ -209,7 +40,7 @@ def apply_operating_point(results: list, op: OperatingPoint, *, shifted: Sequenc
     for res in results:
         ids = [c.traj_id for c in res.candidates]
         s = np.array([c.s for c in res.candidates], dtype=np.float64)
-        p = op.calibration.predict(s)
+        p = op.predict_proba(s)
         shift = res.instance_id in flagged
         if shift and on_shift == "keep-all":
             mask = np.ones(len(ids), dtype=bool)
@@ -217,7 +48,7 @@ def apply_operating_point(results: list, op: OperatingPoint, *, shifted: Sequenc
         else:
             mask = op.keep(s, ids)
             n_top = int(top_mask(s, ids, op.min_keep, op.seed).sum())
-            n_above = int((np.nan_to_num(s, nan=-np.inf) >= op.threshold).sum())
+            n_above = int((np.nan_to_num(s, nan=-np.inf) >= op.threshold_).sum())
             if mask.all() and len(ids) > n_top:
                 reason = "uncertain: every candidate reaches the threshold"
             elif n_above <= n_top:
@@ -323,7 +154,7 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
     if bank_choice != "all":
         raise LatentSiftError("--target-recall calibrates on the sifter's all-agent bank: use --bank-choice all "
                               "(per-pool sub-banks would need a calibration each).")
-    check_choice(calibration_method, "calibration_method", "filter (--calibration-method)", CALIBRATION_METHODS)
+    check_choice(calibration_method, "calibration_method", "filter (--calibration-method)", calibration_methods())
     check_positive_int(calibration_epochs, "calibration_epochs", "filter (--calibration-epochs)")
     if on_shift is not None:
         check_choice(on_shift, "on_shift", "filter (--on-shift with --target-recall)", (*ON_SHIFT_TARGET, "error"))
@@ -342,8 +173,7 @@ def count_positive_pools(cal_path, instances=None) -> int:
 def target_recall_filter(run, target: float, cal: CalibrationPools, *, method: str = "isotonic", min_keep: int = 1,
                          on_shift: str = "keep-all") -> dict:
     """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section."""
-    cmap = fit_calibration(*cal.flat(), method=method)
-    op = fit_operating_point(cal, cmap, target, min_keep=min_keep, seed=run.settings.get("seed", 0))
+    op = RecallKeep(target, min_keep=min_keep, calibration=method, seed=run.settings.get("seed", 0)).fit(cal)
     shift = run.extra.get("shift")
     shifted = [x["instance_id"] for x in (shift or {}).get("pools", []) if x.get("shifted")]
     rows = apply_operating_point(run.pools, op, shifted=shifted, on_shift=on_shift)

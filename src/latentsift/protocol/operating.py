@@ -5,7 +5,7 @@ k's labels play no part: a filter fitted on labels scores them with the model of
 (``protocol.nested``: fitted without their fold and without fold k); a rule filter or the EF
 verifier, which no label trained, with its own scores. The calibration map
 (``latentsift.metrics.calibrate``, isotonic) and the keep rule for each target pool recall R
-(``latentsift.deploy.operating``, conformal risk control) are fitted on them and applied to fold k's
+(``latentsift.sift.keep.RecallKeep``, conformal risk control) are fitted on them and applied to fold k's
 pools, scored as new pools by the fold's own model. The paper's fixed ``max(3, floor(K/2))`` stays
 the selection of the rest of the report; this section only adds the recall-targeted rule beside it,
 on full pools.
@@ -28,8 +28,7 @@ import numpy as np
 from .._core.validation import LatentSiftError
 from ..metrics.calibrate import ece_ci, fit_calibration, reliability
 from ..metrics.bootstrap import bootstrap_indices, mean_ci
-from ..deploy.operating import CalibrationPools, GUARANTEE, fit_operating_point
-from ..sift.retain import retain_count
+from ..sift.keep import GUARANTEE, PAPER_KEEP, CalibrationPools, RecallKeep
 from ..sift.rules import REFERENCE, rule_keys
 from ..trajectories.trajectory import Pool, group_pools
 from .nested import LABEL_FREE
@@ -105,7 +104,7 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
     order = [p.instance_id for _, ps in fold_pools for p in ps]
     n_pools = len(order)
     boot = bootstrap_indices(n_pools, s.n_boot, np.random.default_rng(s.seed))
-    fixed_calls = np.array([retain_count(len(p.candidates)) for _, ps in fold_pools for p in ps], dtype=np.float64)
+    fixed_calls = np.array([PAPER_KEEP.count(len(p.candidates)) for _, ps in fold_pools for p in ps], dtype=np.float64)
     all_targets = tuple(sorted(set(targets) | set(CURVE_TARGETS)))
     tables = {name: {k: filter_table(filt, ps) for k, ps in fold_pools} for name, filt in filters.items()}
     clean = CleanCalibration(fold_pools, filters, labels, nested)
@@ -127,7 +126,7 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
                 op, status = None, how
                 if cmap is not None:
                     try:
-                        op = fit_operating_point(cal, cmap, r, min_keep=1, seed=s.seed, owner="operating points")
+                        op = RecallKeep(r, min_keep=1, seed=s.seed).fit(cal)
                         status = "ok"
                     except LatentSiftError:
                         status = f"calibration too small for R={r:g} ({cal.n_positive()} pools with a " \
@@ -257,8 +256,7 @@ def new_agent_curves(run, trajs, fold_pools, filters: Mapping[str, Any], clean: 
                             op = None
                             if cal.scores and clean_b[k] is not None:
                                 try:
-                                    op = fit_operating_point(cal, fit_calibration(*cal.flat()), r, seed=s.seed,
-                                                             owner="new-agent curve")
+                                    op = RecallKeep(r, seed=s.seed).fit(cal)
                                 except LatentSiftError:
                                     op = None
                             keep_all += op is None

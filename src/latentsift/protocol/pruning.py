@@ -24,6 +24,7 @@ from ..metrics.bootstrap import bootstrap_indices, mean_ci, ratio_ci
 from ..sift.prune import (BASELINE_OF, LENGTH_POLICIES, POLICIES, PREFIX_BANK_SCHEDULES, SCHEDULES, STATE_POLICIES,
                           TARGET_RETENTION, THRESHOLDS, PoolRun, PrefixBankSift, PrefixSift, StepTokens, check_schedule,
                           check_threshold, cut_length, prefix_prepare, simulate_pool, step_tokens, tokens_saved)
+from ..sift.keep import PAPER_KEEP
 from ..sift.rules import make_baseline
 from ..sift.sift import LatentSift, Prepared, Stage1Filter
 from ..trajectories.trajectory import Pool, Trajectory, group_pools
@@ -232,7 +233,7 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
     rows.append({"policy": "no pruning", "schedule": "-", "checkpoints": [], "threshold": None, **_summary(none, boot)})
     out = {"rows": rows, "chosen_thresholds": chosen, "n_instances": len(insts),
            "n_solvable": int(none["solvable"].sum()), "k": sorted({len(pools_by[i].candidates) for i in insts}),
-           "min_alive_rule": "max(3, floor(K/2)) alive (running or finished) candidates",
+           "min_alive_rule": f"{PAPER_KEEP.describe()} alive (running or finished) candidates",
            "target_retention": target_retention, "n_boot": n_boot, "seed": seed,
            "prefix_bank_fallbacks": len(fallbacks),
            "gen_tokens_total": float(none["gen_total"].sum()), "obs_tokens_total": float(none["obs_total"].sum())}

@@ -20,6 +20,7 @@ import numpy as np
 
 from .._core.io import atomic_path
 from .colors import filter_colors
+from ..sift.keep import PAPER_KEEP
 
 FIGURES = ("score_distributions.png", "best_at_k_tokens.png", "best_vs_tokens.png", "token_savings.png")
 
@@ -286,7 +287,7 @@ def _fig_cost_recall(data: dict, plt):
                 color=f"C{j % 10}", label=filter_name(data, f), ls="--" if f in ("random", "ef_verifier") else "-")
     fixed = op.get("fixed_rule_calls", {}).get("mean")
     if fixed is not None:
-        ax.axvline(fixed, color="grey", linewidth=0.6, linestyle=":", label="paper's max(3, K/2) (calls)")
+        ax.axvline(fixed, color="grey", linewidth=0.6, linestyle=":", label=f"paper's {PAPER_KEEP.describe()} (calls)")
     ax.set_xlabel("verifier calls per pool (candidates kept)")
     ax.set_ylabel("realized pool recall (%)")
     ax.set_title("Cost and recall of the recall-targeted rule", fontsize=9)

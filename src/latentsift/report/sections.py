@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
+from ..sift.keep import PAPER_KEEP
 from ..sift.rules import REFERENCE, filter_entry, rule_keys
 from ._format import _ci_num, _ci_pct, _diff_pct, _ks, _name, _num, _pct, _rate, _table
 
@@ -307,7 +308,7 @@ def _operating_markdown(data: dict) -> list[str]:
     fx = op.get("fixed_rule_calls", {})
     lines = ["## Operating points: retention for a stated pool recall", "",
              f"Rule: {op['rule']}. Guarantee: {op['guarantee']}. Calibration: {op['calibration']}. "
-             f"Intervals: {op['intervals']}. For comparison, the paper's fixed max(3, floor(K/2)) keeps "
+             f"Intervals: {op['intervals']}. For comparison, the paper's fixed {PAPER_KEEP.describe()} keeps "
              f"{_num(fx.get('mean'), 2)} candidates per pool. Differences are against `{ref}` "
              "(the same rule on its scores); negative calls/tokens = cheaper.", ""]
     rows = []

@@ -19,8 +19,8 @@ Pieces (pipeline order):
   bank of *prefixes* of the bank trajectories cut the same way (the second kind of bank).
 - **The stop rule** :func:`stop_decision`: at a checkpoint, among the alive candidates (running or
   finished), the running ones whose within-pool normalised rank is below ``threshold`` are stopped,
-  lowest score first, never leaving fewer than ``max(3, floor(K/2))`` alive (so a pool with fewer
-  candidates than that is never pruned).
+  lowest score first, never leaving fewer alive than Stage 1's keep rule keeps (``sift.keep``; the
+  paper's ``max(3, floor(K/2))``, so a pool with fewer candidates than that is never pruned).
 - **Offline evaluation**: ``protocol.pruning.evaluate_pruning`` over the protocol's disjoint folds
   (tokens saved, retention, Best@K of the cascade on the survivors; thresholds chosen in-bank).
 - **Online** :class:`Pruner`: fed each candidate's states (``states.StateRecorder``) and answering
@@ -38,6 +38,7 @@ import numpy as np
 from .._core.validation import LatentSiftError, check_choice, param_error
 from .margin import channel_scores_grouped
 from .rank import normalized_ranks
+from .keep import PAPER_KEEP, KeepRule
 from .retain import order_by_score
 from ..bank.bank import Bank
 from .rules import RuleFilter, rules
@@ -59,9 +60,13 @@ TARGET_RETENTION = 0.9
 PREFIX_BANK_SCHEDULES = ("steps",)
 
 
-def min_alive(k: int) -> int:
-    """Candidates never pruned below: max(3, floor(K/2)) (the Stage-1 retain count)."""
-    return max(3, k // 2)
+def min_alive(k: int, rule: KeepRule = PAPER_KEEP) -> int:
+    """Candidates never pruned below: what Stage 1 keeps of K (a keep rule whose count is fixed by K;
+    the paper's max(3, floor(K/2)), all when K <= 3)."""
+    n = rule.count(k)
+    if n is None:
+        raise param_error("rule", "min_alive", "a keep rule whose count depends on K alone (e.g. FixedKeep)", rule)
+    return n
 
 
 def check_threshold(threshold: Any, owner: str) -> float:
@@ -288,17 +293,18 @@ class PrefixBankSift:
 
 # ---------------------------------------------------------------------------------- the stop rule
 def stop_decision(ids: Sequence[str], scores: Sequence[float], running: Sequence[bool], threshold: float, k: int,
-                  *, seed: int = 0) -> list[str]:
+                  *, seed: int = 0, keep_rule: KeepRule = PAPER_KEEP) -> list[str]:
     """Which of the alive candidates ``ids`` to stop at one checkpoint.
 
     ``scores``: their prefix scores (higher = better; NaN lowest), ``running``: not finished yet
     (finished candidates are never stopped but count as alive), ``k``: the pool's K. Running
     candidates whose normalised rank among the alive is below ``threshold`` are stopped, lowest
-    first (ties by the (seed, traj_id) hash), keeping at least ``max(3, floor(K/2))`` alive.
+    first (ties by the (seed, traj_id) hash), keeping at least what ``keep_rule`` keeps of K alive
+    (the paper's ``max(3, floor(K/2))``).
     """
     threshold = check_threshold(threshold, "stop_decision")
     ids = list(ids)
-    room = len(ids) - min_alive(k)
+    room = len(ids) - min_alive(k, keep_rule)
     if room <= 0:
         return []
     s = np.asarray(scores, dtype=np.float64)
@@ -324,20 +330,20 @@ class PoolRun:
 
 def simulate_pool(pool_ids: Sequence[str], n_steps: Mapping[str, int], cuts: Sequence[Mapping[str, int]],
                   rank_at: Callable[[int, list[str]], Mapping[str, float]], threshold: float, *,
-                  seed: int = 0, instance_id: str = "") -> PoolRun:
+                  seed: int = 0, instance_id: str = "", keep_rule: KeepRule = PAPER_KEEP) -> PoolRun:
     """Run the stop rule over a pool's checkpoints. ``cuts[j][traj_id]`` = steps kept at checkpoint j;
     ``rank_at(j, alive_ids)`` gives their prefix scores. A cut reaching a candidate's length = finished."""
     k = len(pool_ids)
     alive = sorted(pool_ids)
     stopped: dict[str, int] = {}
     for j, cut in enumerate(cuts):
-        if len(alive) <= min_alive(k):
+        if len(alive) <= min_alive(k, keep_rule):
             break
         running = [cut[t] < n_steps[t] for t in alive]
         if not any(running):
             break
         sc = rank_at(j, alive)
-        for t in stop_decision(alive, [sc[t] for t in alive], running, threshold, k, seed=seed):
+        for t in stop_decision(alive, [sc[t] for t in alive], running, threshold, k, seed=seed, keep_rule=keep_rule):
             stopped[t] = int(cut[t])
         alive = [t for t in alive if t not in stopped]
     return PoolRun(instance_id, stopped, alive)
@@ -382,7 +388,7 @@ class Pruner:
 
     def __init__(self, filter: Stage1Filter, traj_ids: Sequence[str], *, threshold: float = 0.5,
                  checkpoints: Sequence[int] = SCHEDULES["steps"], instance_id: str = "online",
-                 fingerprint: Any = None, seed: int = 0):
+                 fingerprint: Any = None, seed: int = 0, keep_rule: KeepRule = PAPER_KEEP):
         if not isinstance(filter, Stage1Filter):
             raise param_error("filter", "Pruner", "a Stage-1 filter (latentsift.sift.sift)", type(filter).__name__)
         ids = list(traj_ids)
@@ -393,6 +399,8 @@ class Pruner:
         self.threshold = check_threshold(threshold, "Pruner")
         self.checkpoints = check_schedule("steps", checkpoints, "Pruner")
         self.instance_id, self.fingerprint, self.seed = instance_id, fingerprint, seed
+        self.keep_rule = keep_rule
+        min_alive(self.k, keep_rule)  # refuses a rule whose count is not fixed by K
         self.alive = sorted(ids)
         self.finished: set[str] = set()
         self.stopped: dict[str, int] = {}
@@ -411,7 +419,7 @@ class Pruner:
 
     def step(self, n_steps: int) -> PruneDecision:
         running = [t for t in self.alive if t not in self.finished]
-        if n_steps not in self.checkpoints or len(self.alive) <= min_alive(self.k) or not running:
+        if n_steps not in self.checkpoints or len(self.alive) <= min_alive(self.k, self.keep_rule) or not running:
             d = PruneDecision(n_steps, False, [], list(self.alive), running)
             self.history.append(d)
             return d
@@ -425,7 +433,7 @@ class Pruner:
         prep = self.filter.prepare_many([pool], st, fingerprint=self.fingerprint)[self.instance_id]
         sc = self.filter.rank_subset(prep, self.alive)
         stop = stop_decision(self.alive, [sc[t] for t in self.alive], [t not in self.finished for t in self.alive],
-                             self.threshold, self.k, seed=self.seed)
+                             self.threshold, self.k, seed=self.seed, keep_rule=self.keep_rule)
         for t in stop:
             self.stopped[t] = n_steps
         self.alive = [t for t in self.alive if t not in stop]
