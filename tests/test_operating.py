@@ -134,6 +134,7 @@ def test_a_flagged_pool_is_never_reported_as_guaranteed():
     for on_shift in ("keep-all", "warn"):
         rows = apply_operating_point(results, op, shifted=["p1", "p4"], on_shift=on_shift)
         assert [r["guaranteed"] for r in rows] == [True, False, True, True, False, True]
+        assert [r["shift"] for r in rows] == ["passed", "flagged", "passed", "passed", "flagged", "passed"]
         for r, res in zip(rows, results):
             assert r["n_keep"] == res.n_keep == sum(c.retained for c in res.candidates) >= 1
             assert set(r["probabilities"]) == {c.traj_id for c in res.candidates}
@@ -141,6 +142,12 @@ def test_a_flagged_pool_is_never_reported_as_guaranteed():
             assert rows[1]["n_keep"] == 5 and rows[4]["n_keep"] == 5 and "keep-all" in rows[1]["reason"]
         else:
             assert "no guarantee" in rows[1]["reason"]
+    # no shift check, or a failed condition: not guaranteed, and the record says which
+    rows = apply_operating_point(results, op, shift_checked=False, failed={"p2": ["leak"]})
+    assert [r["not_guaranteed"] for r in rows[:3]] == [["shift unchecked"], ["shift unchecked"],
+                                                       ["leak", "shift unchecked"]]
+    rows = apply_operating_point(results, op, failed={"": ["calibration in the bank"]})
+    assert not any(r["guaranteed"] for r in rows) and rows[0]["not_guaranteed"] == ["calibration in the bank"]
 
 
 # ---------------------------------------------------------------------- latentsift filter --target-recall, real data
@@ -170,7 +177,9 @@ def shared(tmp_path_factory, policy, data_dir):
     save_jsonl(pools, d / "pools.jsonl")
     save_jsonl(cal, d / "cal.jsonl")
     save_jsonl(cal[:12], d / "cal_small.jsonl")
+    save_jsonl(cal + pools, d / "cal_and_pool.jsonl")
     extract_pools(policy, bank + pools + cal, d / "states", max_span_tokens=4, max_prompt_tokens=8, max_tokens=96)
+    extract_pools(policy, cal, d / "states_other", max_span_tokens=6, max_prompt_tokens=8, max_tokens=96)
     assert _cli("bank", "build", d / "states", "--pools", d / "bank.jsonl", "--out", d / "bank").exit_code == 0
     assert _cli("scorer", "train", d / "bank", "--out", d / "scorer", "--max-epochs", "5").exit_code == 0
     return d
@@ -195,17 +204,33 @@ def test_filter_target_recall_on_the_shared_data(shared):
     assert set(row["probabilities"]) == {c["traj_id"] for c in pool["candidates"]}
     assert all(0.0 <= p <= 1.0 for p in row["probabilities"].values())
     assert row["guaranteed"] == (row["instance_id"] not in shifted) and row["reason"]
+    assert row["not_guaranteed"] == ([] if row["guaranteed"] else ["shift guard flagged the pool"])
+    cp = op["calibration_pools"]
+    assert cp["file"] == str((d / "cal.jsonl").resolve()) and cp["states"] == str((d / "states").resolve())
+    assert cp["n_in_bank"] == 0 and cp["n_in_scorer_training"] == 0 and cp["states_settings"]["max_span_tokens"] == 4
+    assert out["inputs"]["calibration"] == cp["file"] and "exchangeable" in op["promise"]
     # no calibration pool may lose its resolved candidates at n = 10, R = 0.9: each pool keeps every
     # candidate scoring at least the lowest best-resolved score of the calibration pools
     kept = [c for c in pool["candidates"] if c["retained"]]
     if op["threshold"] is not None and row["guaranteed"]:
         assert all(c["s"] >= op["threshold"] for c in kept if c["s"] < max(x["s"] for x in pool["candidates"]))
-    # a rule (no bank) calibrated the same way
+    # a rule (no bank) calibrated the same way: without states its shift is unchecked, so no pool is guaranteed
     r = _cli("filter", d / "pools.jsonl", "--method", "shortest-chars", "--target-recall", "0.9", "--calibration",
              d / "cal.jsonl", "--out", d / "g.json")
     assert r.exit_code == 0, r.output
     g = json.loads((d / "g.json").read_text())["operating_point"]
     assert g["calibration_pools"]["how"].startswith("split (a rule") and not g["shift_checked"]
+    assert [(p["shift"], p["guaranteed"], p["not_guaranteed"]) for p in g["pools"]] == \
+        [("unchecked", False, ["shift unchecked"])] and g["n_guaranteed"] == 0
+    assert "1 shift unchecked" in " ".join(r.output.split())
+    # with states, the rule's pools are checked against the calibration pools' states
+    r = _cli("filter", d / "pools.jsonl", "--method", "shortest-chars", "--states", d / "states", "--target-recall",
+             "0.9", "--calibration", d / "cal.jsonl", "--out", d / "h.json")
+    assert r.exit_code == 0, r.output
+    h = json.loads((d / "h.json").read_text())
+    (row,) = h["operating_point"]["pools"]
+    assert h["operating_point"]["shift_checked"] and h["shift"]["reference_of"].startswith("the calibration pools")
+    assert row["shift"] in ("passed", "flagged") and row["guaranteed"] == (row["shift"] == "passed")
 
 
 @pytest.mark.model
@@ -222,7 +247,11 @@ def test_filter_target_recall_refusals_before_any_work(shared):
                          (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-method", "beta"],
                           ("calibration_method",)),
                          (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-epochs", "0"],
-                          ("calibration_epochs",))):
+                          ("calibration_epochs",)),
+                         (["--target-recall", "0.9", "--calibration", d / "cal_and_pool.jsonl"],
+                          ("also pools to filter", "pytest-dev__pytest-7432")),
+                         (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-states",
+                           d / "states_other"], ("other settings", "max_span_tokens"))):
         refused(_cli(*base, *extra), *words)
         assert not (d / "x.json").exists()
 
@@ -304,9 +333,12 @@ def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint
             add(cal_trajs, f"r{j}/cal__{i}", f"cal__{i}", f"org/cal{i % 4}", 0.8 if lab else -0.8, lab)
     for j in range(4):
         add(pool_trajs, f"r{j}/new__0", "new__0", "org/new", [1, 0.3, -0.3, -1][j], int(j == 0))
+    leak_trajs: list = []
+    for j in range(3):  # other attempts at an instance of the bank
+        add(leak_trajs, f"x{j}/bank__0", "bank__0", "org/bank0", 1.0 if j == 0 else -1.0, int(j == 0))
     store = StateStore(tmp_path / "states").create(FP, {"layers": [1, 2, 3], "store_dtype": "float32"})
     ids = sorted(states)
-    inst = {t.traj_id: t.instance_id for t in bank_trajs + cal_trajs + pool_trajs}
+    inst = {t.traj_id: t.instance_id for t in bank_trajs + cal_trajs + pool_trajs + leak_trajs}
     store.write([states[t] for t in ids], [inst[t] for t in ids])
     save_jsonl(bank_trajs, tmp_path / "bank.jsonl")
     save_jsonl(cal_trajs, tmp_path / "cal.jsonl")
@@ -327,13 +359,25 @@ def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint
         assert op["threshold"] is None and op["threshold_meaning"] == "keep min_keep only"
         (row,) = op["pools"]
         shifted = json.loads((tmp_path / out).read_text())["shift"]["pools"][0]["shifted"]
-        assert row["guaranteed"] == (not shifted) and row["n_keep"] == (4 if shifted else 1)  # keep-all if flagged
+        assert row["n_keep"] == (4 if shifted else 1)  # keep-all if flagged
+        in_bank = ["24 calibration pools are in the bank (cross-fitted scores of half-size banks stand in for the "
+                   "deployed bank's)"] if how == "cross-fitted" else []
+        assert row["not_guaranteed"] == in_bank + (["shift guard flagged the pool"] if shifted else [])
+        assert row["guaranteed"] == (not row["not_guaranteed"])
+    # a pool whose instance is in the bank (allowed) is scored but not guaranteed: a leak
+    save_jsonl(leak_trajs, tmp_path / "leaky.jsonl")
+    r = _cli(*base[:1], tmp_path / "leaky.jsonl", *base[2:], "--calibration", tmp_path / "cal.jsonl", "--on-leak",
+             "allow", "--on-shift", "warn", "--out", tmp_path / "l.json")
+    assert r.exit_code == 0, r.output
+    (row,) = json.loads((tmp_path / "l.json").read_text())["operating_point"]["pools"]
+    assert not row["guaranteed"] and "leak: the pool's instance is in the bank" in row["not_guaranteed"]
     r = _cli(*base, "--calibration", tmp_path / "cal.jsonl", "--on-shift", "warn", "--out", tmp_path / "w.json")
     out = json.loads((tmp_path / "w.json").read_text())
     (row,) = out["operating_point"]["pools"]
     assert row["n_keep"] == 1 and out["pools"][0]["retained"] == ["r0/new__0"]
     assert row["guaranteed"] == (not out["shift"]["pools"][0]["shifted"])
-    assert _cli(*base, "--calibration", tmp_path / "pools.jsonl", "--out", tmp_path / "c.json").exit_code == 2
+    refused(_cli(*base, "--calibration", tmp_path / "pools.jsonl", "--out", tmp_path / "c.json"), "also pools to filter")
+    assert not (tmp_path / "c.json").exists()
 
 
 # ---------------------------------------------------------------------- clean evaluation: nested calibration

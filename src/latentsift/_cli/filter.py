@@ -16,7 +16,8 @@ from .._core.guard import check_output
 from .._core.io import output_lock
 from .._core.validation import LatentSiftError
 from .._jobs.filter import filter_options, run_filter
-from ..deploy.operating import calibration_pools_for_filter, target_recall_filter, target_recall_options
+from ..deploy.operating import (calibration_guard, calibration_pools_for_filter, target_recall_filter,
+                                target_recall_options)
 from ..sift.rules import rules
 from .._jobs.sifter import run_sifter_filter_chosen
 from ._options import Seed, StatesDir, csv_list
@@ -99,15 +100,24 @@ def filter_cmd(
                               channels=channels, distance=distance, weighting=weighting, fusion_weight=fusion_weight)
     if show < 0:
         raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
+    inst = csv_list(instances) if instances else None
     target = target_recall_options(target_recall=target_recall, calibration=calibration, bank_choice=bank_choice,
                                    calibration_method=calibration_method, calibration_epochs=calibration_epochs,
-                                   on_shift=on_shift, min_keep=min_keep)
+                                   on_shift=on_shift, min_keep=min_keep, pools=pools, instances=inst)
     target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
     check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states])
     ctx.with_resource(output_lock(out))  # held until the command ends: a second filter to this --out is refused
     console = Console(width=None if sys.stdout.isatty() else 160)
-    inst = csv_list(instances) if instances else None
     settings: dict = {"min_keep": min_keep, "frac": frac, "seed": seed}
+    if method == "latentsift" and sifter is None:
+        settings |= resolved["latentsift"]
+    cal = None
+    if target_recall is not None:  # first: its states are checked (and refused) before the pools are scored
+        with Console(stderr=True).status("calibrating ..."):
+            cal = calibration_pools_for_filter(calibration, calibration_states or states, method=method,
+                                               bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
+                                               settings={k: v for k, v in settings.items() if k != "n_evidence"},
+                                               scorer_epochs=calibration_epochs, states_dir=states)
     if sifter is not None:
         settings["n_evidence"] = evidence
         with Console(stderr=True).status("scoring ..."):
@@ -117,21 +127,19 @@ def filter_cmd(
         settings["channels"] = tuple(run.settings["channels"])
     else:
         if method == "latentsift":
-            settings |= resolved["latentsift"] | {"n_evidence": evidence}
+            settings["n_evidence"] = evidence
         with Console(stderr=True).status("scoring ..."):
             run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
                              ray_address=ray, bank_shards=bank_shards, approx=approx,
                              on_shift=on_shift if method == "latentsift" else None, on_leak=resolved["on_leak"],
                              **settings)
         warnings = list(run.extra.get("shift", {}).get("warnings", []))
-    if target_recall is not None:
-        with Console(stderr=True).status("calibrating ..."):
-            cal = calibration_pools_for_filter(calibration, calibration_states or states, method=method,
-                                               bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
-                                               settings={k: v for k, v in settings.items() if k != "n_evidence"},
-                                               scorer_epochs=calibration_epochs)
-            op = target_recall_filter(run, target_recall, cal, method=calibration_method, min_keep=min_keep,
-                                      on_shift=on_shift)
+    if cal is not None:
+        if method != "latentsift":  # a rule has no bank: the guard compares the pools with the calibration pools
+            calibration_guard(run, pools, states, cal, on_shift, inst)
+            warnings = list(run.extra.get("shift", {}).get("warnings", []))
+        op = target_recall_filter(run, target_recall, cal, method=calibration_method, min_keep=min_keep,
+                                  on_shift=on_shift)
     run.save(out)
     for res in run.pools[:show]:
         console.print(_pool_table(res, settings))
@@ -154,10 +162,20 @@ def filter_cmd(
                       f"({op['threshold_meaning']}; P(resolved) there {_fmt(op['p_threshold'])}), chosen on "
                       f"{op['n_calibration_pools']} calibration pools with a resolved candidate "
                       f"({op['calibration_pools']['how'].split(':')[0]}); "
-                      f"{sum(not p['guaranteed'] for p in op['pools'])} pools without the guarantee.")
+                      f"{sum(not p['guaranteed'] for p in op['pools'])} pools without the guarantee"
+                      + "".join(f"; {n} {w}" for w, n in _reasons(op['pools']).items()) + ".")
     console.print(f"{run.method}: {sum(p.n_keep for p in run.pools)} of "
                   f"{sum(len(p.candidates) for p in run.pools)} candidates retained over {len(run.pools)} pools. "
                   f"Written to {out}.")
+
+
+def _reasons(rows) -> dict[str, int]:
+    """Why pools lack the guarantee: condition -> number of pools."""
+    out: dict[str, int] = {}
+    for r in rows:
+        for w in r["not_guaranteed"]:
+            out[w] = out.get(w, 0) + 1
+    return out
 
 
 def _pool_table(res, settings: dict) -> Table:

@@ -9,7 +9,8 @@ flags is never reported as guaranteed (``on_shift`` decides what it keeps).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from pathlib import Path
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -21,21 +22,34 @@ from ..sift.scorer import LinearScorer
 from ..sift.rules import make_baseline
 from ..sift.sift import LatentSift, load_selected_pools
 from .sifter import Sifter
-from ..states.store import StateStore
+from ..states.store import StateStore, check_recorded_settings
+from .shift import Reference, guard
 
 TARGET_RECALLS = (0.90, 0.95, 0.99)
 ON_SHIFT_TARGET = ("keep-all", "warn")
+#: What a pool needs to be reported as guaranteed (each failure is named in ``not_guaranteed``).
+GUARANTEE_CONDITIONS = ("the calibration pools are disjoint from the bank, from the scorer's training data and from "
+                        "the pools filtered (the last is refused)", "the pool's instance is not in the bank (no leak)",
+                        "the shift check ran on the pool and passed")
+PROMISE = ("expected pool recall >= R: averaged over the draw of the calibration pools and of a new pool holding a "
+           "resolved candidate, when the two are exchangeable (same agent, same kind of task, scored the same way); "
+           "not a promise for one set of pools")
 
 
 def apply_operating_point(results: list, op: RecallKeep, *, shifted: Sequence[str] = (),
-                          on_shift: str = "keep-all") -> list[dict]:
+                          on_shift: str = "keep-all", shift_checked: bool = True,
+                          failed: Mapping[str, Sequence[str]] | None = None) -> list[dict]:
     """Apply ``op`` to scored pools (``sift.PoolResult``, changed in place: ``retained`` and ``n_keep``).
 
-    Returns per pool: the number kept, the calibrated probability of each candidate, the reason and
-    whether the guarantee applies (never for a pool in ``shifted``; ``on_shift`` "keep-all" keeps its
-    every candidate, "warn" applies the rule without the guarantee).
+    Returns per pool: the number kept, the calibrated probability of each candidate, the reason, the
+    shift check's outcome ("passed", "flagged" or "unchecked") and whether the guarantee applies, with
+    ``not_guaranteed``: the conditions that failed (``GUARANTEE_CONDITIONS``). A pool in ``shifted``
+    or unchecked (``shift_checked=False``) is never guaranteed; ``on_shift`` "keep-all" keeps a
+    flagged pool's every candidate, "warn" applies the rule to it. ``failed``: instance -> the other
+    conditions that failed for it ("" -> for every pool).
     """
     flagged = set(shifted)
+    failed = dict(failed or {})
     out = []
     for res in results:
         ids = [c.traj_id for c in res.candidates]
@@ -60,9 +74,12 @@ def apply_operating_point(results: list, op: RecallKeep, *, shifted: Sequence[st
         for c, m in zip(res.candidates, mask):
             c.retained = bool(m)
         res.n_keep = int(mask.sum())
+        state = "flagged" if shift else "passed" if shift_checked else "unchecked"
+        why = list(failed.get("", ())) + list(failed.get(res.instance_id, ()))
+        why += {"flagged": ["shift guard flagged the pool"], "unchecked": ["shift unchecked"]}.get(state, [])
         out.append({"instance_id": res.instance_id, "k": len(ids), "n_keep": res.n_keep,
-                    "probabilities": {t: float(v) for t, v in zip(ids, p)}, "reason": reason,
-                    "guaranteed": not shift})
+                    "probabilities": {t: float(v) for t, v in zip(ids, p)}, "reason": reason, "shift": state,
+                    "guaranteed": not why, "not_guaranteed": why})
     return out
 
 
@@ -72,14 +89,17 @@ CALIBRATION_MODES = ("split", "cross-fitted")
 
 def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latentsift", bank_dir=None, scorer_dir=None,
                                  sifter_dir=None, settings: dict | None = None, scorer_epochs: int = 40,
-                                 instances=None) -> CalibrationPools:
+                                 instances=None, states_dir=None) -> CalibrationPools:
     """Labelled calibration pools scored as new pools by the filter that ``filter`` runs.
 
     "split": no calibration pool's instance is in the bank (or a baseline, which has none): the pools
     are scored by the same bank, scorer and settings as the pools to filter (split conformal).
     "cross-fitted": some are in the bank (e.g. the bank's own pools): each pool is scored by a bank
     and scorer fitted on the calibration trajectories of the other half of their repositories
-    (``bank.inner_folds``, 2 repository-disjoint halves; ``scorer_epochs`` per half).
+    (``bank.inner_folds``, 2 repository-disjoint halves; ``scorer_epochs`` per half); no pool is
+    then guaranteed (half-size banks stand in for the deployed one). ``cal_states`` extracted with
+    other value-changing settings than the bank's, the scorer's or (a rule) ``states_dir``'s are
+    refused, as every states input is. ``extra`` records the file, its states and the overlaps.
     """
     settings = dict(settings or {})
     pools = load_selected_pools(cal_path, instances)
@@ -88,27 +108,42 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latents
     if unlabelled:
         raise LatentSiftError(f"filter --calibration: {len(unlabelled)} candidates of {cal_path} have no reward, "
                               f"e.g. {unlabelled[0]!r}; calibration pools must be labelled.")
+    store = None if cal_states is None else StateStore(cal_states).open()
+    extra = {"file": str(Path(cal_path).resolve()),
+             "states": None if store is None else str(Path(cal_states).resolve()),
+             "states_settings": None if store is None else store.settings,
+             "states_fingerprint": None if store is None else store.fingerprint.to_dict()}
     if method != "latentsift":
-        results = make_baseline(method, **settings).score_pools(pools, None if cal_states is None else
-                                                                StateStore(cal_states).open())
-        return _from_results(results, trajs, "split (a rule: no bank)")
-    if cal_states is None:
+        if store is not None and states_dir is not None and Path(states_dir).resolve() != Path(cal_states).resolve():
+            check_recorded_settings(StateStore(states_dir).open().settings, store, f"The states {states_dir}")
+        results = make_baseline(method, **settings).score_pools(pools, store)
+        extra |= {"n_in_bank": 0, "n_in_scorer_training": 0}
+        return _from_results(results, trajs, "split (a rule: no bank)", extra)
+    if store is None:
         raise LatentSiftError("filter --calibration needs the calibration candidates' states (--calibration-states "
                               "or the --states store).")
     if sifter_dir is not None:
         sifter = Sifter.load(sifter_dir)
-        bank, params = sifter.bank, sifter.get_params()
+        bank, params, scorer = sifter.bank, sifter.get_params(), sifter.scorer
+        check_recorded_settings(bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
+        trained_on = bank.instance_ids_   # a sifter's scorer is fitted on its bank's trajectories
     else:
         bank = Bank.load(bank_dir)
         params = dict(settings)
-    overlap = sorted({p.instance_id for p in pools} & bank.instance_ids_)
-    store = StateStore(cal_states).open()
+        check_recorded_settings(bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
+        scorer = None if params.get("branches") == "distance" else LinearScorer.load(scorer_dir)
+        if scorer is not None:
+            check_recorded_settings(scorer.source_.get("store_settings"), store, f"The scorer {scorer_dir}")
+        trained_on = set() if scorer is None else scorer_training_instances(scorer, bank_dir, bank)
+    ids = {p.instance_id for p in pools}
+    overlap = sorted(ids & bank.instance_ids_)
+    extra |= {"n_in_bank": len(overlap),
+              "n_in_scorer_training": None if trained_on is None else len(ids & trained_on)}
     if not overlap:
-        filt = LatentSift(bank, None if params.get("branches") == "distance" else
-                          (sifter.scorer if sifter_dir is not None else LinearScorer.load(scorer_dir)), **params)
+        filt = LatentSift(bank, scorer, **params)
         return _from_results(filt.score_pools(pools, store.load([t.traj_id for t in trajs]),
                                               fingerprint=store.fingerprint), trajs,
-                             "split: calibration pools disjoint from the bank, scored by the same bank and scorer")
+                             "split: calibration pools disjoint from the bank, scored by the same bank and scorer", extra)
     states = store.load([t.traj_id for t in trajs])
     folds = list(inner_folds(trajs, seed=params.get("seed", 0)))
     results = []
@@ -118,31 +153,86 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latents
             raise LatentSiftError(f"filter --calibration: {len(overlap)} calibration pools are in the bank, so they are "
                                   "cross-fitted over two repository-disjoint halves, and a half has one class only or "
                                   "no pools; give calibration pools from more repositories.")
-        ids = sorted(labels)
+        tids = sorted(labels)
         b = Bank.from_trajectories(f.bank_trajs, states, store.fingerprint, **bank.get_params())
         sc = None if params.get("branches") == "distance" else LinearScorer(
-            max_epochs=scorer_epochs, seed=params.get("seed", 0)).fit([states[i] for i in ids], [labels[i] for i in ids],
+            max_epochs=scorer_epochs, seed=params.get("seed", 0)).fit([states[i] for i in tids],
+                                                                     [labels[i] for i in tids],
                                                                      fingerprint=store.fingerprint)
         results += LatentSift(b, sc, **params).score_pools(f.eval_pools, states, fingerprint=store.fingerprint)
     return _from_results(results, trajs, f"cross-fitted: {len(overlap)} calibration pools are in the bank; each "
-                                         "scored by a bank and scorer of the other half of the repositories")
+                                         "scored by a bank and scorer of the other half of the repositories", extra)
 
 
-def _from_results(results, trajs, how: str) -> CalibrationPools:
+def scorer_training_instances(scorer, bank_dir, bank) -> set[str] | None:
+    """The instances a scorer was trained on: those of the bank it records (``scorer train``), None when
+    it records none (then the calibration set's overlap with them is unknown)."""
+    src = (getattr(scorer, "source_", None) or {}).get("bank_dir")
+    if not src:
+        return None
+    if bank_dir is not None and Path(src).resolve() == Path(bank_dir).resolve():
+        return bank.instance_ids_
+    return Bank.load(src).instance_ids_ if Path(src).is_dir() else None
+
+
+def calibration_failures(cal: CalibrationPools) -> list[str]:
+    """The guarantee's calibration conditions that ``cal`` fails (``GUARANTEE_CONDITIONS``), in words."""
+    out = []
+    if cal.extra.get("n_in_bank"):
+        out.append(f"{cal.extra['n_in_bank']} calibration pools are in the bank (cross-fitted scores of half-size "
+                   "banks stand in for the deployed bank's)")
+    n_sc = cal.extra.get("n_in_scorer_training", 0)
+    if n_sc is None:
+        out.append("the scorer records no training data: the calibration set's overlap with it is unchecked")
+    elif n_sc and not cal.extra.get("n_in_bank"):
+        out.append(f"{n_sc} calibration pools are in the scorer's training data")
+    return out
+
+
+def check_calibration_disjoint(cal_path, pools_path, instances=None) -> None:
+    """Refuse calibration pools that are also pools to filter (the calibration set must be disjoint from
+    the pools its guarantee is for)."""
+    both = sorted({p.instance_id for p in load_selected_pools(cal_path)} &
+                  {p.instance_id for p in load_selected_pools(pools_path, instances)})
+    if both:
+        raise LatentSiftError(f"filter --calibration: {len(both)} of its pools are also pools to filter (e.g. "
+                              f"{both[0]!r}); calibration pools must be disjoint from the pools they calibrate.")
+
+
+def calibration_guard(run, pools_path, states_dir, cal: CalibrationPools, on_shift: str, instances=None) -> None:
+    """The shift guard for a rule filter (it has no bank): the pools to filter against a bank of the
+    calibration pools' states (are the new pools like the calibration pools?); adds ``shift`` to ``run``.
+    Without states (or calibration states) nothing is checked and every pool says "shift unchecked"."""
+    if states_dir is None or not cal.extra.get("states"):
+        return
+    cal_pools = load_selected_pools(cal.extra["file"])
+    trajs = [c for p in cal_pools for c in p.candidates]
+    cal_store = StateStore(cal.extra["states"]).open()
+    bank = Bank.from_trajectories(trajs, cal_store.load([t.traj_id for t in trajs]), cal_store.fingerprint)
+    pools = load_selected_pools(pools_path, instances)
+    store = StateStore(states_dir).open()
+    states = store.load([c.traj_id for p in pools for c in p.candidates])
+    shift, warnings = guard(run.pools, pools, states, bank, Reference.from_bank(bank), on_shift)
+    run.extra["shift"] = {**shift, "reference_of": "the calibration pools (a rule filter has no bank)",
+                          "warnings": warnings}
+
+
+def _from_results(results, trajs, how: str, extra: dict) -> CalibrationPools:
     lab = {t.traj_id: int(t.label) for t in trajs}
     results = sorted(results, key=lambda r: r.instance_id)
     return CalibrationPools([r.instance_id for r in results], [[c.traj_id for c in r.candidates] for r in results],
                             [np.array([c.s for c in r.candidates], dtype=np.float64) for r in results],
-                            [np.array([lab[c.traj_id] for c in r.candidates]) for r in results], how=how)
+                            [np.array([lab[c.traj_id] for c in r.candidates]) for r in results], how=how, extra=extra)
 
 
 def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
                           calibration_method: str = "isotonic", calibration_epochs: int = 40, on_shift=None,
-                          min_keep=None) -> dict:
+                          min_keep=None, pools=None, instances=None) -> dict:
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
 
     Returns ``{"target_recall", "on_shift", "min_keep"}``: without a target, "warn" and 3 (the paper's
-    rule); with one, "keep-all" and 1. The calibration file is read for its labels only.
+    rule); with one, "keep-all" and 1. The calibration file is read for its labels and instances only
+    (refused when it shares a pool with ``pools``, the pools to filter).
     """
     if target_recall is None:
         if calibration is not None:
@@ -160,6 +250,8 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
         check_choice(on_shift, "on_shift", "filter (--on-shift with --target-recall)", (*ON_SHIFT_TARGET, "error"))
     if min_keep is not None:
         check_positive_int(min_keep, "min_keep", "filter (--min-keep)")
+    if pools is not None:
+        check_calibration_disjoint(calibration, pools, instances)
     check_calibration_size(count_positive_pools(calibration), target_recall, "filter")
     return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": 1 if min_keep is None
             else min_keep}
@@ -172,14 +264,25 @@ def count_positive_pools(cal_path, instances=None) -> int:
 
 def target_recall_filter(run, target: float, cal: CalibrationPools, *, method: str = "isotonic", min_keep: int = 1,
                          on_shift: str = "keep-all") -> dict:
-    """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section."""
+    """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section.
+
+    Each pool is marked guaranteed only when every condition of ``GUARANTEE_CONDITIONS`` holds; else
+    ``not_guaranteed`` names those that failed (the calibration's, a leak, the shift check's outcome).
+    """
     op = RecallKeep(target, min_keep=min_keep, calibration=method, seed=run.settings.get("seed", 0)).fit(cal)
     shift = run.extra.get("shift")
     shifted = [x["instance_id"] for x in (shift or {}).get("pools", []) if x.get("shifted")]
-    rows = apply_operating_point(run.pools, op, shifted=shifted, on_shift=on_shift)
-    section = op.to_dict() | {"calibration_pools": {"how": cal.how, "n_pools": len(cal.scores),
-                                                    "n_with_resolved": cal.n_positive()},
-                              "shift_checked": shift is not None, "on_shift": on_shift, "pools": rows}
+    failed: dict[str, list[str]] = {"": calibration_failures(cal)}
+    for x in run.extra.get("leak", {}).get("pools", []):
+        failed.setdefault(x["instance_id"], []).append("leak: the pool's instance is in the bank")
+    rows = apply_operating_point(run.pools, op, shifted=shifted, on_shift=on_shift, shift_checked=shift is not None,
+                                 failed=failed)
+    section = op.to_dict() | {"promise": PROMISE, "conditions": list(GUARANTEE_CONDITIONS),
+                              "calibration_pools": {"how": cal.how, "n_pools": len(cal.scores),
+                                                    "n_with_resolved": cal.n_positive(), **cal.extra},
+                              "shift_checked": shift is not None, "on_shift": on_shift,
+                              "n_guaranteed": sum(r["guaranteed"] for r in rows), "pools": rows}
     run.settings = dict(run.settings) | {"min_keep": min_keep, "target_recall": target}
+    run.inputs = dict(run.inputs) | {"calibration": cal.extra.get("file"), "calibration_states": cal.extra.get("states")}
     run.extra["operating_point"] = section
     return section
