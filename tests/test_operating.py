@@ -376,6 +376,19 @@ def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint
     (row,) = out["operating_point"]["pools"]
     assert row["n_keep"] == 1 and out["pools"][0]["retained"] == ["r0/new__0"]
     assert row["guaranteed"] == (not out["shift"]["pools"][0]["shifted"])
+    # the high-probability mode: the pools it needs are printed first; 24 suffice at 0.9, not at 0.95
+    r = _cli(*base, "--calibration", tmp_path / "cal.jsonl", "--confidence", "0.9", "--out", tmp_path / "hp.json")
+    assert r.exit_code == 0, r.output
+    first = " ".join(r.output.split())
+    assert first.startswith("--target-recall 0.9 --confidence 0.9 needs at least 22 calibration pools holding a "
+                            "resolved candidate;") and "has 24" in first
+    hp = json.loads((tmp_path / "hp.json").read_text())["operating_point"]
+    assert hp["confidence"] == 0.9 and hp["n_lost_allowed"] == 0 and "Learn then Test" in hp["guarantee"]
+    assert "with probability" in hp["promise"] and hp["n_calibration_pools_needed"] == 22
+    refused(_cli(*base, "--calibration", tmp_path / "cal.jsonl", "--confidence", "0.95", "--out", tmp_path / "c.json"),
+            "needs at least 29", "has 24")
+    refused(_cli(*base, "--calibration", tmp_path / "cal.jsonl", "--confidence", "1", "--out", tmp_path / "c.json"),
+            "confidence", "(0, 1)")
     refused(_cli(*base, "--calibration", tmp_path / "pools.jsonl", "--out", tmp_path / "c.json"), "also pools to filter")
     assert not (tmp_path / "c.json").exists()
 
@@ -457,3 +470,62 @@ def test_permuting_a_folds_labels_leaves_its_threshold_unchanged(tmp_path):
             or not name.startswith(("latentsift", "channels:", "distance:", "weighting:", "branch:", "transfer:"))
             else {"nested"}), name
     assert [p["status"] for p in base["nested"]] == ["ok"] * 6
+
+
+# ---------------------------------------------------------------------- the high-probability mode (Learn then Test)
+def _miss_scores(rng, n_pools, k=6, signal=1.5):
+    """Pool miss scores (``pool_miss_score`` with min_keep 1, vectorised) of synthetic pools holding a
+    resolved candidate (the pools ``synthetic_pools`` draws, those without one dropped)."""
+    q = rng.standard_normal((n_pools, k))
+    y = rng.random((n_pools, k)) < 1 / (1 + np.exp(-(2 * q - 1.5)))
+    s = signal * q + rng.standard_normal((n_pools, k))
+    top_resolved = y[np.arange(n_pools), s.argmax(axis=1)]
+    u = np.where(top_resolved, np.inf, np.where(y, s, -np.inf).max(axis=1))
+    return u[y.any(axis=1)]
+
+
+@pytest.mark.parametrize("target,confidence", [(0.8, 0.9), (0.9, 0.8)])
+def test_confident_mode_holds_its_recall_with_the_stated_probability_over_many_seeds(target, confidence):
+    """What is tested: P(pool recall >= R) >= 1 - delta over the draw of the calibration pools. 3000 runs,
+    each a fresh calibration set of 80 pools; a run's pool recall is that of the population of new pools
+    (200 000 pools drawn once: recall(tau) = share of their miss scores >= tau). The share of runs below R
+    is at most delta up to 3 Monte-Carlo standard errors, while the expected mode (conformal risk control
+    on the same calibration sets) falls below R far more often, as its promise allows."""
+    from latentsift.sift.keep import crc_threshold
+    from latentsift.sift.keep_confident import ltt_threshold
+    rng = np.random.default_rng(11)
+    pop = np.sort(_miss_scores(rng, 200_000))
+    recall = lambda tau: 1.0 - np.searchsorted(pop, tau, side="left") / pop.size  # noqa: E731
+    runs, delta = 3000, 1 - confidence
+    below_ltt, below_crc, rec_ltt = 0, 0, []
+    for _ in range(runs):
+        u = _miss_scores(rng, 80)
+        r_ltt, r_crc = recall(ltt_threshold(u, 1 - target, delta)), recall(crc_threshold(u, 1 - target))
+        below_ltt += r_ltt < target
+        below_crc += r_crc < target
+        rec_ltt.append(r_ltt)
+    se = np.sqrt(delta * (1 - delta) / runs)
+    assert below_ltt / runs <= delta + 3 * se
+    assert below_crc / runs > delta + 5 * se    # the expected mode promises less, and it shows
+    print(f"R={target} 1-delta={confidence}: below R {below_ltt / runs:.3f} (LTT), {below_crc / runs:.3f} (CRC)")
+    assert np.mean(rec_ltt) < 0.999              # not trivially keep-all
+
+
+def test_confident_rule_fits_through_the_keep_rule_interface():
+    from latentsift.sift.keep import keep_rule, pool_miss_score
+    from latentsift.sift.keep_confident import ConfidentRecallKeep, ltt_threshold, min_confident_pools
+    assert [min_confident_pools(r, c) for r, c in ((0.9, 0.9), (0.9, 0.95), (0.95, 0.95), (0.99, 0.9))] == \
+        [22, 29, 59, 230]
+    rng = np.random.default_rng(4)
+    cal = synthetic_pools(rng, 120)
+    rule = keep_rule("target-recall-confident", target_recall=0.8, confidence=0.9).fit(cal)
+    assert isinstance(rule, ConfidentRecallKeep)
+    u = [pool_miss_score(s, y, t, 1) for s, y, t in zip(cal.scores, cal.labels, cal.traj_ids)]
+    assert rule.threshold_ == ltt_threshold([x for x in u if not np.isnan(x)], 0.2, 0.1)
+    assert rule.threshold_ <= RecallKeep(0.8).fit(cal).threshold_   # keeps at least as much as the expected mode
+    d = rule.to_dict()
+    assert d["confidence"] == 0.9 and d["n_calibration_pools_needed"] == 11 and "Learn then Test" in d["guarantee"]
+    with pytest.raises(LatentSiftError, match="needs at least 22 calibration pools"):
+        ConfidentRecallKeep(0.9, 0.9).fit(synthetic_pools(rng, 20))
+    with pytest.raises(LatentSiftError, match="confidence"):
+        ConfidentRecallKeep(0.9, 1.0)

@@ -74,6 +74,9 @@ def filter_cmd(
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Labelled pools JSONL for --target-recall: "
                                                "pools the bank has not seen (scored by it), or the bank's own pools "
                                                "(cross-fitted over two repository halves)."),
+    confidence: Optional[float] = typer.Option(None, "--confidence", help="With --target-recall: the high-probability "
+                                              "mode, P(pool recall >= R) >= this (1 - delta; Learn then Test), instead "
+                                              "of expected pool recall >= R. Needs more calibration pools (printed)."),
     calibration_states: Optional[Path] = typer.Option(None, "--calibration-states", help="States of the calibration "
                                                       "candidates (default: --states)."),
     calibration_method: str = typer.Option("isotonic", "--calibration-method", help="Score -> P(resolved) map: "
@@ -103,11 +106,17 @@ def filter_cmd(
     inst = csv_list(instances) if instances else None
     target = target_recall_options(target_recall=target_recall, calibration=calibration, bank_choice=bank_choice,
                                    calibration_method=calibration_method, calibration_epochs=calibration_epochs,
-                                   on_shift=on_shift, min_keep=min_keep, pools=pools, instances=inst)
+                                   on_shift=on_shift, min_keep=min_keep, pools=pools, instances=inst,
+                                   confidence=confidence)
     target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
     check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states])
     ctx.with_resource(output_lock(out))  # held until the command ends: a second filter to this --out is refused
     console = Console(width=None if sys.stdout.isatty() else 160)
+    if target_recall is not None:  # before any work: what the bound needs and what the calibration file has
+        console.print(f"--target-recall {target_recall:g}"
+                      + ("" if target["confidence"] is None else f" --confidence {target['confidence']:g}")
+                      + f" needs at least {target['needed']} calibration pools holding a resolved candidate; "
+                      f"{calibration} has {target['have']}.")
     settings: dict = {"min_keep": min_keep, "frac": frac, "seed": seed}
     if method == "latentsift" and sifter is None:
         settings |= resolved["latentsift"]
@@ -139,7 +148,7 @@ def filter_cmd(
             calibration_guard(run, pools, states, cal, on_shift, inst)
             warnings = list(run.extra.get("shift", {}).get("warnings", []))
         op = target_recall_filter(run, target_recall, cal, method=calibration_method, min_keep=min_keep,
-                                  on_shift=on_shift)
+                                  on_shift=on_shift, confidence=target["confidence"])
     run.save(out)
     for res in run.pools[:show]:
         console.print(_pool_table(res, settings))

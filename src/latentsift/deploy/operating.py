@@ -17,7 +17,9 @@ import numpy as np
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..bank.bank import Bank, inner_folds
 from ..sift.calibration import calibration_methods
-from ..sift.keep import (CalibrationPools, RecallKeep, check_calibration_size, check_target_recall, top_mask)
+from ..sift.keep import (CalibrationPools, RecallKeep, check_calibration_size, check_target_recall,
+                         min_calibration_pools, top_mask)
+from ..sift.keep_confident import ConfidentRecallKeep, check_confidence, min_confident_pools
 from ..sift.scorer import LinearScorer
 from ..sift.rules import make_baseline
 from ..sift.sift import LatentSift, load_selected_pools
@@ -34,6 +36,9 @@ GUARANTEE_CONDITIONS = ("the calibration pools are disjoint from the bank, from 
 PROMISE = ("expected pool recall >= R: averaged over the draw of the calibration pools and of a new pool holding a "
            "resolved candidate, when the two are exchangeable (same agent, same kind of task, scored the same way); "
            "not a promise for one set of pools")
+CONFIDENT_PROMISE = ("pool recall >= R with probability >= the confidence over the draw of the calibration pools: the "
+                     "recall of new pools exchangeable with them (the probability that a new pool holding a resolved "
+                     "candidate keeps one), not the realized recall of a finite set of pools")
 
 
 def apply_operating_point(results: list, op: RecallKeep, *, shifted: Sequence[str] = (),
@@ -227,17 +232,21 @@ def _from_results(results, trajs, how: str, extra: dict) -> CalibrationPools:
 
 def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
                           calibration_method: str = "isotonic", calibration_epochs: int = 40, on_shift=None,
-                          min_keep=None, pools=None, instances=None) -> dict:
+                          min_keep=None, pools=None, instances=None, confidence=None) -> dict:
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
 
-    Returns ``{"target_recall", "on_shift", "min_keep"}``: without a target, "warn" and 3 (the paper's
-    rule); with one, "keep-all" and 1. The calibration file is read for its labels and instances only
-    (refused when it shares a pool with ``pools``, the pools to filter).
+    Returns ``{"target_recall", "on_shift", "min_keep", "confidence", "needed", "have"}``: without a
+    target, "warn" and 3 (the paper's rule); with one, "keep-all" and 1, and the calibration pools
+    holding a resolved candidate that the bound needs (``confidence``: the high-probability mode,
+    ``keep_confident``) and that the file has. The calibration file is read for its labels and
+    instances only (refused when it shares a pool with ``pools``, the pools to filter).
     """
     if target_recall is None:
-        if calibration is not None:
-            raise LatentSiftError("--calibration is used with --target-recall only; pass --target-recall R.")
-        return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": 3 if min_keep is None else min_keep}
+        if calibration is not None or confidence is not None:
+            raise LatentSiftError(f"{'--calibration' if calibration is not None else '--confidence'} is used with "
+                                  "--target-recall only; pass --target-recall R.")
+        return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": 3 if min_keep is None else min_keep,
+                "confidence": None}
     target_recall = check_target_recall(target_recall, "filter (--target-recall)")
     if calibration is None:
         raise LatentSiftError("--target-recall needs --calibration (labelled pools to choose the threshold on).")
@@ -250,11 +259,23 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
         check_choice(on_shift, "on_shift", "filter (--on-shift with --target-recall)", (*ON_SHIFT_TARGET, "error"))
     if min_keep is not None:
         check_positive_int(min_keep, "min_keep", "filter (--min-keep)")
+    if confidence is not None:
+        confidence = check_confidence(confidence, "filter (--confidence)")
     if pools is not None:
         check_calibration_disjoint(calibration, pools, instances)
-    check_calibration_size(count_positive_pools(calibration), target_recall, "filter")
+    have = count_positive_pools(calibration)
+    if confidence is None:
+        check_calibration_size(have, target_recall, "filter")
+        needed = min_calibration_pools(target_recall)
+    else:
+        needed = min_confident_pools(target_recall, confidence)
+        if target_recall < 1 and have < needed:
+            raise LatentSiftError(f"filter: --target-recall {target_recall:g} --confidence {confidence:g} needs at least "
+                                  f"{needed} calibration pools that hold a resolved candidate (Learn then Test: "
+                                  f"n >= log(1 - confidence) / log(R)); the calibration set has {have}. Add labelled "
+                                  "pools, lower the target or the confidence.")
     return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": 1 if min_keep is None
-            else min_keep}
+            else min_keep, "confidence": confidence, "needed": needed, "have": have}
 
 
 def count_positive_pools(cal_path, instances=None) -> int:
@@ -263,13 +284,17 @@ def count_positive_pools(cal_path, instances=None) -> int:
 
 
 def target_recall_filter(run, target: float, cal: CalibrationPools, *, method: str = "isotonic", min_keep: int = 1,
-                         on_shift: str = "keep-all") -> dict:
-    """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section.
+                         on_shift: str = "keep-all", confidence: float | None = None) -> dict:
+    """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section:
+    ``RecallKeep`` (expected pool recall >= R), or with ``confidence`` ``ConfidentRecallKeep``
+    (P(pool recall >= R) >= confidence).
 
     Each pool is marked guaranteed only when every condition of ``GUARANTEE_CONDITIONS`` holds; else
     ``not_guaranteed`` names those that failed (the calibration's, a leak, the shift check's outcome).
     """
-    op = RecallKeep(target, min_keep=min_keep, calibration=method, seed=run.settings.get("seed", 0)).fit(cal)
+    seed = run.settings.get("seed", 0)
+    op = (RecallKeep(target, min_keep=min_keep, calibration=method, seed=seed) if confidence is None else
+          ConfidentRecallKeep(target, confidence, min_keep=min_keep, calibration=method, seed=seed)).fit(cal)
     shift = run.extra.get("shift")
     shifted = [x["instance_id"] for x in (shift or {}).get("pools", []) if x.get("shifted")]
     failed: dict[str, list[str]] = {"": calibration_failures(cal)}
@@ -277,12 +302,13 @@ def target_recall_filter(run, target: float, cal: CalibrationPools, *, method: s
         failed.setdefault(x["instance_id"], []).append("leak: the pool's instance is in the bank")
     rows = apply_operating_point(run.pools, op, shifted=shifted, on_shift=on_shift, shift_checked=shift is not None,
                                  failed=failed)
-    section = op.to_dict() | {"promise": PROMISE, "conditions": list(GUARANTEE_CONDITIONS),
+    section = op.to_dict() | {"promise": PROMISE if confidence is None else CONFIDENT_PROMISE, "conditions": list(GUARANTEE_CONDITIONS),
                               "calibration_pools": {"how": cal.how, "n_pools": len(cal.scores),
                                                     "n_with_resolved": cal.n_positive(), **cal.extra},
                               "shift_checked": shift is not None, "on_shift": on_shift,
                               "n_guaranteed": sum(r["guaranteed"] for r in rows), "pools": rows}
-    run.settings = dict(run.settings) | {"min_keep": min_keep, "target_recall": target}
+    run.settings = dict(run.settings) | {"min_keep": min_keep, "target_recall": target} | (
+        {} if confidence is None else {"confidence": confidence})
     run.inputs = dict(run.inputs) | {"calibration": cal.extra.get("file"), "calibration_states": cal.extra.get("states")}
     run.extra["operating_point"] = section
     return section
