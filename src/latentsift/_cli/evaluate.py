@@ -6,7 +6,6 @@ Parsing and progress only; the logic is in ``latentsift.metrics.evaluate``, ``la
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -17,8 +16,7 @@ from .._core.validation import LatentSiftError
 from ..metrics.evaluate import EvaluateSettings, evaluate_run
 from ..metrics.formats import load_pool_file, load_scores
 from ..report.report import write_report
-from ..trajectories.trajectory import load_jsonl
-from ..cascade.verifier import EFVerifier, LocalBackend, OpenAIBackend, save_results
+from .._jobs.verify import run_verify, verifier_backends
 from ._options import Draws, Dtype, Model, Seed, Threads
 from ._progress import StageProgress
 
@@ -116,8 +114,9 @@ def verify_cmd(
     trajectories: Path = typer.Option(..., "--trajectories", help="Canonical trajectories (.jsonl or .jsonl.gz)."),
     out: Path = typer.Option(..., "--out", help="Output folder (manifest.json + verdicts.jsonl)."),
     name: str = typer.Option("ef", "--name", help="Name of this verifier in the evaluation."),
-    backend: str = typer.Option("local", "--backend", help="local (a local model) or openai (an "
-                                "OpenAI-compatible endpoint)."),
+    backend: str = typer.Option("local", "--backend", help="local (a local model), openai (an "
+                                "OpenAI-compatible endpoint) or another registered verifier backend: "
+                                + ", ".join(verifier_backends()) + "."),
     model: Model = None,
     base_url: Optional[str] = typer.Option(None, "--base-url", help="Endpoint root, e.g. http://127.0.0.1:8000/v1."),
     api_model: Optional[str] = typer.Option(None, "--api-model", help="Model name sent to the endpoint."),
@@ -135,39 +134,12 @@ def verify_cmd(
 
     --model, --dtype and --threads apply to the local backend.
     """
-    check_output(out, [trajectories, model, ids], kind="verifier")
-    if cache is not None:
-        check_output(cache, [trajectories, model, ids], option="--cache")
-    trajs = load_jsonl(trajectories)
-    if ids is not None:
-        wanted = [l.strip() for l in Path(ids).read_text(encoding="utf-8").splitlines() if l.strip()]
-        by = {t.traj_id: t for t in trajs}
-        unknown = [w for w in wanted if w not in by]
-        if unknown:
-            raise LatentSiftError(f"--ids: {len(unknown)} traj_id(s) not in {trajectories}, e.g. {unknown[:3]!r}.")
-        trajs = [by[w] for w in wanted]
-    if backend == "local":
-        if threads is not None:
-            import torch
-
-            if threads < 1:
-                raise LatentSiftError(f"--threads must be a positive int. Got {threads} instead.")
-            torch.set_num_threads(threads)
-        be = LocalBackend(model, dtype=dtype)
-        typer.echo(f"model: {be.policy.describe()}", err=True)
-    elif backend == "openai":
-        if not base_url or not api_model:
-            raise LatentSiftError("--backend openai needs --base-url and --api-model.")
-        key = os.environ.get(api_key_env) if api_key_env else None
-        if api_key_env and key is None:
-            raise LatentSiftError(f"--api-key-env: the environment variable {api_key_env} is not set.")
-        be = OpenAIBackend(base_url, api_model, api_key=key, timeout=timeout, max_retries=retries,
-                           concurrency=concurrency)
-    else:
-        raise LatentSiftError(f"--backend must be 'local' or 'openai'. Got {backend!r} instead.")
-    ver = EFVerifier(be, max_prompt_tokens=max_prompt_tokens, cache_dir=cache or (out / "cache"))
     with StageProgress(transient=True) as bar:
-        results = ver.score(trajs, progress=lambda done, total: bar.update("verify", done, total))
-    save_results(results, out, name=name, manifest=ver.manifest())
+        results = run_verify(trajectories, out, name=name, backend=backend, ids=ids, cache=cache,
+                             max_prompt_tokens=max_prompt_tokens,
+                             progress=lambda done, total: bar.update("verify", done, total),
+                             log=lambda m: typer.echo(m, err=True), model=model, dtype=dtype, threads=threads,
+                             base_url=base_url, api_model=api_model, api_key_env=api_key_env, timeout=timeout,
+                             retries=retries, concurrency=concurrency)
     n_fail = sum(1 for r in results.values() if r.score is None)
     typer.echo(f"scored {len(results) - n_fail} of {len(results)} candidates ({n_fail} failures) -> {out}")

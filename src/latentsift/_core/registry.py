@@ -66,7 +66,7 @@ def _same(a: Any, b: Any) -> bool:
                       and getattr(a, "__module__", None) == getattr(b, "__module__", None))
 
 
-def registry_add(kind: str, name: str, obj: Any, **info: Any) -> Any:
+def registry_add(kind: str, name: str, obj: Any, /, **info: Any) -> Any:
     """Register ``obj`` under ``name`` in ``kind``; returns ``obj`` (so it can end a decorator).
 
     A name is taken once: registering another object under it is refused (the same one again is a no-op).
@@ -111,16 +111,18 @@ def load_plugins(*, force: bool = False) -> None:
             ep.load()
 
 
-def registry_entries(kind: str) -> list[Entry]:
-    """The entries of ``kind`` in registration order (plugins loaded first)."""
+def registry_entries(kind: str, *, plugins: bool = True) -> list[Entry]:
+    """The entries of ``kind`` in registration order (plugins loaded first unless ``plugins`` is False:
+    a module-level listing while the package itself is being imported)."""
     _check_kind(kind, "registry_entries")
-    load_plugins()
+    if plugins:
+        load_plugins()
     return list(_REGISTRY[kind].values())
 
 
-def registry_names(kind: str) -> tuple[str, ...]:
+def registry_names(kind: str, *, plugins: bool = True) -> tuple[str, ...]:
     """The registered names of ``kind``."""
-    return tuple(e.name for e in registry_entries(kind))
+    return tuple(e.name for e in registry_entries(kind, plugins=plugins))
 
 
 def registry_find(kind: str, name: str) -> Entry | None:

@@ -33,7 +33,7 @@ import numpy as np
 from .._core.validation import (FingerprintMismatch, LatentSiftError, NotFittedError, check_choice,
                                 check_positive_int, param_error, check_states)
 from .._core.io import ArtefactKind, read_artefact, replaced_folder, write_artefact
-from .knn import BACKENDS, bank_sqnorms, nearest_distances
+from .knn import bank_sqnorms, knn_backends, nearest_distances
 from ..states.model import Fingerprint
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory, group_pools
@@ -133,7 +133,7 @@ class Bank:
         for name, choices in (("normalize", NORMALIZATIONS), ("center", CENTERINGS)):
             if getattr(self, name) not in choices:
                 raise param_error(name, "Bank", f"one of {list(choices)}", getattr(self, name))
-        check_choice(self.backend, "backend", "Bank", BACKENDS)
+        check_choice(self.backend, "backend", "Bank", knn_backends())
         if not self.channels or len(set(self.channels)) != len(self.channels):
             raise param_error("channels", "Bank", f"a non-empty subset of {list(CHANNELS)} without repeats",
                               self.channels)

@@ -70,8 +70,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .._core.io import atomic_write_text, iter_jsonl, read_json
 from .._core.validation import LatentSiftError, check_positive_int
-# the backends are part of the verifier's API: LocalBackend, OpenAIBackend, yes_no_score, RawJudgement
-from .backends import (NO, YES, CallFailed, LocalBackend, OpenAIBackend, RawJudgement,
+# the backends are part of the verifier's API: VerifierBackend and its two, yes_no_score, RawJudgement
+from .backends import (NO, YES, CallFailed, LocalVerifierBackend, OpenAIBackend, RawJudgement, VerifierBackend,
                        yes_no_score)
 
 THOUGHT_PLACEHOLDER = "<Thought condensed for saving context>"
@@ -392,7 +392,7 @@ class EFVerifier:
         self.backend = backend
         self.max_prompt_tokens = check_positive_int(max_prompt_tokens, "max_prompt_tokens", "EFVerifier")
         self.head_tokens = check_positive_int(head_tokens, "head_tokens", "EFVerifier")
-        ctx = getattr(getattr(backend, "policy", None), "context_length", None)
+        ctx = getattr(backend, "context_length", None)
         if ctx is not None and self.max_prompt_tokens > ctx:
             raise LatentSiftError(f"The 'max_prompt_tokens' parameter of EFVerifier must be at most the model "
                                   f"context ({ctx}). Got {max_prompt_tokens} instead.")
@@ -402,8 +402,6 @@ class EFVerifier:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
 
     def _count_prompt(self, system: str, user: str) -> int:
-        if hasattr(self.backend, "encode"):
-            return len(self.backend.encode(system, user, self.answer_prefix))
         return self.backend.count_prompt(system, user, self.answer_prefix)
 
     def prompt(self, traj) -> tuple[str, str, int, dict]:

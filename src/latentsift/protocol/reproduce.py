@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 from .._core.threads import blas_fixed
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError, check_positive_int
-from ..cascade.verifier import EFVerifier, LocalBackend, save_results
+from ..cascade.verifier import EFVerifier, LocalVerifierBackend, save_results
 from ..states.extract import extract_pools
 from ..states.model import gemma_model_path, load_policy
 from ..states.store import StateStore
@@ -225,7 +225,7 @@ class ReproduceRun(Run):
     def verify(self, policy, trajs: Sequence[Trajectory]) -> dict:
         s = self.settings
         t0 = time.perf_counter()
-        ef = EFVerifier(LocalBackend(policy=policy), max_prompt_tokens=s.verifier_max_tokens,
+        ef = EFVerifier(LocalVerifierBackend(policy=policy), max_prompt_tokens=s.verifier_max_tokens,
                         cache_dir=self.out / "verifier" / "cache")
         results = ef.score(trajs, progress=lambda i, n: self.progress("EF verifier", i, n, ""))
         save_results(results, self.out / "verifier", name="ef", manifest=ef.manifest())

@@ -16,7 +16,7 @@ from ._labels import LabelRow, Report, is_candidates_csv, parse_report, read_can
 from ._registry import described, format_names, importers
 from ._sources import Source, iter_sources
 
-FORMATS = format_names()  # the registered formats (``_registry``), "auto" first
+FORMATS = format_names(plugins=False)  # the package's own formats (``_registry``), "auto" first
 # Runs whose trajectories contain the evaluation outcome (dataset README caveat). Any AutoCodeRover
 # run whose harness replies report the test outcome is marked too (LEAK_MARKERS).
 KNOWN_LEAKING_RUNS = frozenset({"acr-val-only", "acr-val-sbfl"})
