@@ -19,6 +19,7 @@ from .._jobs.filter import filter_options, run_filter
 from ..deploy.operating import (calibration_guard, calibration_pools_for_filter, target_recall_filter,
                                 target_recall_options)
 from ..sift.rules import rules
+from .._jobs.operating import saved_operating_point
 from .._jobs.sifter import run_sifter_filter_chosen
 from ._options import Seed, StatesDir, csv_list
 
@@ -74,6 +75,14 @@ def filter_cmd(
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Labelled pools JSONL for --target-recall: "
                                                "pools the bank has not seen (scored by it), or the bank's own pools "
                                                "(cross-fitted over two repository halves)."),
+    operating_point: Optional[Path] = typer.Option(None, "--operating-point", help="A saved operating point "
+                                                   "(SIFTER_DIR/operating_point.json from 'fit --target-recall'): "
+                                                   "apply it with --sifter without refitting. --sifter with "
+                                                   "--target-recall and no --calibration uses the sifter's own."),
+    max_keep: Optional[int] = typer.Option(None, "--max-keep", help="With a target recall: keep at most B per pool "
+                                           "(the best of those the rule keeps; a capped pool is not guaranteed)."),
+    cost: str = typer.Option("calls", "--cost", help="What the rule saves: calls (candidates kept). tokens is "
+                             "refused: no filter input holds the verifier's tokens per candidate."),
     confidence: Optional[float] = typer.Option(None, "--confidence", help="With --target-recall: the high-probability "
                                               "mode, P(pool recall >= R) >= this (1 - delta; Learn then Test), instead "
                                               "of expected pool recall >= R. Needs more calibration pools (printed)."),
@@ -104,15 +113,22 @@ def filter_cmd(
     if show < 0:
         raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
     inst = csv_list(instances) if instances else None
+    saved = saved_operating_point(operating_point=operating_point, target_recall=target_recall, confidence=confidence,
+                                  calibration=calibration, sifter_dir=sifter, pools=pools, instances=inst)
     target = target_recall_options(target_recall=target_recall, calibration=calibration, bank_choice=bank_choice,
                                    calibration_method=calibration_method, calibration_epochs=calibration_epochs,
                                    on_shift=on_shift, min_keep=min_keep, pools=pools, instances=inst,
-                                   confidence=confidence)
+                                   confidence=confidence, saved=saved is not None, max_keep=max_keep, cost=cost)
     target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
-    check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states])
+    if saved is not None:
+        target_recall, min_keep = saved[0].target_recall, saved[0].min_keep
+    check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states, operating_point])
     ctx.with_resource(output_lock(out))  # held until the command ends: a second filter to this --out is refused
     console = Console(width=None if sys.stdout.isatty() else 160)
-    if target_recall is not None:  # before any work: what the bound needs and what the calibration file has
+    if saved is not None:
+        console.print(f"operating point {saved[1]['path']} (fitted on {saved[0].n_calibration_pools_} calibration "
+                      "pools with a resolved candidate): applied without refitting.")
+    elif target_recall is not None:  # before any work: what the bound needs and what the calibration file has
         console.print(f"--target-recall {target_recall:g}"
                       + ("" if target["confidence"] is None else f" --confidence {target['confidence']:g}")
                       + f" needs at least {target['needed']} calibration pools holding a resolved candidate; "
@@ -121,7 +137,7 @@ def filter_cmd(
     if method == "latentsift" and sifter is None:
         settings |= resolved["latentsift"]
     cal = None
-    if target_recall is not None:  # first: its states are checked (and refused) before the pools are scored
+    if target_recall is not None and saved is None:  # first: its states are checked (and refused) before the pools are scored
         with Console(stderr=True).status("calibrating ..."):
             cal = calibration_pools_for_filter(calibration, calibration_states or states, method=method,
                                                bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
@@ -143,12 +159,13 @@ def filter_cmd(
                              on_shift=on_shift if method == "latentsift" else None, on_leak=resolved["on_leak"],
                              **settings)
         warnings = list(run.extra.get("shift", {}).get("warnings", []))
-    if cal is not None:
-        if method != "latentsift":  # a rule has no bank: the guard compares the pools with the calibration pools
-            calibration_guard(run, pools, states, cal, on_shift, inst)
-            warnings = list(run.extra.get("shift", {}).get("warnings", []))
+    if cal is not None and method != "latentsift":  # a rule has no bank: the guard compares with the calibration pools
+        calibration_guard(run, pools, states, cal, on_shift, inst)
+        warnings = list(run.extra.get("shift", {}).get("warnings", []))
+    if target_recall is not None:
         op = target_recall_filter(run, target_recall, cal, method=calibration_method, min_keep=min_keep,
-                                  on_shift=on_shift, confidence=target["confidence"])
+                                  on_shift=on_shift, confidence=target["confidence"], saved=saved,
+                                  max_keep=target["max_keep"])
     run.save(out)
     for res in run.pools[:show]:
         console.print(_pool_table(res, settings))

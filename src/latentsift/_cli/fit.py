@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import typer
 from rich.console import Console
 
 from .._core.guard import check_output
+from .._core.validation import LatentSiftError
+from ..deploy.operating import target_recall_options
+from .._jobs.operating import fit_operating_point_file
 from ..deploy.shift import FALSE_ALARM
 from .._jobs.sifter import fit_sifter
 from ._options import FirstInstances, ScorerEpochs, Seed, StatesDirs
@@ -31,10 +34,29 @@ def fit_cmd(
                                       "threshold is the 1 - RATE quantile of the bank's own pools (saved)."),
     reference: str = typer.Option("repository", "--reference", help="The guard's in-bank reference: repository "
                                   "(each bank pool against the bank without its repository) or instance."),
+    target_recall: Optional[float] = typer.Option(None, "--target-recall", help="Also fit the recall-targeted keep "
+                                                  "rule for pool recall R on --calibration and save it as "
+                                                  "SIFTER_DIR/operating_point.json (docs/operating.md)."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Labelled pools JSONL for --target-recall."),
+    calibration_states: Optional[Path] = typer.Option(None, "--calibration-states", help="Their states (default: the "
+                                                      "one --states store)."),
+    confidence: Optional[float] = typer.Option(None, "--confidence", help="With --target-recall: the high-probability "
+                                              "mode, P(pool recall >= R) >= this."),
+    calibration_method: str = typer.Option("isotonic", "--calibration-method", help="isotonic or platt."),
+    calibration_epochs: int = typer.Option(40, "--calibration-epochs", help="Scorer epochs per half when the "
+                                           "calibration pools are in the sifter's bank (cross-fitted)."),
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
-    check_output(out, [pools, states], kind="sifter", replaces=True)
+    check_output(out, [pools, states, calibration, calibration_states], kind="sifter", replaces=True)
+    target = target_recall_options(target_recall=target_recall, calibration=calibration, confidence=confidence,
+                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs)
+    if target_recall is not None and calibration_states is None and len(states) != 1:
+        raise LatentSiftError("fit --target-recall with several --states stores needs --calibration-states.")
     console = Console(stderr=True)
+    if target_recall is not None:
+        console.print(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
+                      + f" needs at least {target['needed']} calibration pools holding a resolved candidate; "
+                      f"{calibration} has {target['have']}.")
     sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
                         per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference,
                         log=console.print)
@@ -48,3 +70,13 @@ def fit_cmd(
         console.print(f"  sub-bank {sub.name}: {sub.n_trajectories} trajectories {sub.label_counts}")
     for sk in sifter.library_skipped_:
         console.print(f"  [yellow]no sub-bank {sk['name']}: {sk['reason']}[/yellow]")
+    if target_recall is not None:
+        rec = fit_operating_point_file(out, calibration, calibration_states or states[0], target_recall,
+                                       confidence=confidence, method=calibration_method,
+                                       calibration_epochs=calibration_epochs)
+        rule = rec["rule"]
+        console.print(f"[bold green]Operating point:[/] {out / 'operating_point.json'} (threshold "
+                      f"{rule['threshold']} ({rule['threshold_meaning']}), {rule['n_calibration_pools']} calibration "
+                      f"pools with a resolved candidate, {rec['calibration_pools']['how'].split(':')[0]}"
+                      + (f"; not guaranteed: {'; '.join(rec['not_guaranteed'])}" if rec["not_guaranteed"] else "")
+                      + ")")

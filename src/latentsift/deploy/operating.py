@@ -36,6 +36,9 @@ GUARANTEE_CONDITIONS = ("the calibration pools are disjoint from the bank, from 
 PROMISE = ("expected pool recall >= R: averaged over the draw of the calibration pools and of a new pool holding a "
            "resolved candidate, when the two are exchangeable (same agent, same kind of task, scored the same way); "
            "not a promise for one set of pools")
+COSTS = ("calls", "tokens")
+_NEAREST = ("--bank-choice nearest with a target recall needs a threshold per sub-bank, each calibrated on pools "
+            "that sub-bank scores, and the sifter holds one for its all-agent bank only: use --bank-choice all")
 CONFIDENT_PROMISE = ("pool recall >= R with probability >= the confidence over the draw of the calibration pools: the "
                      "recall of new pools exchangeable with them (the probability that a new pool holding a resolved "
                      "candidate keeps one), not the realized recall of a finite set of pools")
@@ -43,7 +46,7 @@ CONFIDENT_PROMISE = ("pool recall >= R with probability >= the confidence over t
 
 def apply_operating_point(results: list, op: RecallKeep, *, shifted: Sequence[str] = (),
                           on_shift: str = "keep-all", shift_checked: bool = True,
-                          failed: Mapping[str, Sequence[str]] | None = None) -> list[dict]:
+                          failed: Mapping[str, Sequence[str]] | None = None, max_keep: int | None = None) -> list[dict]:
     """Apply ``op`` to scored pools (``sift.PoolResult``, changed in place: ``retained`` and ``n_keep``).
 
     Returns per pool: the number kept, the calibrated probability of each candidate, the reason, the
@@ -51,7 +54,8 @@ def apply_operating_point(results: list, op: RecallKeep, *, shifted: Sequence[st
     ``not_guaranteed``: the conditions that failed (``GUARANTEE_CONDITIONS``). A pool in ``shifted``
     or unchecked (``shift_checked=False``) is never guaranteed; ``on_shift`` "keep-all" keeps a
     flagged pool's every candidate, "warn" applies the rule to it. ``failed``: instance -> the other
-    conditions that failed for it ("" -> for every pool).
+    conditions that failed for it ("" -> for every pool). ``max_keep``: at most that many per pool (the
+    best of those the rule keeps); a pool the cap cuts is not guaranteed.
     """
     flagged = set(shifted)
     failed = dict(failed or {})
@@ -76,11 +80,16 @@ def apply_operating_point(results: list, op: RecallKeep, *, shifted: Sequence[st
                 reason = f"{n_above} candidates reach the threshold"
             if shift:
                 reason += " (shift guard flagged the pool: rule applied, no guarantee)"
+        capped = max_keep is not None and int(mask.sum()) > max_keep
+        if capped:
+            reason += f" (capped at --max-keep {max_keep}: the rule kept {int(mask.sum())})"
+            mask = top_mask(s, ids, max_keep, op.seed)
         for c, m in zip(res.candidates, mask):
             c.retained = bool(m)
         res.n_keep = int(mask.sum())
         state = "flagged" if shift else "passed" if shift_checked else "unchecked"
         why = list(failed.get("", ())) + list(failed.get(res.instance_id, ()))
+        why += [f"capped at --max-keep {max_keep}"] if capped else []
         why += {"flagged": ["shift guard flagged the pool"], "unchecked": ["shift unchecked"]}.get(state, [])
         out.append({"instance_id": res.instance_id, "k": len(ids), "n_keep": res.n_keep,
                     "probabilities": {t: float(v) for t, v in zip(ids, p)}, "reason": reason, "shift": state,
@@ -197,8 +206,12 @@ def calibration_failures(cal: CalibrationPools) -> list[str]:
 def check_calibration_disjoint(cal_path, pools_path, instances=None) -> None:
     """Refuse calibration pools that are also pools to filter (the calibration set must be disjoint from
     the pools its guarantee is for)."""
-    both = sorted({p.instance_id for p in load_selected_pools(cal_path)} &
-                  {p.instance_id for p in load_selected_pools(pools_path, instances)})
+    check_calibration_disjoint_ids([p.instance_id for p in load_selected_pools(cal_path)], pools_path, instances)
+
+
+def check_calibration_disjoint_ids(cal_ids, pools_path, instances=None) -> None:
+    """``check_calibration_disjoint`` with the calibration pools' instance ids."""
+    both = sorted(set(cal_ids) & {p.instance_id for p in load_selected_pools(pools_path, instances)})
     if both:
         raise LatentSiftError(f"filter --calibration: {len(both)} of its pools are also pools to filter (e.g. "
                               f"{both[0]!r}); calibration pools must be disjoint from the pools they calibrate.")
@@ -232,27 +245,46 @@ def _from_results(results, trajs, how: str, extra: dict) -> CalibrationPools:
 
 def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
                           calibration_method: str = "isotonic", calibration_epochs: int = 40, on_shift=None,
-                          min_keep=None, pools=None, instances=None, confidence=None) -> dict:
+                          min_keep=None, pools=None, instances=None, confidence=None, saved: bool = False,
+                          max_keep=None, cost: str = "calls") -> dict:
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
 
     Returns ``{"target_recall", "on_shift", "min_keep", "confidence", "needed", "have"}``: without a
     target, "warn" and 3 (the paper's rule); with one, "keep-all" and 1, and the calibration pools
     holding a resolved candidate that the bound needs (``confidence``: the high-probability mode,
     ``keep_confident``) and that the file has. The calibration file is read for its labels and
-    instances only (refused when it shares a pool with ``pools``, the pools to filter).
+    instances only (refused when it shares a pool with ``pools``, the pools to filter). ``saved``: a
+    saved operating point will be applied (``operating_file``; checked there): no ``calibration``
+    needed. ``max_keep``: a cap per pool (with a target only); ``cost``: "calls" ("tokens" is refused:
+    no filter input holds the verifier's tokens per candidate).
     """
+    check_choice(cost, "cost", "filter (--cost)", COSTS)
+    if cost == "tokens":
+        raise LatentSiftError("--cost tokens needs each candidate's verifier token count, which no input of 'filter' "
+                              "holds (the verifier runs after Stage 1); use --cost calls, the candidates kept.")
+    if max_keep is not None and target_recall is None and not saved:
+        raise LatentSiftError("--max-keep caps the recall-targeted rule: pass --target-recall R (or --operating-point).")
+    if max_keep is not None:
+        check_positive_int(max_keep, "max_keep", "filter (--max-keep)")
+    if saved:
+        if calibration is not None:
+            raise LatentSiftError("Pass --calibration (fit the rule now) or a saved operating point, not both.")
+        if bank_choice != "all":
+            raise LatentSiftError(_NEAREST)
+        return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": min_keep,
+                "confidence": confidence, "max_keep": max_keep}
     if target_recall is None:
         if calibration is not None or confidence is not None:
             raise LatentSiftError(f"{'--calibration' if calibration is not None else '--confidence'} is used with "
                                   "--target-recall only; pass --target-recall R.")
         return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": 3 if min_keep is None else min_keep,
-                "confidence": None}
+                "confidence": None, "max_keep": None}
     target_recall = check_target_recall(target_recall, "filter (--target-recall)")
     if calibration is None:
-        raise LatentSiftError("--target-recall needs --calibration (labelled pools to choose the threshold on).")
+        raise LatentSiftError("--target-recall needs --calibration (labelled pools to choose the threshold on), or a "
+                              "sifter with a saved operating point ('latentsift fit --target-recall R --calibration').")
     if bank_choice != "all":
-        raise LatentSiftError("--target-recall calibrates on the sifter's all-agent bank: use --bank-choice all "
-                              "(per-pool sub-banks would need a calibration each).")
+        raise LatentSiftError(_NEAREST)
     check_choice(calibration_method, "calibration_method", "filter (--calibration-method)", calibration_methods())
     check_positive_int(calibration_epochs, "calibration_epochs", "filter (--calibration-epochs)")
     if on_shift is not None:
@@ -275,7 +307,7 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
                                   f"n >= log(1 - confidence) / log(R)); the calibration set has {have}. Add labelled "
                                   "pools, lower the target or the confidence.")
     return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": 1 if min_keep is None
-            else min_keep, "confidence": confidence, "needed": needed, "have": have}
+            else min_keep, "confidence": confidence, "needed": needed, "have": have, "max_keep": max_keep}
 
 
 def count_positive_pools(cal_path, instances=None) -> int:
@@ -283,32 +315,44 @@ def count_positive_pools(cal_path, instances=None) -> int:
     return sum(any(c.label == 1 for c in p.candidates) for p in load_selected_pools(cal_path, instances))
 
 
-def target_recall_filter(run, target: float, cal: CalibrationPools, *, method: str = "isotonic", min_keep: int = 1,
-                         on_shift: str = "keep-all", confidence: float | None = None) -> dict:
+def target_recall_filter(run, target: float | None, cal: CalibrationPools | None = None, *, method: str = "isotonic",
+                         min_keep: int = 1, on_shift: str = "keep-all", confidence: float | None = None,
+                         saved: tuple | None = None, max_keep: int | None = None) -> dict:
     """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section:
     ``RecallKeep`` (expected pool recall >= R), or with ``confidence`` ``ConfidentRecallKeep``
-    (P(pool recall >= R) >= confidence).
+    (P(pool recall >= R) >= confidence), fitted on ``cal``; or ``saved``, (rule, record) of a saved
+    operating point (``operating_file.load_operating_point``), applied without refitting.
 
     Each pool is marked guaranteed only when every condition of ``GUARANTEE_CONDITIONS`` holds; else
-    ``not_guaranteed`` names those that failed (the calibration's, a leak, the shift check's outcome).
+    ``not_guaranteed`` names those that failed (the calibration's, a leak, the shift check's outcome,
+    the ``max_keep`` cap).
     """
     seed = run.settings.get("seed", 0)
-    op = (RecallKeep(target, min_keep=min_keep, calibration=method, seed=seed) if confidence is None else
-          ConfidentRecallKeep(target, confidence, min_keep=min_keep, calibration=method, seed=seed)).fit(cal)
+    if saved is not None:
+        op, rec = saved
+        cal_record = dict(rec["calibration_pools"]) | {"operating_point": rec.get("path"),
+                                                       "calibration_fingerprint": rec["calibration_fingerprint"]}
+        cal_failed = list(rec["not_guaranteed"])
+        confidence = getattr(op, "confidence", None)
+    else:
+        op = (RecallKeep(target, min_keep=min_keep, calibration=method, seed=seed) if confidence is None else
+              ConfidentRecallKeep(target, confidence, min_keep=min_keep, calibration=method, seed=seed)).fit(cal)
+        cal_record = {"how": cal.how, "n_pools": len(cal.scores), "n_with_resolved": cal.n_positive(), **cal.extra}
+        cal_failed = calibration_failures(cal)
     shift = run.extra.get("shift")
     shifted = [x["instance_id"] for x in (shift or {}).get("pools", []) if x.get("shifted")]
-    failed: dict[str, list[str]] = {"": calibration_failures(cal)}
+    failed: dict[str, list[str]] = {"": cal_failed}
     for x in run.extra.get("leak", {}).get("pools", []):
         failed.setdefault(x["instance_id"], []).append("leak: the pool's instance is in the bank")
     rows = apply_operating_point(run.pools, op, shifted=shifted, on_shift=on_shift, shift_checked=shift is not None,
-                                 failed=failed)
-    section = op.to_dict() | {"promise": PROMISE if confidence is None else CONFIDENT_PROMISE, "conditions": list(GUARANTEE_CONDITIONS),
-                              "calibration_pools": {"how": cal.how, "n_pools": len(cal.scores),
-                                                    "n_with_resolved": cal.n_positive(), **cal.extra},
+                                 failed=failed, max_keep=max_keep)
+    section = op.to_dict() | {"promise": PROMISE if confidence is None else CONFIDENT_PROMISE,
+                              "conditions": list(GUARANTEE_CONDITIONS), "calibration_pools": cal_record,
+                              "refitted": saved is None, "max_keep": max_keep,
                               "shift_checked": shift is not None, "on_shift": on_shift,
                               "n_guaranteed": sum(r["guaranteed"] for r in rows), "pools": rows}
-    run.settings = dict(run.settings) | {"min_keep": min_keep, "target_recall": target} | (
+    run.settings = dict(run.settings) | {"min_keep": op.min_keep, "target_recall": op.target_recall} | (
         {} if confidence is None else {"confidence": confidence})
-    run.inputs = dict(run.inputs) | {"calibration": cal.extra.get("file"), "calibration_states": cal.extra.get("states")}
+    run.inputs = dict(run.inputs) | {"calibration": cal_record.get("file"), "calibration_states": cal_record.get("states")}
     run.extra["operating_point"] = section
     return section
