@@ -28,6 +28,7 @@ import numpy as np
 from .._core.validation import LatentSiftError
 from ..metrics.calibrate import ece_ci, fit_calibration, reliability
 from ..metrics.bootstrap import bootstrap_indices, mean_ci
+from ..deploy.operating import PROMISE
 from ..sift.keep import GUARANTEE, PAPER_KEEP, CalibrationPools, RecallKeep
 from ..sift.rules import REFERENCE, rule_keys
 from ..trajectories.trajectory import Pool, group_pools
@@ -152,7 +153,9 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
         "rule": "per pool: the best candidate and every candidate whose score reaches the fold's threshold; threshold by "
                 "conformal risk control on the other folds' pools holding a resolved candidate, scored without the "
                 "fold's labels; a fold whose calibration set is too small, or that has none, keeps all",
-        "guarantee": GUARANTEE,
+        "guarantee": GUARANTEE, "promise": PROMISE,
+        "approximation": "nested calibration scores come from banks of K - 2 folds, the held-out fold's scores from "
+                         "a bank of K - 1: exchangeable only up to that difference in bank size",
         "calibration": "isotonic regression on the other folds' candidates, scored without the held-out fold's labels: "
                        "nested (a trained filter refitted on the groups of neither fold) or label-free (rules, the EF "
                        "verifier)",
