@@ -303,6 +303,7 @@ def test_tiny_run_reports_operating_points(tiny_run):
     swe = [c for p in _pools(tiny_run["out"]) for c in p["candidates"] if c.agent == "sweagent"]
     n_swe_pools = len({c.instance_id for c in swe})
     assert pair["n_new_agent_pools"] == n_swe_pools
+    assert set(pair["m_restored"].values()) == {None}
     for row in pair["rows"]:
         assert row["n_test_pools"] == n_swe_pools and row["n_folds_keep_all"] == 2
         assert row["verifier_calls"] == pytest.approx(len(swe) / n_swe_pools)
@@ -626,3 +627,42 @@ def test_fit_saves_an_operating_point_that_filter_applies_without_refitting(tmp_
                  "0.9", "--out", d / "x.json"), "also pools to filter")
     refused(_cli("filter", d / "pools.jsonl", "--method", "shortest-chars", "--operating-point",
                  d / "sifter" / "operating_point.json", "--out", d / "x.json"), "pass --sifter")
+
+
+def test_operating_points_compare_at_realized_recall_with_one_multiplicity_rule(tmp_path):
+    """What is tested: every row carries its realized recall beside its calls, the paper's fixed rule's
+    realized recall and calls on the same scores, the recall difference beside the calls difference, a
+    Bonferroni interval over the whole family (wider than the 95% one), post-hoc rows marked, and one
+    sentence per target naming the cheapest filter that reaches it and whether that is decided."""
+    from latentsift.report.sections import _operating_markdown
+    run, trajs, folds, op = _operating_on(tmp_path)
+    names = list(op["filters"])
+    mult = op["multiplicity"]
+    assert mult["m"] == (len(names) - 1) * 1 + 1 and mult["level"] == pytest.approx(1 - 0.05 / mult["m"])
+    for name, e in op["filters"].items():
+        fx = e["fixed_rule"]
+        assert fx["verifier_calls"]["mean"] == 3.0             # max(3, floor(6/2)) of every 6-candidate pool
+        assert 0.0 <= fx["realized_recall"]["lo"] <= fx["realized_recall"]["mean"] <= 1.0
+        assert e["post_hoc"] is False
+        row = e["targets"]["0.8"]
+        if name != op["reference"]:
+            d = row["difference_vs_reference"]
+            assert "realized_recall" in d
+            a, b = d["verifier_calls_adjusted"], d["verifier_calls"]
+            assert a["lo"] <= b["lo"] <= b["hi"] <= a["hi"] and a["mean"] == b["mean"]
+    c = op["cheapest"]["0.8"]
+    reach = {n: e["targets"]["0.8"] for n, e in op["filters"].items()
+             if e["targets"]["0.8"]["realized_recall"]["pooled"]["mean"] >= 0.8}
+    assert c["filter"] == min(reach, key=lambda n: (reach[n]["verifier_calls"]["mean"], n))
+    assert c["n_reaching"] == len(reach) and c["decided"] == (c["difference"]["hi"] < 0)
+    assert c["sentence"].startswith(f"At R = 0.8 the cheapest filter reaching the target is `{c['filter']}`")
+    assert ("not decided" in c["sentence"]) == (not c["decided"])
+    md = "\n".join(_operating_markdown({"operating_points": op, "settings": {"headline": names}}))
+    assert "Bonferroni" in md and "fixed max(3, K/2): recall % / calls" in md and c["sentence"] in md
+    # the way back for a new agent, expected and high-probability: the latter needs more of its pools
+    pairs = op["new_agent"]["pairs"]
+    assert pairs and "alone, confidence 0.9" in md
+    for d in pairs.values():
+        assert {x["confidence"] for x in d["rows"]} == {None, 0.9}
+        e, h = d["m_restored"]["expected R=0.8"], d["m_restored"]["confidence 0.9 R=0.8"]
+        assert e is not None and (h is None or h >= e)

@@ -27,11 +27,13 @@ import numpy as np
 
 from .._core.validation import LatentSiftError
 from ..metrics.calibrate import ece_ci, fit_calibration, reliability
-from ..metrics.bootstrap import bootstrap_indices, mean_ci
+from ..metrics.bootstrap import CI_LEVEL, bootstrap_indices, mean_ci
 from ..deploy.operating import PROMISE
 from ..sift.keep import GUARANTEE, PAPER_KEEP, CalibrationPools, RecallKeep
+from ..sift.keep_confident import ConfidentRecallKeep
 from ..sift.rules import REFERENCE, rule_keys
 from ..trajectories.trajectory import Pool, group_pools
+from .decide import is_post_hoc
 from .nested import LABEL_FREE
 from .settings import hash_key
 
@@ -111,11 +113,16 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
     clean = CleanCalibration(fold_pools, filters, labels, nested)
     per_filter: dict[str, dict] = {}
     for name in filters:
-        res = {"p": [], "y": [], "g": [], "by_target": {r: {"calls": [], "tokens": [], "hit": [], "pos": [],
-                                                           "folds": []} for r in all_targets}}
+        res = {"p": [], "y": [], "g": [], "fixed_calls": [], "fixed_hit": [],
+               "by_target": {r: {"calls": [], "tokens": [], "hit": [], "pos": [], "folds": []} for r in all_targets}}
         for k, ps in fold_pools:
             cal, how = clean.pools(name, k)
             test = _cal_pools(ps, tables[name][k], labels)
+            for t_ids, sc, y in zip(test.traj_ids, test.scores, test.labels):  # the paper's fixed rule, same scores
+                m = PAPER_KEEP.keep(sc, t_ids)
+                res["fixed_calls"].append(float(m.sum()))
+                if y.any():
+                    res["fixed_hit"].append(float((m & (y == 1)).any()))
             cmap = fit_calibration(*cal.flat()) if cal is not None and cal.scores else None
             if cmap is not None:
                 for iid, sc, y in zip(test.instance_ids, test.scores, test.labels):
@@ -163,20 +170,35 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
         "intervals": f"95% bootstrap over pools ({s.n_boot} resamples, paired across filters)",
         "fixed_rule_calls": mean_ci(fixed_calls, boot), "filters": {}}
     ref = per_filter.get(reference)
+    # one multiplicity rule for the family: every calls difference against the reference and every
+    # cheapest-against-the-next comparison, at the Bonferroni level 1 - 0.05 / m
+    n_family = (len(per_filter) - (ref is not None)) * len(targets) + len(targets)
+    adj = 1.0 - (1.0 - CI_LEVEL) / max(n_family, 1)
+    out["multiplicity"] = {"m": n_family, "level": adj,
+                           "rule": "Bonferroni over the family: every calls difference against the reference at "
+                                   "each target, and each target's cheapest filter against the next cheapest"}
+    fixed_rb = None
     for name, res in per_filter.items():
         p = np.concatenate(res["p"]) if res["p"] else np.zeros(0)
         y = np.concatenate(res["y"]) if res["y"] else np.zeros(0)
-        entry: dict[str, Any] = {"ece": ece_ci(p, y, res["g"], n_boot=s.n_boot, seed=s.seed),
-                                 "reliability": reliability(p, y), "targets": {}, "curve": []}
+        if fixed_rb is None and res["fixed_hit"]:
+            fixed_rb = bootstrap_indices(len(res["fixed_hit"]), s.n_boot, np.random.default_rng(s.seed + 1))
+        entry: dict[str, Any] = {"post_hoc": is_post_hoc(name),
+                                 "ece": ece_ci(p, y, res["g"], n_boot=s.n_boot, seed=s.seed),
+                                 "reliability": reliability(p, y), "targets": {}, "curve": [],
+                                 "fixed_rule": {"verifier_calls": mean_ci(np.array(res["fixed_calls"]), boot),
+                                                "realized_recall": mean_ci(np.array(res["fixed_hit"]), fixed_rb)
+                                                if res["fixed_hit"] else {"mean": None}}}
         for r in all_targets:
             acc = res["by_target"][r]
             row = _target_row(acc, boot, ref["by_target"][r] if ref is not None and name != reference else None,
-                              tokens is not None, s)
+                              tokens is not None, s, adj if r in targets else None)
             entry["curve"].append({"target": r, "recall": row["realized_recall"]["pooled"]["mean"],
                                    "verifier_calls": row["verifier_calls"]["mean"]})
             if r in targets:
                 entry["targets"][f"{r:g}"] = row
         out["filters"][name] = entry
+    out["cheapest"] = {f"{r:g}": _cheapest(per_filter, r, boot, adj) for r in targets}
     out["new_agent"] = new_agent_curves(run, trajs, fold_pools, filters, clean, targets=targets)
     return out
 
@@ -186,7 +208,42 @@ def _merge(parts: Sequence[CalibrationPools]) -> CalibrationPools:
                             [x for c in parts for x in c.scores], [x for c in parts for x in c.labels])
 
 
-def _target_row(acc: dict, boot: np.ndarray, ref: dict | None, with_tokens: bool, s) -> dict:
+def _cheapest(per_filter: Mapping[str, dict], r: float, boot: np.ndarray, level: float) -> dict:
+    """Among the filters whose pooled realized recall reaches ``r``: the one with the fewest calls, the next,
+    their paired calls difference at the family's Bonferroni ``level`` and whether it is decided (the
+    interval lies below 0), in one sentence."""
+    reach = []
+    for name, res in per_filter.items():
+        acc = res["by_target"][r]
+        hit = [h for h, p in zip(acc["hit"], acc["pos"]) if p]
+        if hit and np.mean(hit) >= r:
+            reach.append((float(np.mean(acc["calls"])), name, float(np.mean(hit))))
+    reach.sort()
+    if not reach:
+        return {"filter": None, "sentence": f"At R = {r:g} no filter reaches the target pooled over the folds."}
+    (c0, f0, r0), rest = reach[0], reach[1:]
+    out: dict[str, Any] = {"filter": f0, "post_hoc": is_post_hoc(f0), "verifier_calls": c0, "realized_recall": r0,
+                           "n_reaching": len(reach)}
+    tag = " (chosen after the folds were seen)" if out["post_hoc"] else ""
+    if not rest:
+        out |= {"decided": False, "sentence": f"At R = {r:g} only `{f0}`{tag} reaches the target ({c0:.2f} calls, "
+                                              f"realized recall {r0:.3f}); nothing to compare it with."}
+        return out
+    c1, f1, r1 = rest[0]
+    d = mean_ci(np.array(per_filter[f0]["by_target"][r]["calls"]) - np.array(per_filter[f1]["by_target"][r]["calls"]),
+                boot, level)
+    decided = d["hi"] < 0
+    out |= {"next": f1, "next_calls": c1, "next_realized_recall": r1, "difference": d, "decided": bool(decided),
+            "sentence": f"At R = {r:g} the cheapest filter reaching the target is `{f0}`{tag}: {c0:.2f} calls per pool "
+                        f"at realized recall {r0:.3f}, against `{f1}` {c1:.2f} at {r1:.3f}; difference "
+                        f"{d['mean']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}] at the family's Bonferroni level "
+                        f"{100 * level:.2f}%: " + ("decided." if decided else "not decided (the interval "
+                                                                                "reaches 0).")}
+    return out
+
+
+def _target_row(acc: dict, boot: np.ndarray, ref: dict | None, with_tokens: bool, s,
+                adjusted: float | None = None) -> dict:
     calls, hit, pos = np.array(acc["calls"]), np.array(acc["hit"], float), np.array(acc["pos"])
     pos_idx = np.flatnonzero(pos)
     rb = bootstrap_indices(pos_idx.size, s.n_boot, np.random.default_rng(s.seed + 1)) if pos_idx.size else None
@@ -198,6 +255,8 @@ def _target_row(acc: dict, boot: np.ndarray, ref: dict | None, with_tokens: bool
         "n_folds_keep_all": sum(f["status"] != "ok" for f in acc["folds"])}
     if ref is not None:
         d = {"verifier_calls": mean_ci(calls - np.array(ref["calls"]), boot)}
+        if adjusted is not None:
+            d["verifier_calls_adjusted"] = mean_ci(calls - np.array(ref["calls"]), boot, adjusted) | {"level": adjusted}
         if with_tokens:
             d["ef_tokens"] = mean_ci(np.array(acc["tokens"]) - np.array(ref["tokens"]), boot)
         if rb is not None:
@@ -208,6 +267,7 @@ def _target_row(acc: dict, boot: np.ndarray, ref: dict | None, with_tokens: bool
 
 # ---------------------------------------------------------------------- a way back for a new agent
 NEW_AGENT_POOLS = (0, 5, 10, 20, 40, 80)
+NEW_AGENT_CONFIDENCE = 0.9   # the high-probability mode's confidence on the way back (alone)
 
 
 def _subset(pools, agent: str):
@@ -222,8 +282,11 @@ def new_agent_curves(run, trajs, fold_pools, filters: Mapping[str, Any], clean: 
     pools of B (from the other folds, in a seeded hash order) in the calibration set.
 
     "added": A's pools of the other folds plus m pools of B; "alone": the m pools of B only (exchangeable
-    with B's new pools: the guarantee holds once m >= 1/(1-R) - 1; below that the fold keeps all). Both
+    with B's new pools: the guarantee holds once m >= 1/(1-R) - 1; below that the fold keeps all), and
+    "alone" in the high-probability mode (``NEW_AGENT_CONFIDENCE``; ``confidence`` per row). Both
     scored without the held-out fold's labels (``clean``: nested); a fold without nested scores keeps all.
+    ``m_restored``: per promise and target, the smallest m at which every fold's rule runs (the bound
+    exists on the m pools of B alone), None if no m of ``sizes`` does.
     """
     s = run.settings
     labels = {t.traj_id: int(t.label) for t in trajs}
@@ -242,7 +305,7 @@ def new_agent_curves(run, trajs, fold_pools, filters: Mapping[str, Any], clean: 
             clean_a = {k: clean.pools(name, k, lambda ps: _subset(ps, a))[0] for k, _ in fold_pools}
             clean_b = {k: clean.pools(name, k, lambda ps: _subset(ps, b))[0] for k, _ in fold_pools}
             rows = []
-            for mode in ("added", "alone"):
+            for mode, conf in (("added", None), ("alone", None), ("alone", NEW_AGENT_CONFIDENCE)):
                 for m in sizes:
                     for r in targets:
                         calls, hits, keep_all, used = [], [], 0, []
@@ -259,7 +322,8 @@ def new_agent_curves(run, trajs, fold_pools, filters: Mapping[str, Any], clean: 
                             op = None
                             if cal.scores and clean_b[k] is not None:
                                 try:
-                                    op = RecallKeep(r, seed=s.seed).fit(cal)
+                                    op = (RecallKeep(r, seed=s.seed) if conf is None else
+                                          ConfidentRecallKeep(r, conf, seed=s.seed)).fit(cal)
                                 except LatentSiftError:
                                     op = None
                             keep_all += op is None
@@ -269,12 +333,18 @@ def new_agent_curves(run, trajs, fold_pools, filters: Mapping[str, Any], clean: 
                                 calls.append(float(msk.sum()))
                                 if y.any():
                                     hits.append(bool((msk & (y == 1)).any()))
-                        rows.append({"mode": mode, "m": m, "m_used_min": min(used), "target": r,
+                        rows.append({"mode": mode, "confidence": conf, "m": m, "m_used_min": min(used), "target": r,
                                      "n_test_pools": len(calls),
                                      "realized_recall": float(np.mean(hits)) if hits else None,
                                      "verifier_calls": float(np.mean(calls)) if calls else None,
                                      "n_folds_keep_all": keep_all})
+            restored = {}
+            for mode, conf in (("alone", None), ("alone", NEW_AGENT_CONFIDENCE)):
+                for r in targets:
+                    ok = [x["m"] for x in rows if x["mode"] == mode and x["confidence"] == conf and x["target"] == r
+                          and x["n_folds_keep_all"] == 0]
+                    restored[f"{'expected' if conf is None else f'confidence {conf:g}'} R={r:g}"] = min(ok) if ok else None
             out["pairs"][f"{a} -> {b}"] = {"filter": name, "bank_agent": a, "new_agent": b,
                                            "n_new_agent_pools": sum(len(c.scores) for c in cal_b.values()),
-                                           "rows": rows}
+                                           "m_restored": restored, "rows": rows}
     return out

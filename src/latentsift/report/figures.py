@@ -306,7 +306,8 @@ def _fig_new_agent(data: dict, plt):
     fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6))
     for j, (pair, d) in enumerate(sorted(pairs.items())):
         for mode, ls in (("added", "-"), ("alone", "--")):
-            rows = [x for x in d["rows"] if x["mode"] == mode and x["target"] == r0 and x["realized_recall"] is not None]
+            rows = [x for x in d["rows"] if x["mode"] == mode and x["target"] == r0 and x["realized_recall"] is not None
+                    and x.get("confidence") is None]
             ms = [x["m"] for x in rows]
             axes[0].plot(ms, [100 * x["realized_recall"] for x in rows], ls, marker="o", ms=3, color=f"C{j % 10}",
                          label=f"{pair} ({mode})")
