@@ -16,10 +16,9 @@ from .._core.guard import check_output
 from .._core.io import output_lock
 from .._core.validation import LatentSiftError
 from .._jobs.filter import filter_options, run_filter
-from ..deploy.operating import (calibration_guard, calibration_pools_for_filter, target_recall_filter,
-                                target_recall_options)
+from .._jobs.operating import (calibration_guard, calibration_pools_for_filter, saved_operating_point,
+                               target_recall_filter, target_recall_options)
 from ..sift.rules import rules
-from .._jobs.operating import saved_operating_point
 from .._jobs.sifter import run_sifter_filter_chosen
 from ._options import Seed, StatesDir, csv_list
 

@@ -9,8 +9,7 @@ from rich.console import Console
 
 from .._core.guard import check_output
 from .._core.validation import LatentSiftError
-from ..deploy.operating import target_recall_options
-from .._jobs.operating import fit_operating_point_file
+from .._jobs.operating import fit_operating_point_file, target_recall_options
 from ..deploy.shift import FALSE_ALARM
 from .._jobs.sifter import fit_sifter
 from ._options import FirstInstances, ScorerEpochs, Seed, StatesDirs

@@ -6,12 +6,16 @@ from pathlib import Path
 
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
-from ..deploy.operating import calibration_pools_for_filter, check_calibration_disjoint_ids
+from ..deploy.operating import (calibration_guard, calibration_pools_for_filter, check_calibration_disjoint_ids,
+                                target_recall_filter, target_recall_options)
 from ..deploy.operating_file import OPERATING_POINT_JSON, load_operating_point, save_operating_point
 from ..sift.keep import RecallKeep
 from ..sift.keep_confident import ConfidentRecallKeep
 
-__all__ = ["fit_operating_point_file", "saved_operating_point"]
+# the command's steps, for ``_cli`` (which imports ``_jobs`` only): the options' checks, the calibration
+# pools, the rule filter's guard and the rule applied (``deploy.operating``)
+__all__ = ["calibration_guard", "calibration_pools_for_filter", "fit_operating_point_file", "saved_operating_point",
+           "target_recall_filter", "target_recall_options"]
 
 
 @blas_fixed
