@@ -12,14 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .._core.guard import check_output
-from .._core.io import output_lock
 from .._core.validation import LatentSiftError
-from .._jobs.filter import filter_options, run_filter
-from .._jobs.operating import (calibration_guard, calibration_pools_for_filter, saved_operating_point,
-                               target_recall_filter, target_recall_options)
-from ..sift.rules import rules
-from .._jobs.sifter import run_sifter_filter_chosen
+from .._jobs.filter import filter_to_file, keep_rules, method_names
 from ._options import Seed, StatesDir, csv_list
 
 
@@ -32,14 +26,14 @@ def _fmt(x) -> str:
 
 
 def filter_cmd(
-    ctx: typer.Context,
     pools: Path = typer.Argument(..., help="Canonical JSONL of the candidate pools."),
     states: StatesDir = None,
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
     out: Path = typer.Option(..., "--out", help="FILTER.json to write."),
-    method: str = typer.Option("latentsift", "--method", help="latentsift, or a rule filter (baseline): "
-                               + ", ".join(e.name for e in rules()) + "."),
+    method: str = typer.Option(method_names()[0], "--method", help="A registered filter: "
+                               + ", ".join(method_names()) + " (the first is the paper's; the others are "
+                               "rule filters, baselines, unless registered as state filters)."),
     channels: Optional[str] = typer.Option(None, "--channels", help="Channels, comma-separated: cot, obs, fn "
                                            "(default: all three)."),
     distance: Optional[str] = typer.Option(None, "--distance", help="two-sided (d_neg - d_pos, the default), pos "
@@ -91,6 +85,10 @@ def filter_cmd(
                                            "isotonic or platt."),
     calibration_epochs: int = typer.Option(40, "--calibration-epochs", help="Scorer epochs per half when the "
                                            "calibration pools are cross-fitted."),
+    keep_rule: str = typer.Option(keep_rules()[0], "--keep-rule", help="Which candidates Stage 1 keeps: a "
+                                  "registered keep rule, " + ", ".join(keep_rules()) + " (the first is the "
+                                  "paper's max(min_keep, floor(frac K)); with --calibration a rule is fitted on it; "
+                                  "the recall-targeted rule is --target-recall)."),
     bank_choice: str = typer.Option("all", "--bank-choice", help="With --sifter: all (the all-agent bank) or "
                                     "nearest (per pool, the sub-bank of 'fit --per-agent' nearest to its "
                                     "candidates' states; the choice and distances are in the JSON)."),
@@ -105,67 +103,22 @@ def filter_cmd(
     Length: its signature is one typer option per setting; the body parses and prints (``_pool_table``),
     the work is in ``latentsift._jobs.filter`` (``\\f`` keeps this paragraph out of ``--help``).
     """
-    resolved = filter_options(method=method, bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
-                              bank_choice=bank_choice, on_leak=on_leak, ray_address=ray, bank_shards=bank_shards,
-                              approx=approx, distance_only=distance_only, learned_only=learned_only,
-                              channels=channels, distance=distance, weighting=weighting, fusion_weight=fusion_weight)
     if show < 0:
         raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
-    inst = csv_list(instances) if instances else None
-    saved = saved_operating_point(operating_point=operating_point, target_recall=target_recall, confidence=confidence,
-                                  calibration=calibration, sifter_dir=sifter, pools=pools, instances=inst)
-    target = target_recall_options(target_recall=target_recall, calibration=calibration, bank_choice=bank_choice,
-                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs,
-                                   on_shift=on_shift, min_keep=min_keep, pools=pools, instances=inst,
-                                   confidence=confidence, saved=saved is not None, max_keep=max_keep, cost=cost)
-    target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
-    if saved is not None:
-        target_recall, min_keep = saved[0].target_recall, saved[0].min_keep
-    check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states, operating_point])
-    ctx.with_resource(output_lock(out))  # held until the command ends: a second filter to this --out is refused
     console = Console(width=None if sys.stdout.isatty() else 160)
-    if saved is not None:
-        console.print(f"operating point {saved[1]['path']} (fitted on {saved[0].n_calibration_pools_} calibration "
-                      "pools with a resolved candidate): applied without refitting.")
-    elif target_recall is not None:  # before any work: what the bound needs and what the calibration file has
-        console.print(f"--target-recall {target_recall:g}"
-                      + ("" if target["confidence"] is None else f" --confidence {target['confidence']:g}")
-                      + f" needs at least {target['needed']} calibration pools holding a resolved candidate; "
-                      f"{calibration} has {target['have']}.")
-    settings: dict = {"min_keep": min_keep, "frac": frac, "seed": seed}
-    if method == "latentsift" and sifter is None:
-        settings |= resolved["latentsift"]
-    cal = None
-    if target_recall is not None and saved is None:  # first: its states are checked (and refused) before the pools are scored
-        with Console(stderr=True).status("calibrating ..."):
-            cal = calibration_pools_for_filter(calibration, calibration_states or states, method=method,
-                                               bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
-                                               settings={k: v for k, v in settings.items() if k != "n_evidence"},
-                                               scorer_epochs=calibration_epochs, states_dir=states)
-    if sifter is not None:
-        settings["n_evidence"] = evidence
-        with Console(stderr=True).status("scoring ..."):
-            run, warnings = run_sifter_filter_chosen(pools, states, sifter, bank_choice=bank_choice,
-                                                     on_shift=on_shift, on_leak=resolved["on_leak"],
-                                                     instances=inst, **settings)
-        settings["channels"] = tuple(run.settings["channels"])
-    else:
-        if method == "latentsift":
-            settings["n_evidence"] = evidence
-        with Console(stderr=True).status("scoring ..."):
-            run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
-                             ray_address=ray, bank_shards=bank_shards, approx=approx,
-                             on_shift=on_shift if method == "latentsift" else None, on_leak=resolved["on_leak"],
-                             **settings)
-        warnings = list(run.extra.get("shift", {}).get("warnings", []))
-    if cal is not None and method != "latentsift":  # a rule has no bank: the guard compares with the calibration pools
-        calibration_guard(run, pools, states, cal, on_shift, inst)
-        warnings = list(run.extra.get("shift", {}).get("warnings", []))
-    if target_recall is not None:
-        op = target_recall_filter(run, target_recall, cal, method=calibration_method, min_keep=min_keep,
-                                  on_shift=on_shift, confidence=target["confidence"], saved=saved,
-                                  max_keep=target["max_keep"])
-    run.save(out)
+    done = filter_to_file(pools, out, states=states, bank=bank, scorer=scorer, sifter=sifter, method=method,
+                          bank_choice=bank_choice, on_shift=on_shift, on_leak=on_leak, ray=ray, bank_shards=bank_shards,
+                          approx=approx, distance_only=distance_only, learned_only=learned_only, channels=channels,
+                          distance=distance, weighting=weighting, fusion_weight=fusion_weight, min_keep=min_keep,
+                          frac=frac, seed=seed, evidence=evidence,
+                          instances=csv_list(instances) if instances else None, target_recall=target_recall,
+                          calibration=calibration, calibration_states=calibration_states,
+                          calibration_method=calibration_method, calibration_epochs=calibration_epochs,
+                          keep_rule=keep_rule, confidence=confidence, operating_point=operating_point,
+                          max_keep=max_keep, cost=cost, log=console.print,
+                          status=lambda m: Console(stderr=True).status(m))
+    run, warnings, settings, op = done.run, done.warnings, done.settings, done.operating_point
+    on_shift, target_recall = done.on_shift, done.target_recall
     for res in run.pools[:show]:
         console.print(_pool_table(res, settings))
     if 0 < show < len(run.pools):
@@ -189,6 +142,9 @@ def filter_cmd(
                       f"({op['calibration_pools']['how'].split(':')[0]}); "
                       f"{sum(not p['guaranteed'] for p in op['pools'])} pools without the guarantee"
                       + "".join(f"; {n} {w}" for w, n in _reasons(op['pools']).items()) + ".")
+    if done.keep_rule is not None:
+        console.print(f"keep rule {done.keep_rule['rule']}"
+                      + (" (fitted on the calibration pools)" if done.keep_rule["calibration_pools"] else ""))
     console.print(f"{run.method}: {sum(p.n_keep for p in run.pools)} of "
                   f"{sum(len(p.candidates) for p in run.pools)} candidates retained over {len(run.pools)} pools. "
                   f"Written to {out}.")

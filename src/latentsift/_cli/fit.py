@@ -7,11 +7,8 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .._core.guard import check_output
-from .._core.validation import LatentSiftError
-from .._jobs.operating import fit_operating_point_file, target_recall_options
-from ..deploy.shift import FALSE_ALARM
-from .._jobs.sifter import fit_sifter
+from .._jobs.operating import fit_sifter_with_operating_point
+from .._jobs.sifter import FALSE_ALARM
 from ._options import FirstInstances, ScorerEpochs, Seed, StatesDirs
 
 
@@ -46,19 +43,12 @@ def fit_cmd(
                                            "calibration pools are in the sifter's bank (cross-fitted)."),
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
-    check_output(out, [pools, states, calibration, calibration_states], kind="sifter", replaces=True)
-    target = target_recall_options(target_recall=target_recall, calibration=calibration, confidence=confidence,
-                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs)
-    if target_recall is not None and calibration_states is None and len(states) != 1:
-        raise LatentSiftError("fit --target-recall with several --states stores needs --calibration-states.")
     console = Console(stderr=True)
-    if target_recall is not None:
-        console.print(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
-                      + f" needs at least {target['needed']} calibration pools holding a resolved candidate; "
-                      f"{calibration} has {target['have']}.")
-    sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
-                        per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference,
-                        log=console.print)
+    sifter, rec = fit_sifter_with_operating_point(
+        pools, states, out, target_recall=target_recall, calibration=calibration,
+        calibration_states=calibration_states, confidence=confidence, calibration_method=calibration_method,
+        calibration_epochs=calibration_epochs, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
+        per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference, log=console.print)
     ev = sifter.config_["evidence"].get("paper-distance_within_pool_auc")
     seen = sifter.seen_
     console.print(f"[bold green]Sifter:[/] {out} ({seen['n_trajectories']} trajectories of {seen['n_instances']} "
@@ -69,13 +59,10 @@ def fit_cmd(
         console.print(f"  sub-bank {sub.name}: {sub.n_trajectories} trajectories {sub.label_counts}")
     for sk in sifter.library_skipped_:
         console.print(f"  [yellow]no sub-bank {sk['name']}: {sk['reason']}[/yellow]")
-    if target_recall is not None:
-        rec = fit_operating_point_file(out, calibration, calibration_states or states[0], target_recall,
-                                       confidence=confidence, method=calibration_method,
-                                       calibration_epochs=calibration_epochs)
+    if rec is not None:
         rule = rec["rule"]
-        console.print(f"[bold green]Operating point:[/] {out / 'operating_point.json'} (threshold "
-                      f"{rule['threshold']} ({rule['threshold_meaning']}), {rule['n_calibration_pools']} calibration "
-                      f"pools with a resolved candidate, {rec['calibration_pools']['how'].split(':')[0]}"
+        console.print(f"[bold green]Operating point:[/] {out / 'operating_point.json'} (threshold {rule['threshold']} "
+                      f"({rule['threshold_meaning']}), {rule['n_calibration_pools']} calibration pools with a resolved "
+                      f"candidate, {rec['calibration_pools']['how'].split(':')[0]}"
                       + (f"; not guaranteed: {'; '.join(rec['not_guaranteed'])}" if rec["not_guaranteed"] else "")
                       + ")")

@@ -125,11 +125,12 @@ def registry_names(kind: str, *, plugins: bool = True) -> tuple[str, ...]:
     return tuple(e.name for e in registry_entries(kind, plugins=plugins))
 
 
-def registry_find(kind: str, name: str) -> Entry | None:
-    """The entry of ``name`` in ``kind``, or None (plugins are loaded on a miss)."""
+def registry_find(kind: str, name: str, *, plugins: bool = True) -> Entry | None:
+    """The entry of ``name`` in ``kind``, or None (plugins are loaded on a miss unless ``plugins`` is False:
+    a registration's own checks, which run while modules are being imported)."""
     _check_kind(kind, "registry_find")
     e = _REGISTRY[kind].get(name)
-    if e is None:
+    if e is None and plugins:
         load_plugins()
         e = _REGISTRY[kind].get(name)
     return e

@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from .._core.outputs import check_output
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, select_by_repo
+from ..bank.knn import knn_backends
 from ..states.store import StateStore
 from ..trajectories.trajectory import load_jsonl
 
-__all__ = ["build_bank"]
+__all__ = ["build_bank", "build_bank_to_file", "knn_backends"]
 
 
 @blas_fixed
@@ -45,4 +47,17 @@ def build_bank(states_dir: str | Path, pools: str | Path, *, repos: Sequence[str
                     "repos": list(repos) if repos is not None else None,
                     "exclude_repos": list(exclude_repos) if exclude_repos is not None else None,
                     "store_settings": store.settings}
+    return bank
+
+
+def build_bank_to_file(states_dir: str | Path, pools: str | Path, out: str | Path, *,
+                       repos: Sequence[str] | None = None, exclude_repos: Sequence[str] | None = None,
+                       **params) -> Bank:
+    """``latentsift bank build``: ``build_bank`` saved to ``out`` (refused before any work when it would
+    touch an input; ``repos`` and ``exclude_repos`` exclude each other)."""
+    if repos is not None and exclude_repos is not None:
+        raise LatentSiftError("Pass either --repos or --exclude-repos, not both.")
+    check_output(out, [states_dir, pools], kind="bank")
+    bank = build_bank(states_dir, pools, repos=repos, exclude_repos=exclude_repos, **params)
+    bank.save(out)
     return bank

@@ -6,16 +6,36 @@ from pathlib import Path
 
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
-from ..deploy.operating import (calibration_guard, calibration_pools_for_filter, check_calibration_disjoint_ids,
-                                target_recall_filter, target_recall_options)
+from ..deploy.operating import calibration_pools_for_filter, check_calibration_disjoint_ids, target_recall_options
 from ..deploy.operating_file import OPERATING_POINT_JSON, load_operating_point, save_operating_point
 from ..sift.keep import RecallKeep
 from ..sift.keep_confident import ConfidentRecallKeep
+from .sifter import fit_sifter
 
-# the command's steps, for ``_cli`` (which imports ``_jobs`` only): the options' checks, the calibration
-# pools, the rule filter's guard and the rule applied (``deploy.operating``)
-__all__ = ["calibration_guard", "calibration_pools_for_filter", "fit_operating_point_file", "saved_operating_point",
-           "target_recall_filter", "target_recall_options"]
+__all__ = ["fit_operating_point_file", "fit_sifter_with_operating_point", "saved_operating_point"]
+
+
+def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, calibration=None,
+                                    calibration_states=None, confidence=None, calibration_method: str = "isotonic",
+                                    calibration_epochs: int = 40, log=print, **fit_kw) -> tuple:
+    """``latentsift fit`` [``--target-recall R --calibration CAL``]: the options checked before any work (what
+    the bound needs logged), the sifter fitted and saved (``sifter.fit_sifter``), then, with a target, its
+    operating point (``fit_operating_point_file``). Returns (sifter, the operating point's record or None)."""
+    target = target_recall_options(target_recall=target_recall, calibration=calibration, confidence=confidence,
+                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs)
+    several = not isinstance(states, (str, Path)) and len(list(states)) != 1
+    if target_recall is not None and calibration_states is None and several:
+        raise LatentSiftError("fit --target-recall with several --states stores needs --calibration-states.")
+    if target_recall is not None:
+        log(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
+            + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {calibration} "
+            f"has {target['have']}.")
+    sifter = fit_sifter(pools, states, out, log=log, **fit_kw)
+    if target_recall is None:
+        return sifter, None
+    cal_states = calibration_states or (states if isinstance(states, (str, Path)) else list(states)[0])
+    return sifter, fit_operating_point_file(out, calibration, cal_states, target_recall, confidence=confidence,
+                                            method=calibration_method, calibration_epochs=calibration_epochs)
 
 
 @blas_fixed

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from .._core.guard import check_output
+from .._core.outputs import check_output
 from .._core.validation import LatentSiftError
 from ..cascade.backends import open_verifier_backend, verifier_backends
 from ..cascade.verifier import EFVerifier, save_results

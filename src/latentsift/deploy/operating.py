@@ -17,11 +17,11 @@ import numpy as np
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..bank.bank import Bank, inner_folds
 from ..sift.calibration import calibration_methods
-from ..sift.keep import (CalibrationPools, RecallKeep, check_calibration_size, check_target_recall,
-                         min_calibration_pools, top_mask)
+from ..sift.keep import (CalibrationPools, FixedKeep, RecallKeep, apply_keep, check_calibration_size,
+                         check_target_recall, keep_rule, keep_rules, min_calibration_pools, top_mask)
 from ..sift.keep_confident import ConfidentRecallKeep, check_confidence, min_confident_pools
 from ..sift.scorer import LinearScorer
-from ..sift.rules import make_baseline
+from ..sift.rules import filter_entry, make_baseline
 from ..sift.sift import LatentSift, load_selected_pools
 from .sifter import Sifter
 from ..states.store import StateStore, check_recorded_settings
@@ -101,7 +101,7 @@ def apply_operating_point(results: list, op: RecallKeep, *, shifted: Sequence[st
 CALIBRATION_MODES = ("split", "cross-fitted")
 
 
-def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latentsift", bank_dir=None, scorer_dir=None,
+def calibration_pools_for_filter(cal_path, cal_states, *, method: str = LatentSift.name, bank_dir=None, scorer_dir=None,
                                  sifter_dir=None, settings: dict | None = None, scorer_epochs: int = 40,
                                  instances=None, states_dir=None) -> CalibrationPools:
     """Labelled calibration pools scored as new pools by the filter that ``filter`` runs.
@@ -127,7 +127,8 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latents
              "states": None if store is None else str(Path(cal_states).resolve()),
              "states_settings": None if store is None else store.settings,
              "states_fingerprint": None if store is None else store.fingerprint.to_dict()}
-    if method != "latentsift":
+    entry = filter_entry(method)
+    if entry.kind != "state":
         if store is not None and states_dir is not None and Path(states_dir).resolve() != Path(cal_states).resolve():
             check_recorded_settings(StateStore(states_dir).open().settings, store, f"The states {states_dir}")
         results = make_baseline(method, **settings).score_pools(pools, store)
@@ -154,7 +155,7 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latents
     extra |= {"n_in_bank": len(overlap),
               "n_in_scorer_training": None if trained_on is None else len(ids & trained_on)}
     if not overlap:
-        filt = LatentSift(bank, scorer, **params)
+        filt = entry.factory(bank, scorer, **params)
         return _from_results(filt.score_pools(pools, store.load([t.traj_id for t in trajs]),
                                               fingerprint=store.fingerprint), trajs,
                              "split: calibration pools disjoint from the bank, scored by the same bank and scorer", extra)
@@ -173,7 +174,7 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latents
             max_epochs=scorer_epochs, seed=params.get("seed", 0)).fit([states[i] for i in tids],
                                                                      [labels[i] for i in tids],
                                                                      fingerprint=store.fingerprint)
-        results += LatentSift(b, sc, **params).score_pools(f.eval_pools, states, fingerprint=store.fingerprint)
+        results += entry.factory(b, sc, **params).score_pools(f.eval_pools, states, fingerprint=store.fingerprint)
     return _from_results(results, trajs, f"cross-fitted: {len(overlap)} calibration pools are in the bank; each "
                                          "scored by a bank and scorer of the other half of the repositories", extra)
 
@@ -246,7 +247,7 @@ def _from_results(results, trajs, how: str, extra: dict) -> CalibrationPools:
 def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
                           calibration_method: str = "isotonic", calibration_epochs: int = 40, on_shift=None,
                           min_keep=None, pools=None, instances=None, confidence=None, saved: bool = False,
-                          max_keep=None, cost: str = "calls") -> dict:
+                          max_keep=None, cost: str = "calls", keep_rule: str = FixedKeep.name) -> dict:
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
 
     Returns ``{"target_recall", "on_shift", "min_keep", "confidence", "needed", "have"}``: without a
@@ -258,6 +259,10 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
     needed. ``max_keep``: a cap per pool (with a target only); ``cost``: "calls" ("tokens" is refused:
     no filter input holds the verifier's tokens per candidate).
     """
+    check_choice(keep_rule, "keep_rule", "filter (--keep-rule)", keep_rules())
+    if keep_rule != FixedKeep.name and (target_recall is not None or saved or keep_rule == RecallKeep.name):
+        raise LatentSiftError("--keep-rule names another retention than the paper's; the recall-targeted one is "
+                              "--target-recall R: pass one of them.")
     check_choice(cost, "cost", "filter (--cost)", COSTS)
     if cost == "tokens":
         raise LatentSiftError("--cost tokens needs each candidate's verifier token count, which no input of 'filter' "
@@ -274,9 +279,11 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
         return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": min_keep,
                 "confidence": confidence, "max_keep": max_keep}
     if target_recall is None:
-        if calibration is not None or confidence is not None:
-            raise LatentSiftError(f"{'--calibration' if calibration is not None else '--confidence'} is used with "
-                                  "--target-recall only; pass --target-recall R.")
+        if confidence is not None:
+            raise LatentSiftError("--confidence is used with --target-recall only; pass --target-recall R.")
+        if calibration is not None and keep_rule == FixedKeep.name:
+            raise LatentSiftError("--calibration is used with --target-recall only (or with a --keep-rule to fit "
+                                  "on it); pass --target-recall R.")
         return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": 3 if min_keep is None else min_keep,
                 "confidence": None, "max_keep": None}
     target_recall = check_target_recall(target_recall, "filter (--target-recall)")
@@ -313,6 +320,19 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
 def count_positive_pools(cal_path, instances=None) -> int:
     """Calibration pools holding a resolved candidate (read from the labels, before any scoring)."""
     return sum(any(c.label == 1 for c in p.candidates) for p in load_selected_pools(cal_path, instances))
+
+
+def keep_rule_filter(run, name: str, cal: CalibrationPools | None = None) -> dict:
+    """Apply the registered keep rule ``name`` (fitted on ``cal`` when given) to a ``FilterRun`` (in place)
+    and record it in its ``keep_rule`` section."""
+    rule = keep_rule(name)
+    if cal is not None:
+        rule.fit(cal)
+    apply_keep(run.pools, rule)
+    section = rule.to_dict() | {"calibration_pools": None if cal is None else
+                                {"how": cal.how, "n_pools": len(cal.scores), "n_with_resolved": cal.n_positive()}}
+    run.extra["keep_rule"] = section
+    return section
 
 
 def target_recall_filter(run, target: float | None, cal: CalibrationPools | None = None, *, method: str = "isotonic",

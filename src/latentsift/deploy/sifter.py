@@ -85,9 +85,9 @@ class Sifter(LatentSift):
         super().__init__(bank, scorer, **self._settings)
         agents = sorted({t.agent for t in trajs})
         scaffolds = sorted({scaffold_of(t) for t in trajs})
-        self.config_ = {"method": "latentsift", "settings": LatentSift.get_params(self),
+        self.config_ = {"method": LatentSift.name, "settings": LatentSift.get_params(self),
                         "scorer_epochs": self.scorer_epochs,
-                        "choice": {"chosen": "latentsift", "restricted": True,
+                        "choice": {"chosen": LatentSift.name, "restricted": True,
                                    "reason": "fit evaluates the paper's method only; the inner-CV choice among "
                                              "the stacked variants runs in 'crossval'/'reproduce' (see its "
                                              "report's default-choice lines before switching)"},

@@ -299,5 +299,16 @@ def keep_rule(name: str, **params: Any) -> KeepRule:
     return cls(**params)
 
 
+def apply_keep(results: Sequence[Any], rule: KeepRule) -> None:
+    """Apply a fitted keep ``rule`` to scored pools (``sift.PoolResult``, changed in place: each candidate's
+    ``retained`` and the pool's ``n_keep``)."""
+    for res in results:
+        ids = [c.traj_id for c in res.candidates]
+        mask = rule.keep(np.array([c.s for c in res.candidates], dtype=np.float64), ids)
+        for c, m in zip(res.candidates, mask):
+            c.retained = bool(m)
+        res.n_keep = int(np.sum(mask))
+
+
 #: The paper's rule with its fixed settings (Stage 1 of the paper; a shared, stateless instance).
 PAPER_KEEP = FixedKeep()

@@ -29,30 +29,27 @@ Pieces (pipeline order):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .._core.registry import registry_add, registry_entries
 from .._core.validation import LatentSiftError, check_choice, param_error
 from .margin import channel_scores_grouped
 from .rank import normalized_ranks
 from .keep import PAPER_KEEP, KeepRule
 from .retain import order_by_score
 from ..bank.bank import Bank
-from .rules import RuleFilter, rules
+from .rules import RANDOM, RuleFilter, make_baseline
 from .sift import Evidence, LatentSift, Prepared, Stage1Filter, resolve_states
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNEL_ID, Pool, Trajectory
 
 SCHEDULES: dict[str, tuple] = {"steps": (2, 4, 8, 16), "tokens": (0.1, 0.25, 0.5, 0.75)}
 THRESHOLDS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
-STATE_POLICIES = ("latentsift", "latentsift:prefix-bank", "branch:distance", "branch:learned")
-LENGTH_POLICIES = ("longest-so-far", "most-steps-so-far")
-POLICIES = (*STATE_POLICIES, *LENGTH_POLICIES, "random")
-# the length policies are the Stage-1 length baselines applied to prefixes
-BASELINE_OF = {e.prune_policy: e.name for e in rules() if e.prune_policy}  # the registry says which rule
 TARGET_RETENTION = 0.9
 # the prefix bank (one bank and one search per checkpoint) is evaluated on these schedules only: on the
 # token schedule its prefixes are most of each trajectory, so it costs a full Stage-1 search per
@@ -291,6 +288,100 @@ class PrefixBankSift:
         return self._filters[key]
 
 
+# ---------------------------------------------------------------------------------- the policies
+class SiftPolicy:
+    """Prune policy: the paper's method (``branches`` of it) on prefixes, whole-trajectory bank (``PrefixSift``).
+
+    A policy is built per fold from ``(pools, states, fingerprint, tokens, bank_trajs=, bank=, scorer=,
+    seed=, cache=)``; ``prepare(kind, value, cut)`` gives the filter and its prefix preparations at one
+    checkpoint; ``schedules`` (None: every one) are those it is evaluated on; ``fallbacks`` the
+    checkpoints where it fell back to another bank.
+    """
+
+    schedules: tuple[str, ...] | None = None
+
+    def __init__(self, branches: str, pools, states, fingerprint, tokens, *, bank=None, scorer=None, seed: int = 0,
+                 cache=None, **_):
+        self.fallbacks: list[str] = []
+        self.filt = LatentSift(bank, scorer if branches != "distance" else None, branches=branches, seed=seed,
+                               n_evidence=0)
+        self._fast = PrefixSift(self.filt, pools, states, fingerprint=fingerprint, cache=cache)
+
+    def prepare(self, kind, value, cut) -> tuple[Stage1Filter, dict[str, Prepared]]:
+        return self.filt, self._fast.prepare(cut)
+
+
+class PrefixBankPolicy:
+    """Prune policy: the paper's method with a bank of prefixes (``PrefixBankSift``); where no prefix bank
+    is possible (e.g. one class only) the whole-trajectory bank (recorded in ``fallbacks``)."""
+
+    schedules = PREFIX_BANK_SCHEDULES
+
+    def __init__(self, pools, states, fingerprint, tokens, *, bank_trajs=(), bank=None, scorer=None, seed: int = 0,
+                 cache=None, **_):
+        self.pools, self.states, self.fp, self.fallbacks = pools, states, fingerprint, []
+        self._bank, self._scorer, self._seed, self._cache, self._whole = bank, scorer, seed, cache, None
+        self._pb = PrefixBankSift(bank_trajs, states, fingerprint, tokens, scorer, seed=seed, n_evidence=0)
+
+    def prepare(self, kind, value, cut) -> tuple[Stage1Filter, dict[str, Prepared]]:
+        try:
+            f = self._pb.filter_at(kind, value)
+        except LatentSiftError:  # no prefix bank possible here: whole-trajectory bank
+            self.fallbacks.append(f"{kind}={value}")
+            if self._whole is None:
+                self._whole = LatentSift(self._bank, self._scorer, seed=self._seed, n_evidence=0)
+                self._whole_fast = PrefixSift(self._whole, self.pools, self.states, fingerprint=self.fp,
+                                              cache=self._cache)
+            return self._whole, self._whole_fast.prepare(cut)
+        return f, prefix_prepare(f, self.pools, self.states, cut, fingerprint=self.fp)
+
+
+class RulePolicy:
+    """Prune policy: a rule filter (a Stage-1 baseline) on prefixes; the rule says which policy it is
+    (``register_filter(prune_policy=...)``)."""
+
+    schedules: tuple[str, ...] | None = None
+
+    def __init__(self, rule: str, pools, states, fingerprint, tokens, *, seed: int = 0, **_):
+        self.pools, self.states, self.tokens, self.fallbacks = pools, states, tokens, []
+        self.filt = make_baseline(rule, seed=seed)
+
+    def prepare(self, kind, value, cut) -> tuple[Stage1Filter, dict[str, Prepared]]:
+        return self.filt, prefix_prepare(self.filt, self.pools, self.states, cut, tokens=self.tokens)
+
+
+# the state policies (kind "prune_policy"); the rule filters add theirs through ``register_filter``
+registry_add("prune_policy", LatentSift.name, functools.partial(SiftPolicy, "both"), family="state")
+registry_add("prune_policy", f"{LatentSift.name}:prefix-bank", PrefixBankPolicy, family="state")
+registry_add("prune_policy", "branch:distance", functools.partial(SiftPolicy, "distance"), family="state")
+registry_add("prune_policy", "branch:learned", functools.partial(SiftPolicy, "learned"), family="state")
+
+
+def prune_policies(family: str | None = None, *, plugins: bool = True) -> tuple[str, ...]:
+    """The prune policies: the registered state policies, then the rule filters' (length rules, then random)."""
+    out = [(e.name, e.info["family"]) for e in registry_entries("prune_policy", plugins=plugins)]
+    rule = [(e.info["prune_policy"], "random" if e.info["key"] == RANDOM else "length")
+            for e in registry_entries("filter", plugins=plugins) if e.info.get("prune_policy")]
+    out += sorted(rule, key=lambda x: x[1] == "random")  # the length rules first (stable), random last
+    return tuple(n for n, f in out if family is None or f == family)
+
+
+def prune_policy(name: str, *args, **kw):
+    """The prune policy ``name`` built for one fold (``SiftPolicy`` / ``PrefixBankPolicy`` / ``RulePolicy``)."""
+    check_choice(name, "policy", "evaluate_pruning", prune_policies())
+    for e in registry_entries("prune_policy"):
+        if e.name == name:
+            return e.obj(*args, **kw)
+    rule = next(e.name for e in registry_entries("filter") if e.info.get("prune_policy") == name)
+    return RulePolicy(rule, *args, **kw)
+
+
+#: The package's own policies, in report order (state, length, random).
+POLICIES = prune_policies(plugins=False)
+STATE_POLICIES = prune_policies("state", plugins=False)
+LENGTH_POLICIES = prune_policies("length", plugins=False)
+
+
 # ---------------------------------------------------------------------------------- the stop rule
 def stop_decision(ids: Sequence[str], scores: Sequence[float], running: Sequence[bool], threshold: float, k: int,
                   *, seed: int = 0, keep_rule: KeepRule = PAPER_KEEP) -> list[str]:
@@ -383,7 +474,7 @@ class Pruner:
     running candidate has completed. At a checkpoint (schedule ``"steps"``) the filter scores the
     alive candidates' prefixes, ranked among them, and the stop rule answers which to stop.
     ``filter``: any Stage-1 filter (``LatentSift`` with its bank, or a baseline such as
-    ``make_baseline(BASELINE_OF["longest-so-far"])`` = stop the longest so far).
+    a rule filter such as shortest-in-tokens = stop the longest so far).
     """
 
     def __init__(self, filter: Stage1Filter, traj_ids: Sequence[str], *, threshold: float = 0.5,

@@ -87,10 +87,10 @@ def register_filter(name: str, *, key: str | None = None, label: str | None = No
     def register(cls):
         if not (isinstance(cls, type) and issubclass(cls, Stage1Filter)):
             raise LatentSiftError(f"register_filter({name!r}) decorates a Stage1Filter subclass. Got {cls!r} instead.")
-        old = registry_find("filter", name)
+        old = registry_find("filter", name, plugins=False)
         if old is not None and old.obj.__qualname__ != cls.__qualname__:
             raise LatentSiftError(f"register_filter: the name {name!r} is taken by {old.obj.__qualname__}.")
-        taken = {e.key: e.name for e in filters() if e.name != name}
+        taken = {e.info["key"]: e.name for e in registry_entries("filter", plugins=False) if e.name != name}
         if key in taken:
             raise LatentSiftError(f"register_filter: the key {key!r} is taken by the filter {taken[key]!r}.")
         cls.name = name
@@ -103,7 +103,7 @@ def register_filter(name: str, *, key: str | None = None, label: str | None = No
 
 def unregister_filter(name: str) -> None:
     """Remove a registered filter (a plugin's, e.g. at the end of a test); built-ins stay."""
-    e = registry_find("filter", name)
+    e = registry_find("filter", name, plugins=False)
     if e is None:
         raise LatentSiftError(f"unregister_filter: no filter {name!r} is registered.")
     if str(e.obj.__module__).startswith(__name__.rsplit(".", 1)[0] + "."):
@@ -162,7 +162,7 @@ def make_baseline(name: str, **kw) -> "RuleFilter":
     return e.factory(**kw)
 
 
-register_filter("latentsift", kind="state", label="LatentSift (paper)")(LatentSift)
+register_filter(LatentSift.name, kind="state", label="LatentSift (paper)")(LatentSift)
 
 
 class RuleFilter(Stage1Filter):
@@ -255,6 +255,6 @@ class FewestStepsFilter(RuleFilter):
 
 
 #: The key of the rule every paired comparison is made against (keep the shortest in characters).
-REFERENCE = registry_find("filter", ShortestCharsFilter.name).info["key"]
+REFERENCE = registry_find("filter", ShortestCharsFilter.name, plugins=False).info["key"]
 #: The key of the random rule (the chance-level comparison).
-RANDOM = registry_find("filter", RandomFilter.name).info["key"]
+RANDOM = registry_find("filter", RandomFilter.name, plugins=False).info["key"]

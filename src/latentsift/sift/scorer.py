@@ -52,7 +52,6 @@ from .._core.threads import fixed_threads, one_thread_workers
 from ..bank.bank import Bank, as_fingerprint
 from ..states.model import Fingerprint
 from ..states.states import TrajectoryStates
-from ..states.store import StateStore, check_recorded_settings
 
 SCORER_FORMAT = "latentsift-scorer"
 SCORER_VERSION = 1
@@ -547,27 +546,3 @@ def _check_fit_inputs(states, labels,
         if fingerprint.d_model != d:
             raise LatentSiftError(f"The states have d_model={d} but the fingerprint says {fingerprint.d_model}.")
     return states, lab, fingerprint
-
-
-def train_scorer(bank_dir: str | Path, *, states_dir: str | Path | None = None,
-                 scorer: LinearScorer | None = None,
-                 callback: Callable[[dict], None] | None = None) -> LinearScorer:
-    """``latentsift scorer train``: fit the head on the bank's trajectories and labels.
-
-    The states come from ``states_dir`` or, by default, the store the bank was built from
-    (recorded in its manifest); their fingerprint must be the bank's.
-    """
-    bank = Bank.load(bank_dir)
-    sdir = states_dir if states_dir is not None else bank.source_.get("states_dir")
-    if not sdir:
-        raise LatentSiftError(f"The bank {bank_dir} does not record its states directory; pass --states.")
-    store = StateStore(sdir).open()
-    bank.check_fingerprint(store.fingerprint, f"states in {sdir}")
-    check_recorded_settings(bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
-    states = store.load(bank.traj_ids_, dtype="float16")
-    scorer = scorer if scorer is not None else LinearScorer()
-    scorer.fit([states[t] for t in bank.traj_ids_], bank.labels_, fingerprint=bank.fingerprint_, callback=callback)
-    scorer.source_ = {"bank_dir": str(Path(bank_dir).resolve()), "states_dir": str(Path(sdir).resolve()),
-                      "n_trajectories": len(bank.traj_ids_), "label_counts": bank.label_counts(),
-                      "store_settings": store.settings}  # 'filter' refuses states of other span settings
-    return scorer

@@ -42,7 +42,7 @@ def register_importer(name: str, *, detect: Callable[[Any], bool], missing: tupl
                               f"'auto'. Got {name!r} instead.")
 
     def register(read):
-        old = registry_find("importer", name)
+        old = registry_find("importer", name, plugins=False)
         if old is not None and old.obj.__qualname__ != read.__qualname__:
             raise LatentSiftError(f"register_importer: the format {name!r} is taken by {old.obj.__module__}.")
         return registry_add("importer", name, read, detect=detect, accepts=accepts or detect, missing=missing,

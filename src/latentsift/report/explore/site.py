@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..._core.guard import SITE_MANIFEST
+from ..._core.outputs import SITE_MANIFEST
 from ..._core.io import atomic_write_json, read_json
 from ..._core.validation import LatentSiftError
 from ...cascade.cascade import stage1_retain

@@ -1,0 +1,48 @@
+"""``latentsift scorer train`` on files: fit the learned head (``latentsift.sift.scorer.LinearScorer``) on a
+bank's trajectories and labels, with the states the bank was built from, and save it."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from .._core.outputs import check_output
+from .._core.validation import LatentSiftError
+from ..bank.bank import Bank
+from ..sift.scorer import CURVE_PNG, LinearScorer
+from ..states.store import StateStore, check_recorded_settings
+
+__all__ = ["CURVE_PNG", "LinearScorer", "train_scorer", "train_scorer_to_file"]
+
+
+def train_scorer(bank_dir: str | Path, *, states_dir: str | Path | None = None,
+                 scorer: LinearScorer | None = None,
+                 callback: Callable[[dict], None] | None = None) -> LinearScorer:
+    """``latentsift scorer train``: fit the head on the bank's trajectories and labels.
+
+    The states come from ``states_dir`` or, by default, the store the bank was built from
+    (recorded in its manifest); their fingerprint must be the bank's.
+    """
+    bank = Bank.load(bank_dir)
+    sdir = states_dir if states_dir is not None else bank.source_.get("states_dir")
+    if not sdir:
+        raise LatentSiftError(f"The bank {bank_dir} does not record its states directory; pass --states.")
+    store = StateStore(sdir).open()
+    bank.check_fingerprint(store.fingerprint, f"states in {sdir}")
+    check_recorded_settings(bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
+    states = store.load(bank.traj_ids_, dtype="float16")
+    scorer = scorer if scorer is not None else LinearScorer()
+    scorer.fit([states[t] for t in bank.traj_ids_], bank.labels_, fingerprint=bank.fingerprint_, callback=callback)
+    scorer.source_ = {"bank_dir": str(Path(bank_dir).resolve()), "states_dir": str(Path(sdir).resolve()),
+                      "n_trajectories": len(bank.traj_ids_), "label_counts": bank.label_counts(),
+                      "store_settings": store.settings}  # 'filter' refuses states of other span settings
+    return scorer
+
+
+def train_scorer_to_file(bank_dir: str | Path, out: str | Path, *, states_dir: str | Path | None = None,
+                         callback: Callable[[dict], None] | None = None, **params) -> LinearScorer:
+    """``latentsift scorer train``: ``train_scorer`` with a ``LinearScorer(**params)``, saved to ``out``
+    (refused before any work when it would touch an input)."""
+    check_output(out, [bank_dir, states_dir], kind="scorer", replaces=True)
+    scorer = train_scorer(bank_dir, states_dir=states_dir, scorer=LinearScorer(**params), callback=callback)
+    scorer.save(out)
+    return scorer
