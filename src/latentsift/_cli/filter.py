@@ -69,6 +69,17 @@ def filter_cmd(
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Labelled pools JSONL for --target-recall: "
                                                "pools the bank has not seen (scored by it), or the bank's own pools "
                                                "(cross-fitted over two repository halves)."),
+    operating_point: Optional[Path] = typer.Option(None, "--operating-point", help="A saved operating point "
+                                                   "(SIFTER_DIR/operating_point.json from 'fit --target-recall'): "
+                                                   "apply it with --sifter without refitting. --sifter with "
+                                                   "--target-recall and no --calibration uses the sifter's own."),
+    max_keep: Optional[int] = typer.Option(None, "--max-keep", help="With a target recall: keep at most B per pool "
+                                           "(the best of those the rule keeps; a capped pool is not guaranteed)."),
+    cost: str = typer.Option("calls", "--cost", help="What the rule saves: calls (candidates kept). tokens is "
+                             "refused: no filter input holds the verifier's tokens per candidate."),
+    confidence: Optional[float] = typer.Option(None, "--confidence", help="With --target-recall: the high-probability "
+                                              "mode, P(pool recall >= R) >= this (1 - delta; Learn then Test), instead "
+                                              "of expected pool recall >= R. Needs more calibration pools (printed)."),
     calibration_states: Optional[Path] = typer.Option(None, "--calibration-states", help="States of the calibration "
                                                       "candidates (default: --states)."),
     calibration_method: str = typer.Option("isotonic", "--calibration-method", help="Score -> P(resolved) map: "
@@ -104,7 +115,9 @@ def filter_cmd(
                           instances=csv_list(instances) if instances else None, target_recall=target_recall,
                           calibration=calibration, calibration_states=calibration_states,
                           calibration_method=calibration_method, calibration_epochs=calibration_epochs,
-                          keep_rule=keep_rule, status=lambda m: Console(stderr=True).status(m))
+                          keep_rule=keep_rule, confidence=confidence, operating_point=operating_point,
+                          max_keep=max_keep, cost=cost, log=console.print,
+                          status=lambda m: Console(stderr=True).status(m))
     run, warnings, settings, op = done.run, done.warnings, done.settings, done.operating_point
     on_shift, target_recall = done.on_shift, done.target_recall
     for res in run.pools[:show]:
@@ -128,13 +141,23 @@ def filter_cmd(
                       f"({op['threshold_meaning']}; P(resolved) there {_fmt(op['p_threshold'])}), chosen on "
                       f"{op['n_calibration_pools']} calibration pools with a resolved candidate "
                       f"({op['calibration_pools']['how'].split(':')[0]}); "
-                      f"{sum(not p['guaranteed'] for p in op['pools'])} pools without the guarantee.")
+                      f"{sum(not p['guaranteed'] for p in op['pools'])} pools without the guarantee"
+                      + "".join(f"; {n} {w}" for w, n in _reasons(op['pools']).items()) + ".")
     if done.keep_rule is not None:
         console.print(f"keep rule {done.keep_rule['rule']}"
                       + (" (fitted on the calibration pools)" if done.keep_rule["calibration_pools"] else ""))
     console.print(f"{run.method}: {sum(p.n_keep for p in run.pools)} of "
                   f"{sum(len(p.candidates) for p in run.pools)} candidates retained over {len(run.pools)} pools. "
                   f"Written to {out}.")
+
+
+def _reasons(rows) -> dict[str, int]:
+    """Why pools lack the guarantee: condition -> number of pools."""
+    out: dict[str, int] = {}
+    for r in rows:
+        for w in r["not_guaranteed"]:
+            out[w] = out.get(w, 0) + 1
+    return out
 
 
 def _pool_table(res, settings: dict) -> Table:

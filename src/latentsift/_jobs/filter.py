@@ -20,12 +20,13 @@ from ..scale.approx import approx_bank  # ray and faiss themselves load only whe
 from ..scale.bank import shard_bank
 from ..scale.cluster import require_ray
 from ..sift.scorer import LinearScorer
-from ..deploy.operating import (calibration_pools_for_filter, keep_rule_filter, target_recall_filter,
-                                target_recall_options)
+from ..deploy.operating import (calibration_guard, calibration_pools_for_filter, keep_rule_filter,
+                                target_recall_filter, target_recall_options)
 from ..deploy.shift import ON_SHIFT, Reference, guard
 from ..sift.keep import FixedKeep, keep_rules
 from ..sift.sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
+from .operating import saved_operating_point
 from .sifter import run_sifter_filter_chosen
 
 __all__ = ["FilterOutcome", "filter_options", "filter_to_file", "keep_rules", "method_names", "run_filter"]
@@ -174,23 +175,53 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                    min_keep: int | None = None, frac: float = 0.5, seed: int = 0, evidence: int = 3,
                    instances: Sequence[str] | None = None, target_recall: float | None = None, calibration=None,
                    calibration_states=None, calibration_method: str = "isotonic", calibration_epochs: int = 40,
-                   keep_rule: str = FixedKeep.name,
+                   keep_rule: str = FixedKeep.name, confidence: float | None = None, operating_point=None,
+                   max_keep: int | None = None, cost: str = "calls", log: Callable[[str], None] = lambda m: None,
                    status: Callable[[str], ContextManager[Any]] = lambda m: contextlib.nullcontext()) -> FilterOutcome:
     """``latentsift filter``: every option checked before any work (one-line refusals), the output guarded
     and locked, the pools scored (``run_filter``, or ``run_sifter_filter_chosen`` with a sifter), the keep
     rule applied and FILTER.json written to ``out``. ``status(message)``: a context manager around each
-    long stage (the command line's spinner)."""
+    long stage (the command line's spinner); ``log(line)``: what the recall-targeted rule needs, before
+    any work. With a target recall: ``confidence`` (the high-probability mode), a saved operating point
+    (``operating_point``, or the sifter's own without ``calibration``: ``_jobs.operating``), ``max_keep``
+    and ``cost`` (``deploy.operating.target_recall_options``); the calibration pools are scored before the
+    pools to filter, so that their states are refused first; a rule filter's pools are checked against
+    the calibration pools (``calibration_guard``)."""
     resolved = filter_options(method=method, bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
                               bank_choice=bank_choice, on_leak=on_leak, ray_address=ray, bank_shards=bank_shards,
                               approx=approx, distance_only=distance_only, learned_only=learned_only,
                               channels=channels, distance=distance, weighting=weighting, fusion_weight=fusion_weight)
+    saved = saved_operating_point(operating_point=operating_point, target_recall=target_recall, confidence=confidence,
+                                  calibration=calibration, sifter_dir=sifter, pools=pools, instances=instances)
     target = target_recall_options(target_recall=target_recall, calibration=calibration, bank_choice=bank_choice,
                                    calibration_method=calibration_method, calibration_epochs=calibration_epochs,
-                                   on_shift=on_shift, min_keep=min_keep, keep_rule=keep_rule)
+                                   on_shift=on_shift, min_keep=min_keep, keep_rule=keep_rule, pools=pools,
+                                   instances=instances, confidence=confidence, saved=saved is not None,
+                                   max_keep=max_keep, cost=cost)
     target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
-    out = check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states], file="filter")
+    if saved is not None:
+        target_recall, min_keep = saved[0].target_recall, saved[0].min_keep
+    out = check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states, operating_point],
+                       file="filter")
+    if saved is not None:
+        log(f"operating point {saved[1]['path']} (fitted on {saved[0].n_calibration_pools_} calibration pools with a "
+            "resolved candidate): applied without refitting.")
+    elif target_recall is not None:  # before any work: what the bound needs and what the calibration file has
+        log(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
+            + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {calibration} "
+            f"has {target['have']}.")
     with output_lock(out):  # a second filter to this --out is refused while this one runs
         settings: dict = {"min_keep": min_keep, "frac": frac, "seed": seed}
+        stateful = sifter is not None or filter_entry(method).kind == "state"
+        if sifter is None and stateful:
+            settings |= resolved["sift_settings"]
+        cal = None
+        if (target_recall is not None and saved is None) or (keep_rule != FixedKeep.name and calibration is not None):
+            with status("calibrating ..."):  # first: its states are checked (and refused) before the pools are scored
+                cal = calibration_pools_for_filter(calibration, calibration_states or states, method=method,
+                                                   bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
+                                                   settings=dict(settings), scorer_epochs=calibration_epochs,
+                                                   states_dir=states)
         if sifter is not None:
             settings["n_evidence"] = evidence
             with status("scoring ..."):
@@ -199,24 +230,22 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                                                          instances=instances, **settings)
             settings["channels"] = tuple(run.settings["channels"])
         else:
-            stateful = filter_entry(method).kind == "state"
             if stateful:
-                settings |= resolved["sift_settings"] | {"n_evidence": evidence}
+                settings["n_evidence"] = evidence
             with status("scoring ..."):
                 run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=instances,
                                  ray_address=ray, bank_shards=bank_shards, approx=approx,
                                  on_shift=on_shift if stateful else None, on_leak=resolved["on_leak"], **settings)
             warnings = list(run.extra.get("shift", {}).get("warnings", []))
+        if cal is not None and target_recall is not None and not stateful:  # a rule has no bank: the guard
+            calibration_guard(run, pools, states, cal, on_shift, instances)     # compares with the calibration pools
+            warnings = list(run.extra.get("shift", {}).get("warnings", []))
         outcome = FilterOutcome(run, out, warnings, settings, on_shift, target_recall)
-        if target_recall is not None or (keep_rule != FixedKeep.name and calibration is not None):
-            with status("calibrating ..."):
-                cal = calibration_pools_for_filter(calibration, calibration_states or states, method=method,
-                                                   bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
-                                                   settings={k: v for k, v in settings.items() if k != "n_evidence"},
-                                                   scorer_epochs=calibration_epochs)
         if target_recall is not None:
             outcome.operating_point = target_recall_filter(run, target_recall, cal, method=calibration_method,
-                                                           min_keep=min_keep, on_shift=on_shift)
+                                                           min_keep=min_keep, on_shift=on_shift,
+                                                           confidence=target["confidence"], saved=saved,
+                                                           max_keep=target["max_keep"])
         elif keep_rule != FixedKeep.name:
             outcome.keep_rule = keep_rule_filter(run, keep_rule, cal if calibration is not None else None)
         run.save(out)

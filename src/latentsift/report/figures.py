@@ -271,6 +271,8 @@ def _fig_reliability(data: dict, plt):
     colors = filter_colors(data)
     for f in names:
         r, e = op["filters"][f]["reliability"], op["filters"][f]["ece"]
+        if e.get("mean") is None:  # no clean calibration set: no calibrated probability to draw
+            continue
         ax.plot(r["mean_p"], r["frac_resolved"], marker="o", ms=3, color=colors[f],
                 label=f"{filter_name(data, f)} (ECE {e['mean']:.3f})")
     ax.set_xlabel("calibrated P(resolved), bin mean")
@@ -317,7 +319,8 @@ def _fig_new_agent(data: dict, plt):
     colors = series_colors(sorted(pairs), {})
     for pair, d in sorted(pairs.items()):
         for mode, ls in (("added", "-"), ("alone", "--")):
-            rows = [x for x in d["rows"] if x["mode"] == mode and x["target"] == r0 and x["realized_recall"] is not None]
+            rows = [x for x in d["rows"] if x["mode"] == mode and x["target"] == r0 and x["realized_recall"] is not None
+                    and x.get("confidence") is None]
             ms = [x["m"] for x in rows]
             axes[0].plot(ms, [100 * x["realized_recall"] for x in rows], ls, marker="o", ms=3, color=colors[pair],
                          label=f"{pair} ({mode})")
