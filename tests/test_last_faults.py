@@ -363,3 +363,40 @@ def test_an_edited_explorer_file_list_is_one_line(canonical, tmp_path):
     before = digest(site)
     refused(cli("explore", f, "--pools", canonical, "--out", site), f"{site / SITE_MANIFEST}: field 'files'")
     assert digest(site) == before
+
+
+def test_a_saved_operating_point_is_read_through_the_manifest_schema(tmp_path):
+    """SIFTER/operating_point.json ('fit --target-recall R --calibration CAL') is read through the one
+    schema like every saved artefact: a field removed, a wrong type, an unknown field or a value the rule
+    refuses is one line naming the file and the field."""
+    import numpy as np
+    from latentsift._core.validation import LatentSiftError
+    from latentsift.deploy.operating_file import load_operating_point, save_operating_point
+    from latentsift.sift.keep import CalibrationPools, RecallKeep
+    rng = np.random.default_rng(0)
+    scores = [rng.standard_normal(4) for _ in range(40)]
+    labels = [(s >= np.sort(s)[-2]).astype(int) for s in scores]  # the best two of each pool resolved
+    cal_file, sifter = tmp_path / "cal.jsonl", tmp_path / "sifter"
+    cal_file.write_text("{}\n")
+    sifter.mkdir()
+    (sifter / "sifter.json").write_text("{}")
+    cal = CalibrationPools([f"p{i}" for i in range(40)], [[f"p{i}/c{j}" for j in range(4)] for i in range(40)],
+                           scores, labels, how="split", extra={"file": str(cal_file)})
+    rule = RecallKeep(0.9).fit(cal)
+    path = sifter / "operating_point.json"
+    save_operating_point(path, rule, cal, sifter_dir=sifter)
+    assert load_operating_point(path, sifter_dir=sifter)[0].threshold_ == rule.threshold_
+    good = json.loads(path.read_text())
+    for edit, words in ((lambda r: r["rule"].pop("n_lost_allowed"), "field 'rule.n_lost_allowed' is missing"),
+                        (lambda r: r["params"].update(min_keep="1"), "field 'params.min_keep'"),
+                        (lambda r: r["rule"]["calibration"].update(n=-1), "field 'rule.calibration.n'"),
+                        (lambda r: r["params"].update(target_recall=1.5), "field 'params'"),
+                        (lambda r: r.update(note="x"), "unknown field 'note'"),
+                        (lambda r: r["sifter"].pop("sifter_json_sha256"), "'sifter.sifter_json_sha256' is missing")):
+        rec = json.loads(json.dumps(good))
+        edit(rec)
+        path.write_text(json.dumps(rec))
+        with pytest.raises(LatentSiftError) as e:
+            load_operating_point(path)
+        msg = str(e.value)
+        assert msg.startswith(f"{path}: ") and words in msg and "\n" not in msg, msg

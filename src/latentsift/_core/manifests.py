@@ -10,8 +10,8 @@ the first problem into one line naming the file and the field, e.g.::
 ``read_artefact`` (``_core.io``) calls it for every artefact whose ``ArtefactKind`` names a schema:
 the state store (``StoreManifest``, and ``StoreIndex`` for its index), the bank (``BankManifest``), the
 scorer (``ScorerManifest``) and the sifter (``SifterManifest``, its bank library included); a run
-folder (``RunManifest``), score and verifier folders (``VerifierManifest``) and the explorer's file list
-(``SiteManifest``) are read through it too.
+folder (``RunManifest``), score and verifier folders (``VerifierManifest``), the explorer's file list
+(``SiteManifest``) and a saved operating point (``OperatingPointManifest``) are read through it too.
 
 Records that describe where an artefact came from (a bank's ``source``, a store's extraction
 ``settings``, a sifter's ``choice`` and ``evidence``) are kept as written: their known entries are
@@ -274,6 +274,53 @@ class SiteManifest(Record):
     """The explorer's list of the files it wrote into its folder (it deletes only those on a rerun)."""
 
     files: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------------- saved operating point
+class KeepParams(Closed):
+    """The recall-targeted keep rule's constructor settings (``RecallKeep``, ``ConfidentRecallKeep``)."""
+
+    target_recall: Finite
+    min_keep: Positive
+    calibration: str
+    seed: int
+    confidence: Finite | None = None
+
+
+class CalibrationFields(Closed):
+    method: str
+    x: list[float]
+    y: list[float]
+    n: Count
+    n_pos: Count
+
+
+class FittedKeep(Record):
+    """What the rule fitted (``RecallKeep.to_dict``): the load rebuilds the rule from these."""
+
+    threshold: Finite | None
+    threshold_meaning: str
+    p_threshold: Finite | None
+    n_calibration_pools: Count
+    n_lost_allowed: Count
+    calibration: CalibrationFields
+
+
+class OperatingPointSifter(Closed):
+    path: str
+    sifter_json_sha256: str
+
+
+class OperatingPointManifest(Artefact):
+    """``SIFTER/operating_point.json`` (``latentsift.deploy.operating_file``)."""
+
+    rule: FittedKeep
+    params: KeepParams
+    calibration_pools: Record
+    calibration_fingerprint: str
+    calibration_instances: list[str]
+    not_guaranteed: list[str]
+    sifter: OperatingPointSifter
 
 
 # ---------------------------------------------------------------------- the check

@@ -25,6 +25,7 @@ import math
 from pathlib import Path
 
 from .._core.io import atomic_write_json, read_json
+from .._core.manifests import OperatingPointManifest, check_manifest, manifest_values
 from .._core.validation import LatentSiftError
 from ..sift.calibration import CalibrationMap
 from ..sift.keep import CalibrationPools, RecallKeep
@@ -74,12 +75,15 @@ def load_operating_point(path, *, sifter_dir=None) -> tuple[RecallKeep, dict]:
     rec = read_json(path)
     if not isinstance(rec, dict) or rec.get("format") != FORMAT or rec.get("version") != VERSION:
         raise LatentSiftError(f"{path}: not a {FORMAT} v{VERSION} file.")
+    redo = "fit it again with 'latentsift fit --target-recall R --calibration CAL.jsonl'"
+    check_manifest(rec, OperatingPointManifest, path, redo)
     if sifter_dir is not None and rec["sifter"]["sifter_json_sha256"] != sifter_digest(sifter_dir):
         raise LatentSiftError(f"The operating point {str(path)!r} was fitted for another sifter "
                               f"({rec['sifter']['path']}) than {str(sifter_dir)!r}; refit it with 'latentsift fit "
                               "--target-recall R --calibration CAL.jsonl'.")
-    params, fitted = dict(rec["params"]), rec["rule"]
-    rule = (ConfidentRecallKeep if "confidence" in params else RecallKeep)(**params)
+    params, fitted = {k: v for k, v in rec["params"].items() if v is not None}, rec["rule"]
+    with manifest_values(path, "params", redo):  # a value the schema lets through but the rule refuses
+        rule = (ConfidentRecallKeep if "confidence" in params else RecallKeep)(**params)
     meaning = fitted["threshold_meaning"]
     rule.threshold_ = (fitted["threshold"] if fitted["threshold"] is not None else
                        -math.inf if meaning == "keep all" else math.inf)
