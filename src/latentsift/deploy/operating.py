@@ -15,7 +15,7 @@ import numpy as np
 
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..bank.bank import Bank, inner_folds
-from ..sift.calibration import calibration_methods
+from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
 from ..sift.keep import (CalibrationPools, FixedKeep, RecallKeep, apply_keep, check_calibration_size,
                          check_target_recall, keep_rule, keep_rules, top_mask)
 from ..sift.scorer import LinearScorer
@@ -139,7 +139,7 @@ def _from_results(results, trajs, how: str) -> CalibrationPools:
 
 
 def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
-                          calibration_method: str = "isotonic", calibration_epochs: int = 40, on_shift=None,
+                          calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40, on_shift=None,
                           min_keep=None, keep_rule: str = FixedKeep.name) -> dict:
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
 
@@ -190,7 +190,7 @@ def keep_rule_filter(run, name: str, cal: CalibrationPools | None = None) -> dic
     return section
 
 
-def target_recall_filter(run, target: float, cal: CalibrationPools, *, method: str = "isotonic", min_keep: int = 1,
+def target_recall_filter(run, target: float, cal: CalibrationPools, *, method: str = DEFAULT_CALIBRATION, min_keep: int = 1,
                          on_shift: str = "keep-all") -> dict:
     """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section."""
     op = RecallKeep(target, min_keep=min_keep, calibration=method, seed=run.settings.get("seed", 0)).fit(cal)
