@@ -61,7 +61,7 @@ def test_confident_rule_fits_through_the_keep_rule_interface():
         [22, 29, 59, 230]
     rng = np.random.default_rng(4)
     cal = synthetic_pools(rng, 120)
-    rule = keep_rule("target-recall-confident", target_recall=0.8, confidence=0.9).fit(cal)
+    rule = keep_rule("confident-recall", target_recall=0.8, confidence=0.9).fit(cal)
     assert isinstance(rule, ConfidentRecallKeep)
     u = [pool_miss_score(s, y, t, 1) for s, y, t in zip(cal.scores, cal.labels, cal.traj_ids)]
     assert rule.threshold_ == ltt_threshold([x for x in u if not np.isnan(x)], 0.2, 0.1)

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from .._jobs.evaluate import run_evaluate
-from .._jobs.verify import run_verify, verifier_backends
+from .._jobs.verify import DEFAULT_BACKEND, run_verify, verifier_backends
 from ._options import Draws, Dtype, Model, Seed, Threads
 from ._progress import StageProgress
 
@@ -63,7 +63,7 @@ def verify_cmd(
     trajectories: Path = typer.Option(..., "--trajectories", help="Canonical trajectories (.jsonl or .jsonl.gz)."),
     out: Path = typer.Option(..., "--out", help="Output folder (manifest.json + verdicts.jsonl)."),
     name: str = typer.Option("ef", "--name", help="Name of this verifier in the evaluation."),
-    backend: str = typer.Option("local", "--backend", help="local (a local model), openai (an "
+    backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help="local (a local model), openai (an "
                                 "OpenAI-compatible endpoint) or another registered verifier backend: "
                                 + ", ".join(verifier_backends()) + "."),
     model: Model = None,

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .._core.validation import LatentSiftError
-from .._jobs.filter import filter_to_file, keep_rules, method_names
+from .._jobs.filter import DEFAULT_CALIBRATION, calibration_methods, filter_to_file, keep_rules, method_names
 from ._options import Seed, StatesDir, csv_list
 
 
@@ -81,8 +81,9 @@ def filter_cmd(
                                               "of expected pool recall >= R. Needs more calibration pools (printed)."),
     calibration_states: Optional[Path] = typer.Option(None, "--calibration-states", help="States of the calibration "
                                                       "candidates (default: --states)."),
-    calibration_method: str = typer.Option("isotonic", "--calibration-method", help="Score -> P(resolved) map: "
-                                           "isotonic or platt."),
+    calibration_method: str = typer.Option(DEFAULT_CALIBRATION, "--calibration-method", help="Score -> "
+                                           "P(resolved) map, a registered calibration method: "
+                                           + " or ".join(calibration_methods()) + "."),
     calibration_epochs: int = typer.Option(40, "--calibration-epochs", help="Scorer epochs per half when the "
                                            "calibration pools are cross-fitted."),
     keep_rule: str = typer.Option(keep_rules()[0], "--keep-rule", help="Which candidates Stage 1 keeps: a "

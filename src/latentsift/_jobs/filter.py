@@ -5,7 +5,7 @@ under the output guard and lock (``filter_to_file``)."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
@@ -23,13 +23,15 @@ from ..sift.scorer import LinearScorer
 from ..deploy.operating import (calibration_guard, calibration_pools_for_filter, keep_rule_filter,
                                 target_recall_filter, target_recall_options)
 from ..deploy.shift import ON_SHIFT, Reference, guard
+from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
 from ..sift.keep import FixedKeep, keep_rules
 from ..sift.sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
 from .operating import saved_operating_point
 from .sifter import run_sifter_filter_chosen
 
-__all__ = ["FilterOutcome", "filter_options", "filter_to_file", "keep_rules", "method_names", "run_filter"]
+__all__ = ["DEFAULT_CALIBRATION", "FilterOutcome", "calibration_methods", "filter_options", "filter_to_file",
+           "keep_rules", "method_names", "run_filter"]
 
 
 def filter_options(*, method: str = LatentSift.name, bank_dir=None, scorer_dir=None, sifter_dir=None,
@@ -164,7 +166,6 @@ class FilterOutcome:
     target_recall: float | None = None
     operating_point: dict | None = None
     keep_rule: dict | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=None, method: str = LatentSift.name,
@@ -174,7 +175,7 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                    distance: str | None = None, weighting: str | None = None, fusion_weight: float | None = None,
                    min_keep: int | None = None, frac: float = 0.5, seed: int = 0, evidence: int = 3,
                    instances: Sequence[str] | None = None, target_recall: float | None = None, calibration=None,
-                   calibration_states=None, calibration_method: str = "isotonic", calibration_epochs: int = 40,
+                   calibration_states=None, calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40,
                    keep_rule: str = FixedKeep.name, confidence: float | None = None, operating_point=None,
                    max_keep: int | None = None, cost: str = "calls", log: Callable[[str], None] = lambda m: None,
                    status: Callable[[str], ContextManager[Any]] = lambda m: contextlib.nullcontext()) -> FilterOutcome:

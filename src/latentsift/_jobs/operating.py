@@ -8,6 +8,7 @@ from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
 from ..deploy.operating import calibration_pools_for_filter, check_calibration_disjoint_ids, target_recall_options
 from ..deploy.operating_file import OPERATING_POINT_JSON, load_operating_point, save_operating_point
+from ..sift.calibration import DEFAULT_CALIBRATION
 from ..sift.keep import RecallKeep
 from ..sift.keep_confident import ConfidentRecallKeep
 from .sifter import fit_sifter
@@ -16,7 +17,7 @@ __all__ = ["fit_operating_point_file", "fit_sifter_with_operating_point", "saved
 
 
 def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, calibration=None,
-                                    calibration_states=None, confidence=None, calibration_method: str = "isotonic",
+                                    calibration_states=None, confidence=None, calibration_method: str = DEFAULT_CALIBRATION,
                                     calibration_epochs: int = 40, log=print, **fit_kw) -> tuple:
     """``latentsift fit`` [``--target-recall R --calibration CAL``]: the options checked before any work (what
     the bound needs logged), the sifter fitted and saved (``sifter.fit_sifter``), then, with a target, its
@@ -40,7 +41,7 @@ def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, c
 
 @blas_fixed
 def fit_operating_point_file(sifter_dir, calibration, calibration_states, target_recall: float, *,
-                             confidence: float | None = None, method: str = "isotonic",
+                             confidence: float | None = None, method: str = DEFAULT_CALIBRATION,
                              calibration_epochs: int = 40) -> dict:
     """``fit --target-recall R --calibration CAL``: score the calibration pools with the saved sifter, fit
     the rule and write SIFTER_DIR/operating_point.json (``deploy.operating_file``); returns its record."""

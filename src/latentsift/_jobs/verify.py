@@ -7,14 +7,14 @@ from typing import Any, Callable
 
 from .._core.outputs import check_output
 from .._core.validation import LatentSiftError
-from ..cascade.backends import open_verifier_backend, verifier_backends
+from ..cascade.backends import DEFAULT_BACKEND, open_verifier_backend, verifier_backends
 from ..cascade.verifier import EFVerifier, save_results
 from ..trajectories.trajectory import load_jsonl
 
-__all__ = ["run_verify", "verifier_backends"]
+__all__ = ["DEFAULT_BACKEND", "run_verify", "verifier_backends"]
 
 
-def run_verify(trajectories: str | Path, out: str | Path, *, name: str = "ef", backend: str = "local",
+def run_verify(trajectories: str | Path, out: str | Path, *, name: str = "ef", backend: str = DEFAULT_BACKEND,
                ids: str | Path | None = None, cache: str | Path | None = None, max_prompt_tokens: int = 1024,
                progress: Callable[[int, int], None] | None = None, log: Callable[[str], None] | None = None,
                **options: Any) -> dict:

@@ -409,7 +409,9 @@ def _first_top_logprobs(payload: Any) -> list | None:
     return top if isinstance(top, list) and top else None
 
 
-registry_add("verifier_backend", "local", LocalVerifierBackend)
+#: The default verifier backend (``latentsift verify --backend``).
+DEFAULT_BACKEND = "local"
+registry_add("verifier_backend", DEFAULT_BACKEND, LocalVerifierBackend)
 registry_add("verifier_backend", "openai", OpenAIBackend)
 
 

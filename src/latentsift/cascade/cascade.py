@@ -5,8 +5,8 @@ candidate it selects, which candidates survived each stage, and what the run was
 
 1. **Stage 1** (filter): keep what the keep rule keeps (``latentsift.sift.keep``); by default the
    paper's ``FixedKeep``, the ``retain_count(K) = max(3, floor(K/2))`` highest Stage-1 scores (higher
-   score first, ties at the cut broken by a deterministic hash of ``(seed, traj_id)``). The filter is a LatentSift score, a length rule, a
-   random score, an EF verifier, or ``None`` (no filter: keep all K).
+   score first, ties at the cut broken by a deterministic hash of ``(seed, traj_id)``). The filter is
+   a LatentSift score, a length rule, a random score, an EF verifier, or ``None`` (no filter: keep all K).
 2. **Stage 2** (regression tests): keep the candidates with the maximum passed count.
 3. **Stage 3** (generated tests): keep the candidates with the maximum generated-test score. It
    is *skipped, and not charged*, when no candidate of the pool has a generated-test score.

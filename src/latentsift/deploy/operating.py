@@ -16,7 +16,7 @@ import numpy as np
 
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..bank.bank import Bank, inner_folds
-from ..sift.calibration import calibration_methods
+from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
 from ..sift.keep import (CalibrationPools, FixedKeep, RecallKeep, apply_keep, check_calibration_size,
                          check_target_recall, keep_rule, keep_rules, min_calibration_pools, top_mask)
 from ..sift.keep_confident import ConfidentRecallKeep, check_confidence, min_confident_pools
@@ -245,7 +245,7 @@ def _from_results(results, trajs, how: str, extra: dict) -> CalibrationPools:
 
 
 def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
-                          calibration_method: str = "isotonic", calibration_epochs: int = 40, on_shift=None,
+                          calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40, on_shift=None,
                           min_keep=None, pools=None, instances=None, confidence=None, saved: bool = False,
                           max_keep=None, cost: str = "calls", keep_rule: str = FixedKeep.name) -> dict:
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
@@ -260,9 +260,10 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
     no filter input holds the verifier's tokens per candidate).
     """
     check_choice(keep_rule, "keep_rule", "filter (--keep-rule)", keep_rules())
-    if keep_rule != FixedKeep.name and (target_recall is not None or saved or keep_rule == RecallKeep.name):
-        raise LatentSiftError("--keep-rule names another retention than the paper's; the recall-targeted one is "
-                              "--target-recall R: pass one of them.")
+    if keep_rule != FixedKeep.name and (target_recall is not None or saved or
+                                        keep_rule in (RecallKeep.name, ConfidentRecallKeep.name)):
+        raise LatentSiftError("--keep-rule names another retention than the paper's; the recall-targeted ones are "
+                              "--target-recall R [--confidence C]: pass one of them.")
     check_choice(cost, "cost", "filter (--cost)", COSTS)
     if cost == "tokens":
         raise LatentSiftError("--cost tokens needs each candidate's verifier token count, which no input of 'filter' "
@@ -335,7 +336,7 @@ def keep_rule_filter(run, name: str, cal: CalibrationPools | None = None) -> dic
     return section
 
 
-def target_recall_filter(run, target: float | None, cal: CalibrationPools | None = None, *, method: str = "isotonic",
+def target_recall_filter(run, target: float | None, cal: CalibrationPools | None = None, *, method: str = DEFAULT_CALIBRATION,
                          min_keep: int = 1, on_shift: str = "keep-all", confidence: float | None = None,
                          saved: tuple | None = None, max_keep: int | None = None) -> dict:
     """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section:

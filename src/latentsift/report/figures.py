@@ -21,6 +21,7 @@ import numpy as np
 from .._core.io import atomic_path
 from .colors import filter_colors
 from ..sift.keep import PAPER_KEEP
+from ..sift.prune import STATE_POLICIES
 
 FIGURES = ("score_distributions.png", "best_at_k_tokens.png", "best_vs_tokens.png", "token_savings.png")
 
@@ -230,8 +231,7 @@ def _fig_pruning(data: dict, plt):
             rs = sorted((r for r in pr["rows"] if r["schedule"] == kind and r["policy"] == pol
                          and not isinstance(r["threshold"], str)), key=lambda r: r["threshold"])
             line, = ax.plot([100 * r["gen_saved"]["mean"] for r in rs], [100 * r["retention"]["mean"] for r in rs],
-                            marker="o", ms=3, label=pol, ls="--" if pol in ("longest-so-far", "most-steps-so-far",
-                                                                            "random") else "-")
+                            marker="o", ms=3, label=pol, ls="-" if pol in STATE_POLICIES else "--")
             ib = [r for r in pr["rows"] if r["schedule"] == kind and r["policy"] == pol and r["threshold"] == "in-bank"]
             for r in ib:
                 ax.plot(100 * r["gen_saved"]["mean"], 100 * r["retention"]["mean"], marker="*", ms=10,

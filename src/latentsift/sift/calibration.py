@@ -70,7 +70,9 @@ class PlattCalibration:
         return 1.0 / (1.0 + np.exp(-z))
 
 
-registry_add("calibration", "isotonic", IsotonicCalibration)
+#: The default method: the first registered.
+DEFAULT_CALIBRATION = "isotonic"
+registry_add("calibration", DEFAULT_CALIBRATION, IsotonicCalibration)
 registry_add("calibration", "platt", PlattCalibration)
 
 
@@ -107,7 +109,7 @@ class CalibrationMap:
 
 
 @blas_fixed
-def fit_calibration(scores: Sequence[float], labels: Sequence[int], method: str = "isotonic") -> CalibrationMap:
+def fit_calibration(scores: Sequence[float], labels: Sequence[int], method: str = DEFAULT_CALIBRATION) -> CalibrationMap:
     """The calibration map of ``method`` fitted on candidates' ``scores`` and 0/1 ``labels``."""
     check_choice(method, "method", "fit_calibration", calibration_methods())
     impl = registry_lookup("calibration", method)

@@ -65,7 +65,7 @@ import numpy as np
 
 from .._core.registry import registry_add, registry_lookup, registry_names
 from .._core.validation import LatentSiftError, NotFittedError, check_choice, check_positive_int
-from .calibration import CalibrationMap, calibration_methods, fit_calibration
+from .calibration import DEFAULT_CALIBRATION, CalibrationMap, calibration_methods, fit_calibration
 from .retain import KEEP_FRAC, MIN_KEEP, check_retention, order_by_score, retain_count, select_retained
 
 GUARANTEE = ("conformal risk control (Angelopoulos et al., Conformal Risk Control, Theorem 1): "
@@ -233,7 +233,7 @@ class RecallKeep(KeepRule):
     name = "target-recall"
     guarantee = GUARANTEE
 
-    def __init__(self, target_recall: float = 0.9, min_keep: int = 1, calibration: str = "isotonic", seed: int = 0):
+    def __init__(self, target_recall: float = 0.9, min_keep: int = 1, calibration: str = DEFAULT_CALIBRATION, seed: int = 0):
         self.target_recall = check_target_recall(target_recall, "RecallKeep")
         self.min_keep = check_positive_int(min_keep, "min_keep", "RecallKeep")
         self.calibration = check_choice(calibration, "calibration", "RecallKeep", calibration_methods())

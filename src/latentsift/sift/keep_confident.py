@@ -39,7 +39,7 @@ import numpy as np
 from .._core.registry import registry_add
 from .._core.validation import LatentSiftError
 from .keep import CalibrationPools, RecallKeep, pool_miss_score
-from .calibration import fit_calibration
+from .calibration import DEFAULT_CALIBRATION, fit_calibration
 
 CONFIDENT_GUARANTEE = ("Learn then Test (Angelopoulos et al., 2021) with a binomial-tail p-value and fixed-sequence "
                        "testing: with probability >= 1 - delta over the draw of the calibration pools, the pool recall "
@@ -95,11 +95,11 @@ class ConfidentRecallKeep(RecallKeep):
     """Per pool the ``min_keep`` best and every candidate whose score reaches a threshold chosen so that
     P(pool recall >= ``target_recall``) >= ``confidence`` (module docstring); fitted like ``RecallKeep``."""
 
-    name = "target-recall-confident"
+    name = "confident-recall"
     guarantee = CONFIDENT_GUARANTEE
 
     def __init__(self, target_recall: float = 0.9, confidence: float = 0.9, min_keep: int = 1,
-                 calibration: str = "isotonic", seed: int = 0):
+                 calibration: str = DEFAULT_CALIBRATION, seed: int = 0):
         super().__init__(target_recall, min_keep=min_keep, calibration=calibration, seed=seed)
         self.confidence = check_confidence(confidence, "ConfidentRecallKeep")
 
@@ -131,4 +131,4 @@ class ConfidentRecallKeep(RecallKeep):
                                                                                       self.confidence)}
 
 
-registry_add("keep_rule", "target-recall-confident", ConfidentRecallKeep)
+registry_add("keep_rule", "confident-recall", ConfidentRecallKeep)
