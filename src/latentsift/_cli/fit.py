@@ -7,7 +7,8 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .._jobs.operating import DEFAULT_CALIBRATION, calibration_methods, fit_sifter_with_operating_point
+from .._jobs.filter import DEFAULT_CALIBRATION, calibration_methods
+from .._jobs.operating import fit_sifter_with_operating_point
 from .._jobs.sifter import FALSE_ALARM
 from ._options import FirstInstances, ScorerEpochs, Seed, StatesDirs
 
@@ -38,8 +39,9 @@ def fit_cmd(
                                                       "one --states store)."),
     confidence: Optional[float] = typer.Option(None, "--confidence", help="With --target-recall: the high-probability "
                                               "mode, P(pool recall >= R) >= this."),
-    calibration_method: str = typer.Option(DEFAULT_CALIBRATION, "--calibration-method",
-                                           help=" or ".join(calibration_methods()) + "."),
+    calibration_method: str = typer.Option(DEFAULT_CALIBRATION, "--calibration-method", help="Score -> P(resolved) "
+                                           "map, a registered calibration method: " + " or ".join(calibration_methods())
+                                           + "."),
     calibration_epochs: int = typer.Option(40, "--calibration-epochs", help="Scorer epochs per half when the "
                                            "calibration pools are in the sifter's bank (cross-fitted)."),
 ) -> None:

@@ -175,8 +175,7 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                    distance: str | None = None, weighting: str | None = None, fusion_weight: float | None = None,
                    min_keep: int | None = None, frac: float = 0.5, seed: int = 0, evidence: int = 3,
                    instances: Sequence[str] | None = None, target_recall: float | None = None, calibration=None,
-                   calibration_states=None, calibration_method: str = DEFAULT_CALIBRATION,
-                   calibration_epochs: int = 40,
+                   calibration_states=None, calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40,
                    keep_rule: str = FixedKeep.name, confidence: float | None = None, operating_point=None,
                    max_keep: int | None = None, cost: str = "calls", log: Callable[[str], None] = lambda m: None,
                    status: Callable[[str], ContextManager[Any]] = lambda m: contextlib.nullcontext()) -> FilterOutcome:

@@ -8,19 +8,17 @@ from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
 from ..deploy.operating import calibration_pools_for_filter, check_calibration_disjoint_ids, target_recall_options
 from ..deploy.operating_file import OPERATING_POINT_JSON, load_operating_point, save_operating_point
-from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
+from ..sift.calibration import DEFAULT_CALIBRATION
 from ..sift.keep import RecallKeep
 from ..sift.keep_confident import ConfidentRecallKeep
 from .sifter import fit_sifter
 
-__all__ = ["DEFAULT_CALIBRATION", "calibration_methods", "fit_operating_point_file",
-           "fit_sifter_with_operating_point", "saved_operating_point"]
+__all__ = ["fit_operating_point_file", "fit_sifter_with_operating_point", "saved_operating_point"]
 
 
 def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, calibration=None,
-                                    calibration_states=None, confidence=None,
-                                    calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40,
-                                    log=print, **fit_kw) -> tuple:
+                                    calibration_states=None, confidence=None, calibration_method: str = DEFAULT_CALIBRATION,
+                                    calibration_epochs: int = 40, log=print, **fit_kw) -> tuple:
     """``latentsift fit`` [``--target-recall R --calibration CAL``]: the options checked before any work (what
     the bound needs logged), the sifter fitted and saved (``sifter.fit_sifter``), then, with a target, its
     operating point (``fit_operating_point_file``). Returns (sifter, the operating point's record or None)."""

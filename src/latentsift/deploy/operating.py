@@ -260,9 +260,10 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
     no filter input holds the verifier's tokens per candidate).
     """
     check_choice(keep_rule, "keep_rule", "filter (--keep-rule)", keep_rules())
-    if keep_rule != FixedKeep.name and (target_recall is not None or saved or keep_rule == RecallKeep.name):
-        raise LatentSiftError("--keep-rule names another retention than the paper's; the recall-targeted one is "
-                              "--target-recall R: pass one of them.")
+    if keep_rule != FixedKeep.name and (target_recall is not None or saved or
+                                        keep_rule in (RecallKeep.name, ConfidentRecallKeep.name)):
+        raise LatentSiftError("--keep-rule names another retention than the paper's; the recall-targeted ones are "
+                              "--target-recall R [--confidence C]: pass one of them.")
     check_choice(cost, "cost", "filter (--cost)", COSTS)
     if cost == "tokens":
         raise LatentSiftError("--cost tokens needs each candidate's verifier token count, which no input of 'filter' "
@@ -335,8 +336,8 @@ def keep_rule_filter(run, name: str, cal: CalibrationPools | None = None) -> dic
     return section
 
 
-def target_recall_filter(run, target: float | None, cal: CalibrationPools | None = None, *,
-                         method: str = DEFAULT_CALIBRATION, min_keep: int = 1, on_shift: str = "keep-all", confidence: float | None = None,
+def target_recall_filter(run, target: float | None, cal: CalibrationPools | None = None, *, method: str = DEFAULT_CALIBRATION,
+                         min_keep: int = 1, on_shift: str = "keep-all", confidence: float | None = None,
                          saved: tuple | None = None, max_keep: int | None = None) -> dict:
     """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section:
     ``RecallKeep`` (expected pool recall >= R), or with ``confidence`` ``ConfidentRecallKeep``

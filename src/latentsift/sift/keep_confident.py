@@ -95,7 +95,7 @@ class ConfidentRecallKeep(RecallKeep):
     """Per pool the ``min_keep`` best and every candidate whose score reaches a threshold chosen so that
     P(pool recall >= ``target_recall``) >= ``confidence`` (module docstring); fitted like ``RecallKeep``."""
 
-    name = "target-recall-confident"
+    name = "confident-recall"
     guarantee = CONFIDENT_GUARANTEE
 
     def __init__(self, target_recall: float = 0.9, confidence: float = 0.9, min_keep: int = 1,
@@ -131,4 +131,4 @@ class ConfidentRecallKeep(RecallKeep):
                                                                                       self.confidence)}
 
 
-registry_add("keep_rule", "target-recall-confident", ConfidentRecallKeep)
+registry_add("keep_rule", "confident-recall", ConfidentRecallKeep)
