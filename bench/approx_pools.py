@@ -170,9 +170,11 @@ def main() -> None:
 def run_bench(a) -> None:
     import torch
 
-    from latentsift.scale.approx import KINDS, approx_bank
-    from latentsift.protocol.reproduce import open_run_dir
+    from latentsift.scale.approx import approx_bank, index_kinds
+    from latentsift._jobs.reproduce import open_run_dir
     from latentsift.sift.sift import LatentSift
+
+    KINDS = index_kinds()
 
     backends = [b for b in a.backends.split(",") if b]
     bad = sorted(set(backends) - set(KINDS))

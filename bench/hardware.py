@@ -104,7 +104,7 @@ def main() -> None:
     from latentsift.bank.knn import nearest_distances
     from latentsift.states.model import load_policy
     from latentsift.cascade.verifier import EFVerifier
-    from latentsift.cascade.backends import LocalBackend
+    from latentsift.cascade.backends import LocalVerifierBackend
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -150,7 +150,7 @@ def main() -> None:
 
     if "verifier" not in skip:
         pool = import_paths(DATA / "sweagent" / "cost_2_1.tar.gz").trajectories[:a.verifier_n]
-        backend = LocalBackend(policy=policy)
+        backend = LocalVerifierBackend(policy=policy)
         ver = EFVerifier(backend)
         ver.score_one(pool[0])  # warm-up (and the shared head's cache)
         head = len(backend._head[1]) if backend._head else 0

@@ -79,7 +79,7 @@ TINY_RUN = dict(max_instances=4, n_unresolved=1, n_folds=2, max_span_tokens=8, m
 def tiny_run(data_dir, tmp_path_factory, policy):
     """{"settings", "out", "report", "summary"}: the tiny reproduce run (at two threads: the model's
     forwards run two at a time, each at one thread) and its first summary.json text."""
-    from latentsift.protocol.reproduce import ReproduceSettings, reproduce
+    from latentsift._jobs.reproduce import ReproduceSettings, reproduce
 
     out = tmp_path_factory.mktemp("tiny") / "run"
     settings = dict(data=str(data_dir), out=str(out), **TINY_RUN)

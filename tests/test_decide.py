@@ -159,13 +159,15 @@ def test_tiny_report_opens_with_the_verdict(tiny_run):
     assert "## The comparisons that decide" in text and "## Single-agent pools" in text
 
 
-def test_filter_colours_are_one_map_headline_first():
-    from latentsift.report.colors import PALETTE, filter_colors
-    data = {"settings": {"headline": ["latentsift", "ef_verifier", "random"],
-                         "filters": ["ef_verifier", "latentsift", "channels:cot", "random", "shortest_chars"]}}
+def test_filter_colours_are_one_table_then_free_colours_in_order():
+    from latentsift.report.colors import FILTER_COLORS, FREE, filter_colors
+    data = {"settings": {"headline": ["ef_verifier", "latentsift", "random"],
+                         "filters": ["ef_verifier", "latentsift", "channels:cot", "random", "shortest_chars"]},
+            "operating_points": {"filters": {"transfer:a": {}}}}
     c = filter_colors(data)
-    assert list(c) == ["latentsift", "ef_verifier", "random", "channels:cot", "shortest_chars"]
-    assert c["latentsift"] == PALETTE[0] and c["ef_verifier"] == PALETTE[1] and len(set(c.values())) == 5
+    assert list(c) == ["ef_verifier", "latentsift", "random", "channels:cot", "shortest_chars", "transfer:a"]
+    assert all(c[f] == FILTER_COLORS[f] for f in ("latentsift", "ef_verifier", "random", "shortest_chars"))
+    assert c["channels:cot"] == FREE[0] and c["transfer:a"] == FREE[1] and len(set(c.values())) == 6
 
 
 def test_winner_line_names_the_best_score_and_the_comparison_that_limits_it():

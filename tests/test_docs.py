@@ -64,3 +64,16 @@ def test_every_link_between_the_docs_resolves():
             elif anchor and anchor[1:] not in _slugs(path):
                 broken.append(f"{doc.name}: {target}{anchor}")
     assert broken == []
+
+
+#: "issue 29", "Issue 29, fourth pass", "(issue NN)", "issues 12 and 14", "#29", "PR 7", "ticket 3".
+TICKET = re.compile(r"\b(?:issues?|tickets?|PRs?|pull requests?)\s*#?\d+|(?<![\w/&])#\d+\b", re.I)
+
+
+def test_no_doc_cites_an_issue_number():
+    """A reader has no issue tracker: the docs say what was done, not which ticket asked for it."""
+    docs = [p for p in ROOT.rglob("*.md") if not {".git", ".venv", "tests"} & set(p.relative_to(ROOT).parts)]
+    assert ROOT / "README.md" in docs
+    found = [f"{p.relative_to(ROOT)}:{n}: {m.group(0)!r}" for p in docs
+             for n, line in enumerate(p.read_text().splitlines(), 1) for m in TICKET.finditer(line)]
+    assert found == []

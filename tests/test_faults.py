@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import refused  # tests/conftest.py
-from latentsift.scale import backends
+from latentsift.states import extract as extraction
 from latentsift.cli import app
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
@@ -120,7 +120,7 @@ def test_extract_layers_out_of_range_are_refused_from_the_config(canonical, tmp_
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before --layers was checked")
 
-    monkeypatch.setattr(backends, "load_policy", no_load)
+    monkeypatch.setattr(extraction, "load_policy", no_load)  # the local backend loads the policy there
     for value in ("10,99", "0,30", "10,20"):  # beyond L; below 1; without the final layer
         refused(cli("extract", canonical, "--out", tmp_path / "s", "--layers", value), "layers", "1..30")
     assert not (tmp_path / "s").exists()
@@ -138,7 +138,7 @@ def test_reproduce_checks_its_selection_before_any_work(data_dir, tmp_path):
 
 def test_fold_errors_name_the_group_kind(canonical, data_dir, tmp_path):
     from latentsift._core.validation import LatentSiftError
-    from latentsift.protocol.reproduce import ReproduceRun, ReproduceSettings
+    from latentsift._jobs.reproduce import ReproduceRun, ReproduceSettings
     trajs = load_jsonl(canonical)
     for group_by, noun in (("instance", "instances"), ("repo", "repositories")):
         run = ReproduceRun(ReproduceSettings(data=str(data_dir), out=str(tmp_path / "run"), group_by=group_by, n_folds=9), log=lambda m: None)
@@ -210,7 +210,7 @@ def test_import_out_over_its_input(canonical, tmp_path):
 
 
 def test_explore_page_names_are_unique_and_it_deletes_only_its_files(canonical, tmp_path):
-    from latentsift._core.guard import SITE_MANIFEST
+    from latentsift._core.outputs import SITE_MANIFEST
     from latentsift.report.explore.site import write_site
     t1, t2 = load_jsonl(canonical)[:2]
     t1.instance_id, t1.traj_id = "proj/x-1", "run/proj/x-1"
@@ -399,12 +399,15 @@ def test_options_a_sifter_would_ignore_are_refused(canonical, tmp_path):
 
 def test_a_second_writer_to_one_out_is_refused(canonical, tmp_path):
     from latentsift._core.io import output_lock
-    f, s = tmp_path / "f.json", tmp_path / "sifter"
-    with output_lock(f), output_lock(s):  # another process writing them (flock: another open file)
+    f, s, b, sc = tmp_path / "f.json", tmp_path / "sifter", tmp_path / "bank", tmp_path / "scorer"
+    with output_lock(f), output_lock(s), output_lock(b), output_lock(sc):  # another process writing them
         refused(cli("filter", canonical, "--method", "random", "--out", f), f"Another process is writing to {f}")
         refused(cli("fit", canonical, "--states", tmp_path / "states", "--out", s),
                 f"Another process is writing to {s}")
-    assert not f.exists() and not s.exists()
+        refused(cli("bank", "build", tmp_path / "states", "--pools", canonical, "--out", b),
+                f"Another process is writing to {b}")
+        refused(cli("scorer", "train", tmp_path / "bank-in", "--out", sc), f"Another process is writing to {sc}")
+    assert not f.exists() and not s.exists() and not b.exists() and not sc.exists()
     r = cli("filter", canonical, "--method", "random", "--out", f)  # released: the lock file is gone too
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]

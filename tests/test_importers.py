@@ -301,3 +301,56 @@ def test_the_scaffold_comes_from_the_data_or_the_user_never_the_file_format(data
     r = CliRunner().invoke(app, ["import", str(FIX / "mini_run"), "--scaffold", "my-scaffold", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert {scaffold_of(t) for t in load_jsonl(out)} == {"my-scaffold"}
+
+
+def _nothing_inputs(tmp: Path) -> dict:
+    """name -> (import arguments, words of the one-line refusal): inputs that carry no trajectory."""
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "nomsg.jsonl").write_text('{"foo": 1}\n{"bar": 2}\n')
+    (tmp / "empty-dir").mkdir()
+    (tmp / "other-dir").mkdir()
+    (tmp / "other-dir" / "README.txt").write_text("hello")
+    return {
+        "empty file": ([tmp / "empty.jsonl"], "1 JSONL file(s) with no record (empty)"),
+        "no messages, skipped": ([tmp / "nomsg.jsonl", "--format", "openai", "--skip-bad"],
+                                 "2 record(s) ignored (field 'messages': is missing"),
+        "empty folder": ([tmp / "empty-dir"], "no file found"),
+        "unrelated files": ([tmp / "other-dir"], "1 file(s) not read", "README.txt: not a trajectory"),
+        "predictions only": ([FIX / "mini_run" / "preds.json"], "predictions file"),
+    }
+
+
+@pytest.mark.parametrize("case", ["empty file", "no messages, skipped", "empty folder", "unrelated files",
+                                  "predictions only"])
+def test_an_input_with_no_trajectory_is_refused_saying_what_was_ignored(case, tmp_path):
+    from latentsift.cli import app
+    args, *words = _nothing_inputs(tmp_path)[case]
+    out = tmp_path / "pools.jsonl"
+    r = CliRunner().invoke(app, ["import", *map(str, args), "--out", str(out)])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    (line,) = [l for l in r.output.splitlines() if l.startswith("error: ")]
+    assert line.startswith(f"error: read 0 trajectories from {args[0]}: ") and line.endswith("Nothing to import.")
+    assert all(w in line for w in words), line
+    assert not out.exists()
+
+
+def test_a_labels_file_that_labels_nothing_is_refused_and_what_one_labels_is_said(tmp_path, data_dir):
+    from latentsift.cli import app
+    header = (data_dir / "candidates.csv").read_text().splitlines()[0]
+    (tmp_path / "header.csv").write_text(header + "\n")
+    (tmp_path / "report.json").write_text(json.dumps({"x__y-1": {"resolved": True}}))
+    cases = {"header.csv": "it holds no row, a header only",
+             "report.json": "it names 1 instance(s), e.g. 'x__y-1'",
+             str(data_dir / "candidates.csv"): "rows name runs ['acr-run-1'"}
+    for name, words in cases.items():
+        labels = tmp_path / name if not name.startswith("/") else Path(name)
+        r = CliRunner().invoke(app, ["import", str(FIX / "mini_run"), "--labels", str(labels),
+                                     "--out", str(tmp_path / "p.jsonl")])
+        assert r.exit_code == 2, r.output
+        (line,) = [l for l in r.output.splitlines() if l.startswith("error: ")]
+        assert f"{labels} labels none of the 1 imported trajectories (" in line and words in line, line
+    assert not (tmp_path / "p.jsonl").exists()
+    table = tmp_path / "labels.csv"
+    table.write_text("run,instance_id,resolved\nmini_run,django__django-11099,0\n")
+    r = import_paths([FIX / "mini_run"], labels=table)
+    assert r.summary.label_files[str(table)] == 1 and f"labels from {table}: 1 of 1 trajectories" in r.summary.to_text()

@@ -118,7 +118,7 @@ def _local_imports() -> list[str]:
 def test_the_graph_is_read():
     edges = {name: {t for t, _, _ in _imports(name)} for name in MODULES}
     assert "latentsift.bank.bank" in edges["latentsift.sift.sift"]
-    assert "latentsift.protocol.run" in edges["latentsift.protocol.reproduce"]
+    assert "latentsift.protocol.run" in edges["latentsift._jobs.reproduce"]
 
 
 def test_no_import_circle():
@@ -195,3 +195,24 @@ def test_subpackages_export_all_and_hide_no_module():
         for attr in mod.__all__:
             assert not attr.startswith("_") and hasattr(mod, attr), (name, attr)
             assert f"{name}.{attr}" not in MODULES or f"{name}.{attr}" in kept, (name, attr)
+
+
+def test_the_command_line_holds_no_command_logic():
+    """A ``_cli`` module parses options and prints: in the package it imports only the jobs (``_jobs``, one
+    per command), ``_core`` and its own helpers; outside it, typer, rich and the standard library."""
+    import sys
+
+    allowed_pkg = ("latentsift._jobs", "latentsift._core", "latentsift._cli")
+    wrong = []
+    for name, (path, _) in MODULES.items():
+        if not name.startswith("latentsift._cli"):
+            continue
+        wrong += [f"{_rel(name)}:{line} imports {t}" for t, line, _ in _imports(name)
+                  if not t.startswith(allowed_pkg)]
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else []
+            wrong += [f"{_rel(name)}:{node.lineno} imports {m}" for m in mods
+                      if m.split(".")[0] not in ("typer", "rich", "__future__") and m.split(".")[0] != ROOT
+                      and m.split(".")[0] not in sys.stdlib_module_names]
+    assert wrong == []

@@ -16,8 +16,9 @@ from latentsift.trajectories.importers import import_paths
 from latentsift.trajectories.trajectory import Step, Trajectory, group_pools, load_jsonl, save_jsonl
 from synthetic import FP, make_states
 from latentsift.metrics.calibrate import ece, ece_ci, fit_calibration, reliability
-from latentsift.deploy.operating import (CalibrationPools, apply_operating_point, check_calibration_size, crc_threshold,
-                                         fit_operating_point, keep_mask, min_calibration_pools, pool_miss_score)
+from latentsift.deploy.operating import apply_operating_point
+from latentsift.sift.keep import (CalibrationPools, RecallKeep, check_calibration_size, crc_threshold, keep_mask,
+                                  min_calibration_pools, pool_miss_score)
 from latentsift.sift.sift import CandidateScore, PoolResult
 
 
@@ -52,12 +53,11 @@ def test_expected_recall_reaches_the_target_over_many_exchangeable_splits(target
     recalls, kept, ns = [], [], []
     for _ in range(400):
         cal, test = synthetic_pools(rng, 60), synthetic_pools(rng, 200)
-        cmap = fit_calibration(*cal.flat())
-        op = fit_operating_point(cal, cmap, target)
+        op = RecallKeep(target).fit(cal)
         r, k = realized(op, test)
         recalls.append(r)
         kept.append(k)
-        ns.append(op.n_calibration_pools)
+        ns.append(op.n_calibration_pools_)
     recalls = np.array(recalls)
     se = recalls.std(ddof=1) / np.sqrt(recalls.size)
     assert recalls.mean() >= target - 3 * se
@@ -65,6 +65,8 @@ def test_expected_recall_reaches_the_target_over_many_exchangeable_splits(target
     assert np.mean(kept) < 5.5
     # a single split can fall below the target (the guarantee is in expectation): it does here
     assert (recalls < target).any()
+    print(f"target {target}: mean realized recall {recalls.mean():.3f} (s.e. {se:.3f}), "
+          f"{100 * np.mean(recalls < target):.0f}% of splits below, {np.mean(kept):.2f} of 6 kept")
 
 
 def test_crc_threshold_allows_floor_alpha_n_plus_1_minus_1_losses():
@@ -129,11 +131,12 @@ def _pool(iid, scores):
 def test_a_flagged_pool_is_never_reported_as_guaranteed():
     rng = np.random.default_rng(3)
     cal = synthetic_pools(rng, 80)
-    op = fit_operating_point(cal, fit_calibration(*cal.flat()), 0.9)
+    op = RecallKeep(0.9).fit(cal)
     results = [_pool(f"p{i}", rng.standard_normal(5)) for i in range(6)]
     for on_shift in ("keep-all", "warn"):
         rows = apply_operating_point(results, op, shifted=["p1", "p4"], on_shift=on_shift)
         assert [r["guaranteed"] for r in rows] == [True, False, True, True, False, True]
+        assert [r["shift"] for r in rows] == ["passed", "flagged", "passed", "passed", "flagged", "passed"]
         for r, res in zip(rows, results):
             assert r["n_keep"] == res.n_keep == sum(c.retained for c in res.candidates) >= 1
             assert set(r["probabilities"]) == {c.traj_id for c in res.candidates}
@@ -141,6 +144,12 @@ def test_a_flagged_pool_is_never_reported_as_guaranteed():
             assert rows[1]["n_keep"] == 5 and rows[4]["n_keep"] == 5 and "keep-all" in rows[1]["reason"]
         else:
             assert "no guarantee" in rows[1]["reason"]
+    # no shift check, or a failed condition: not guaranteed, and the record says which
+    rows = apply_operating_point(results, op, shift_checked=False, failed={"p2": ["leak"]})
+    assert [r["not_guaranteed"] for r in rows[:3]] == [["shift unchecked"], ["shift unchecked"],
+                                                       ["leak", "shift unchecked"]]
+    rows = apply_operating_point(results, op, failed={"": ["calibration in the bank"]})
+    assert not any(r["guaranteed"] for r in rows) and rows[0]["not_guaranteed"] == ["calibration in the bank"]
 
 
 # ---------------------------------------------------------------------- latentsift filter --target-recall, real data
@@ -170,7 +179,9 @@ def shared(tmp_path_factory, policy, data_dir):
     save_jsonl(pools, d / "pools.jsonl")
     save_jsonl(cal, d / "cal.jsonl")
     save_jsonl(cal[:12], d / "cal_small.jsonl")
+    save_jsonl(cal + pools, d / "cal_and_pool.jsonl")
     extract_pools(policy, bank + pools + cal, d / "states", max_span_tokens=4, max_prompt_tokens=8, max_tokens=96)
+    extract_pools(policy, cal, d / "states_other", max_span_tokens=6, max_prompt_tokens=8, max_tokens=96)
     assert _cli("bank", "build", d / "states", "--pools", d / "bank.jsonl", "--out", d / "bank").exit_code == 0
     assert _cli("scorer", "train", d / "bank", "--out", d / "scorer", "--max-epochs", "5").exit_code == 0
     return d
@@ -195,17 +206,33 @@ def test_filter_target_recall_on_the_shared_data(shared):
     assert set(row["probabilities"]) == {c["traj_id"] for c in pool["candidates"]}
     assert all(0.0 <= p <= 1.0 for p in row["probabilities"].values())
     assert row["guaranteed"] == (row["instance_id"] not in shifted) and row["reason"]
+    assert row["not_guaranteed"] == ([] if row["guaranteed"] else ["shift guard flagged the pool"])
+    cp = op["calibration_pools"]
+    assert cp["file"] == str((d / "cal.jsonl").resolve()) and cp["states"] == str((d / "states").resolve())
+    assert cp["n_in_bank"] == 0 and cp["n_in_scorer_training"] == 0 and cp["states_settings"]["max_span_tokens"] == 4
+    assert out["inputs"]["calibration"] == cp["file"] and "exchangeable" in op["promise"]
     # no calibration pool may lose its resolved candidates at n = 10, R = 0.9: each pool keeps every
     # candidate scoring at least the lowest best-resolved score of the calibration pools
     kept = [c for c in pool["candidates"] if c["retained"]]
     if op["threshold"] is not None and row["guaranteed"]:
         assert all(c["s"] >= op["threshold"] for c in kept if c["s"] < max(x["s"] for x in pool["candidates"]))
-    # a rule (no bank) calibrated the same way
+    # a rule (no bank) calibrated the same way: without states its shift is unchecked, so no pool is guaranteed
     r = _cli("filter", d / "pools.jsonl", "--method", "shortest-chars", "--target-recall", "0.9", "--calibration",
              d / "cal.jsonl", "--out", d / "g.json")
     assert r.exit_code == 0, r.output
     g = json.loads((d / "g.json").read_text())["operating_point"]
     assert g["calibration_pools"]["how"].startswith("split (a rule") and not g["shift_checked"]
+    assert [(p["shift"], p["guaranteed"], p["not_guaranteed"]) for p in g["pools"]] == \
+        [("unchecked", False, ["shift unchecked"])] and g["n_guaranteed"] == 0
+    assert "1 shift unchecked" in " ".join(r.output.split())
+    # with states, the rule's pools are checked against the calibration pools' states
+    r = _cli("filter", d / "pools.jsonl", "--method", "shortest-chars", "--states", d / "states", "--target-recall",
+             "0.9", "--calibration", d / "cal.jsonl", "--out", d / "h.json")
+    assert r.exit_code == 0, r.output
+    h = json.loads((d / "h.json").read_text())
+    (row,) = h["operating_point"]["pools"]
+    assert h["operating_point"]["shift_checked"] and h["shift"]["reference_of"].startswith("the calibration pools")
+    assert row["shift"] in ("passed", "flagged") and row["guaranteed"] == (row["shift"] == "passed")
 
 
 @pytest.mark.model
@@ -222,7 +249,11 @@ def test_filter_target_recall_refusals_before_any_work(shared):
                          (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-method", "beta"],
                           ("calibration_method",)),
                          (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-epochs", "0"],
-                          ("calibration_epochs",))):
+                          ("calibration_epochs",)),
+                         (["--target-recall", "0.9", "--calibration", d / "cal_and_pool.jsonl"],
+                          ("also pools to filter", "pytest-dev__pytest-7432")),
+                         (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-states",
+                           d / "states_other"], ("other settings", "max_span_tokens"))):
         refused(_cli(*base, *extra), *words)
         assert not (d / "x.json").exists()
 
@@ -236,40 +267,49 @@ def test_protocol_commands_refuse_a_bad_target_recall_before_any_work(tmp_path):
 
 
 def test_tiny_run_reports_operating_points(tiny_run):
-    """The tiny run (4 pools, 2 folds): a fold's calibration set (the other fold's pools) is too small for
-    R >= 0.9, so it keeps every candidate: calls = pool size, recall 1; at R = 0.5 (n >= 1) the rule runs."""
+    """The tiny run (4 pools, 2 folds). A trained filter has no clean calibration with 2 folds (a bank
+    without both folds is empty): each fold keeps all and says so. The rules and the EF verifier need
+    no refit: their calibration is the other fold's pools, too small for R >= 0.9 (keep all, said),
+    enough for R = 0.5 (n >= 1), where the rule runs."""
     data = json.loads(tiny_run["summary"])
     op = data["operating_points"]
     assert op["targets"] == [0.9, 0.95, 0.99] and op["reference"] == "shortest_chars"
-    sizes = data["pools"]
+    (pair,) = op["nested"]                                  # 2 folds: the one pair leaves an empty bank
+    assert pair["status"].startswith("skipped: the bank without folds 0 and 1 holds 0 trajectories")
     mean_k = np.mean([len(p["candidates"]) for p in _pools(tiny_run["out"])])
     for name in ("latentsift", "shortest_chars", "random", "ef_verifier"):
         e = op["filters"][name]
-        assert 0.0 <= e["ece"]["lo"] <= e["ece"]["mean"] <= e["ece"]["hi"] <= 1.0
-        assert sum(e["reliability"]["count"]) == sum(len(p["candidates"]) for p in _pools(tiny_run["out"]))
+        trained = name == "latentsift"
         for r in ("0.9", "0.95", "0.99"):
             row = e["targets"][r]
-            assert len(row["realized_recall"]["per_fold"]) == 2 and row["n_folds_keep_all"] == 2
+            folds = row["realized_recall"]["per_fold"]
+            assert len(folds) == 2 and row["n_folds_keep_all"] == 2
+            assert all(f["status"].startswith("no clean calibration" if trained else "calibration too small")
+                       for f in folds), folds
+            assert {f["calibration"] for f in folds} == {"no clean calibration" if trained else
+                                                         "label-free scores (no training)"}
             assert row["verifier_calls"]["mean"] == pytest.approx(mean_k)
-            assert row["realized_recall"]["pooled"]["mean"] == 1.0
-            if name != "shortest_chars":
-                assert row["difference_vs_reference"]["verifier_calls"]["mean"] == 0.0
+        if trained:
+            assert e["ece"]["n"] == 0          # no calibrated probability without a clean calibration set
+        else:
+            assert 0.0 <= e["ece"]["lo"] <= e["ece"]["mean"] <= e["ece"]["hi"] <= 1.0
+            assert sum(e["reliability"]["count"]) == sum(len(p["candidates"]) for p in _pools(tiny_run["out"]))
         curve = {c["target"]: c for c in e["curve"]}
         assert curve[1.0]["verifier_calls"] == pytest.approx(mean_k) and curve[1.0]["recall"] == 1.0
-        assert curve[0.5]["verifier_calls"] <= mean_k
-    # the way back for a new agent: bank of ACR, SWE-agent's candidates; "alone" with m < 9 pools keeps all
+    curve = {c["target"]: c for c in op["filters"]["shortest_chars"]["curve"]}
+    assert curve[0.5]["verifier_calls"] < mean_k / 2     # R = 0.5: the rule runs and keeps few
+    # the way back for a new agent: bank of ACR, SWE-agent's candidates; no clean calibration with 2 folds
     pair = op["new_agent"]["pairs"]["acr -> sweagent"]
     swe = [c for p in _pools(tiny_run["out"]) for c in p["candidates"] if c.agent == "sweagent"]
     n_swe_pools = len({c.instance_id for c in swe})
     assert pair["n_new_agent_pools"] == n_swe_pools
+    assert set(pair["m_restored"].values()) == {None}
     for row in pair["rows"]:
-        assert row["n_test_pools"] == n_swe_pools and row["m_used_min"] <= min(row["m"], n_swe_pools)
-        if row["mode"] == "alone" and row["target"] >= 0.9:
-            assert row["n_folds_keep_all"] == 2 and row["realized_recall"] == 1.0
-            assert row["verifier_calls"] == pytest.approx(len(swe) / n_swe_pools)
+        assert row["n_test_pools"] == n_swe_pools and row["n_folds_keep_all"] == 2
+        assert row["verifier_calls"] == pytest.approx(len(swe) / n_swe_pools)
     report = (tiny_run["report"] / "report.md").read_text()
     assert "## Operating points" in report and "![reliability.png]" in report and "![cost_recall.png]" in report and "A way back" in report
-    assert (tiny_run["report"] / "cost_recall.png").is_file() and sizes
+    assert (tiny_run["report"] / "cost_recall.png").is_file()
 
 
 def _pools(out):
@@ -296,9 +336,12 @@ def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint
             add(cal_trajs, f"r{j}/cal__{i}", f"cal__{i}", f"org/cal{i % 4}", 0.8 if lab else -0.8, lab)
     for j in range(4):
         add(pool_trajs, f"r{j}/new__0", "new__0", "org/new", [1, 0.3, -0.3, -1][j], int(j == 0))
+    leak_trajs: list = []
+    for j in range(3):  # other attempts at an instance of the bank
+        add(leak_trajs, f"x{j}/bank__0", "bank__0", "org/bank0", 1.0 if j == 0 else -1.0, int(j == 0))
     store = StateStore(tmp_path / "states").create(FP, {"layers": [1, 2, 3], "store_dtype": "float32"})
     ids = sorted(states)
-    inst = {t.traj_id: t.instance_id for t in bank_trajs + cal_trajs + pool_trajs}
+    inst = {t.traj_id: t.instance_id for t in bank_trajs + cal_trajs + pool_trajs + leak_trajs}
     store.write([states[t] for t in ids], [inst[t] for t in ids])
     save_jsonl(bank_trajs, tmp_path / "bank.jsonl")
     save_jsonl(cal_trajs, tmp_path / "cal.jsonl")
@@ -319,10 +362,153 @@ def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint
         assert op["threshold"] is None and op["threshold_meaning"] == "keep min_keep only"
         (row,) = op["pools"]
         shifted = json.loads((tmp_path / out).read_text())["shift"]["pools"][0]["shifted"]
-        assert row["guaranteed"] == (not shifted) and row["n_keep"] == (4 if shifted else 1)  # keep-all if flagged
+        assert row["n_keep"] == (4 if shifted else 1)  # keep-all if flagged
+        in_bank = ["24 calibration pools are in the bank (cross-fitted scores of half-size banks stand in for the "
+                   "deployed bank's)"] if how == "cross-fitted" else []
+        assert row["not_guaranteed"] == in_bank + (["shift guard flagged the pool"] if shifted else [])
+        assert row["guaranteed"] == (not row["not_guaranteed"])
+    # a pool whose instance is in the bank (allowed) is scored but not guaranteed: a leak
+    save_jsonl(leak_trajs, tmp_path / "leaky.jsonl")
+    r = _cli(*base[:1], tmp_path / "leaky.jsonl", *base[2:], "--calibration", tmp_path / "cal.jsonl", "--on-leak",
+             "allow", "--on-shift", "warn", "--out", tmp_path / "l.json")
+    assert r.exit_code == 0, r.output
+    (row,) = json.loads((tmp_path / "l.json").read_text())["operating_point"]["pools"]
+    assert not row["guaranteed"] and "leak: the pool's instance is in the bank" in row["not_guaranteed"]
     r = _cli(*base, "--calibration", tmp_path / "cal.jsonl", "--on-shift", "warn", "--out", tmp_path / "w.json")
     out = json.loads((tmp_path / "w.json").read_text())
     (row,) = out["operating_point"]["pools"]
     assert row["n_keep"] == 1 and out["pools"][0]["retained"] == ["r0/new__0"]
     assert row["guaranteed"] == (not out["shift"]["pools"][0]["shifted"])
-    assert _cli(*base, "--calibration", tmp_path / "pools.jsonl", "--out", tmp_path / "c.json").exit_code == 2
+    # the high-probability mode: the pools it needs are printed first; 24 suffice at 0.9, not at 0.95
+    r = _cli(*base, "--calibration", tmp_path / "cal.jsonl", "--confidence", "0.9", "--out", tmp_path / "hp.json")
+    assert r.exit_code == 0, r.output
+    first = " ".join(r.output.split())
+    assert first.startswith("--target-recall 0.9 --confidence 0.9 needs at least 22 calibration pools holding a "
+                            "resolved candidate;") and "has 24" in first
+    hp = json.loads((tmp_path / "hp.json").read_text())["operating_point"]
+    assert hp["confidence"] == 0.9 and hp["n_lost_allowed"] == 0 and "Learn then Test" in hp["guarantee"]
+    assert "with probability" in hp["promise"] and hp["n_calibration_pools_needed"] == 22
+    refused(_cli(*base, "--calibration", tmp_path / "cal.jsonl", "--confidence", "0.95", "--out", tmp_path / "c.json"),
+            "needs at least 29", "has 24")
+    refused(_cli(*base, "--calibration", tmp_path / "cal.jsonl", "--confidence", "1", "--out", tmp_path / "c.json"),
+            "confidence", "(0, 1)")
+    refused(_cli(*base, "--calibration", tmp_path / "pools.jsonl", "--out", tmp_path / "c.json"), "also pools to filter")
+    assert not (tmp_path / "c.json").exists()
+
+
+# ---------------------------------------------------------------------- clean evaluation: nested calibration
+def _synthetic_protocol(tmp, labels_of=None, seed=7, n_repos=8, per_repo=4, k=6, agents=("acr", "swe")):
+    """Trajectories of ``n_repos`` repositories (``per_repo`` pools of ``k`` candidates, two agents), their
+    synthetic states, and a protocol Run (4 repository folds) writing into ``tmp``; ``labels_of``: traj_id ->
+    label overrides (the states keep the original quality)."""
+    from latentsift.protocol.crossval import CrossvalSettings
+    from latentsift.protocol.run import Run
+    rng = np.random.default_rng(seed)
+    trajs, states = [], {}
+    for r in range(n_repos):
+        for i in range(per_repo):
+            inst = f"org__r{r}-{i}"
+            q = rng.standard_normal(k)
+            y = (rng.random(k) < 1 / (1 + np.exp(-(2.5 * q - 0.5)))).astype(int)
+            for j in range(k):
+                tid = f"{agents[j % 2]}/{inst}/{j}"
+                lab = int(y[j]) if labels_of is None else labels_of.get(tid, int(y[j]))
+                states[tid] = make_states(tid, rng, 0.6 * q[j], n_steps=2 + j % 3)
+                steps = [Step(cot="think " * (s + 1 + j), fn=f"cmd{s}", obs="out" * (s + 2)) for s in range(2 + j % 3)]
+                trajs.append(Trajectory(traj_id=tid, instance_id=inst, repo=f"org/r{r}", task_prompt="fix it",
+                                        steps=steps, reward=float(lab), agent=agents[j % 2]))
+    s = CrossvalSettings(pools="-", states="-", out=str(tmp), n_folds=4, variants=False, agent_transfer=True,
+                         scorer_epochs=2, n_boot=50, ks=(3,), target_recalls=(0.8,))
+    return Run(s, log=lambda m: None), trajs, states
+
+
+def _operating_on(tmp, labels_of=None):
+    from latentsift.protocol.nested import nested_calibration
+    from latentsift.protocol.operating import operating_points
+    from latentsift.protocol.stage1 import stage1_filters
+    from latentsift.protocol.transfer_agents import agent_transfer
+    run, trajs, states = _synthetic_protocol(tmp, labels_of)
+    folds = run.folds(trajs)
+    ds, _, _ = stage1_filters(run, trajs, folds, states, FP, None)
+    ds |= agent_transfer(run, trajs, folds, states, FP)[0]
+    nested = nested_calibration(run, trajs, folds, states, FP, None)
+    return run, trajs, folds, operating_points(run, trajs, folds, ds, None, nested=nested, targets=(0.8,))
+
+
+def test_permuting_a_folds_labels_leaves_its_threshold_unchanged(tmp_path):
+    """What is tested: fold k's operating point (threshold, calibrated probability there, calibration size)
+    depends on the other folds' labels only. The labels of fold k's candidates are permuted (a seeded
+    shuffle within fold k); every trained filter's fold-k threshold stays the same, while the other
+    folds' thresholds (whose calibration sets hold fold k) move for some filter. Cross-fitted
+    calibration (the other folds scored by their own fold's bank, trained on fold k) fails this."""
+    run, trajs, folds, base = _operating_on(tmp_path / "a")
+    k = 1
+    fold_k = {t.traj_id for t in trajs if run.group(t) in set(folds[k][1])}
+    ids = sorted(fold_k)
+    lab = {t.traj_id: int(t.label) for t in trajs}
+    perm = np.random.default_rng(0).permutation(len(ids))
+    flipped = {t: lab[ids[p]] for t, p in zip(ids, perm)}
+    assert sum(flipped[t] != lab[t] for t in ids) >= 10          # a real change of fold k's labels
+    _, _, _, perm_op = _operating_on(tmp_path / "b", flipped)
+
+    def point(op, name, fold):
+        row = next(f for f in op["filters"][name]["targets"]["0.8"]["realized_recall"]["per_fold"] if f["fold"] == fold)
+        return row["status"], row.get("threshold"), row.get("p_threshold"), row.get("n_calibration_pools")
+
+    trained = [n for n in base["filters"] if n.startswith(("latentsift", "channels:", "distance:", "transfer:"))]
+    assert "latentsift" in trained and any(n.startswith("transfer:") for n in trained)
+    moved_elsewhere = False
+    for name in trained:
+        assert point(base, name, k) == point(perm_op, name, k), name
+        assert point(base, name, k)[0] == "ok"       # the rule ran: it did not keep everything
+        moved_elsewhere |= any(point(base, name, j) != point(perm_op, name, j) for j in range(4) if j != k)
+    assert moved_elsewhere
+    # every fold of every filter ran the rule (nothing kept whole by default), and keeps fewer than all
+    for name, e in base["filters"].items():
+        row = e["targets"]["0.8"]
+        assert row["n_folds_keep_all"] == 0, name
+        assert row["verifier_calls"]["mean"] < 6, name
+        assert {f["calibration"] for f in row["realized_recall"]["per_fold"]} == (
+            {"label-free scores (no training)"} if name in ("shortest_chars", "fewest_steps", "random")
+            or not name.startswith(("latentsift", "channels:", "distance:", "weighting:", "branch:", "transfer:"))
+            else {"nested"}), name
+    assert [p["status"] for p in base["nested"]] == ["ok"] * 6
+
+
+def test_operating_points_compare_at_realized_recall_with_one_multiplicity_rule(tmp_path):
+    """What is tested: every row carries its realized recall beside its calls, the paper's fixed rule's
+    realized recall and calls on the same scores, the recall difference beside the calls difference, a
+    Bonferroni interval over the whole family (wider than the 95% one), post-hoc rows marked, and one
+    sentence per target naming the cheapest filter that reaches it and whether that is decided."""
+    from latentsift.report.sections import _operating_markdown
+    run, trajs, folds, op = _operating_on(tmp_path)
+    names = list(op["filters"])
+    mult = op["multiplicity"]
+    assert mult["m"] == (len(names) - 1) * 1 + 1 and mult["level"] == pytest.approx(1 - 0.05 / mult["m"])
+    for name, e in op["filters"].items():
+        fx = e["fixed_rule"]
+        assert fx["verifier_calls"]["mean"] == 3.0             # max(3, floor(6/2)) of every 6-candidate pool
+        assert 0.0 <= fx["realized_recall"]["lo"] <= fx["realized_recall"]["mean"] <= 1.0
+        assert e["post_hoc"] is False
+        row = e["targets"]["0.8"]
+        if name != op["reference"]:
+            d = row["difference_vs_reference"]
+            assert "realized_recall" in d
+            a, b = d["verifier_calls_adjusted"], d["verifier_calls"]
+            assert a["lo"] <= b["lo"] <= b["hi"] <= a["hi"] and a["mean"] == b["mean"]
+    c = op["cheapest"]["0.8"]
+    reach = {n: e["targets"]["0.8"] for n, e in op["filters"].items()
+             if e["targets"]["0.8"]["realized_recall"]["pooled"]["mean"] >= 0.8}
+    assert c["filter"] == min(reach, key=lambda n: (reach[n]["verifier_calls"]["mean"], n))
+    assert c["n_reaching"] == len(reach) and c["decided"] == (c["difference"]["hi"] < 0)
+    assert c["sentence"].startswith(f"At R = 0.8 the cheapest filter reaching the target is `{c['filter']}`")
+    assert ("not decided" in c["sentence"]) == (not c["decided"])
+    md = "\n".join(_operating_markdown({"operating_points": op, "settings": {"headline": names}}))
+    assert "Bonferroni" in md and "fixed max(3, K/2): recall % / calls" in md and c["sentence"] in md
+    # the way back for a new agent, expected and high-probability: the latter needs more of its pools
+    pairs = op["new_agent"]["pairs"]
+    assert pairs and "alone, confidence 0.9" in md
+    for d in pairs.values():
+        assert {x["confidence"] for x in d["rows"]} == {None, 0.9}
+        e, h = d["m_restored"]["expected R=0.8"], d["m_restored"]["confidence 0.9 R=0.8"]
+        assert e is not None and (h is None or h >= e)

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from latentsift import LatentSiftError
+from latentsift._core.registry import registry_remove
 from latentsift.cli import app
 from latentsift.sift.rules import (REFERENCE, filter_entry, make_baseline, method_names, register_filter, rule_keys,
                                    rules, unregister_filter)
@@ -111,7 +112,6 @@ def read(rec, where, src):
 
 
 def test_an_importer_is_one_module_and_one_registration(tmp_path, monkeypatch):
-    from latentsift.trajectories import _registry
     from latentsift.trajectories.importers import format_names, import_paths
     (tmp_path / "my_importer.py").write_text(IMPORTER)
     env = dict(os.environ, COLUMNS="400", PYTHONPATH=os.pathsep.join([str(tmp_path), str(SRC)]))
@@ -131,7 +131,7 @@ def test_an_importer_is_one_module_and_one_registration(tmp_path, monkeypatch):
             import_paths(Path(__file__).parent / "fixtures" / "trajectories" / "openai_toolcalls.jsonl",
                          format="myformat")
     finally:
-        _registry._IMPORTERS.pop("myformat", None)
+        registry_remove("importer", "myformat")
         sys.modules.pop("my_importer", None)
 
 

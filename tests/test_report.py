@@ -128,3 +128,68 @@ def test_the_run_settings_are_a_short_table_and_the_folds_are_folded(summary):
     assert "| 0 | 0.750 | 0.700 |" in details and "stack_weights" in details and "2.5" not in details
     assert '"on_leak": "skip"' in details and details.rstrip().endswith("</details>")
     assert "Run:" not in md
+
+
+def test_one_colour_per_filter_in_every_figure_and_the_explorer(tmp_path):
+    """Each filter is drawn in its colour of the one table (report.colors), in every figure that shows
+    it and in the explorer's charts, whichever filters a run holds and in whichever order."""
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+    from latentsift.report import figures
+    from latentsift.report.colors import FILTER_COLORS, filter_colors
+    from latentsift.report.explore.data import summary_charts
+    rng = np.random.default_rng(3)
+    pools, records = [], {}
+    for i in range(8):
+        ids = tuple(f"i{i}/{j}" for j in range(4))
+        pools.append(PoolSpec(f"i{i}", ids, 1000.0))
+        for t in ids:
+            records[t] = CandidateRecord(t, f"i{i}", int(rng.random() < 0.4), 1.0, 0.0)
+    ids = list(records)
+    ef = {t: Verdict(t, float(rng.random()), 0.5, 0.5, 600, 1) for t in ids}
+    keys = ["random", "shortest_chars", "latentsift"]  # not the table's order, and without the default
+    filters = {"ef_verifier": ef, **{k: {t: float(rng.random()) for t in ids} for k in keys}}
+    names = {"ef_verifier": "EF verifier", "latentsift": "LatentSift", "random": "Random",
+             "shortest_chars": "Shortest"}
+    for order in (["ef_verifier", *keys], [*reversed(keys), "ef_verifier"]):
+        data = json.loads(evaluate_run(
+            pools, {k: filters[k] for k in order}, records,
+            EvaluateSettings(ks=[2, 4], n_boot=20, names=names, headline=order, reference="ef_verifier"),
+            final_verifier=ef).to_json())
+        data["operating_points"] = {"filters": {f: {"curve": [{"recall": 0.5, "verifier_calls": 2.0}],
+                                                    "reliability": {"mean_p": [0.5], "frac_resolved": [0.4]},
+                                                    "ece": {"mean": 0.1}} for f in order}}
+        assert {f: filter_colors(data)[f] for f in order} == {f: FILTER_COLORS[f] for f in order}
+        seen = {f: 0 for f in order}
+        for fn in (figures._fig_best_tokens_k, figures._fig_best_vs_tokens, figures._fig_savings,
+                   figures._fig_reliability, figures._fig_cost_recall):
+            fig = fn(data, plt)
+            assert fig is not None, fn.__name__
+            for ax in fig.axes:
+                for art in [*ax.lines, *ax.patches, *ax.collections]:
+                    label = str(art.get_label())
+                    for f in order:
+                        if label == names[f] or label.startswith(f"{names[f]} (") or label.endswith(f": {names[f]}") \
+                                or label.startswith(f"{names[f]}: "):
+                            c = art.get_color() if hasattr(art, "get_color") else art.get_facecolor()
+                            c = c[0] if getattr(c, "ndim", 1) == 2 else c
+                            assert to_hex(c) == FILTER_COLORS[f], (fn.__name__, label)
+                            seen[f] += 1
+            plt.close(fig)
+        assert all(seen.values()), seen
+        charts = summary_charts(data)
+        drawn = [d for key in ("best_vs_tokens", "retention", "differences") for d in charts[key]]
+        assert drawn and all(d["color"] == FILTER_COLORS[next(f for f in order if names[f] == d["label"])]
+                             for d in drawn)
+
+
+def test_no_figure_names_a_colour_of_its_own():
+    """Series colours come from report.colors only (no 'C0', 'tab:red' or hex literal in the drawing code)."""
+    import inspect
+    from latentsift.report import figures
+    from latentsift.report.explore import data
+    for mod in (figures, data):
+        src = inspect.getsource(mod)
+        assert not re.search(r"""color=["']|["']C\d["']|tab:|["']#[0-9a-fA-F]{6}["']|"k--"|"k-""", src), mod.__name__

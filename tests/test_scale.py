@@ -11,7 +11,7 @@ from latentsift import LatentSiftError  # noqa: E402
 from latentsift.bank.bank import Bank  # noqa: E402
 from latentsift.states.model import load_policy  # noqa: E402
 from latentsift.scale.backends import open_backend  # noqa: E402
-from latentsift.states.extract import LocalBackend, extract_pools  # noqa: E402
+from latentsift.states.extract import LocalExtractionBackend, extract_pools  # noqa: E402
 from latentsift.scale import RayBackend, connect, shard_bank  # noqa: E402
 from latentsift.scale.extract import ACTOR_PREFIX  # noqa: E402
 from latentsift.sift.sift import LatentSift  # noqa: E402
@@ -91,7 +91,7 @@ def test_two_workers_give_the_single_process_states(cluster, tiny_model, trajs, 
 def test_one_driver_runs_the_backend_the_options_name(cluster, tiny_model, trajs, single, tmp_path):
     local = open_backend(tiny_model, dtype="float32", device="cpu")
     remote = open_backend(tiny_model, dtype="float32", device="cpu", ray="local", workers=2)
-    assert isinstance(local, LocalBackend) and isinstance(remote, RayBackend) and remote.workers == 2
+    assert isinstance(local, LocalExtractionBackend) and isinstance(remote, RayBackend) and remote.workers == 2
     reports = {name: extract_pools(b, trajs[:3], tmp_path / name, **EXTRACT)
                for name, b in (("local", local), ("ray", remote))}
     assert [(r.n_extracted, r.n_tokens, len(r.shards)) for r in reports.values()] == [(3, reports["local"].n_tokens, 2)] * 2

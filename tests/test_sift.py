@@ -359,12 +359,12 @@ def test_acceptance_real_data(real):
 
 def test_filter_options_refuse_conflicts_before_any_work_and_resolve_the_defaults():
     both, dist = {"branches": "both"}, {"branches": "distance"}
-    assert filter_options(bank_dir="b") == {"branches": "both", "on_leak": "error", "latentsift": both}  # leakage
-    assert filter_options(sifter_dir="s") == {"branches": "both", "on_leak": "allow", "latentsift": both}  # knowledge
+    assert filter_options(bank_dir="b") == {"branches": "both", "on_leak": "error", "sift_settings": both}  # leakage
+    assert filter_options(sifter_dir="s") == {"branches": "both", "on_leak": "allow", "sift_settings": both}  # knowledge
     assert filter_options(bank_dir="b", distance_only=True, on_leak="skip") == {"branches": "distance",
-                                                                                "on_leak": "skip", "latentsift": dist}
+                                                                                "on_leak": "skip", "sift_settings": dist}
     # only the settings given reach the filter (its own defaults apply to the others)
-    assert filter_options(bank_dir="b", channels="cot, fn", fusion_weight=0.2)["latentsift"] == {
+    assert filter_options(bank_dir="b", channels="cot, fn", fusion_weight=0.2)["sift_settings"] == {
         "channels": ("cot", "fn"), "fusion_weight": 0.2, "branches": "both"}
     assert filter_options(method="random")["branches"] == "both"
     for kw, words in ((dict(distance_only=True, learned_only=True), "at most one of --distance-only"),

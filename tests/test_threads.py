@@ -179,10 +179,10 @@ def test_extraction_replays_trajectories_side_by_side_with_the_same_states(polic
 
 def test_local_verifier_scores_do_not_depend_on_threads_or_concurrency(threads, policy, acr_trajs):
     """The local judge scores at one torch thread, ``concurrency`` prompts at once (the caller's count)."""
-    from latentsift.cascade.verifier import EFVerifier, LocalBackend
+    from latentsift.cascade.verifier import EFVerifier, LocalVerifierBackend
     scores, workers = [], []
     for n in (1, 2):
-        backend = threads(n, LocalBackend, policy=policy)
+        backend = threads(n, LocalVerifierBackend, policy=policy)
         res = threads(n, EFVerifier(backend, max_prompt_tokens=512).score, acr_trajs)
         scores.append([res[t.traj_id].score for t in acr_trajs])
         workers.append(backend.concurrency)

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from latentsift.trajectories.trajectory import Step, Trajectory
-from latentsift.cascade.verifier import (THOUGHT_PLACEHOLDER, EFVerifier, LocalBackend, OpenAIBackend, Verdict,
+from latentsift.cascade.verifier import (THOUGHT_PLACEHOLDER, EFVerifier, LocalVerifierBackend, OpenAIBackend, Verdict,
                                          VerifierFailure, build_prompt, load_results, save_results, yes_no_score)
 
 DATA = "/work/shared/datasets/swebench-lite-pools"
@@ -49,7 +49,7 @@ def test_yes_no_score_is_the_normalised_probability():
 def backend():
     from latentsift.states.model import load_policy
 
-    return LocalBackend(policy=load_policy())
+    return LocalVerifierBackend(policy=load_policy())
 
 
 @pytest.mark.model

@@ -15,7 +15,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from ..states.model import AUTO_DTYPE, DTYPES
+from .._jobs.extract import AUTO_DTYPE, DTYPES
 
 # --- inputs -------------------------------------------------------------------------------------
 StatesDirs = Annotated[List[Path], typer.Option(

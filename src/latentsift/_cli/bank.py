@@ -1,7 +1,6 @@
 """``latentsift bank build`` and ``latentsift scorer train``.
 
-Parsing and progress only; the logic is ``latentsift._jobs.bank.build_bank`` and
-``latentsift.sift.scorer.train_scorer``.
+Parsing and progress only; the logic is ``latentsift._jobs.bank`` and ``latentsift._jobs.scorer``.
 """
 from __future__ import annotations
 
@@ -11,10 +10,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .._core.guard import check_output
-from .._core.validation import LatentSiftError
-from .._jobs.bank import build_bank
-from ..sift.scorer import CURVE_PNG, LinearScorer, train_scorer
+from .._jobs.bank import build_bank_to_file, knn_backends
+from .._jobs.scorer import CURVE_PNG, train_scorer_to_file
 from ._options import Channels, Seed, csv_list
 from ._progress import StageProgress
 
@@ -46,18 +43,16 @@ def build_cmd(
     normalize: str = typer.Option("none", "--normalize", help="none (paper), l2 or whiten (ZCA fitted on the bank)."),
     center: str = typer.Option("none", "--center", help="none (paper) or mean (subtract the bank mean)."),
     channels: Channels = "cot,obs,fn",
-    backend: str = typer.Option("torch", "--backend", help="Nearest-neighbour backend: torch or faiss."),
+    backend: str = typer.Option(knn_backends()[0], "--backend", help="Nearest-neighbour backend: "
+                                + " or ".join(knn_backends()) + "."),
 ) -> None:
     """Build positive and negative banks from stored states and outcome labels."""
     console = Console(stderr=True)
-    if repos is not None and exclude_repos is not None:
-        raise LatentSiftError("Pass either --repos or --exclude-repos, not both.")
-    check_output(out, [states_dir, pools], kind="bank")
     params = dict(layer=layer, normalize=_opt_choice(normalize), center=_opt_choice(center),
                   channels=tuple(csv_list(channels) or ()), backend=backend)
     with console.status("loading states and building the banks ..."):
-        bank = build_bank(states_dir, pools, repos=csv_list(repos), exclude_repos=csv_list(exclude_repos), **params)
-        bank.save(out)
+        bank = build_bank_to_file(states_dir, pools, out, repos=csv_list(repos), exclude_repos=csv_list(exclude_repos),
+                                  **params)
     lc, sc = bank.label_counts(), bank.state_counts()
     console.print(f"bank: {lc['pos']} positive and {lc['neg']} negative trajectories from "
                   f"{len(bank.repo_names_)} repositories; states per channel: "
@@ -81,19 +76,19 @@ def train_cmd(
                                            "validation loss (default: never)."),
 ) -> None:
     """Train the gated linear scorer on the bank trajectories; keep the best validation checkpoint."""
-    check_output(out, [bank_dir, states], kind="scorer", replaces=True)
     console = Console(stderr=True)
-    scorer = LinearScorer(lr=lr, weight_decay=weight_decay, accumulation=accumulation, max_epochs=max_epochs,
-                          val_frac=val_frac, seed=seed, init=init, patience=patience)
     with StageProgress(console) as bar:
         bar.update("train", 0, max_epochs, "loading states ...")
 
         def progress(entry: dict) -> None:
-            bar.update("train", entry["epoch"], max_epochs,
-                       f"train {entry['train_loss']:.4f}  val {entry['val_loss']:.4f}")
+            bar.update("train", entry["epoch"], max_epochs, f"train {entry['train_loss']:.4f}"
+                       + (f"  val {entry['val_loss']:.4f}" if val_frac > 0 else ""))
 
-        scorer = train_scorer(bank_dir, states_dir=states, scorer=scorer, callback=progress)
-    scorer.save(out)
+        scorer = train_scorer_to_file(bank_dir, out, states_dir=states, callback=progress, log=bar.print, lr=lr,
+                                      weight_decay=weight_decay, accumulation=accumulation, max_epochs=max_epochs,
+                                      val_frac=val_frac, seed=seed, init=init, patience=patience)
     h0, hb = scorer.history_[0], scorer.history_[scorer.best_epoch_]
-    console.print(f"kept epoch {scorer.best_epoch_}: val loss {hb['val_loss']:.4f} (init {h0['val_loss']:.4f}), "
-                  f"train loss {hb['train_loss']:.4f} (init {h0['train_loss']:.4f}). Curve: {out / CURVE_PNG}.")
+    kept = (f"kept epoch {scorer.best_epoch_}: val loss {hb['val_loss']:.4f} (init {h0['val_loss']:.4f}), "
+            if scorer.val_ids_ else f"kept the last epoch, {scorer.best_epoch_} (no validation split): ")
+    console.print(f"{kept}train loss {hb['train_loss']:.4f} (init {h0['train_loss']:.4f}) on "
+                  f"{len(scorer.train_ids_)} trajectories. Curve: {out / CURVE_PNG}.")

@@ -7,8 +7,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .._core.guard import check_output
-from ..protocol import CrossvalSettings, crossval
+from .._jobs.crossval import CrossvalSettings, run_crossval
 from ._options import Boot, Draws, FirstInstances, Folds, Ks, ScorerEpochs, Seed, StatesDirs, Variants
 from ._progress import StageProgress
 
@@ -50,10 +49,9 @@ def crossval_cmd(
                                                         "the paper's selection stays the report's default."),
 ) -> None:
     """Cross-validate LatentSift, its variants and the baselines on your own labelled pools; write the report."""
-    check_output(out, [pools, states, verifier], kind="run")
     console = Console(stderr=True)
     with StageProgress(console) as bar:
-        report = crossval(pools[0] if len(pools) == 1 else pools,
+        report = run_crossval(pools[0] if len(pools) == 1 else pools,
                           states[0] if len(states) == 1 else states, out, group_by=group_by, n_folds=folds, ks=tuple(k),
                           n_draws=draws, seed=seed, verifier=verifier, first_instances=instances, n_boot=boot, scorer_epochs=scorer_epochs,
                           variants=variants, agent_transfer=agent_transfer, on_leak=on_leak, guard_false_alarm=guard_false_alarm,

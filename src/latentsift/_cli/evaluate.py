@@ -1,24 +1,16 @@
 """``latentsift evaluate`` (cascade + metrics + report) and ``latentsift verify`` (EF verifier).
 
-Parsing and progress only; the logic is in ``latentsift.metrics.evaluate``, ``latentsift.report.report`` and
-``latentsift.cascade.verifier``.
+Parsing and progress only; the logic is ``latentsift._jobs.evaluate`` and ``latentsift._jobs.verify``.
 """
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from .._core.guard import check_output
-from .._core.validation import LatentSiftError
-from ..metrics.evaluate import EvaluateSettings, evaluate_run
-from ..metrics.formats import load_pool_file, load_scores
-from ..report.report import write_report
-from ..trajectories.trajectory import load_jsonl
-from ..cascade.verifier import EFVerifier, LocalBackend, OpenAIBackend, save_results
+from .._jobs.evaluate import run_evaluate
+from .._jobs.verify import DEFAULT_BACKEND, run_verify, verifier_backends
 from ._options import Draws, Dtype, Model, Seed, Threads
 from ._progress import StageProgress
 
@@ -57,67 +49,23 @@ def evaluate_cmd(
     names: Optional[Path] = typer.Option(None, "--names", help="JSON: filter -> display name."),
 ) -> None:
     """Run the four-stage cascade for every Stage-1 filter and write the evaluation report."""
-    check_output(out, [pools, *scores, ablations, names], kind="report")
-    pool_specs, records = load_pool_file(pools)
-    inputs = [load_scores(p, known_ids=records.keys()) for p in scores]
-    seen: dict[str, str] = {}
-    for s in inputs:
-        if s.name in seen:
-            raise LatentSiftError(f"Two score inputs are named {s.name!r} ({seen[s.name]} and {s.path}); "
-                                  "set a distinct 'name' in their manifest.json.")
-        seen[s.name] = s.path
-    filters: dict = {s.name: s.scores for s in inputs}
-    if no_filter:
-        if "none" in filters:
-            raise LatentSiftError("A score input is already named 'none'; rename it to use --no-filter.")
-        filters["none"] = None
-    efs = [s.name for s in inputs if s.kind == "ef"]
-    if final_verifier is None:
-        if len(efs) > 1:
-            raise LatentSiftError(f"Several EF inputs {efs}: choose the Stage-4 verifier with --final-verifier.")
-        final_verifier = efs[0] if efs else None
-    elif final_verifier not in efs:
-        raise LatentSiftError(f"--final-verifier {final_verifier!r} is not an EF-verifier input (EF inputs: {efs}).")
-    abl = _read_json(ablations, "--ablations") if ablations else None
-    disp = _read_json(names, "--names") if names else None
-    dist = None
-    cands = [s for s in inputs if s.kind == "filter" and s.components]
-    if distributions is not None:
-        match = [s for s in inputs if s.name == distributions and s.kind == "filter"]
-        if not match:
-            raise LatentSiftError(f"--distributions {distributions!r} is not a filter input.")
-        cands = match
-    if cands:
-        dist = {**cands[0].components, f"final score ({cands[0].name})": cands[0].scores}
     with StageProgress(transient=True) as bar:
-        settings = EvaluateSettings(
-            ks=k or None, n_draws=draws, seed=seed, tie=tie, missing=missing, n_boot=bootstrap,
-            small_pools=small_pools, exact=exact, stop_when_single=stop_when_single, reference=reference,
-            headline=headline or None, ablations=abl, dist_instances=dist_instances,
-            names=disp, meta={"pools": str(pools), "scores": [s.path for s in inputs],
-                              "final_verifier": final_verifier})
-        summary = evaluate_run(pool_specs, filters, records, settings,
-                               final_verifier=filters[final_verifier] if final_verifier else None,
-                               distributions=dist, progress=lambda done, total: bar.update("cascade", done, total))
-    written = write_report(summary, out)
+        written = run_evaluate(pools, scores, out, final_verifier=final_verifier, reference=reference, ks=k,
+                               draws=draws, seed=seed, tie=tie, missing=missing, bootstrap=bootstrap,
+                               small_pools=small_pools, exact=exact, stop_when_single=stop_when_single,
+                               no_filter=no_filter, headline=headline, ablations=ablations,
+                               distributions=distributions, dist_instances=dist_instances, names=names,
+                               progress=lambda done, total: bar.update("cascade", done, total))
     typer.echo(f"wrote {len(written)} files to {out}: " + ", ".join(sorted(written)))
-
-
-def _read_json(path: Path, opt: str):
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise LatentSiftError(f"{opt}: no such file {str(path)!r}.") from None
-    except json.JSONDecodeError as e:
-        raise LatentSiftError(f"{opt}: {path} is not valid JSON ({e.msg}, line {e.lineno}).") from None
 
 
 def verify_cmd(
     trajectories: Path = typer.Option(..., "--trajectories", help="Canonical trajectories (.jsonl or .jsonl.gz)."),
     out: Path = typer.Option(..., "--out", help="Output folder (manifest.json + verdicts.jsonl)."),
     name: str = typer.Option("ef", "--name", help="Name of this verifier in the evaluation."),
-    backend: str = typer.Option("local", "--backend", help="local (a local model) or openai (an "
-                                "OpenAI-compatible endpoint)."),
+    backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help="local (a local model), openai (an "
+                                "OpenAI-compatible endpoint) or another registered verifier backend: "
+                                + ", ".join(verifier_backends()) + "."),
     model: Model = None,
     base_url: Optional[str] = typer.Option(None, "--base-url", help="Endpoint root, e.g. http://127.0.0.1:8000/v1."),
     api_model: Optional[str] = typer.Option(None, "--api-model", help="Model name sent to the endpoint."),
@@ -135,39 +83,12 @@ def verify_cmd(
 
     --model, --dtype and --threads apply to the local backend.
     """
-    check_output(out, [trajectories, model, ids], kind="verifier")
-    if cache is not None:
-        check_output(cache, [trajectories, model, ids], option="--cache")
-    trajs = load_jsonl(trajectories)
-    if ids is not None:
-        wanted = [l.strip() for l in Path(ids).read_text(encoding="utf-8").splitlines() if l.strip()]
-        by = {t.traj_id: t for t in trajs}
-        unknown = [w for w in wanted if w not in by]
-        if unknown:
-            raise LatentSiftError(f"--ids: {len(unknown)} traj_id(s) not in {trajectories}, e.g. {unknown[:3]!r}.")
-        trajs = [by[w] for w in wanted]
-    if backend == "local":
-        if threads is not None:
-            import torch
-
-            if threads < 1:
-                raise LatentSiftError(f"--threads must be a positive int. Got {threads} instead.")
-            torch.set_num_threads(threads)
-        be = LocalBackend(model, dtype=dtype)
-        typer.echo(f"model: {be.policy.describe()}", err=True)
-    elif backend == "openai":
-        if not base_url or not api_model:
-            raise LatentSiftError("--backend openai needs --base-url and --api-model.")
-        key = os.environ.get(api_key_env) if api_key_env else None
-        if api_key_env and key is None:
-            raise LatentSiftError(f"--api-key-env: the environment variable {api_key_env} is not set.")
-        be = OpenAIBackend(base_url, api_model, api_key=key, timeout=timeout, max_retries=retries,
-                           concurrency=concurrency)
-    else:
-        raise LatentSiftError(f"--backend must be 'local' or 'openai'. Got {backend!r} instead.")
-    ver = EFVerifier(be, max_prompt_tokens=max_prompt_tokens, cache_dir=cache or (out / "cache"))
     with StageProgress(transient=True) as bar:
-        results = ver.score(trajs, progress=lambda done, total: bar.update("verify", done, total))
-    save_results(results, out, name=name, manifest=ver.manifest())
+        results = run_verify(trajectories, out, name=name, backend=backend, ids=ids, cache=cache,
+                             max_prompt_tokens=max_prompt_tokens,
+                             progress=lambda done, total: bar.update("verify", done, total),
+                             log=lambda m: typer.echo(m, err=True), model=model, dtype=dtype, threads=threads,
+                             base_url=base_url, api_model=api_model, api_key_env=api_key_env, timeout=timeout,
+                             retries=retries, concurrency=concurrency)
     n_fail = sum(1 for r in results.values() if r.score is None)
     typer.echo(f"scored {len(results) - n_fail} of {len(results)} candidates ({n_fail} failures) -> {out}")

@@ -1,6 +1,6 @@
 """``latentsift explore``: the static HTML explorer of a filter output (parsing and printing only).
 
-The logic is ``latentsift.report.explore.write_filter_site``.
+The logic is ``latentsift._jobs.explore.write_explorer``.
 """
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .._core.guard import check_output
-from ..report.explore import write_filter_site
+from .._jobs.explore import write_explorer
 
 
 def register(app: typer.Typer) -> None:
@@ -26,9 +25,8 @@ def explore_cmd(
     out: Path = typer.Option(..., "--out", help="SITE_DIR to write (index.html, instances.html, instances/)."),
 ) -> None:
     """Write a static HTML site: pools, candidates side by side, trajectories with their evidence."""
-    check_output(out, [filter_json, pools, bank], kind="site", replaces=True)
     console = Console(stderr=True)
     with console.status("writing pages ..."):
-        index = write_filter_site(filter_json, pools, out, bank_dir=bank)
+        index = write_explorer(filter_json, pools, out, bank)
     size = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
     console.print(f"Explorer: {index} ({size / 1e6:.1f} MB)")

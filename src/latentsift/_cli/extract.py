@@ -1,7 +1,6 @@
 """``latentsift extract``: policy states of canonical trajectories into a state store.
 
-Parsing and progress only: the backend comes from ``latentsift.scale.backends.open_backend`` and the
-work is ``latentsift.states.extract.extract_pools``.
+Parsing and progress only: the work is ``latentsift._jobs.extract.run_extract``.
 """
 from __future__ import annotations
 
@@ -11,35 +10,13 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .._core.guard import check_output
-from .._core.validation import LatentSiftError
-from ..scale.backends import check_backend_options, open_backend
-from ..states.extract import extract_pools
-from ..trajectories.trajectory import load_jsonl
-from ..states.model import AUTO_DTYPE
+from .._jobs.extract import AUTO_DTYPE, run_extract
 from ._options import Dtype, FirstInstances, Model, Threads
 from ._progress import StageProgress
 
 
 def register(app: typer.Typer) -> None:
     app.command("extract")(extract_cmd)
-
-
-def _parse_layers(value: str):
-    if value in ("all", "final"):
-        return value
-    try:
-        return [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise LatentSiftError(f"--layers must be 'all', 'final' or comma-separated layer indices. "
-                              f"Got {value!r} instead.") from None
-
-
-def _check_options(**options) -> None:
-    """Option values checked before anything loads (the model load takes a while), named as options."""
-    for name, value in options.items():
-        if value is not None and value < 1:
-            raise LatentSiftError(f"--{name.replace('_', '-')} must be a positive number. Got {value} instead.")
 
 
 def extract_cmd(
@@ -71,28 +48,17 @@ def extract_cmd(
     gpus_per_worker: float = typer.Option(0, "--gpus-per-worker", help="GPUs each Ray worker claims."),
 ) -> None:
     """Replay trajectories through the policy and store their pooled hidden states (resumable)."""
-    check_output(out, [pools, model], kind="store")
-    _check_options(max_tokens=max_tokens, instances=instances, max_span_tokens=max_span_tokens,
-                   max_prompt_tokens=max_prompt_tokens, chunk_tokens=chunk_tokens, shard_size=shard_size,
-                   threads=threads, patch_step_tokens=patch_step_tokens, workers=workers)
-    layer_sel = _parse_layers(layers)
-    check_backend_options(model, dtype, device, layer_sel)
     console = Console(stderr=True)
-    trajs = load_jsonl(pools)
-    console.print(f"{len(trajs)} trajectories from {pools}; loading the model ...")
-    backend = open_backend(model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
-                           gpus_per_worker=gpus_per_worker)
-    console.print(backend.describe())
     with StageProgress(console) as bar:
         def progress(p) -> None:
             rate = f"{p.tokens / p.elapsed:,.0f} tok/s" if p.elapsed > 0 and p.done else ""
             bar.update("extract", p.done, p.total, rate)
 
-        report = extract_pools(backend, trajs, out, max_span_tokens=max_span_tokens,
-                               max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens, instances=instances,
-                               layers=layer_sel, chunk_tokens=chunk_tokens, shard_size=shard_size,
-                               renderer="render_per_step" if per_step else "render",
-                               patch_step_tokens=patch_step_tokens, progress=progress)
+        report = run_extract(pools, out, model=model, dtype=dtype, device=device, max_tokens=max_tokens,
+                             instances=instances, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
+                             layers=layers, chunk_tokens=chunk_tokens, shard_size=shard_size, threads=threads,
+                             per_step=per_step, patch_step_tokens=patch_step_tokens, ray=ray, workers=workers,
+                             gpus_per_worker=gpus_per_worker, log=bar.print, progress=progress)
     if report.redone:
         console.print(f"{len(report.redone)} stored trajectories were in a missing or damaged shard and were "
                       "extracted again.")

@@ -12,14 +12,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .._core.guard import check_output
-from .._core.io import output_lock
 from .._core.validation import LatentSiftError
-from .._jobs.filter import filter_options, run_filter
-from ..deploy.operating import calibration_pools_for_filter, target_recall_filter, target_recall_options
-from ..sift.rules import rules
-from .._jobs.sifter import run_sifter_filter_chosen
+from .._jobs.filter import DEFAULT_CALIBRATION, calibration_methods, filter_to_file, keep_rules, method_names
 from ._options import Seed, StatesDir, csv_list
+from ._text import cell, markup
 
 
 def register(app: typer.Typer) -> None:
@@ -31,14 +27,14 @@ def _fmt(x) -> str:
 
 
 def filter_cmd(
-    ctx: typer.Context,
     pools: Path = typer.Argument(..., help="Canonical JSONL of the candidate pools."),
     states: StatesDir = None,
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
     out: Path = typer.Option(..., "--out", help="FILTER.json to write."),
-    method: str = typer.Option("latentsift", "--method", help="latentsift, or a rule filter (baseline): "
-                               + ", ".join(e.name for e in rules()) + "."),
+    method: str = typer.Option(method_names()[0], "--method", help="A registered filter: "
+                               + ", ".join(method_names()) + " (the first is the paper's; the others are "
+                               "rule filters, baselines, unless registered as state filters)."),
     channels: Optional[str] = typer.Option(None, "--channels", help="Channels, comma-separated: cot, obs, fn "
                                            "(default: all three)."),
     distance: Optional[str] = typer.Option(None, "--distance", help="two-sided (d_neg - d_pos, the default), pos "
@@ -73,12 +69,28 @@ def filter_cmd(
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Labelled pools JSONL for --target-recall: "
                                                "pools the bank has not seen (scored by it), or the bank's own pools "
                                                "(cross-fitted over two repository halves)."),
+    operating_point: Optional[Path] = typer.Option(None, "--operating-point", help="A saved operating point "
+                                                   "(SIFTER_DIR/operating_point.json from 'fit --target-recall'): "
+                                                   "apply it with --sifter without refitting. --sifter with "
+                                                   "--target-recall and no --calibration uses the sifter's own."),
+    max_keep: Optional[int] = typer.Option(None, "--max-keep", help="With a target recall: keep at most B per pool "
+                                           "(the best of those the rule keeps; a capped pool is not guaranteed)."),
+    cost: str = typer.Option("calls", "--cost", help="What the rule saves: calls (candidates kept). tokens is "
+                             "refused: no filter input holds the verifier's tokens per candidate."),
+    confidence: Optional[float] = typer.Option(None, "--confidence", help="With --target-recall: the high-probability "
+                                              "mode, P(pool recall >= R) >= this (1 - delta; Learn then Test), instead "
+                                              "of expected pool recall >= R. Needs more calibration pools (printed)."),
     calibration_states: Optional[Path] = typer.Option(None, "--calibration-states", help="States of the calibration "
                                                       "candidates (default: --states)."),
-    calibration_method: str = typer.Option("isotonic", "--calibration-method", help="Score -> P(resolved) map: "
-                                           "isotonic or platt."),
+    calibration_method: str = typer.Option(DEFAULT_CALIBRATION, "--calibration-method", help="Score -> "
+                                           "P(resolved) map, a registered calibration method: "
+                                           + " or ".join(calibration_methods()) + "."),
     calibration_epochs: int = typer.Option(40, "--calibration-epochs", help="Scorer epochs per half when the "
                                            "calibration pools are cross-fitted."),
+    keep_rule: str = typer.Option(keep_rules()[0], "--keep-rule", help="Which candidates Stage 1 keeps: a "
+                                  "registered keep rule, " + ", ".join(keep_rules()) + " (the first is the "
+                                  "paper's max(min_keep, floor(frac K)); with --calibration a rule is fitted on it; "
+                                  "the recall-targeted rule is --target-recall)."),
     bank_choice: str = typer.Option("all", "--bank-choice", help="With --sifter: all (the all-agent bank) or "
                                     "nearest (per pool, the sub-bank of 'fit --per-agent' nearest to its "
                                     "candidates' states; the choice and distances are in the JSON)."),
@@ -89,80 +101,69 @@ def filter_cmd(
                                           "seen other attempts at the same task is knowledge). Each such pool is "
                                           "named in the output."),
 ) -> None:
-    """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON.\f
-    Length: its signature is one typer option per setting; the body parses and prints (``_pool_table``),
-    the work is in ``latentsift._jobs.filter`` (``\\f`` keeps this paragraph out of ``--help``).
-    """
-    resolved = filter_options(method=method, bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
-                              bank_choice=bank_choice, on_leak=on_leak, ray_address=ray, bank_shards=bank_shards,
-                              approx=approx, distance_only=distance_only, learned_only=learned_only,
-                              channels=channels, distance=distance, weighting=weighting, fusion_weight=fusion_weight)
+    """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
+    # Length: the signature is one typer option per setting; the body parses and prints (_pool_table),
+    # the work is in latentsift._jobs.filter. (A note here, not in the docstring: typer shows the whole
+    # docstring in the command list, '' included.)
     if show < 0:
         raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
-    target = target_recall_options(target_recall=target_recall, calibration=calibration, bank_choice=bank_choice,
-                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs,
-                                   on_shift=on_shift, min_keep=min_keep)
-    target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
-    check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states])
-    ctx.with_resource(output_lock(out))  # held until the command ends: a second filter to this --out is refused
     console = Console(width=None if sys.stdout.isatty() else 160)
-    inst = csv_list(instances) if instances else None
-    settings: dict = {"min_keep": min_keep, "frac": frac, "seed": seed}
-    if sifter is not None:
-        settings["n_evidence"] = evidence
-        with Console(stderr=True).status("scoring ..."):
-            run, warnings = run_sifter_filter_chosen(pools, states, sifter, bank_choice=bank_choice,
-                                                     on_shift=on_shift, on_leak=resolved["on_leak"],
-                                                     instances=inst, **settings)
-        settings["channels"] = tuple(run.settings["channels"])
-    else:
-        if method == "latentsift":
-            settings |= resolved["latentsift"] | {"n_evidence": evidence}
-        with Console(stderr=True).status("scoring ..."):
-            run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=inst,
-                             ray_address=ray, bank_shards=bank_shards, approx=approx,
-                             on_shift=on_shift if method == "latentsift" else None, on_leak=resolved["on_leak"],
-                             **settings)
-        warnings = list(run.extra.get("shift", {}).get("warnings", []))
-    if target_recall is not None:
-        with Console(stderr=True).status("calibrating ..."):
-            cal = calibration_pools_for_filter(calibration, calibration_states or states, method=method,
-                                               bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
-                                               settings={k: v for k, v in settings.items() if k != "n_evidence"},
-                                               scorer_epochs=calibration_epochs)
-            op = target_recall_filter(run, target_recall, cal, method=calibration_method, min_keep=min_keep,
-                                      on_shift=on_shift)
-    run.save(out)
+    done = filter_to_file(pools, out, states=states, bank=bank, scorer=scorer, sifter=sifter, method=method,
+                          bank_choice=bank_choice, on_shift=on_shift, on_leak=on_leak, ray=ray, bank_shards=bank_shards,
+                          approx=approx, distance_only=distance_only, learned_only=learned_only, channels=channels,
+                          distance=distance, weighting=weighting, fusion_weight=fusion_weight, min_keep=min_keep,
+                          frac=frac, seed=seed, evidence=evidence,
+                          instances=csv_list(instances) if instances else None, target_recall=target_recall,
+                          calibration=calibration, calibration_states=calibration_states,
+                          calibration_method=calibration_method, calibration_epochs=calibration_epochs,
+                          keep_rule=keep_rule, confidence=confidence, operating_point=operating_point,
+                          max_keep=max_keep, cost=cost, log=console.print,
+                          status=lambda m: Console(stderr=True).status(m))
+    run, warnings, settings, op = done.run, done.warnings, done.settings, done.operating_point
+    on_shift, target_recall = done.on_shift, done.target_recall
     for res in run.pools[:show]:
         console.print(_pool_table(res, settings))
     if 0 < show < len(run.pools):
         console.print(f"... {len(run.pools) - show} more pools in {out}")
     for c in run.extra.get("bank_choice", {}).get("pools", [])[:show]:
-        console.print(f"bank for {c['instance_id']}: {c['chosen']} (median nearest-bank distances "
-                      + ", ".join(f"{k} {_fmt(v)}" for k, v in c["distances"].items()) + ")")
+        console.print(f"bank for {markup(c['instance_id'])}: {markup(c['chosen'])} (median nearest-bank distances "
+                      + ", ".join(f"{markup(k)} {_fmt(v)}" for k, v in c["distances"].items()) + ")")
     leak = run.extra.get("leak", {})
     for w in leak.get("warnings", []):
-        console.print(f"[yellow]leak ({leak['on_leak']}): {w}[/yellow]")
+        console.print(f"[yellow]leak ({leak['on_leak']}): {markup(w)}[/yellow]")
     for w in warnings:
-        console.print(f"[yellow]shift ({on_shift}): {w}[/yellow]")
+        console.print(f"[yellow]shift ({on_shift}): {markup(w)}[/yellow]")
     shared = run.inputs.get("repos_shared_with_bank")
     if shared:
-        console.print(f"[yellow]note: the bank and the pools share repositories {shared}; the paper's protocol "
+        console.print(f"[yellow]note: the bank and the pools share repositories {markup(shared)}; the paper's protocol "
                       "keeps them disjoint.[/yellow]")
     if target_recall is not None:
         console.print(f"target pool recall {target_recall:g}: threshold {_fmt(op['threshold'])} "
                       f"({op['threshold_meaning']}; P(resolved) there {_fmt(op['p_threshold'])}), chosen on "
                       f"{op['n_calibration_pools']} calibration pools with a resolved candidate "
                       f"({op['calibration_pools']['how'].split(':')[0]}); "
-                      f"{sum(not p['guaranteed'] for p in op['pools'])} pools without the guarantee.")
+                      f"{sum(not p['guaranteed'] for p in op['pools'])} pools without the guarantee"
+                      + "".join(f"; {n} {w}" for w, n in _reasons(op['pools']).items()) + ".")
+    if done.keep_rule is not None:
+        console.print(f"keep rule {done.keep_rule['rule']}"
+                      + (" (fitted on the calibration pools)" if done.keep_rule["calibration_pools"] else ""))
     console.print(f"{run.method}: {sum(p.n_keep for p in run.pools)} of "
                   f"{sum(len(p.candidates) for p in run.pools)} candidates retained over {len(run.pools)} pools. "
                   f"Written to {out}.")
 
 
+def _reasons(rows) -> dict[str, int]:
+    """Why pools lack the guarantee: condition -> number of pools."""
+    out: dict[str, int] = {}
+    for r in rows:
+        for w in r["not_guaranteed"]:
+            out[w] = out.get(w, 0) + 1
+    return out
+
+
 def _pool_table(res, settings: dict) -> Table:
     """One pool's candidates, best first: per-channel q and r, the branch scores, s and kept."""
-    t = Table(title=f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}", title_justify="left")
+    t = Table(title=cell(f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}"), title_justify="left")
     t.add_column("candidate")
     chans = list(settings.get("channels", ())) if res.candidates and res.candidates[0].q is not None else []
     for c in chans:
@@ -175,7 +176,7 @@ def _pool_table(res, settings: dict) -> Table:
     for c in extra + ["s", "kept"]:
         t.add_column(c, justify="right")
     for c in sorted(res.candidates, key=lambda c: -c.s):
-        row = [c.traj_id] + [_fmt(c.q[ch]) for ch in chans] + [_fmt(c.r[ch]) for ch in chans]
+        row = [cell(c.traj_id)] + [_fmt(c.q[ch]) for ch in chans] + [_fmt(c.r[ch]) for ch in chans]
         row += [_fmt(getattr(c, k)) for k in extra] + [_fmt(c.s), "yes" if c.retained else ""]
         t.add_row(*row)
     return t

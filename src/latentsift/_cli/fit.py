@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import typer
 from rich.console import Console
 
-from .._core.guard import check_output
-from ..deploy.shift import FALSE_ALARM
-from .._jobs.sifter import fit_sifter
+from .._jobs.filter import DEFAULT_CALIBRATION, calibration_methods
+from .._jobs.operating import fit_sifter_with_operating_point
+from .._jobs.sifter import FALSE_ALARM
 from ._options import FirstInstances, ScorerEpochs, Seed, StatesDirs
 
 
@@ -31,13 +31,27 @@ def fit_cmd(
                                       "threshold is the 1 - RATE quantile of the bank's own pools (saved)."),
     reference: str = typer.Option("repository", "--reference", help="The guard's in-bank reference: repository "
                                   "(each bank pool against the bank without its repository) or instance."),
+    target_recall: Optional[float] = typer.Option(None, "--target-recall", help="Also fit the recall-targeted keep "
+                                                  "rule for pool recall R on --calibration and save it as "
+                                                  "SIFTER_DIR/operating_point.json (docs/operating.md)."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Labelled pools JSONL for --target-recall."),
+    calibration_states: Optional[Path] = typer.Option(None, "--calibration-states", help="Their states (default: the "
+                                                      "one --states store)."),
+    confidence: Optional[float] = typer.Option(None, "--confidence", help="With --target-recall: the high-probability "
+                                              "mode, P(pool recall >= R) >= this."),
+    calibration_method: str = typer.Option(DEFAULT_CALIBRATION, "--calibration-method", help="Score -> P(resolved) "
+                                           "map, a registered calibration method: " + " or ".join(calibration_methods())
+                                           + "."),
+    calibration_epochs: int = typer.Option(40, "--calibration-epochs", help="Scorer epochs per half when the "
+                                           "calibration pools are in the sifter's bank (cross-fitted)."),
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
-    check_output(out, [pools, states], kind="sifter", replaces=True)
     console = Console(stderr=True)
-    sifter = fit_sifter(pools, states, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
-                        per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference,
-                        log=console.print)
+    sifter, rec = fit_sifter_with_operating_point(
+        pools, states, out, target_recall=target_recall, calibration=calibration,
+        calibration_states=calibration_states, confidence=confidence, calibration_method=calibration_method,
+        calibration_epochs=calibration_epochs, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
+        per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference, log=console.print)
     ev = sifter.config_["evidence"].get("paper-distance_within_pool_auc")
     seen = sifter.seen_
     console.print(f"[bold green]Sifter:[/] {out} ({seen['n_trajectories']} trajectories of {seen['n_instances']} "
@@ -48,3 +62,10 @@ def fit_cmd(
         console.print(f"  sub-bank {sub.name}: {sub.n_trajectories} trajectories {sub.label_counts}")
     for sk in sifter.library_skipped_:
         console.print(f"  [yellow]no sub-bank {sk['name']}: {sk['reason']}[/yellow]")
+    if rec is not None:
+        rule = rec["rule"]
+        console.print(f"[bold green]Operating point:[/] {out / 'operating_point.json'} (threshold {rule['threshold']} "
+                      f"({rule['threshold_meaning']}), {rule['n_calibration_pools']} calibration pools with a resolved "
+                      f"candidate, {rec['calibration_pools']['how'].split(':')[0]}"
+                      + (f"; not guaranteed: {'; '.join(rec['not_guaranteed'])}" if rec["not_guaranteed"] else "")
+                      + ")")

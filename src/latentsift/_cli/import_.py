@@ -1,17 +1,13 @@
 """``latentsift import``: any supported trajectory input -> canonical JSONL, with a summary."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
 
-from .._core.guard import check_output
-from .._core.io import atomic_write_text
-from ..trajectories.importers import format_names, import_paths
-from ..trajectories.trajectory import save_jsonl
+from .._jobs.imports import format_names, run_import
 
 
 def register(app: typer.Typer) -> None:
@@ -32,15 +28,8 @@ def register(app: typer.Typer) -> None:
                                                "file format)."),
     ) -> None:
         """Import trajectories into canonical JSONL (one trajectory per line) and print a summary."""
-        check_output(out, [*inputs, *(labels or ())])
-        if summary_json is not None:
-            check_output(summary_json, [*inputs, *(labels or ()), out], option="--summary-json")
-        console = Console(stderr=True)
-        with console.status("importing ..."):
-            result = import_paths(inputs, format=format, labels=labels, skip_bad=skip_bad, scaffold=scaffold)
-            trajs = sorted(result.trajectories, key=lambda t: (t.instance_id, t.traj_id))
-            n = save_jsonl(trajs, out)
+        with Console(stderr=True).status("importing ..."):
+            result, n = run_import(inputs, out, format=format, labels=labels, skip_bad=skip_bad,
+                                   summary_json=summary_json, scaffold=scaffold)
         typer.echo(result.summary.to_text())
         typer.echo(f"wrote {n} trajectories to {out}")
-        if summary_json is not None:
-            atomic_write_text(summary_json, json.dumps(result.summary.to_dict(), indent=1, ensure_ascii=False))

@@ -1,6 +1,6 @@
 """``latentsift policy fetch`` and ``latentsift policy verify``: the pinned code policies.
 
-Parsing and progress only; the logic is ``latentsift.states.policies``.
+Parsing and progress only; the logic is ``latentsift.states.policies`` (through ``latentsift._jobs.policy``).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from ..states.policies import POLICY_PINS, fetch_policy, policy_pin, verify_model_file
+from .._jobs.policy import POLICY_PINS, fetch_policy, policy_pin, verify_model_file
 from ._progress import StageProgress
 
 policy_app = typer.Typer(add_completion=False, no_args_is_help=True,

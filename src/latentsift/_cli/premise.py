@@ -7,10 +7,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .._core.guard import check_output
-from .._jobs.premise import premise
-from ..protocol import CrossvalSettings
-from ..protocol.premise import PREMISE_KS
+from .._jobs.premise import PREMISE_KS, CrossvalSettings, run_premise
 from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed
 from ._progress import StageProgress
 
@@ -41,10 +38,9 @@ def premise_cmd(
 ) -> None:
     """Do the policy's own states beat length? Within-pool AUC of the paper's method, its branches and the probe
     against the length rules, stack:length and random; retention@K; verifier calls at R = 0.9, 0.95; own - proxy."""
-    check_output(out, [pools, states, proxy_states, verifier])
     console = Console(stderr=True)
     with StageProgress(console) as bar:
-        report = premise(pools, states, out, proxy_states=proxy_states, ks=tuple(k), group_by=group_by,
-                         n_folds=folds, n_draws=draws, n_boot=boot, scorer_epochs=scorer_epochs, seed=seed,
-                         verifier=verifier, log=bar.print, progress=bar.update)
+        report = run_premise(pools, states, out, proxy_states=proxy_states, ks=tuple(k), group_by=group_by,
+                             n_folds=folds, n_draws=draws, n_boot=boot, scorer_epochs=scorer_epochs, seed=seed,
+                             verifier=verifier, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json beside it)")

@@ -7,8 +7,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .._core.guard import check_output
-from ..protocol.reproduce import ReproduceSettings, reproduce
+from .._jobs.reproduce import ReproduceSettings, reproduce
 from ._options import Draws, Dtype, Folds, Ks, Model, Seed, Variants
 from ._progress import StageProgress
 
@@ -52,7 +51,6 @@ def reproduce_cmd(
                                                         "the paper's selection stays the report's default."),
 ) -> None:
     """Import -> states -> repo-disjoint banks and scorers -> filters -> cascade -> report."""
-    check_output(out, [data, model], kind="run")
     console = Console(stderr=True)
     s = ReproduceSettings(data=str(data), out=str(out), full=full, model=str(model) if model else None, dtype=dtype,
                           include_leaky=include_leaky, n_unresolved=n_unresolved, max_instances=max_instances, max_span_tokens=max_span_tokens,

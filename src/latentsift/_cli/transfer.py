@@ -7,7 +7,7 @@ from typing import List
 import typer
 from rich.console import Console
 
-from ..protocol.transfer import transfer_matrix
+from .._jobs.transfer import transfer_matrix
 from ._progress import StageProgress
 from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed, StatesDirs
 

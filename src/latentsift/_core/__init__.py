@@ -1,9 +1,9 @@
 """The private base every subpackage builds on: errors and input validation (``validation``), the
 user-facing fault messages (``errors``), atomic files and artefacts (``io``), fixed thread counts
-(``threads``) and the output-path guard of the commands (``guard``). It imports nothing else of the
-package."""
+(``threads``), the output-path checks of the commands (``outputs``) and the one registry of extension
+points (``registry``). It imports nothing else of the package."""
 from .errors import user_message
-from .guard import check_output
+from .outputs import check_output
 from .validation import (FingerprintMismatch, LatentSiftError, NotFittedError, check_choice, check_positive_int,
                          param_error)
 

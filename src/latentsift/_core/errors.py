@@ -18,8 +18,10 @@ from .validation import LatentSiftError
 
 #: errno -> what went wrong and what to change.
 _OS_ERRORS = {
-    errno.EACCES: ("permission denied", "choose a folder you may write to, or fix its permissions"),
-    errno.EPERM: ("operation not permitted", "choose a folder you may write to, or fix its permissions"),
+    errno.EACCES: ("permission denied", "fix its permissions (an input must be readable, an output folder "
+                   "writable), or choose another path"),
+    errno.EPERM: ("operation not permitted", "fix its permissions (an input must be readable, an output folder "
+                  "writable), or choose another path"),
     errno.EROFS: ("read-only file system", "choose an output on a writable file system"),
     errno.ENOSPC: ("no space left on device", "free some space or choose an output on another disk"),
     errno.EDQUOT: ("disk quota exceeded", "free some space or choose an output on another disk"),

@@ -24,10 +24,11 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from .manifests import check_manifest
 from .validation import LatentSiftError
 
 
@@ -197,8 +198,11 @@ def replaced_folder(folder: str | os.PathLike) -> Iterator[Path]:
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(tmp, folder)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, OSError) and e.filename is not None and Path(e.filename).is_relative_to(tmp):
+                # name the file the user asked for (a full disk, a read-only mount), not the temporary one
+                raise type(e)(e.errno, e.strerror, str(folder / Path(e.filename).relative_to(tmp))) from None
             raise
 
 
@@ -213,6 +217,8 @@ class WriterLock:
         self.what, self.remove = Path(what) if what is not None else self.path.parent, remove
 
     def __enter__(self) -> "WriterLock":
+        # the folders made here are removed on release if nothing else was written into them
+        self.made = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
             f = open(self.path, "a")
@@ -220,6 +226,7 @@ class WriterLock:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.close()
+                self._remove_made()
                 raise LatentSiftError(f"Another process is writing to {self.what}; wait for it to finish.") from None
             try:  # the file may have been removed by the holder that just released it
                 same = os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino
@@ -236,6 +243,15 @@ class WriterLock:
                 self.path.unlink()
         fcntl.flock(self.f, fcntl.LOCK_UN)
         self.f.close()
+        if self.remove:
+            self._remove_made()
+
+    def _remove_made(self) -> None:
+        for p in self.made:  # innermost first; stops at the first folder that holds something
+            try:
+                p.rmdir()
+            except OSError:
+                break
 
 
 def output_lock(out: str | os.PathLike) -> WriterLock:
@@ -279,7 +295,8 @@ class ArtefactKind:
     ``format``/``version``: written into the manifest (``versions`` are the ones a load accepts,
     default the written one); ``manifest``: the manifest's file name; ``noun``: "a bank directory";
     ``make``: how to make one ("build one with 'latentsift bank build'"); ``redo``: what to do when a
-    file does not match its checksum ("rebuild the bank").
+    file does not match its checksum or the manifest its schema ("rebuild the bank"); ``schema``: the
+    manifest's schema (``_core.manifests``), checked on every read.
     """
 
     format: str
@@ -289,6 +306,7 @@ class ArtefactKind:
     make: str
     redo: str
     versions: tuple[int, ...] = ()
+    schema: Any = None
 
     @property
     def accepted(self) -> tuple[int, ...]:
@@ -320,13 +338,14 @@ def write_artefact(folder: str | os.PathLike, kind: ArtefactKind, manifest: Mapp
     return out
 
 
-def read_artefact(folder: str | os.PathLike, kind: ArtefactKind, files: Mapping[str, str] | None = None, *,
-                  required: Iterable[str] = ()) -> tuple[dict, dict[str, bytes]]:
+def read_artefact(folder: str | os.PathLike, kind: ArtefactKind,
+                  files: Mapping[str, str] | None = None) -> tuple[dict, dict[str, bytes]]:
     """Read an artefact folder written by ``write_artefact``: (manifest, role -> bytes).
 
-    Checks that the manifest exists, is JSON of the kind's format and an accepted version, holds the
-    ``required`` fields, and that every file of ``files`` (role -> default file name) lies inside the
-    folder, exists and matches the sha256 the manifest records (``LatentSiftError`` naming the file).
+    Checks that the manifest exists, is JSON of the kind's format and an accepted version, matches the
+    kind's schema (``_core.manifests.check_manifest``: one line naming the file and the field), and
+    that every file of ``files`` (role -> default file name) lies inside the folder, exists and
+    matches the sha256 the manifest records (``LatentSiftError`` naming the file).
     """
     folder = Path(folder)
     mpath = folder / kind.manifest
@@ -337,9 +356,8 @@ def read_artefact(folder: str | os.PathLike, kind: ArtefactKind, files: Mapping[
         got = (man.get("format"), man.get("version")) if isinstance(man, dict) else (type(man).__name__, None)
         raise LatentSiftError(f"{mpath}: not a {kind.format} v{kind.version} manifest "
                               f"(format={got[0]!r}, version={got[1]!r}).")
-    for key in required:
-        if key not in man:
-            raise LatentSiftError(f"{mpath}: missing field {key!r}.")
+    if kind.schema is not None:
+        check_manifest(man, kind.schema, mpath, kind.redo)
     blobs = {}
     for role, default in (files or {}).items():
         path = member(folder, man.get(role, default), mpath)

@@ -5,13 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from .._core.outputs import check_output
+from .._core.io import output_lock
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, select_by_repo
+from ..bank.knn import knn_backends
 from ..states.store import StateStore
 from ..trajectories.trajectory import load_jsonl
 
-__all__ = ["build_bank"]
+__all__ = ["build_bank", "build_bank_to_file", "knn_backends"]
 
 
 @blas_fixed
@@ -25,6 +28,8 @@ def build_bank(states_dir: str | Path, pools: str | Path, *, repos: Sequence[str
     ``params``: the ``Bank`` settings.
     """
     trajs = {t.traj_id: t for t in load_jsonl(pools)}
+    if not trajs:
+        raise LatentSiftError(f"{pools} holds no trajectory: nothing to build a bank from.")
     ids = select_by_repo({t: x.repo for t, x in trajs.items()}, include=repos, exclude=exclude_repos)
     if not ids:
         raise LatentSiftError(f"No trajectory of {pools} is left after the repository selection.")
@@ -45,4 +50,18 @@ def build_bank(states_dir: str | Path, pools: str | Path, *, repos: Sequence[str
                     "repos": list(repos) if repos is not None else None,
                     "exclude_repos": list(exclude_repos) if exclude_repos is not None else None,
                     "store_settings": store.settings}
+    return bank
+
+
+def build_bank_to_file(states_dir: str | Path, pools: str | Path, out: str | Path, *,
+                       repos: Sequence[str] | None = None, exclude_repos: Sequence[str] | None = None,
+                       **params) -> Bank:
+    """``latentsift bank build``: ``build_bank`` saved to ``out`` (refused before any work when it would
+    touch an input; ``repos`` and ``exclude_repos`` exclude each other)."""
+    if repos is not None and exclude_repos is not None:
+        raise LatentSiftError("Pass either --repos or --exclude-repos, not both.")
+    check_output(out, [states_dir, pools], kind="bank")
+    with output_lock(out):  # one writer per --out: a second 'bank build' to it is refused, not lost
+        bank = build_bank(states_dir, pools, repos=repos, exclude_repos=exclude_repos, **params)
+        bank.save(out)
     return bank

@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .._core.io import atomic_write_json, atomic_write_text
+from .._core.outputs import check_output
 from .._core.validation import LatentSiftError, check_states_present
-from ..protocol.crossval import crossval
+from ..protocol.crossval import CrossvalSettings, crossval
 from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, own_vs_proxy, premise_ks
 from ..report.premise_report import premise_report_markdown
 from ..states.store import StateStore
 from ..trajectories.trajectory import group_pools, load_jsonl
 
-__all__ = ["premise"]
+__all__ = ["CrossvalSettings", "PREMISE_KS", "premise", "run_premise"]
 
 
 def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_states: str | Path | None = None,
@@ -59,3 +60,10 @@ def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_sta
     atomic_write_text(out / "report.md", premise_report_markdown(summary))
     log(f"[premise] report: {out / 'report.md'}")
     return out
+
+
+def run_premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_states: str | Path | None = None,
+                verifier: str | Path | None = None, **kwargs) -> Path:
+    """``latentsift premise``: ``premise`` into ``out``, refused before any work when it would touch an input."""
+    check_output(out, [pools, states, proxy_states, verifier])
+    return premise(pools, states, out, proxy_states=proxy_states, verifier=verifier, **kwargs)

@@ -8,16 +8,17 @@ from pathlib import Path
 from typing import Sequence
 
 from .._core.threads import blas_fixed
+from .._core.outputs import check_output
 from .._core.io import output_lock
 from .._core.validation import LatentSiftError, check_choice
 from ..deploy.leak import ON_LEAK, apply_on_leak
 from ..deploy.library import BANK_CHOICES, load_runs, nearest_choice, pool_distances
-from ..deploy.shift import ON_SHIFT, REFERENCE_KINDS, check_false_alarm, guard
+from ..deploy.shift import FALSE_ALARM, ON_SHIFT, REFERENCE_KINDS, check_false_alarm, guard
 from ..deploy.sifter import Sifter
 from ..sift.sift import FilterRun, LatentSift, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
 
-__all__ = ["fit_sifter", "run_sifter_filter", "run_sifter_filter_chosen"]
+__all__ = ["FALSE_ALARM", "fit_sifter", "run_sifter_filter", "run_sifter_filter_chosen"]
 
 
 @blas_fixed
@@ -32,6 +33,7 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     first N instances by id of each pools file (the rule of ``extract --instances N``). ``per_agent``:
     also a sub-bank and scorer per agent (``Sifter.fit``).
     """
+    check_output(out, [pools_path, states_dir], kind="sifter")
     if reference_kind is not None:
         check_choice(reference_kind, "reference", "fit", REFERENCE_KINDS)
     if false_alarm is not None:

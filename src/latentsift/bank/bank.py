@@ -33,7 +33,8 @@ import numpy as np
 from .._core.validation import (FingerprintMismatch, LatentSiftError, NotFittedError, check_choice,
                                 check_positive_int, param_error, check_states)
 from .._core.io import ArtefactKind, read_artefact, replaced_folder, write_artefact
-from .knn import BACKENDS, bank_sqnorms, nearest_distances
+from .._core.manifests import BankManifest, manifest_values
+from .knn import bank_sqnorms, knn_backends, nearest_distances
 from ..states.model import Fingerprint
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory, group_pools
@@ -43,7 +44,7 @@ BANK_VERSION = 1
 MANIFEST = "manifest.json"
 TENSORS = "bank.safetensors"
 BANK_ARTEFACT = ArtefactKind(BANK_FORMAT, BANK_VERSION, MANIFEST, noun="a bank directory",
-                             make="build one with 'latentsift bank build'", redo="rebuild the bank")
+                             make="build one with 'latentsift bank build'", redo="rebuild the bank", schema=BankManifest)
 CLASSES = ("pos", "neg")
 SEARCH_MEMO = 8  # query sets whose search answers a bank keeps (``distances``)
 NORMALIZATIONS = (None, "l2", "whiten")
@@ -133,7 +134,7 @@ class Bank:
         for name, choices in (("normalize", NORMALIZATIONS), ("center", CENTERINGS)):
             if getattr(self, name) not in choices:
                 raise param_error(name, "Bank", f"one of {list(choices)}", getattr(self, name))
-        check_choice(self.backend, "backend", "Bank", BACKENDS)
+        check_choice(self.backend, "backend", "Bank", knn_backends())
         if not self.channels or len(set(self.channels)) != len(self.channels):
             raise param_error("channels", "Bank", f"a non-empty subset of {list(CHANNELS)} without repeats",
                               self.channels)
@@ -401,7 +402,8 @@ class Bank:
         s = man["settings"]
         bank = cls(layer=s["layer"], normalize=s["normalize"], center=s["center"],
                    channels=tuple(s["channels"]), backend=s["backend"])
-        bank._check_params()
+        with manifest_values(Path(path) / MANIFEST, "settings", BANK_ARTEFACT.redo):
+            bank._check_params()
         trajs = man["trajectories"]
         bank.traj_ids_ = [r["traj_id"] for r in trajs]
         bank.labels_ = {r["traj_id"]: int(r["label"]) for r in trajs}

@@ -29,9 +29,8 @@ import threading
 import numpy as np
 
 from .._core.threads import fixed_threads, one_thread_pool
+from .._core.registry import registry_add, registry_lookup, registry_names
 from .._core.validation import LatentSiftError, check_choice, check_positive_int, check_states
-
-BACKENDS = ("torch", "faiss")
 RERANK = 4  # rows per query that the expansion ranks first and the exact distance then decides between
 SHORTLIST_GROUP = 64  # columns per group in the two-level shortlist (``smallest``); fastest of 16-128
 
@@ -128,7 +127,7 @@ def _nearest_torch(q: np.ndarray, b: np.ndarray, block_q: int, block_b: int, dty
     return d.numpy(), torch.cat([r[1] for r in res]).numpy()
 
 
-def _nearest_faiss(q: np.ndarray, b: np.ndarray):
+def _nearest_faiss(q: np.ndarray, b: np.ndarray, **_):
     try:
         import faiss
     except ImportError:  # pragma: no cover - depends on the install
@@ -137,6 +136,16 @@ def _nearest_faiss(q: np.ndarray, b: np.ndarray):
     index.add(np.ascontiguousarray(b, dtype=np.float32))
     D, I = index.search(np.ascontiguousarray(q, dtype=np.float32), 1)
     return np.sqrt(np.maximum(D[:, 0], 0.0)).astype(np.float32), I[:, 0].astype(np.int64)
+
+
+# the kNN backends (kind "knn_backend"): (queries, bank, **search settings) -> (distance, row) per query
+registry_add("knn_backend", "torch", _nearest_torch)
+registry_add("knn_backend", "faiss", _nearest_faiss)
+
+
+def knn_backends() -> tuple[str, ...]:
+    """Every registered exact kNN backend (``Bank(backend=...)``)."""
+    return registry_names("knn_backend")
 
 
 def nearest_distances(queries, bank, *, backend: str = "torch", block_q: int = 512,
@@ -157,19 +166,18 @@ def nearest_distances(queries, bank, *, backend: str = "torch", block_q: int = 5
         if b.ndim != 2 or b.shape[0] == 0:
             b = check_states(bank, "bank", "nearest_distances")
     q = check_states(queries, "queries", "nearest_distances", d=b.shape[1], allow_empty=True)
-    check_choice(backend, "backend", "nearest_distances", BACKENDS)
+    check_choice(backend, "backend", "nearest_distances", knn_backends())
     check_choice(dtype, "dtype", "nearest_distances", ("float32", "float64"))
     block_q = check_positive_int(block_q, "block_q", "nearest_distances")
     block_b = check_positive_int(block_b, "block_b", "nearest_distances")
     if q.shape[0] == 0:
         D, I = np.zeros(0, np.float32), np.zeros(0, np.int64)
-    elif backend == "faiss":
-        D, I = _nearest_faiss(q, b)
     else:
         if sqnorms is not None and np.shape(sqnorms) != (b.shape[0],):
             raise LatentSiftError(f"The 'sqnorms' parameter of nearest_distances must have shape "
                                   f"({b.shape[0]},). Got {np.shape(sqnorms)} instead.")
         if threads is not None:
             threads = check_positive_int(threads, "threads", "nearest_distances")
-        D, I = _nearest_torch(q, b, block_q, block_b, dtype, sqnorms, threads)
+        D, I = registry_lookup("knn_backend", backend)(q, b, block_q=block_q, block_b=block_b, dtype=dtype,
+                                                       sqnorms=sqnorms, threads=threads)
     return (D, I) if return_index else D

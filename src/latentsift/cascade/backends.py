@@ -1,11 +1,15 @@
-"""The EF verifier's backends: a local causal LM and an OpenAI-compatible endpoint.
+"""The EF verifier's backends (``VerifierBackend``): a local causal LM and an OpenAI-compatible endpoint.
 
 Each reads P(YES) and P(NO) at the first answer position of a judge prompt (how, and its pitfalls:
 :mod:`latentsift.cascade.verifier`, "Reading YES / NO") and answers ``judge(system, user, prefix)`` with a
-``RawJudgement``, or raises ``CallFailed`` with the tokens it was charged.
+``RawJudgement``, or raises ``CallFailed`` with the tokens it was charged. A backend is registered
+(``latentsift._core.registry``, kind "verifier_backend") under the name ``latentsift verify --backend``
+takes, and built from the command's options by its ``from_options``; a new one is one subclass and
+one registration.
 """
 from __future__ import annotations
 
+import abc
 import copy
 import functools
 import math
@@ -15,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .._core.registry import registry_add, registry_lookup, registry_names
 from .._core.threads import NUMERIC_THREADS, fixed_threads
 from .._core.validation import LatentSiftError, check_positive_int, param_error
 from ..states.model import load_policy
@@ -68,7 +73,51 @@ class RawJudgement:
     attempts: int = 1
 
 
-class LocalBackend:
+class VerifierBackend(abc.ABC):
+    """Where the EF verifier's judge runs.
+
+    ``backend_id`` names the model for the cache key; ``concurrency``: prompts scored at once;
+    ``context_length``: the model's context when known (the prompt budget must fit it), else None.
+    ``count_text`` / ``head`` / ``count_prompt`` measure and cut text in the judge's tokens (for the
+    condensation of long logs), ``judge`` scores one prompt, ``describe`` goes to the manifest.
+    """
+
+    backend_id: str = ""
+    concurrency: int = 1
+    context_length: int | None = None
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "VerifierBackend":
+        """The backend ``latentsift verify`` builds from its options (``model``, ``dtype``, ``threads``,
+        ``base_url``, ``api_model``, ``api_key_env``, ``timeout``, ``retries``, ``concurrency``; each
+        backend reads those it needs)."""
+        raise LatentSiftError(f"The verifier backend {cls.__name__} cannot be built from command-line options.")
+
+    @abc.abstractmethod
+    def judge(self, system: str, user: str, prefix: str, yes: str = YES, no: str = NO) -> RawJudgement:
+        """P(YES), P(NO), the score and the tokens charged for one judge prompt."""
+
+    @abc.abstractmethod
+    def count_text(self, text: str) -> int:
+        """Tokens of ``text``."""
+
+    @abc.abstractmethod
+    def head(self, text: str, n: int) -> str:
+        """The first ``n`` tokens of ``text``."""
+
+    @abc.abstractmethod
+    def count_prompt(self, system: str, user: str, prefix: str) -> int:
+        """Tokens of the whole judge prompt."""
+
+    @abc.abstractmethod
+    def describe(self) -> dict:
+        """What the manifest records of the backend."""
+
+    def close(self) -> None:
+        """Release what the backend holds (connections)."""
+
+
+class LocalVerifierBackend(VerifierBackend):
     """A local causal LM (default: the packaged SmolLM2 via ``latentsift.states.model.load_policy``).
 
     The prompt is the model's chat template (system + user, ``add_generation_prompt=True``) followed
@@ -99,6 +148,21 @@ class LocalBackend:
         # condensation counts the same blocks again and again
         self.count_text = functools.lru_cache(maxsize=4096)(self._count_text)
 
+    @classmethod
+    def from_options(cls, *, model=None, dtype: str = "auto", threads: int | None = None,
+                     **_: Any) -> "LocalVerifierBackend":
+        if threads is not None:
+            import torch
+
+            if threads < 1:
+                raise LatentSiftError(f"--threads must be a positive int. Got {threads} instead.")
+            torch.set_num_threads(threads)
+        return cls(model, dtype=dtype)
+
+    @property
+    def context_length(self) -> int:
+        return self.policy.context_length
+
     @property
     def _tok(self):
         return thread_tokenizer(self.tokenizer, self._local)
@@ -118,6 +182,12 @@ class LocalBackend:
 
     def _count_text(self, text: str) -> int:
         return len(token_ids(self._tok, text)) if text else 0
+
+    def count_text(self, text: str) -> int:  # replaced per instance by a cached ``_count_text``
+        return self._count_text(text)
+
+    def count_prompt(self, system: str, user: str, prefix: str) -> int:
+        return len(self.encode(system, user, prefix))
 
     def head(self, text: str, n: int) -> str:
         tok = self._tok
@@ -187,7 +257,7 @@ def yes_no_score(lp_yes: float, lp_no: float) -> float:
     return 1.0 / (1.0 + math.exp(d))
 
 
-class OpenAIBackend:
+class OpenAIBackend(VerifierBackend):
     """Any OpenAI-compatible ``/v1/chat/completions`` endpoint with logprobs (vLLM, SGLang, ...).
 
     Request: ``max_tokens=1``, ``temperature=0``, ``logprobs=true``, ``top_logprobs=20``. With a
@@ -228,6 +298,17 @@ class OpenAIBackend:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=self.timeout, headers=headers)
         self.backend_id = f"openai:{self.url}:{model}"
+
+    @classmethod
+    def from_options(cls, *, base_url: str | None = None, api_model: str | None = None,
+                     api_key_env: str | None = None, timeout: float = 60.0, retries: int = 3, concurrency: int = 4,
+                     **_: Any) -> "OpenAIBackend":
+        if not base_url or not api_model:
+            raise LatentSiftError("--backend openai needs --base-url and --api-model.")
+        key = os.environ.get(api_key_env) if api_key_env else None
+        if api_key_env and key is None:
+            raise LatentSiftError(f"--api-key-env: the environment variable {api_key_env} is not set.")
+        return cls(base_url, api_model, api_key=key, timeout=timeout, max_retries=retries, concurrency=concurrency)
 
     def close(self) -> None:
         self._client.close()
@@ -326,3 +407,19 @@ def _first_top_logprobs(payload: Any) -> list | None:
     except (KeyError, IndexError, TypeError):
         return None
     return top if isinstance(top, list) and top else None
+
+
+#: The default verifier backend (``latentsift verify --backend``).
+DEFAULT_BACKEND = "local"
+registry_add("verifier_backend", DEFAULT_BACKEND, LocalVerifierBackend)
+registry_add("verifier_backend", "openai", OpenAIBackend)
+
+
+def verifier_backends() -> tuple[str, ...]:
+    """Every registered verifier backend (``latentsift verify --backend``)."""
+    return registry_names("verifier_backend")
+
+
+def open_verifier_backend(name: str, **options: Any) -> VerifierBackend:
+    """The registered verifier backend ``name`` built from ``options`` (``VerifierBackend.from_options``)."""
+    return registry_lookup("verifier_backend", name).from_options(**options)

@@ -3,10 +3,10 @@
 One cascade run takes the K drawn candidates of one instance and returns the expected label of the
 candidate it selects, which candidates survived each stage, and what the run was charged:
 
-1. **Stage 1** (filter): keep the ``retain_count(K) = max(3, floor(K/2))`` highest Stage-1 scores
-   (``latentsift.sift.retain.select_retained``: higher score first, ties at the cut broken by a
-   deterministic hash of ``(seed, traj_id)``). The filter is a LatentSift score, a length rule, a
-   random score, an EF verifier, or ``None`` (no filter: keep all K).
+1. **Stage 1** (filter): keep what the keep rule keeps (``latentsift.sift.keep``); by default the
+   paper's ``FixedKeep``, the ``retain_count(K) = max(3, floor(K/2))`` highest Stage-1 scores (higher
+   score first, ties at the cut broken by a deterministic hash of ``(seed, traj_id)``). The filter is
+   a LatentSift score, a length rule, a random score, an EF verifier, or ``None`` (no filter: keep all K).
 2. **Stage 2** (regression tests): keep the candidates with the maximum passed count.
 3. **Stage 3** (generated tests): keep the candidates with the maximum generated-test score. It
    is *skipped, and not charged*, when no candidate of the pool has a generated-test score.
@@ -50,7 +50,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, Union
 import numpy as np
 
 from .._core.validation import LatentSiftError, check_choice
-from ..sift.retain import KEEP_FRAC, MIN_KEEP, order_by_score, select_retained, tie_key
+from ..sift.keep import FixedKeep, KeepRule
+from ..sift.retain import KEEP_FRAC, MIN_KEEP, order_by_score, tie_key
 
 MISSING_RULES = ("skip-stage", "keep")
 TIE_RULES = ("mean", "random")
@@ -146,15 +147,16 @@ def filter_kind(f: Any, name: str = "filter") -> str:
 
 
 def stage1_retain(ids: Sequence[str], scores: Sequence[float | None], *, seed: int = 0,
-                  min_keep: int = MIN_KEEP, keep_frac: float = KEEP_FRAC) -> list[str]:
-    """Stage 1: the ``retain_count(K)`` best of the K drawn ids, in drawn order.
+                  min_keep: int = MIN_KEEP, keep_frac: float = KEEP_FRAC, rule: KeepRule | None = None) -> list[str]:
+    """Stage 1: the candidates of the K drawn ids that the keep ``rule`` keeps, in drawn order.
 
-    ``latentsift.sift.retain.select_retained`` decides: higher score first, ties at the cut by
-    sha256 of ``(seed, traj_id)``. A ``None`` score (EF failure) is passed as NaN, which ranks
-    below every score; several failures tie among themselves by the same hash.
+    ``rule``: a fitted ``sift.keep.KeepRule``; default the paper's ``FixedKeep(min_keep, keep_frac,
+    seed)``, the ``retain_count(K)`` best (higher score first, ties at the cut by sha256 of ``(seed,
+    traj_id)``). A ``None`` score (EF failure) is passed as NaN, which ranks below every score;
+    several failures tie among themselves by the same hash.
     """
     arr = np.array([np.nan if s is None else float(s) for s in scores], dtype=np.float64)
-    mask = select_retained(arr, list(ids), seed=seed, min_keep=min_keep, frac=keep_frac)
+    mask = (FixedKeep(min_keep, keep_frac, seed) if rule is None else rule).keep(arr, list(ids))
     return [t for t, m in zip(ids, mask) if m]
 
 
@@ -220,6 +222,7 @@ def run_cascade(
     draw_key: str = "",
     min_keep: int = MIN_KEEP,
     keep_frac: float = KEEP_FRAC,
+    keep_rule: KeepRule | None = None,
 ) -> CascadeOutcome:
     """Run the four stages on the drawn candidates ``ids`` of one instance.
 
@@ -227,7 +230,8 @@ def run_cascade(
     (its scores are reused in Stage 4, ``final_verifier`` is ignored); any other filter needs
     ``final_verifier``. ``pool_has_gen_tests`` says whether the *pool* (not only the draw) has
     generated tests; by default it is read from the drawn records. ``draw_key`` names the draw
-    (seeds ``tie="random"``).
+    (seeds ``tie="random"``). ``keep_rule``: Stage 1's fitted ``KeepRule`` (default: the paper's
+    ``FixedKeep(min_keep, keep_frac, seed)``).
     """
     owner = "run_cascade"
     check_choice(tie, "tie", owner, TIE_RULES)
@@ -249,7 +253,7 @@ def run_cascade(
         s1 = list(ids)
     else:
         s1 = stage1_retain(ids, stage1_scores(stage1, kind, ids, iid), seed=seed,
-                           min_keep=min_keep, keep_frac=keep_frac)
+                           min_keep=min_keep, keep_frac=keep_frac, rule=keep_rule)
     has_gen = (pool_has_gen_tests if pool_has_gen_tests is not None
                else any(records[t].gen_test is not None for t in ids))
     return after_stage1(ids, s1, records, stage1 if kind == "ef" else final_verifier, kind == "ef",

@@ -69,9 +69,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .._core.io import atomic_write_text, iter_jsonl, read_json
+from .._core.manifests import VerifierManifest, check_manifest
 from .._core.validation import LatentSiftError, check_positive_int
-# the backends are part of the verifier's API: LocalBackend, OpenAIBackend, yes_no_score, RawJudgement
-from .backends import (NO, YES, CallFailed, LocalBackend, OpenAIBackend, RawJudgement,
+# the backends are part of the verifier's API: VerifierBackend and its two, yes_no_score, RawJudgement
+from .backends import (NO, YES, CallFailed, LocalVerifierBackend, OpenAIBackend, RawJudgement, VerifierBackend,
                        yes_no_score)
 
 THOUGHT_PLACEHOLDER = "<Thought condensed for saving context>"
@@ -195,10 +196,8 @@ def load_results(path: str | Path) -> tuple[str, dict[str, VerifierResult], dict
     man: dict = {}
     if p.is_dir():
         if (p / MANIFEST_FILE).is_file():
-            man = read_json(p / MANIFEST_FILE)
-            if not isinstance(man, dict):
-                raise LatentSiftError(f"{p / MANIFEST_FILE}: must be a JSON object. Got {type(man).__name__} "
-                                      "instead.")
+            man = check_manifest(read_json(p / MANIFEST_FILE), VerifierManifest, p / MANIFEST_FILE,
+                                 "write the results again ('latentsift verify')")
         p = p / RESULTS_FILE
     if not p.is_file():
         raise LatentSiftError(f"No such verifier results file: {str(p)!r}.")
@@ -392,7 +391,7 @@ class EFVerifier:
         self.backend = backend
         self.max_prompt_tokens = check_positive_int(max_prompt_tokens, "max_prompt_tokens", "EFVerifier")
         self.head_tokens = check_positive_int(head_tokens, "head_tokens", "EFVerifier")
-        ctx = getattr(getattr(backend, "policy", None), "context_length", None)
+        ctx = getattr(backend, "context_length", None)
         if ctx is not None and self.max_prompt_tokens > ctx:
             raise LatentSiftError(f"The 'max_prompt_tokens' parameter of EFVerifier must be at most the model "
                                   f"context ({ctx}). Got {max_prompt_tokens} instead.")
@@ -402,8 +401,6 @@ class EFVerifier:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
 
     def _count_prompt(self, system: str, user: str) -> int:
-        if hasattr(self.backend, "encode"):
-            return len(self.backend.encode(system, user, self.answer_prefix))
         return self.backend.count_prompt(system, user, self.answer_prefix)
 
     def prompt(self, traj) -> tuple[str, str, int, dict]:

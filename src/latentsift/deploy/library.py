@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .._core.io import member
 from .._core.validation import FingerprintMismatch, LatentSiftError, check_labelled, check_states_present
 from ..bank.bank import Bank
 from ..sift.scorer import LinearScorer
@@ -198,10 +199,13 @@ def save_sub_banks(subs: Sequence[SubBank], root: Path) -> None:
         s.scorer.save(root / s.dir_name / "scorer", plot=False)
 
 
-def load_sub_banks(entries: Sequence[dict], root: Path) -> list[SubBank]:
-    return [SubBank(e["name"], e["agents"], e["scaffolds"], Bank.load(root / e["parts"]["bank"]),
-                    LinearScorer.load(root / e["parts"]["scorer"]), Reference(**e["shift_reference"]),
-                    e["n_trajectories"], e.get("label_counts", {})) for e in entries]
+def load_sub_banks(entries: Sequence[dict], root: Path, manifest: Path) -> list[SubBank]:
+    """The library entries of a sifter's ``manifest`` (checked by its schema), their parts read from
+    inside the sifter folder ``root``."""
+    return [SubBank(e["name"], e["agents"], e["scaffolds"], Bank.load(member(root, e["parts"]["bank"], manifest)),
+                    LinearScorer.load(member(root, e["parts"]["scorer"], manifest)),
+                    Reference(**e["shift_reference"]), e["n_trajectories"], e.get("label_counts", {}))
+            for e in entries]
 
 
 # ---------------------------------------------------------------------- the bank chosen per pool

@@ -1,215 +1,69 @@
-"""Per-pool retention for a stated pool recall, with a finite-sample guarantee (conformal risk control).
+"""The recall-targeted keep rule in deployment: ``filter --target-recall R`` (``target_recall_filter``).
 
-Pool recall: the share of pools that hold a resolved candidate and keep at least one of them.
-A target recall R is a risk level alpha = 1 - R on the loss
-
-    L_i(tau) = 1[pool i holds a resolved candidate and Stage 1 keeps none of them],
-
-where pool i keeps its ``min_keep`` best candidates and every candidate whose score is at least the
-threshold ``tau`` (``keep_mask``): a confident pool (one candidate far above the rest) keeps one,
-an uncertain pool (every candidate above the threshold) keeps all. L_i grows with tau (a higher
-threshold keeps fewer candidates) and is bounded by B = 1.
-
-Conformal risk control (Angelopoulos, Bates, Fisch, Lei and Schuster, "Conformal Risk Control",
-ICLR 2024, Theorem 1), on the n calibration pools that hold a resolved candidate: with
-lambda = -tau (so the loss is non-increasing in lambda),
-
-    tau_hat = sup{ tau : (n / (n + 1)) R_hat_n(tau) + B / (n + 1) <= alpha },
-
-i.e. at most ``floor(alpha (n + 1) - 1)`` calibration pools may lose their resolved candidates
-(``crc_threshold``, closed form: an order statistic of each pool's best resolved score,
-``pool_miss_scores``). Then, when the calibration pools and a new pool holding a resolved
-candidate are exchangeable, E[L_new(tau_hat)] <= alpha, i.e. the expected pool recall is at
-least R. The bound needs ``alpha (n + 1) >= 1`` (``n >= 1 / alpha - 1``; a smaller calibration
-set is refused, ``check_calibration_size``); R = 1 keeps every candidate (trivially guaranteed).
-
-The keep decision is made on the score, and the calibrated probability (``latentsift.metrics.calibrate``,
-a non-decreasing map) is reported with it: the candidates kept are those whose probability is at
-least the threshold's, up to the plateaus of the isotonic step function, which a threshold on the
-probability would keep whole (still valid, but it keeps more than the guarantee needs).
-``apply_operating_point`` applies the rule to scored pools (``sift.PoolResult``), and a pool the
-shift guard flags is never reported as guaranteed (``on_shift`` decides what it keeps).
+The rule itself, its guarantee (conformal risk control) and the calibration pools it is fitted on are
+``latentsift.sift.keep`` (``RecallKeep``, ``CalibrationPools``). Here: the calibration pools scored as
+new pools by the filter that ``filter`` runs (``calibration_pools_for_filter``: split or cross-fitted),
+the one-line checks of the command's options before any work (``target_recall_options``), and the
+rule applied to scored pools (``apply_operating_point``, ``sift.PoolResult``): a pool the shift guard
+flags is never reported as guaranteed (``on_shift`` decides what it keeps).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..bank.bank import Bank, inner_folds
-from ..metrics.calibrate import CALIBRATION_METHODS, CalibrationMap, fit_calibration
-from ..sift.retain import order_by_score
+from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
+from ..sift.keep import (CalibrationPools, FixedKeep, RecallKeep, apply_keep, check_calibration_size,
+                         check_target_recall, keep_rule, keep_rules, min_calibration_pools, top_mask)
+from ..sift.keep_confident import ConfidentRecallKeep, check_confidence, min_confident_pools
 from ..sift.scorer import LinearScorer
-from ..sift.rules import make_baseline
+from ..sift.rules import filter_entry, make_baseline
 from ..sift.sift import LatentSift, load_selected_pools
 from .sifter import Sifter
-from ..states.store import StateStore
+from ..states.store import StateStore, check_recorded_settings
+from .shift import Reference, guard
 
 TARGET_RECALLS = (0.90, 0.95, 0.99)
 ON_SHIFT_TARGET = ("keep-all", "warn")
-GUARANTEE = ("conformal risk control (Angelopoulos et al., Conformal Risk Control, Theorem 1): "
-             "E[1 - pool recall] <= 1 - R for a new pool holding a resolved candidate, when it and the "
-             "calibration pools holding one are exchangeable")
+#: What a pool needs to be reported as guaranteed (each failure is named in ``not_guaranteed``).
+GUARANTEE_CONDITIONS = ("the calibration pools are disjoint from the bank, from the scorer's training data and from "
+                        "the pools filtered (the last is refused)", "the pool's instance is not in the bank (no leak)",
+                        "the shift check ran on the pool and passed")
+PROMISE = ("expected pool recall >= R: averaged over the draw of the calibration pools and of a new pool holding a "
+           "resolved candidate, when the two are exchangeable (same agent, same kind of task, scored the same way); "
+           "not a promise for one set of pools")
+COSTS = ("calls", "tokens")
+_NEAREST = ("--bank-choice nearest with a target recall needs a threshold per sub-bank, each calibrated on pools "
+            "that sub-bank scores, and the sifter holds one for its all-agent bank only: use --bank-choice all")
+CONFIDENT_PROMISE = ("pool recall >= R with probability >= the confidence over the draw of the calibration pools: the "
+                     "recall of new pools exchangeable with them (the probability that a new pool holding a resolved "
+                     "candidate keeps one), not the realized recall of a finite set of pools")
 
 
-def check_target_recall(value: Any, owner: str = "filter") -> float:
-    """A target pool recall in (0, 1]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0.0 < float(value) <= 1.0:
-        raise LatentSiftError(f"The 'target_recall' parameter of {owner} must be a number in (0, 1]. "
-                              f"Got {value!r} instead.")
-    return float(value)
-
-
-def min_calibration_pools(target: float) -> int:
-    """Fewest calibration pools holding a resolved candidate for which the bound can hold: n >= 1/alpha - 1."""
-    alpha = 1.0 - target
-    return 0 if alpha <= 0 else max(1, math.ceil(1.0 / alpha - 1.0 - 1e-9))
-
-
-def check_calibration_size(n: int, target: float, owner: str = "filter") -> None:
-    """Refuse a calibration set too small for conformal risk control at ``target``."""
-    need = min_calibration_pools(target)
-    if target < 1.0 and n < need:
-        raise LatentSiftError(f"{owner}: --target-recall {target:g} needs at least {need} calibration pools that "
-                              f"hold a resolved candidate (conformal risk control: n >= 1/(1 - R) - 1); the "
-                              f"calibration set has {n}. Add labelled pools or lower the target.")
-
-
-def top_mask(scores: np.ndarray, traj_ids: Sequence[str], n: int, seed: int = 0) -> np.ndarray:
-    """The ``n`` best candidates under the retention tie rule (``retain.order_by_score``)."""
-    mask = np.zeros(len(traj_ids), dtype=bool)
-    mask[order_by_score(scores, traj_ids, seed=seed)[:max(0, n)]] = True
-    return mask
-
-
-def keep_mask(scores: Any, traj_ids: Sequence[str], threshold: float, min_keep: int = 1, seed: int = 0) -> np.ndarray:
-    """Candidates kept: the ``min_keep`` best, and every candidate with score >= ``threshold``."""
-    s = np.asarray(scores, dtype=np.float64)
-    return top_mask(s, traj_ids, min_keep, seed) | (np.nan_to_num(s, nan=-np.inf) >= threshold)
-
-
-def pool_miss_score(scores: Any, labels: Any, traj_ids: Sequence[str], min_keep: int = 1, seed: int = 0) -> float:
-    """u such that the pool loses its resolved candidates exactly when the threshold exceeds u.
-
-    +inf when a resolved candidate is among the ``min_keep`` best (never lost); else the best score of
-    a resolved candidate (NaN scores count as -inf); NaN when the pool holds no resolved candidate.
-    """
-    raw = np.asarray(scores, dtype=np.float64)
-    s = np.nan_to_num(raw, nan=-np.inf)
-    y = np.asarray(labels).astype(bool)
-    if not y.any():
-        return float("nan")
-    if (top_mask(raw, traj_ids, min_keep, seed) & y).any():
-        return float("inf")
-    return float(s[y].max())
-
-
-def crc_threshold(u: Any, alpha: float) -> float:
-    """The conformal-risk-control threshold for the 0/1 pool loss 1[tau > u_i] (module docstring).
-
-    ``u``: ``pool_miss_score`` of the n calibration pools holding a resolved candidate. Returns the
-    largest threshold at which at most floor(alpha (n + 1) - 1) of them are lost: +inf keeps only
-    ``min_keep`` per pool, -inf keeps everything (alpha = 0).
-    """
-    u = np.sort(np.asarray(u, dtype=np.float64))
-    n = u.size
-    if alpha <= 0:
-        return float("-inf")
-    allowed = math.floor(alpha * (n + 1) - 1 + 1e-9)
-    if allowed < 0:
-        raise LatentSiftError(f"conformal risk control at alpha {alpha:g} needs n >= {min_calibration_pools(1 - alpha)} "
-                              f"calibration pools; got {n}.")
-    return float("inf") if allowed >= n else float(u[allowed])
-
-
-@dataclass
-class OperatingPoint:
-    """A keep rule chosen for ``target_recall`` on calibration pools (``fit_operating_point``).
-
-    ``threshold``: on the filter's score; ``p_threshold``: the calibrated probability there;
-    ``n_calibration_pools``: calibration pools holding a resolved candidate (the n of the bound);
-    ``n_lost_allowed``: of those, how many the threshold may lose.
-    """
-
-    target_recall: float
-    threshold: float
-    p_threshold: float
-    n_calibration_pools: int
-    n_lost_allowed: int
-    min_keep: int
-    calibration: CalibrationMap
-    seed: int = 0
-    guarantee: str = GUARANTEE
-
-    @property
-    def alpha(self) -> float:
-        return 1.0 - self.target_recall
-
-    def keep(self, scores: Any, traj_ids: Sequence[str]) -> np.ndarray:
-        return keep_mask(scores, traj_ids, self.threshold, self.min_keep, self.seed)
-
-    def to_dict(self) -> dict:
-        fin = (lambda v: None if not np.isfinite(v) else float(v))
-        return {"target_recall": self.target_recall, "alpha": round(self.alpha, 12),
-                "threshold": fin(self.threshold),
-                "threshold_meaning": "keep all" if self.threshold == -np.inf else
-                "keep min_keep only" if self.threshold == np.inf else "keep score >= threshold",
-                "p_threshold": fin(self.p_threshold), "n_calibration_pools": self.n_calibration_pools,
-                "n_lost_allowed": self.n_lost_allowed, "min_keep": self.min_keep,
-                "calibration": self.calibration.to_dict(), "guarantee": self.guarantee}
-
-
-@dataclass
-class CalibrationPools:
-    """Labelled pools scored as new pools: per pool its traj_ids, scores and 0/1 labels."""
-
-    instance_ids: list[str]
-    traj_ids: list[list[str]]
-    scores: list[np.ndarray]
-    labels: list[np.ndarray]
-    how: str = ""
-    extra: dict = field(default_factory=dict)
-
-    def flat(self) -> tuple[np.ndarray, np.ndarray]:
-        if not self.scores:
-            return np.zeros(0), np.zeros(0)
-        return np.concatenate(self.scores), np.concatenate(self.labels)
-
-    def n_positive(self) -> int:
-        return int(sum(np.asarray(y).any() for y in self.labels))
-
-
-def fit_operating_point(cal: CalibrationPools, calibration: CalibrationMap, target: float, *, min_keep: int = 1,
-                        seed: int = 0, owner: str = "filter") -> OperatingPoint:
-    """The keep rule for ``target`` pool recall on the calibration pools (refused when too few)."""
-    target = check_target_recall(target, owner)
-    min_keep = check_positive_int(min_keep, "min_keep", owner)
-    u = np.array([pool_miss_score(s, y, t, min_keep, seed) for s, y, t in zip(cal.scores, cal.labels, cal.traj_ids)])
-    u = u[~np.isnan(u)]
-    check_calibration_size(u.size, target, owner)
-    tau = crc_threshold(u, 1.0 - target)
-    allowed = -1 if target >= 1 else math.floor((1.0 - target) * (u.size + 1) - 1 + 1e-9)
-    p_tau = float(calibration.predict([tau])[0]) if np.isfinite(tau) else float("nan")
-    return OperatingPoint(target, tau, p_tau, int(u.size), int(max(allowed, 0)), min_keep, calibration, seed)
-
-
-def apply_operating_point(results: list, op: OperatingPoint, *, shifted: Sequence[str] = (),
-                          on_shift: str = "keep-all") -> list[dict]:
+def apply_operating_point(results: list, op: RecallKeep, *, shifted: Sequence[str] = (),
+                          on_shift: str = "keep-all", shift_checked: bool = True,
+                          failed: Mapping[str, Sequence[str]] | None = None, max_keep: int | None = None) -> list[dict]:
     """Apply ``op`` to scored pools (``sift.PoolResult``, changed in place: ``retained`` and ``n_keep``).
 
-    Returns per pool: the number kept, the calibrated probability of each candidate, the reason and
-    whether the guarantee applies (never for a pool in ``shifted``; ``on_shift`` "keep-all" keeps its
-    every candidate, "warn" applies the rule without the guarantee).
+    Returns per pool: the number kept, the calibrated probability of each candidate, the reason, the
+    shift check's outcome ("passed", "flagged" or "unchecked") and whether the guarantee applies, with
+    ``not_guaranteed``: the conditions that failed (``GUARANTEE_CONDITIONS``). A pool in ``shifted``
+    or unchecked (``shift_checked=False``) is never guaranteed; ``on_shift`` "keep-all" keeps a
+    flagged pool's every candidate, "warn" applies the rule to it. ``failed``: instance -> the other
+    conditions that failed for it ("" -> for every pool). ``max_keep``: at most that many per pool (the
+    best of those the rule keeps); a pool the cap cuts is not guaranteed.
     """
     flagged = set(shifted)
+    failed = dict(failed or {})
     out = []
     for res in results:
         ids = [c.traj_id for c in res.candidates]
         s = np.array([c.s for c in res.candidates], dtype=np.float64)
-        p = op.calibration.predict(s)
+        p = op.predict_proba(s)
         shift = res.instance_id in flagged
         if shift and on_shift == "keep-all":
             mask = np.ones(len(ids), dtype=bool)
@@ -217,7 +71,7 @@ def apply_operating_point(results: list, op: OperatingPoint, *, shifted: Sequenc
         else:
             mask = op.keep(s, ids)
             n_top = int(top_mask(s, ids, op.min_keep, op.seed).sum())
-            n_above = int((np.nan_to_num(s, nan=-np.inf) >= op.threshold).sum())
+            n_above = int((np.nan_to_num(s, nan=-np.inf) >= op.threshold_).sum())
             if mask.all() and len(ids) > n_top:
                 reason = "uncertain: every candidate reaches the threshold"
             elif n_above <= n_top:
@@ -226,12 +80,20 @@ def apply_operating_point(results: list, op: OperatingPoint, *, shifted: Sequenc
                 reason = f"{n_above} candidates reach the threshold"
             if shift:
                 reason += " (shift guard flagged the pool: rule applied, no guarantee)"
+        capped = max_keep is not None and int(mask.sum()) > max_keep
+        if capped:
+            reason += f" (capped at --max-keep {max_keep}: the rule kept {int(mask.sum())})"
+            mask = top_mask(s, ids, max_keep, op.seed)
         for c, m in zip(res.candidates, mask):
             c.retained = bool(m)
         res.n_keep = int(mask.sum())
+        state = "flagged" if shift else "passed" if shift_checked else "unchecked"
+        why = list(failed.get("", ())) + list(failed.get(res.instance_id, ()))
+        why += [f"capped at --max-keep {max_keep}"] if capped else []
+        why += {"flagged": ["shift guard flagged the pool"], "unchecked": ["shift unchecked"]}.get(state, [])
         out.append({"instance_id": res.instance_id, "k": len(ids), "n_keep": res.n_keep,
-                    "probabilities": {t: float(v) for t, v in zip(ids, p)}, "reason": reason,
-                    "guaranteed": not shift})
+                    "probabilities": {t: float(v) for t, v in zip(ids, p)}, "reason": reason, "shift": state,
+                    "guaranteed": not why, "not_guaranteed": why})
     return out
 
 
@@ -239,16 +101,19 @@ def apply_operating_point(results: list, op: OperatingPoint, *, shifted: Sequenc
 CALIBRATION_MODES = ("split", "cross-fitted")
 
 
-def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latentsift", bank_dir=None, scorer_dir=None,
+def calibration_pools_for_filter(cal_path, cal_states, *, method: str = LatentSift.name, bank_dir=None, scorer_dir=None,
                                  sifter_dir=None, settings: dict | None = None, scorer_epochs: int = 40,
-                                 instances=None) -> CalibrationPools:
+                                 instances=None, states_dir=None) -> CalibrationPools:
     """Labelled calibration pools scored as new pools by the filter that ``filter`` runs.
 
     "split": no calibration pool's instance is in the bank (or a baseline, which has none): the pools
     are scored by the same bank, scorer and settings as the pools to filter (split conformal).
     "cross-fitted": some are in the bank (e.g. the bank's own pools): each pool is scored by a bank
     and scorer fitted on the calibration trajectories of the other half of their repositories
-    (``bank.inner_folds``, 2 repository-disjoint halves; ``scorer_epochs`` per half).
+    (``bank.inner_folds``, 2 repository-disjoint halves; ``scorer_epochs`` per half); no pool is
+    then guaranteed (half-size banks stand in for the deployed one). ``cal_states`` extracted with
+    other value-changing settings than the bank's, the scorer's or (a rule) ``states_dir``'s are
+    refused, as every states input is. ``extra`` records the file, its states and the overlaps.
     """
     settings = dict(settings or {})
     pools = load_selected_pools(cal_path, instances)
@@ -257,27 +122,43 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latents
     if unlabelled:
         raise LatentSiftError(f"filter --calibration: {len(unlabelled)} candidates of {cal_path} have no reward, "
                               f"e.g. {unlabelled[0]!r}; calibration pools must be labelled.")
-    if method != "latentsift":
-        results = make_baseline(method, **settings).score_pools(pools, None if cal_states is None else
-                                                                StateStore(cal_states).open())
-        return _from_results(results, trajs, "split (a rule: no bank)")
-    if cal_states is None:
+    store = None if cal_states is None else StateStore(cal_states).open()
+    extra = {"file": str(Path(cal_path).resolve()),
+             "states": None if store is None else str(Path(cal_states).resolve()),
+             "states_settings": None if store is None else store.settings,
+             "states_fingerprint": None if store is None else store.fingerprint.to_dict()}
+    entry = filter_entry(method)
+    if entry.kind != "state":
+        if store is not None and states_dir is not None and Path(states_dir).resolve() != Path(cal_states).resolve():
+            check_recorded_settings(StateStore(states_dir).open().settings, store, f"The states {states_dir}")
+        results = make_baseline(method, **settings).score_pools(pools, store)
+        extra |= {"n_in_bank": 0, "n_in_scorer_training": 0}
+        return _from_results(results, trajs, "split (a rule: no bank)", extra)
+    if store is None:
         raise LatentSiftError("filter --calibration needs the calibration candidates' states (--calibration-states "
                               "or the --states store).")
     if sifter_dir is not None:
         sifter = Sifter.load(sifter_dir)
-        bank, params = sifter.bank, sifter.get_params()
+        bank, params, scorer = sifter.bank, sifter.get_params(), sifter.scorer
+        check_recorded_settings(bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
+        trained_on = bank.instance_ids_   # a sifter's scorer is fitted on its bank's trajectories
     else:
         bank = Bank.load(bank_dir)
         params = dict(settings)
-    overlap = sorted({p.instance_id for p in pools} & bank.instance_ids_)
-    store = StateStore(cal_states).open()
+        check_recorded_settings(bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
+        scorer = None if params.get("branches") == "distance" else LinearScorer.load(scorer_dir)
+        if scorer is not None:
+            check_recorded_settings(scorer.source_.get("store_settings"), store, f"The scorer {scorer_dir}")
+        trained_on = set() if scorer is None else scorer_training_instances(scorer, bank_dir, bank)
+    ids = {p.instance_id for p in pools}
+    overlap = sorted(ids & bank.instance_ids_)
+    extra |= {"n_in_bank": len(overlap),
+              "n_in_scorer_training": None if trained_on is None else len(ids & trained_on)}
     if not overlap:
-        filt = LatentSift(bank, None if params.get("branches") == "distance" else
-                          (sifter.scorer if sifter_dir is not None else LinearScorer.load(scorer_dir)), **params)
+        filt = entry.factory(bank, scorer, **params)
         return _from_results(filt.score_pools(pools, store.load([t.traj_id for t in trajs]),
                                               fingerprint=store.fingerprint), trajs,
-                             "split: calibration pools disjoint from the bank, scored by the same bank and scorer")
+                             "split: calibration pools disjoint from the bank, scored by the same bank and scorer", extra)
     states = store.load([t.traj_id for t in trajs])
     folds = list(inner_folds(trajs, seed=params.get("seed", 0)))
     results = []
@@ -287,51 +168,154 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = "latents
             raise LatentSiftError(f"filter --calibration: {len(overlap)} calibration pools are in the bank, so they are "
                                   "cross-fitted over two repository-disjoint halves, and a half has one class only or "
                                   "no pools; give calibration pools from more repositories.")
-        ids = sorted(labels)
+        tids = sorted(labels)
         b = Bank.from_trajectories(f.bank_trajs, states, store.fingerprint, **bank.get_params())
         sc = None if params.get("branches") == "distance" else LinearScorer(
-            max_epochs=scorer_epochs, seed=params.get("seed", 0)).fit([states[i] for i in ids], [labels[i] for i in ids],
+            max_epochs=scorer_epochs, seed=params.get("seed", 0)).fit([states[i] for i in tids],
+                                                                     [labels[i] for i in tids],
                                                                      fingerprint=store.fingerprint)
-        results += LatentSift(b, sc, **params).score_pools(f.eval_pools, states, fingerprint=store.fingerprint)
+        results += entry.factory(b, sc, **params).score_pools(f.eval_pools, states, fingerprint=store.fingerprint)
     return _from_results(results, trajs, f"cross-fitted: {len(overlap)} calibration pools are in the bank; each "
-                                         "scored by a bank and scorer of the other half of the repositories")
+                                         "scored by a bank and scorer of the other half of the repositories", extra)
 
 
-def _from_results(results, trajs, how: str) -> CalibrationPools:
+def scorer_training_instances(scorer, bank_dir, bank) -> set[str] | None:
+    """The instances a scorer was trained on: those of the bank it records (``scorer train``), None when
+    it records none (then the calibration set's overlap with them is unknown)."""
+    src = (getattr(scorer, "source_", None) or {}).get("bank_dir")
+    if not src:
+        return None
+    if bank_dir is not None and Path(src).resolve() == Path(bank_dir).resolve():
+        return bank.instance_ids_
+    return Bank.load(src).instance_ids_ if Path(src).is_dir() else None
+
+
+def calibration_failures(cal: CalibrationPools) -> list[str]:
+    """The guarantee's calibration conditions that ``cal`` fails (``GUARANTEE_CONDITIONS``), in words."""
+    out = []
+    if cal.extra.get("n_in_bank"):
+        out.append(f"{cal.extra['n_in_bank']} calibration pools are in the bank (cross-fitted scores of half-size "
+                   "banks stand in for the deployed bank's)")
+    n_sc = cal.extra.get("n_in_scorer_training", 0)
+    if n_sc is None:
+        out.append("the scorer records no training data: the calibration set's overlap with it is unchecked")
+    elif n_sc and not cal.extra.get("n_in_bank"):
+        out.append(f"{n_sc} calibration pools are in the scorer's training data")
+    return out
+
+
+def check_calibration_disjoint(cal_path, pools_path, instances=None) -> None:
+    """Refuse calibration pools that are also pools to filter (the calibration set must be disjoint from
+    the pools its guarantee is for)."""
+    check_calibration_disjoint_ids([p.instance_id for p in load_selected_pools(cal_path)], pools_path, instances)
+
+
+def check_calibration_disjoint_ids(cal_ids, pools_path, instances=None) -> None:
+    """``check_calibration_disjoint`` with the calibration pools' instance ids."""
+    both = sorted(set(cal_ids) & {p.instance_id for p in load_selected_pools(pools_path, instances)})
+    if both:
+        raise LatentSiftError(f"filter --calibration: {len(both)} of its pools are also pools to filter (e.g. "
+                              f"{both[0]!r}); calibration pools must be disjoint from the pools they calibrate.")
+
+
+def calibration_guard(run, pools_path, states_dir, cal: CalibrationPools, on_shift: str, instances=None) -> None:
+    """The shift guard for a rule filter (it has no bank): the pools to filter against a bank of the
+    calibration pools' states (are the new pools like the calibration pools?); adds ``shift`` to ``run``.
+    Without states (or calibration states) nothing is checked and every pool says "shift unchecked"."""
+    if states_dir is None or not cal.extra.get("states"):
+        return
+    cal_pools = load_selected_pools(cal.extra["file"])
+    trajs = [c for p in cal_pools for c in p.candidates]
+    cal_store = StateStore(cal.extra["states"]).open()
+    bank = Bank.from_trajectories(trajs, cal_store.load([t.traj_id for t in trajs]), cal_store.fingerprint)
+    pools = load_selected_pools(pools_path, instances)
+    store = StateStore(states_dir).open()
+    states = store.load([c.traj_id for p in pools for c in p.candidates])
+    shift, warnings = guard(run.pools, pools, states, bank, Reference.from_bank(bank), on_shift)
+    run.extra["shift"] = {**shift, "reference_of": "the calibration pools (a rule filter has no bank)",
+                          "warnings": warnings}
+
+
+def _from_results(results, trajs, how: str, extra: dict) -> CalibrationPools:
     lab = {t.traj_id: int(t.label) for t in trajs}
     results = sorted(results, key=lambda r: r.instance_id)
     return CalibrationPools([r.instance_id for r in results], [[c.traj_id for c in r.candidates] for r in results],
                             [np.array([c.s for c in r.candidates], dtype=np.float64) for r in results],
-                            [np.array([lab[c.traj_id] for c in r.candidates]) for r in results], how=how)
+                            [np.array([lab[c.traj_id] for c in r.candidates]) for r in results], how=how, extra=extra)
 
 
 def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
-                          calibration_method: str = "isotonic", calibration_epochs: int = 40, on_shift=None,
-                          min_keep=None) -> dict:
+                          calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40, on_shift=None,
+                          min_keep=None, pools=None, instances=None, confidence=None, saved: bool = False,
+                          max_keep=None, cost: str = "calls", keep_rule: str = FixedKeep.name) -> dict:
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
 
-    Returns ``{"target_recall", "on_shift", "min_keep"}``: without a target, "warn" and 3 (the paper's
-    rule); with one, "keep-all" and 1. The calibration file is read for its labels only.
+    Returns ``{"target_recall", "on_shift", "min_keep", "confidence", "needed", "have"}``: without a
+    target, "warn" and 3 (the paper's rule); with one, "keep-all" and 1, and the calibration pools
+    holding a resolved candidate that the bound needs (``confidence``: the high-probability mode,
+    ``keep_confident``) and that the file has. The calibration file is read for its labels and
+    instances only (refused when it shares a pool with ``pools``, the pools to filter). ``saved``: a
+    saved operating point will be applied (``operating_file``; checked there): no ``calibration``
+    needed. ``max_keep``: a cap per pool (with a target only); ``cost``: "calls" ("tokens" is refused:
+    no filter input holds the verifier's tokens per candidate).
     """
-    if target_recall is None:
+    check_choice(keep_rule, "keep_rule", "filter (--keep-rule)", keep_rules())
+    if keep_rule != FixedKeep.name and (target_recall is not None or saved or
+                                        keep_rule in (RecallKeep.name, ConfidentRecallKeep.name)):
+        raise LatentSiftError("--keep-rule names another retention than the paper's; the recall-targeted ones are "
+                              "--target-recall R [--confidence C]: pass one of them.")
+    check_choice(cost, "cost", "filter (--cost)", COSTS)
+    if cost == "tokens":
+        raise LatentSiftError("--cost tokens needs each candidate's verifier token count, which no input of 'filter' "
+                              "holds (the verifier runs after Stage 1); use --cost calls, the candidates kept.")
+    if max_keep is not None and target_recall is None and not saved:
+        raise LatentSiftError("--max-keep caps the recall-targeted rule: pass --target-recall R (or --operating-point).")
+    if max_keep is not None:
+        check_positive_int(max_keep, "max_keep", "filter (--max-keep)")
+    if saved:
         if calibration is not None:
-            raise LatentSiftError("--calibration is used with --target-recall only; pass --target-recall R.")
-        return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": 3 if min_keep is None else min_keep}
+            raise LatentSiftError("Pass --calibration (fit the rule now) or a saved operating point, not both.")
+        if bank_choice != "all":
+            raise LatentSiftError(_NEAREST)
+        return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": min_keep,
+                "confidence": confidence, "max_keep": max_keep}
+    if target_recall is None:
+        if confidence is not None:
+            raise LatentSiftError("--confidence is used with --target-recall only; pass --target-recall R.")
+        if calibration is not None and keep_rule == FixedKeep.name:
+            raise LatentSiftError("--calibration is used with --target-recall only (or with a --keep-rule to fit "
+                                  "on it); pass --target-recall R.")
+        return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": 3 if min_keep is None else min_keep,
+                "confidence": None, "max_keep": None}
     target_recall = check_target_recall(target_recall, "filter (--target-recall)")
     if calibration is None:
-        raise LatentSiftError("--target-recall needs --calibration (labelled pools to choose the threshold on).")
+        raise LatentSiftError("--target-recall needs --calibration (labelled pools to choose the threshold on), or a "
+                              "sifter with a saved operating point ('latentsift fit --target-recall R --calibration').")
     if bank_choice != "all":
-        raise LatentSiftError("--target-recall calibrates on the sifter's all-agent bank: use --bank-choice all "
-                              "(per-pool sub-banks would need a calibration each).")
-    check_choice(calibration_method, "calibration_method", "filter (--calibration-method)", CALIBRATION_METHODS)
+        raise LatentSiftError(_NEAREST)
+    check_choice(calibration_method, "calibration_method", "filter (--calibration-method)", calibration_methods())
     check_positive_int(calibration_epochs, "calibration_epochs", "filter (--calibration-epochs)")
     if on_shift is not None:
         check_choice(on_shift, "on_shift", "filter (--on-shift with --target-recall)", (*ON_SHIFT_TARGET, "error"))
     if min_keep is not None:
         check_positive_int(min_keep, "min_keep", "filter (--min-keep)")
-    check_calibration_size(count_positive_pools(calibration), target_recall, "filter")
+    if confidence is not None:
+        confidence = check_confidence(confidence, "filter (--confidence)")
+    if pools is not None:
+        check_calibration_disjoint(calibration, pools, instances)
+    have = count_positive_pools(calibration)
+    if confidence is None:
+        check_calibration_size(have, target_recall, "filter")
+        needed = min_calibration_pools(target_recall)
+    else:
+        needed = min_confident_pools(target_recall, confidence)
+        if target_recall < 1 and have < needed:
+            raise LatentSiftError(f"filter: --target-recall {target_recall:g} --confidence {confidence:g} needs at least "
+                                  f"{needed} calibration pools that hold a resolved candidate (Learn then Test: "
+                                  f"n >= log(1 - confidence) / log(R)); the calibration set has {have}. Add labelled "
+                                  "pools, lower the target or the confidence.")
     return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": 1 if min_keep is None
-            else min_keep}
+            else min_keep, "confidence": confidence, "needed": needed, "have": have, "max_keep": max_keep}
 
 
 def count_positive_pools(cal_path, instances=None) -> int:
@@ -339,17 +323,57 @@ def count_positive_pools(cal_path, instances=None) -> int:
     return sum(any(c.label == 1 for c in p.candidates) for p in load_selected_pools(cal_path, instances))
 
 
-def target_recall_filter(run, target: float, cal: CalibrationPools, *, method: str = "isotonic", min_keep: int = 1,
-                         on_shift: str = "keep-all") -> dict:
-    """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section."""
-    cmap = fit_calibration(*cal.flat(), method=method)
-    op = fit_operating_point(cal, cmap, target, min_keep=min_keep, seed=run.settings.get("seed", 0))
+def keep_rule_filter(run, name: str, cal: CalibrationPools | None = None) -> dict:
+    """Apply the registered keep rule ``name`` (fitted on ``cal`` when given) to a ``FilterRun`` (in place)
+    and record it in its ``keep_rule`` section."""
+    rule = keep_rule(name)
+    if cal is not None:
+        rule.fit(cal)
+    apply_keep(run.pools, rule)
+    section = rule.to_dict() | {"calibration_pools": None if cal is None else
+                                {"how": cal.how, "n_pools": len(cal.scores), "n_with_resolved": cal.n_positive()}}
+    run.extra["keep_rule"] = section
+    return section
+
+
+def target_recall_filter(run, target: float | None, cal: CalibrationPools | None = None, *, method: str = DEFAULT_CALIBRATION,
+                         min_keep: int = 1, on_shift: str = "keep-all", confidence: float | None = None,
+                         saved: tuple | None = None, max_keep: int | None = None) -> dict:
+    """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section:
+    ``RecallKeep`` (expected pool recall >= R), or with ``confidence`` ``ConfidentRecallKeep``
+    (P(pool recall >= R) >= confidence), fitted on ``cal``; or ``saved``, (rule, record) of a saved
+    operating point (``operating_file.load_operating_point``), applied without refitting.
+
+    Each pool is marked guaranteed only when every condition of ``GUARANTEE_CONDITIONS`` holds; else
+    ``not_guaranteed`` names those that failed (the calibration's, a leak, the shift check's outcome,
+    the ``max_keep`` cap).
+    """
+    seed = run.settings.get("seed", 0)
+    if saved is not None:
+        op, rec = saved
+        cal_record = dict(rec["calibration_pools"]) | {"operating_point": rec.get("path"),
+                                                       "calibration_fingerprint": rec["calibration_fingerprint"]}
+        cal_failed = list(rec["not_guaranteed"])
+        confidence = getattr(op, "confidence", None)
+    else:
+        op = (RecallKeep(target, min_keep=min_keep, calibration=method, seed=seed) if confidence is None else
+              ConfidentRecallKeep(target, confidence, min_keep=min_keep, calibration=method, seed=seed)).fit(cal)
+        cal_record = {"how": cal.how, "n_pools": len(cal.scores), "n_with_resolved": cal.n_positive(), **cal.extra}
+        cal_failed = calibration_failures(cal)
     shift = run.extra.get("shift")
     shifted = [x["instance_id"] for x in (shift or {}).get("pools", []) if x.get("shifted")]
-    rows = apply_operating_point(run.pools, op, shifted=shifted, on_shift=on_shift)
-    section = op.to_dict() | {"calibration_pools": {"how": cal.how, "n_pools": len(cal.scores),
-                                                    "n_with_resolved": cal.n_positive()},
-                              "shift_checked": shift is not None, "on_shift": on_shift, "pools": rows}
-    run.settings = dict(run.settings) | {"min_keep": min_keep, "target_recall": target}
+    failed: dict[str, list[str]] = {"": cal_failed}
+    for x in run.extra.get("leak", {}).get("pools", []):
+        failed.setdefault(x["instance_id"], []).append("leak: the pool's instance is in the bank")
+    rows = apply_operating_point(run.pools, op, shifted=shifted, on_shift=on_shift, shift_checked=shift is not None,
+                                 failed=failed, max_keep=max_keep)
+    section = op.to_dict() | {"promise": PROMISE if confidence is None else CONFIDENT_PROMISE,
+                              "conditions": list(GUARANTEE_CONDITIONS), "calibration_pools": cal_record,
+                              "refitted": saved is None, "max_keep": max_keep,
+                              "shift_checked": shift is not None, "on_shift": on_shift,
+                              "n_guaranteed": sum(r["guaranteed"] for r in rows), "pools": rows}
+    run.settings = dict(run.settings) | {"min_keep": op.min_keep, "target_recall": op.target_recall} | (
+        {} if confidence is None else {"confidence": confidence})
+    run.inputs = dict(run.inputs) | {"calibration": cal_record.get("file"), "calibration_states": cal_record.get("states")}
     run.extra["operating_point"] = section
     return section

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._core.io import ArtefactKind, jsonable, member, read_artefact, replaced_folder, write_artefact
+from .._core.manifests import SifterManifest, manifest_values
 from .._core.validation import FingerprintMismatch, LatentSiftError, check_labelled
 from ..bank.bank import Bank, Fold, as_fingerprint, inner_folds
 from ..metrics.diagnostics import within_pool_auc
@@ -41,7 +42,8 @@ SIFTER_FORMAT = "latentsift-sifter"
 SIFTER_VERSION = 1
 SIFTER_JSON = "sifter.json"
 SIFTER_ARTEFACT = ArtefactKind(SIFTER_FORMAT, SIFTER_VERSION, SIFTER_JSON, noun="a sifter directory",
-                               make="make one with 'latentsift fit'", redo="fit the sifter again")
+                               make="make one with 'latentsift fit'", redo="fit the sifter again",
+                               schema=SifterManifest)
 
 
 class Sifter(LatentSift):
@@ -85,9 +87,9 @@ class Sifter(LatentSift):
         super().__init__(bank, scorer, **self._settings)
         agents = sorted({t.agent for t in trajs})
         scaffolds = sorted({scaffold_of(t) for t in trajs})
-        self.config_ = {"method": "latentsift", "settings": LatentSift.get_params(self),
+        self.config_ = {"method": LatentSift.name, "settings": LatentSift.get_params(self),
                         "scorer_epochs": self.scorer_epochs,
-                        "choice": {"chosen": "latentsift", "restricted": True,
+                        "choice": {"chosen": LatentSift.name, "restricted": True,
                                    "reason": "fit evaluates the paper's method only; the inner-CV choice among "
                                              "the stacked variants runs in 'crossval'/'reproduce' (see its "
                                              "report's default-choice lines before switching)"},
@@ -145,10 +147,11 @@ class Sifter(LatentSift):
         scorer = LinearScorer.load(member(path, parts.get("scorer"), mpath))
         params = {k: v for k, v in man["config"]["settings"].items()} | settings
         params["channels"] = tuple(params["channels"])
-        s = cls(bank, scorer, scorer_epochs=man["config"].get("scorer_epochs", 40), **params)
+        with manifest_values(mpath, "config.settings", SIFTER_ARTEFACT.redo):
+            s = cls(bank, scorer, scorer_epochs=man["config"].get("scorer_epochs", 40), **params)
         s.config_, s.seen_ = man["config"], man["seen"]
         s.reference_ = Reference(**man["shift_reference"])
-        s.library_ = load_sub_banks(man.get("library", []), path)
+        s.library_ = load_sub_banks(man.get("library", []), path, mpath)
         s.library_skipped_ = man.get("library_skipped", [])
         s.path_ = str(path.resolve())
         return s

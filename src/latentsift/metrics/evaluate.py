@@ -44,7 +44,8 @@ from .._core.io import jsonable
 from .._core.validation import LatentSiftError, check_choice, check_positive_int, param_error
 from ..cascade.cascade import (MISSING_RULES, TIE_RULES, CandidateRecord, Filter, PoolSpec, VerifierTable,
                                after_stage1, filter_kind, pool_priority, saving, stage1_retain, stage1_scores)
-from ..sift.retain import KEEP_FRAC, MIN_KEEP, retain_count
+from ..sift.keep import FixedKeep
+from ..sift.retain import KEEP_FRAC, MIN_KEEP
 from .bootstrap import CI_LEVEL, N_BOOT, bootstrap_indices, draw_subsets, instance_seed, mean_ci, ratio_ci
 
 N_DRAWS = 200       # paper: 200 seeded draws per K
@@ -333,7 +334,8 @@ class _Tally:
         """One filter on every draw of one (pool, K): the sums over draws of each metric."""
         ids = list(pool.traj_ids)
         has_gen = any(records[t].gen_test is not None for t in ids)
-        r_keep = retain_count(k, s.min_keep, s.keep_frac)
+        rule = FixedKeep(s.min_keep, s.keep_frac, s.seed)  # Stage 1's keep rule (``sift.keep``)
+        r_keep = rule.count(k)
         tot = {"best": 0.0, "ret": 0.0, "ef": 0.0, "testgen": 0.0, "reach": 0.0, "calls": 0.0}
         r = self.rules[f][k]
         kind = kinds[f]
@@ -342,10 +344,9 @@ class _Tally:
             drawn = [ids[i] for i in sub]
             if kind == "none":
                 s1 = drawn
-            elif kind == "callable":
-                s1 = stage1_retain(drawn, stage1_scores(filters[f], kind, drawn, pool.instance_id),
-                                   seed=s.seed, min_keep=s.min_keep, keep_frac=s.keep_frac)
-            else:  # rank-invariant: top r of the draw in the pool-wide order
+            elif kind == "callable" or r_keep is None:
+                s1 = stage1_retain(drawn, stage1_scores(filters[f], kind, drawn, pool.instance_id), rule=rule)
+            else:  # a count fixed by K, rank-invariant: top r of the draw in the pool-wide order
                 keep = set(sorted(drawn, key=prio.__getitem__)[:r_keep])
                 s1 = [t for t in drawn if t in keep]
             out = after_stage1(drawn, s1, records, verifier, kind == "ef",

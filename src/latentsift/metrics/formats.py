@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from .._core.io import atomic_path, atomic_write_text, iter_jsonl
+from .._core.io import atomic_path, atomic_write_text, iter_jsonl, read_json
+from .._core.manifests import VerifierManifest, check_manifest
 from .._core.validation import LatentSiftError
 from ..cascade.cascade import CandidateRecord, PoolSpec
 from ..cascade.verifier import RESULTS_FILE, load_results
@@ -157,13 +158,8 @@ def load_scores(path: str | Path, *, known_ids: Iterable[str] | None = None) -> 
     man: dict = {}
     if p.is_dir():
         if (p / "manifest.json").is_file():
-            try:
-                man = json.loads((p / "manifest.json").read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise LatentSiftError(f"{p / 'manifest.json'}: not valid JSON ({e.msg}).") from None
-            if not isinstance(man, dict):
-                raise LatentSiftError(f"{p / 'manifest.json'}: must be a JSON object. Got {type(man).__name__} "
-                                      "instead.")
+            man = check_manifest(read_json(p / "manifest.json"), VerifierManifest, p / "manifest.json",
+                                 "write it again (docs/evaluation.md, 'Score inputs')")
         files = [p / n for n in (SCORES_FILE, RESULTS_FILE, "scores.parquet") if (p / n).is_file()]
         if len(files) != 1:
             raise LatentSiftError(f"{p}: expected exactly one of {SCORES_FILE}, {RESULTS_FILE} or scores.parquet; "

@@ -4,8 +4,8 @@ Disjoint folds (by repository, agent or instance) -> the paper's method, its abl
 variants and the inner-CV default, the baselines (``stage1``, ``variants``, ``curves``) -> agent
 transfer (``transfer_agents``) -> the shift guard's error rates (``guard``) -> the cascade on seeded
 draws and the report (``run.evaluate_protocol``, ``tables``) -> offline pruning (``pruning``).
-``reproduce`` orchestrates the paper's run end to end; ``transfer`` is the bank-transfer matrix across
-pools sets, ``control`` the planted-outcome control, ``shift_eval`` the shift guard's error rates.
+The paper's run end to end is the ``reproduce`` job (``latentsift._jobs.reproduce``); ``transfer`` is the
+bank-transfer matrix across pools sets, ``control`` the planted-outcome control, ``shift_eval`` the shift guard's error rates.
 ``settings.ProtocolSettings`` holds the settings both commands share; ``run.Run`` a run folder
 and its per-fold cache; ``crossval`` runs the protocol on a team's own pools.
 """
@@ -20,14 +20,14 @@ from .settings import GROUP_BY, ProtocolSettings, digest, hash_key
 from .stage1 import DrawScorer, latentsift_variants, stage1_filters
 from .shift_eval import fold_rows, summarise_rows
 from .tables import ablation_tables, candidate_table, per_agent_retention, retention_differences
-from .transfer import TransferSettings, transfer_matrix
+from .transfer import TransferSettings, transfer_summary
 from .transfer_agents import agent_transfer
 from .variants import STACK_CONFIGS
 
 # ``reproduce.reproduce`` and ``reproduce.ReproduceSettings`` stay at their module: a re-exported
 # ``reproduce`` would hide the module of that name.
 __all__ = ["TransferSettings", "fold_rows", "plant_outcome", "plant_pools",
-           "summarise_rows", "transfer_matrix",
+           "summarise_rows", "transfer_summary",
            "CrossvalSettings", "DrawScorer", "GROUP_BY", "NO_VERIFIER", "ON_LEAK_CROSSVAL", "ProtocolSettings",
            "Run", "STACK_CONFIGS", "ablation_tables", "agent_transfer", "cached_step_tokens", "candidate_table",
            "check_folds", "check_group_by", "check_labelled", "check_states_present", "crossval", "digest",

@@ -9,6 +9,7 @@ same settings on the same pools and states give the same Stage-1 numbers.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -71,6 +72,15 @@ class CrossvalSettings(ProtocolSettings):
         return select_instances(trajs, self.first_instances)
 
 
+def check_ks(trajs: Sequence[Trajectory], ks: Sequence[int]) -> None:
+    """Refuse, before any work, a K that no pool reaches (pools smaller than a K that some pool reaches
+    are left out of that K's averages, as the report says)."""
+    largest = max(Counter(t.instance_id for t in trajs).values(), default=0)
+    if max(ks) > largest:
+        raise LatentSiftError(f"crossval: --k {max(ks)} is larger than every pool (the largest holds {largest} "
+                              f"candidates); pass --k values up to {largest}.")
+
+
 @blas_fixed
 def crossval(pools_path: str | Path | Sequence, states_dir: str | Path | Sequence, out: str | Path, *,
              verifier: str | Path | None = None, log: Callable[[str], None] = print,
@@ -96,6 +106,7 @@ def crossval(pools_path: str | Path | Sequence, states_dir: str | Path | Sequenc
     else:
         trajs = s.select(load_jsonl(pools_path))
         check_labelled(trajs, "crossval")
+        check_ks(trajs, s.ks)
         if not Path(states_dir).is_dir():
             raise LatentSiftError(f"crossval: no state store at {str(states_dir)!r}; run 'latentsift extract "
                                   f"{pools_path} --out {states_dir}' first.")
@@ -111,6 +122,7 @@ def crossval(pools_path: str | Path | Sequence, states_dir: str | Path | Sequenc
         if not trajs:
             raise LatentSiftError(f"crossval: every pool straddles {s.group_by}s; nothing is left to evaluate. "
                                   "Use --group-by repo.")
+    check_ks(trajs, s.ks)
     check_group_by(trajs, s.group_by, "crossval")
     run = Run(s, log=log, progress=progress)
     folds = run.folds(trajs)

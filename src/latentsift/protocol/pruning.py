@@ -21,61 +21,25 @@ from .._core.validation import LatentSiftError, check_choice, param_error
 from ..bank.bank import inner_folds, iter_folds
 from ..cascade.cascade import run_cascade
 from ..metrics.bootstrap import bootstrap_indices, mean_ci, ratio_ci
-from ..sift.prune import (BASELINE_OF, LENGTH_POLICIES, POLICIES, PREFIX_BANK_SCHEDULES, SCHEDULES, STATE_POLICIES,
-                          TARGET_RETENTION, THRESHOLDS, PoolRun, PrefixBankSift, PrefixSift, StepTokens, check_schedule,
-                          check_threshold, cut_length, prefix_prepare, simulate_pool, step_tokens, tokens_saved)
-from ..sift.rules import make_baseline
-from ..sift.sift import LatentSift, Prepared, Stage1Filter
+from ..sift.prune import (LENGTH_POLICIES, POLICIES, SCHEDULES, STATE_POLICIES, TARGET_RETENTION, THRESHOLDS, PoolRun,
+                          StepTokens, check_schedule, check_threshold, cut_length, prune_policies, prune_policy,
+                          simulate_pool, step_tokens, tokens_saved)
+from ..sift.keep import PAPER_KEEP
 from ..trajectories.trajectory import Pool, Trajectory, group_pools
 from ..states.states import TrajectoryStates
 from .folds import group_noun
 from .settings import digest
 
 
-class _Policy:
-    """Prefix scores of one policy on one set of pools: ``prepare(kind, value, cut)`` -> {instance: Prepared}."""
-
-    def __init__(self, name, pools, states, fingerprint, tokens, bank_trajs=None, bank=None, scorer=None, seed=0,
-                 cache=None):
-        check_choice(name, "policy", "evaluate_pruning", POLICIES)
-        self.name, self.pools, self.states, self.fp, self.tokens = name, pools, states, fingerprint, tokens
-        self._fast = None
-        self.fallbacks: list[str] = []
-        self._whole, self._bank, self._scorer, self._seed, self._cache = None, bank, scorer, seed, cache
-        if name in ("latentsift", "branch:distance", "branch:learned"):
-            br = {"latentsift": "both", "branch:distance": "distance", "branch:learned": "learned"}[name]
-            self.filt = LatentSift(bank, scorer if br != "distance" else None, branches=br, seed=seed, n_evidence=0)
-            self._fast = PrefixSift(self.filt, pools, states, fingerprint=fingerprint, cache=cache)
-        elif name == "latentsift:prefix-bank":
-            self._pb = PrefixBankSift(bank_trajs, states, fingerprint, tokens, scorer, seed=seed, n_evidence=0)
-        else:
-            self.filt = make_baseline(BASELINE_OF[name], seed=seed)
-
-    def prepare(self, kind, value, cut) -> tuple[Stage1Filter, dict[str, Prepared]]:
-        if self._fast is not None:
-            return self.filt, self._fast.prepare(cut)
-        if self.name == "latentsift:prefix-bank":
-            try:
-                f = self._pb.filter_at(kind, value)
-            except LatentSiftError:  # no prefix bank possible here (e.g. one class only): whole-trajectory bank
-                self.fallbacks.append(f"{kind}={value}")
-                if self._whole is None:
-                    self._whole = LatentSift(self._bank, self._scorer, seed=self._seed, n_evidence=0)
-                    self._whole_fast = PrefixSift(self._whole, self.pools, self.states, fingerprint=self.fp,
-                                                  cache=self._cache)
-                return self._whole, self._whole_fast.prepare(cut)
-            return f, prefix_prepare(f, self.pools, self.states, cut, fingerprint=self.fp)
-        return self.filt, prefix_prepare(self.filt, self.pools, self.states, cut, tokens=self.tokens)
-
-
 def _fold_runs(name, pools, states, fingerprint, tokens, schedules, thresholds, *, bank_trajs, bank, scorer,
                seed, cache=None, fallbacks: list | None = None) -> dict[tuple, dict[str, PoolRun]]:
     """(schedule, threshold) -> instance -> PoolRun for one policy on one fold's pools."""
-    pol = _Policy(name, pools, states, fingerprint, tokens, bank_trajs, bank, scorer, seed, cache)
+    pol = prune_policy(name, pools, states, fingerprint, tokens, bank_trajs=bank_trajs, bank=bank, scorer=scorer,
+                       seed=seed, cache=cache)
     n_steps = {c.traj_id: tokens[c.traj_id].n_steps for p in pools for c in p.candidates}
     out: dict[tuple, dict[str, PoolRun]] = {}
     for kind, cps in schedules.items():
-        if name == "latentsift:prefix-bank" and kind not in PREFIX_BANK_SCHEDULES:
+        if pol.schedules is not None and kind not in pol.schedules:
             continue
         cuts = [{t: cut_length(tokens[t], kind, v) for t in n_steps} for v in cps]
         preps = [pol.prepare(kind, v, cut) for v, cut in zip(cps, cuts)]
@@ -185,7 +149,7 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
     schedules = {k: check_schedule(k, v, "evaluate_pruning") for k, v in (schedules or SCHEDULES).items()}
     thresholds = tuple(check_threshold(t, "evaluate_pruning") for t in thresholds)
     for p in policies:
-        check_choice(p, "policies", "evaluate_pruning", POLICIES)
+        check_choice(p, "policies", "evaluate_pruning", prune_policies())
     if not 0.0 <= target_retention <= 1.0:
         raise param_error("target_retention", "evaluate_pruning", "a float in [0, 1]", target_retention)
     missing = [t.traj_id for t in trajs if t.traj_id not in tokens]
@@ -234,7 +198,7 @@ def evaluate_pruning(trajs: Sequence[Trajectory], states: Mapping[str, Trajector
     rows.append({"policy": "no pruning", "schedule": "-", "checkpoints": [], "threshold": None, **_summary(none, boot)})
     out = {"rows": rows, "chosen_thresholds": chosen, "n_instances": len(insts),
            "n_solvable": int(none["solvable"].sum()), "k": sorted({len(pools_by[i].candidates) for i in insts}),
-           "min_alive_rule": "max(3, floor(K/2)) alive (running or finished) candidates", "inner_split": group_name,
+           "min_alive_rule": f"{PAPER_KEEP.describe()} alive (running or finished) candidates", "inner_split": group_name,
            "target_retention": target_retention, "n_boot": n_boot, "seed": seed,
            "prefix_bank_fallbacks": len(fallbacks),
            "gen_tokens_total": float(none["gen_total"].sum()), "obs_tokens_total": float(none["obs_total"].sum())}

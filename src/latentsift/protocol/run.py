@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._core.io import atomic_write_json
+from .._core.io import atomic_write_json, read_json
+from .._core.manifests import RunManifest, check_manifest
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, Fold, iter_folds
 from ..metrics.score_table import diagnostics_table
@@ -33,6 +34,7 @@ from ..cascade.verifier import VerifierFailure
 from .decide import REF_LENGTH_STACK, decision_section
 from .folds import Split, fold_splits, group_of
 from .guard import protocol_guard
+from .nested import nested_calibration
 from .operating import operating_points
 from .premise import SCORES_FILE, premise_section, save_scores
 from .pruning import reproduce_pruning
@@ -143,7 +145,7 @@ def open_run(run_dir: str | Path, settings_classes: dict[str, type], *,
     man_path = run_dir / "manifest.json"
     if not man_path.is_file():
         raise LatentSiftError(f"{run_dir} is not a run folder (no manifest.json; run 'latentsift reproduce').")
-    man = json.loads(man_path.read_text())
+    man = check_manifest(read_json(man_path), RunManifest, man_path, "run the command again into a new --out")
     cls = settings_classes.get(man.get("command"))
     if cls is None:
         raise LatentSiftError(f"{man_path}: unknown command {man.get('command')!r}.")
@@ -200,7 +202,7 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     ef, folds, draw_scorers, fingerprint = st.ef, st.folds, st.draw_scorers, st.fingerprint
     summary, data, pools, records, filters, scores, table = _evaluate(run, trajs, st, meta)
     t0 = time.perf_counter()  # recall-targeted retention beside the paper's fixed rule (protocol.operating)
-    data["operating_points"] = operating_points(run, trajs, folds, filters, ef)
+    data["operating_points"] = operating_points(run, trajs, folds, filters, ef, nested=st.nested)
     run.timed("operating_points", t0)
     # the comparisons that decide, the single-agent pools and the verdict (protocol.decide, single_agent, verdict)
     t0 = time.perf_counter()
@@ -260,6 +262,7 @@ class _Stage1:
     single_guard: dict | None
     ef: dict | None
     sweep_info: dict
+    nested: dict
 
 
 def _stage1(run: Run, trajs: Sequence[Trajectory], store, tokenizer, verifier, extra_stage1) -> _Stage1:
@@ -286,6 +289,8 @@ def _stage1(run: Run, trajs: Sequence[Trajectory], store, tokenizer, verifier, e
                                       seed=settings.seed) \
         if settings.agent_transfer and len({t.agent for t in trajs}) >= 2 else None
     run.timed("shift_guard", t0)
+    # the trained filters refitted on each pair of folds: clean calibration for the operating points
+    nested = nested_calibration(run, trajs, folds, states, fingerprint, tokenizer, transfer=settings.agent_transfer)
     ef = verifier() if callable(verifier) else verifier
     del states
     sweep_info = {}
@@ -295,7 +300,7 @@ def _stage1(run: Run, trajs: Sequence[Trajectory], store, tokenizer, verifier, e
         full_scores |= fs
     draw_scorers |= transfer_scorers
     return _Stage1(folds, fingerprint, draw_scorers, full_scores, fold_info, transfer_info, guard_info, single_guard,
-                   ef, sweep_info)
+                   ef, sweep_info, nested)
 
 
 def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | None):

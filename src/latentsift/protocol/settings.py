@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
-from ..deploy.operating import check_target_recall
+from ..sift.keep import check_target_recall
 from ..deploy.shift import FALSE_ALARM, check_false_alarm
 from ..trajectories.trajectory import Trajectory
 

@@ -43,24 +43,27 @@ def latentsift_variants(ablations: bool = True) -> dict[str, dict]:
 
 
 def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
-                   sweep: str | None = None) -> tuple[dict, dict, dict]:
+                   sweep: str | None = None, trained_only: bool = False) -> tuple[dict, dict, dict]:
     """name -> draw scorer for every filter; per-candidate full-pool scores; fold bookkeeping (``folds``, and
     ``missing``: filter -> why it could not be fitted in every fold; such a filter is left out, never replaced).
 
     ``run``: the ``protocol.Run``; ``sweep``: a representation of the sweep (states of its own): only
     the paper's method and the inner-CV default are built, named ``sweep:<name>`` and
-    ``sweep:<name>:default``.
+    ``sweep:<name>:default``; ``trained_only``: only the filters fitted on labels (no rule filters, no
+    training-size curves: the nested calibration of ``protocol.nested``).
     """
     s = run.settings
     t0 = time.perf_counter()
     per_instance: dict[str, dict[str, tuple]] = {}   # filter -> instance -> (filter obj, prepared)
     fold_info = []
+    evaluated: set[str] = set()  # the instances the folds score (all of trajs' but in a nested pair's run)
 
     def put(name, filt, prep):
         per_instance.setdefault(name, {}).update({i: (filt, p) for i, p in prep.items()})
 
     for fold in run.iter_folds(trajs, folds, pools=group_pools(trajs), eval_order="group"):
         k, bank_trajs, eval_pools = fold.k, fold.bank_trajs, fold.eval_pools
+        evaluated |= {p.instance_id for p in eval_pools}
         info = {"fold": k, "bank_repos": fold.bank_groups, "eval_repos": fold.eval_groups,
                 "n_bank_trajectories": len(bank_trajs),
                 "n_bank_positive": sum(t.label == 1 for t in bank_trajs),
@@ -70,14 +73,14 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
         for name, params in latentsift_variants(ablations=sweep is None).items():
             filt = LatentSift(bank, scorer, seed=s.seed, **params)
             put(name, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
-        for rule in rules() if sweep is None else ():  # the registry's rule filters (baselines)
+        for rule in rules() if sweep is None and not trained_only else ():  # the registry's rule filters (baselines)
             filt = rule.factory(seed=s.seed, **({"tokenizer": tokenizer} if rule.tokenizer else {}))
             put(rule.key, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
         if s.variants or sweep is not None:
             info["variants"] = variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
-                                               per_instance, put, curves=sweep is None)
+                                               per_instance, put, curves=sweep is None and not trained_only)
         fold_info.append(info)
-    missing = _drop_incomplete(per_instance, fold_info, trajs)
+    missing = _drop_incomplete(per_instance, fold_info, evaluated)
     if sweep is not None:
         per_instance = {f"sweep:{sweep}" + ("" if n == "latentsift" else f":{n}"): per_instance[n]
                         for n in ("latentsift", "default") if n in per_instance}
@@ -98,10 +101,10 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
     return draw_scorers, full | {"_components": channels}, {"folds": fold_info, "missing": missing}
 
 
-def _drop_incomplete(per_instance: dict, fold_info: list[dict], trajs) -> dict[str, str]:
+def _drop_incomplete(per_instance: dict, fold_info: list[dict], instances: set[str]) -> dict[str, str]:
     """Remove (in place) every filter that some fold could not fit, so that no filter is evaluated on part of
-    the pools or stands in for another; returns name -> the first fold's reason (summary.json names them)."""
-    instances = {t.instance_id for t in trajs}
+    the evaluated ``instances`` or stands in for another; returns name -> the first fold's reason (summary.json
+    names them)."""
     missing: dict[str, str] = {}
     for info in fold_info:
         for name, why in info.get("variants", {}).get("missing", {}).items():

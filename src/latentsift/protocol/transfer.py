@@ -39,7 +39,6 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from .._core.threads import blas_fixed
-from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..bank.bank import Bank, split_by_repo
 from ..metrics.diagnostics import auc_difference_ci, interval_outcome
@@ -285,19 +284,16 @@ def evaluate_set(es: EvalSet, trajs: Sequence[Trajectory], states: Mapping[str, 
             "nearest": {"n_chosen": n_chosen, "pools": choices}, "nearest_minus_all": paired}
 
 
-# ---------------------------------------------------------------------- the command
+# ---------------------------------------------------------------------- the matrix
 @blas_fixed
-def transfer_matrix(pools_paths: Sequence[str | Path], states_dirs: Sequence[str | Path], out: str | Path, *,
-                    log: Callable[[str], None] = print, **settings) -> Path:
-    """``latentsift transfer``: the matrix over every evaluation set; writes OUT/summary.json and report.md."""
+def transfer_summary(pools_paths: Sequence[str | Path], states_dirs: Sequence[str | Path], out: str | Path, *,
+                     log: Callable[[str], None] = print, **settings) -> dict:
+    """The transfer matrix over every evaluation set, as the summary ``latentsift transfer`` writes to ``out``
+    (recorded in its settings; the command's job, ``latentsift._jobs.transfer``, writes the files)."""
     s = TransferSettings(pools=[str(p) for p in pools_paths], states=[str(d) for d in states_dirs], out=str(out),
                          **settings)
     sources: dict[str, int] = {}
     trajs, union = load_runs(pools_paths, states_dirs, "transfer", sources=sources)
-    out = Path(out)
-    for p in map(Path, list(pools_paths) + list(states_dirs)):
-        if out.resolve() == p.resolve() or p.resolve() in out.resolve().parents:
-            raise LatentSiftError(f"transfer: --out {out} is inside the input {p}; choose another folder.")
     all_agents = {t.agent for t in trajs}
     sets = [es for es in eval_sets(trajs, sources) if all_agents - set(es.agents)]  # a bank needs another agent
     if not sets:
@@ -314,11 +310,7 @@ def transfer_matrix(pools_paths: Sequence[str | Path], states_dirs: Sequence[str
                               "repos": len({t.repo for t in trajs if t.agent == a})}
                           for a in sorted({t.agent for t in trajs})},
                "sets": results, "verdict": verdict(results), "seconds": round(time.perf_counter() - t0, 1)}
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "summary.json", summary)
-    (out / "report.md").write_text(render_report(summary), encoding="utf-8")
-    log(f"[transfer] report: {out / 'report.md'}")
-    return out
+    return summary
 
 
 def verdict(results: Sequence[dict]) -> dict:
@@ -347,62 +339,3 @@ def verdict(results: Sequence[dict]) -> dict:
             "paired_rule": "paired AUC difference nearest - all per held-out set (bootstrap over its instances): "
                            "'nearest' when every interval lies above 0, 'all' when every one lies below 0, "
                            "else undetermined"}
-
-
-def _rate(r: dict) -> str:
-    return f"{100 * r['rate']:.1f}% [{100 * r['lo']:.1f}, {100 * r['hi']:.1f}] (n={r['n_pools']})"
-
-
-def _fmt_ci(a: dict | None) -> str:
-    if not a or a.get("auc") is None:
-        return "-"
-    lo, hi = a.get("ci") or (None, None)
-    return f"{a['auc']:.2f} [{lo:.2f}, {hi:.2f}]" if lo is not None else f"{a['auc']:.2f}"
-
-
-def render_report(summary: dict) -> str:
-    s = summary["settings"]
-    noun = group_noun(s.get("group_by", "repo"), 1)
-    lines = ["# Transfer matrix: banks from other agents", "",
-             f"Pools: {', '.join(s['pools'])}; states: {', '.join(s['states'])}. Banks leave out every agent with "
-             f"candidates in the evaluated pools and are {noun}-disjoint from them ({s['n_folds']} {noun} "
-             f"folds, seed {s['seed']}); scorer epochs {s['scorer_epochs']}; {s['n_boot']} bootstrap resamples "
-             "of instances (95% intervals).", "", "| agent | trajectories | resolved | repositories |",
-             "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {a} | {v['n_trajectories']} | {v['n_resolved']} | {v['repos']} |" for a, v in summary["agents"].items()]
-    for r in summary["sets"]:
-        d = r["set"]
-        lines += ["", f"## {d['name']}", "",
-                  f"{d['n_pools']} pools (K = {d['k']}), {d['n_mixed_pools']} mixed; banks from {r['bank_agents']}. "
-                  f"Nearest sub-bank chosen: {r['nearest']['n_chosen']}.", "",
-                  f"| bank / rule | within-pool AUC [95% CI] | minus {filter_entry(REFERENCE).name} [95% CI] |",
-                  "| --- | ---: | ---: |"]
-        for name, v in r["auc"].items():
-            diff = v.get(f"vs_{REFERENCE}") or {}
-            dtxt = "-" if diff.get("estimate") is None or diff.get("lo") is None else \
-                f"{diff['estimate']:+.2f} [{diff['lo']:+.2f}, {diff['hi']:+.2f}]"
-            lines.append(f"| {name} | {_fmt_ci(v['auc'])} | {dtxt} |")
-        g = r.get("shift_guard")
-        if g and g["distance"].get("rate") is not None:
-            lines += ["", f"Shift guard on the `all` bank ({g['reference_kind']}-held-out reference, kind used "
-                      f"{', '.join(g['kind_used'])}; stated false-alarm rate {g['false_alarm_setting']:.0%}): "
-                      f"{_rate(g['distance'])} of these pools flagged by the distance check, {_rate(g['name'])} by "
-                      "the name check (an agent absent from the bank)."]
-        for k, row in r["retention"].items():
-            lines += ["", f"Retention at K = {k} (a resolved candidate survives Stage 1):", "",
-                      "| bank / rule | retention [95% CI] | instances |", "| --- | ---: | ---: |"]
-            for name, v in row.items():
-                lines.append(f"| {name} | " + ("-" if v is None else
-                                                f"{v['mean']:.2f} [{v['lo']:.2f}, {v['hi']:.2f}] | {v['n_instances']}")
-                             + (" | - |" if v is None else " |"))
-    v = summary["verdict"]
-    lines += ["", "## Which bank", "", f"Nearest sub-bank vs the all-agent bank (AUC): nearest higher on "
-              f"{v['nearest_higher']} of {len(v['sets'])} held-out sets, lower on {v['all_higher']}. "
-              f"Default: `{v['default']}` ({v['rule']})."]
-    if v.get("paired"):
-        lines += ["", f"Paired (rule: {v['paired_rule']}): **{v['paired_verdict']}**.", "",
-                  "| held-out set | branch | nearest | all | nearest - all [95% CI] |", "| --- | --- | ---: | ---: | ---: |"]
-        lines += [f"| {p['set']} | {p['branch']} | {p['a']:.3f} | {p['b']:.3f} | {p['estimate']:+.3f} "
-                  f"[{p['lo']:+.3f}, {p['hi']:+.3f}] ({p['outcome']}) |" for p in v["paired"]
-                  if p.get("estimate") is not None and p.get("lo") is not None]
-    return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .figures import filter_name
+from ..sift.keep import PAPER_KEEP
 from ..sift.rules import REFERENCE
 
 
@@ -94,7 +95,7 @@ def single_agent_markdown(data: Mapping) -> list[str]:
     lines += [f"{sa['rule']}. {p['n_instances']} sub-pools ({', '.join(f'{c} of {n}' for n, c in p['pool_sizes'].items())}), "
               f"{p['n_mixed']} mixed.", ""]
     if sa.get("stage1_keeps_all"):
-        lines += [f"At K = {', '.join(map(str, sa['stage1_keeps_all']))} Stage 1 keeps every candidate (max(3, floor(K/2)) >= K): "
+        lines += [f"At K = {', '.join(map(str, sa['stage1_keeps_all']))} Stage 1 keeps every candidate ({PAPER_KEEP.describe()} >= K): "
                   "retention and Best@K cannot differ between Stage-1 filters there; the AUC can.", ""]
     ks = [str(k) for k in sa["ks"]]
     head = ["filter"] + [f"Best@{k}" for k in ks] + [f"retention K={k}" for k in ks] + \

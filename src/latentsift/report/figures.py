@@ -19,7 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from .._core.io import atomic_path
-from .colors import filter_colors
+from .colors import (CLASS_COLORS, FILTER_COLORS, GUIDE_COLOR, ORACLE_COLOR, filter_colors, policy_colors,
+                     series_colors)
+from ..sift.keep import PAPER_KEEP
+from ..sift.prune import STATE_POLICIES
 
 FIGURES = ("score_distributions.png", "best_at_k_tokens.png", "best_vs_tokens.png", "token_savings.png")
 
@@ -70,8 +73,8 @@ def _fig_distributions(data: dict, plt):
             ax.set_title(f"({chr(97 + i)}) {name}: no values", fontsize=9)
             continue
         bins = np.histogram_bin_edges(allv, bins=30)
-        for key, color, lab in (("unresolved", "tab:red", "unresolved"), ("resolved", "tab:green", "resolved")):
-            v = p[key]
+        for key in ("unresolved", "resolved"):
+            v, color, lab = p[key], CLASS_COLORS[key], key
             if v:
                 ax.hist(v, bins=bins, density=True, alpha=0.45, color=color, label=f"{lab} (n={len(v)})")
                 ax.axvline(p[f"mean_{key}"], color=color, linestyle="--", linewidth=1.4)
@@ -108,8 +111,10 @@ def _fig_best_tokens_k(data: dict, plt):
         hi = [100 * best["filters"][f][k]["hi"] for k in ks]
         ax2.plot(x, m, marker="o", color=colors[f], label=f"Best@K: {filter_name(data, f)}")
         ax2.fill_between(x, lo, hi, color=colors[f], alpha=0.08)
-    ax2.plot(x, [100 * best["oracle_pass"][k]["mean"] for k in ks], "k--", marker="^", label="Oracle Pass@K")
-    ax2.plot(x, [100 * best["random"][k]["mean"] for k in ks], ":", color="gray", marker="v", label="Random")
+    ax2.plot(x, [100 * best["oracle_pass"][k]["mean"] for k in ks], "--", color=ORACLE_COLOR, marker="^",
+             label="Oracle Pass@K")
+    ax2.plot(x, [100 * best["random"][k]["mean"] for k in ks], ":", color=FILTER_COLORS["random"], marker="v",
+             label="Random")
     ax2.set_ylabel("resolution rate (%)")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
@@ -156,7 +161,7 @@ def _fig_savings(data: dict, plt):
                 label=f"{filter_name(data, f)}: total")
         ax.plot([int(k) for k in ks], [100 * v if v is not None else float("nan") for v in ef], "--", color=c,
                 marker="x", markersize=7, label=f"{filter_name(data, f)}: EF only")
-    ax.axhline(0, color="gray", linewidth=0.8)
+    ax.axhline(0, color=GUIDE_COLOR, linewidth=0.8)
     ax.set_xticks([int(k) for k in ks])
     ax.set_xlabel("K")
     ax.set_ylabel(f"tokens saved vs {filter_name(data, ref)} (%)")
@@ -176,17 +181,20 @@ def _fig_training_size(data: dict, plt):
         return None
     x = [float(f.rstrip("%")) for f in fracs]
     fig, ax = plt.subplots(figsize=(4.6, 3.2))
+    colors = series_colors(learners, {})
     for ln in learners:
         rows = [diag.get(f"curve:{ln}@{f}") for f in fracs]
         pts = [(xi, r["auc"]["auc"], r["auc"]["ci"]) for xi, r in zip(x, rows) if r and r["auc"]["auc"] is not None]
         if not pts:
             continue
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=ln)
-        ax.fill_between([p[0] for p in pts], [p[2][0] for p in pts], [p[2][1] for p in pts], alpha=0.15)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colors[ln], label=ln)
+        ax.fill_between([p[0] for p in pts], [p[2][0] for p in pts], [p[2][1] for p in pts], color=colors[ln],
+                        alpha=0.15)
     ref = diag.get(sel.get("reference", ""), {}).get("auc", {}).get("auc")
     if ref is not None:
-        ax.axhline(ref, color="grey", linestyle="--", label=sel.get("reference"))
-    ax.axhline(0.5, color="black", linewidth=0.6, linestyle=":")
+        ax.axhline(ref, color=filter_colors(data).get(sel["reference"], GUIDE_COLOR), linestyle="--",
+                   label=sel.get("reference"))
+    ax.axhline(0.5, color=ORACLE_COLOR, linewidth=0.6, linestyle=":")
     ax.set_xlabel("bank used for training (% of instances)")
     ax.set_ylabel("within-pool AUC")
     ax.legend(fontsize=7)
@@ -202,15 +210,17 @@ def _fig_shift_guard(data: dict, plt):
     q = g["quantiles"]
     fig, ax = plt.subplots(figsize=(4.8, 3.3))
     styles = {"repository": "-", "instance": "--"}
+    pairs = series_colors(["false alarm", *sorted(g.get("detection", {}))], {})
     for kind in g.get("reference_kinds", []):
         curve = g["false_alarms"]["pooled"][kind]["tradeoff"]
         if curve:
-            ax.plot(q, curve, styles.get(kind, "-"), color="C0", marker="o", ms=3, label=f"false alarm ({kind})")
-        for j, (pair, d) in enumerate(sorted(g.get("detection", {}).items())):
+            ax.plot(q, curve, styles.get(kind, "-"), color=pairs["false alarm"], marker="o", ms=3,
+                    label=f"false alarm ({kind})")
+        for pair, d in sorted(g.get("detection", {}).items()):
             if d[kind]["tradeoff"]:
-                ax.plot(q, d[kind]["tradeoff"], styles.get(kind, "-"), color=f"C{j + 1}", marker="o", ms=3,
+                ax.plot(q, d[kind]["tradeoff"], styles.get(kind, "-"), color=pairs[pair], marker="o", ms=3,
                         label=f"detection {pair} ({kind})")
-    ax.axvline(1 - g["false_alarm_setting"], color="grey", linewidth=0.6, linestyle=":")
+    ax.axvline(1 - g["false_alarm_setting"], color=GUIDE_COLOR, linewidth=0.6, linestyle=":")
     ax.set_xlabel("threshold: quantile of the in-bank reference")
     ax.set_ylabel("pools flagged (distance check)")
     ax.set_ylim(-0.02, 1.02)
@@ -224,17 +234,17 @@ def _fig_pruning(data: dict, plt):
         return None
     kinds = sorted({r["schedule"] for r in pr["rows"] if r["checkpoints"]})
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.2 * len(kinds), 4.0), squeeze=False)
+    colors = policy_colors(r["policy"] for r in pr["rows"])
     for ax, kind in zip(axes[0], kinds):
         for pol in dict.fromkeys(r["policy"] for r in pr["rows"] if r["schedule"] == kind):
             rs = sorted((r for r in pr["rows"] if r["schedule"] == kind and r["policy"] == pol
                          and not isinstance(r["threshold"], str)), key=lambda r: r["threshold"])
-            line, = ax.plot([100 * r["gen_saved"]["mean"] for r in rs], [100 * r["retention"]["mean"] for r in rs],
-                            marker="o", ms=3, label=pol, ls="--" if pol in ("longest-so-far", "most-steps-so-far",
-                                                                            "random") else "-")
+            ax.plot([100 * r["gen_saved"]["mean"] for r in rs], [100 * r["retention"]["mean"] for r in rs],
+                    marker="o", ms=3, color=colors[pol], label=pol, ls="-" if pol in STATE_POLICIES else "--")
             ib = [r for r in pr["rows"] if r["schedule"] == kind and r["policy"] == pol and r["threshold"] == "in-bank"]
             for r in ib:
                 ax.plot(100 * r["gen_saved"]["mean"], 100 * r["retention"]["mean"], marker="*", ms=10,
-                        color=line.get_color())
+                        color=colors[pol])
         ax.set_xlabel("model-written tokens saved (%)")
         ax.set_ylabel("retention of a resolved candidate (%)")
         ax.set_title(f"Early pruning, {kind} checkpoints (star = in-bank threshold)", fontsize=9)
@@ -257,10 +267,13 @@ def _fig_reliability(data: dict, plt):
     if not names:
         return None
     fig, ax = plt.subplots(figsize=(4.8, 4.2))
-    ax.plot([0, 1], [0, 1], color="grey", linewidth=0.6, linestyle=":")
-    for j, f in enumerate(names):
+    ax.plot([0, 1], [0, 1], color=GUIDE_COLOR, linewidth=0.6, linestyle=":")
+    colors = filter_colors(data)
+    for f in names:
         r, e = op["filters"][f]["reliability"], op["filters"][f]["ece"]
-        ax.plot(r["mean_p"], r["frac_resolved"], marker="o", ms=3, color=f"C{j % 10}",
+        if e.get("mean") is None:  # no clean calibration set: no calibrated probability to draw
+            continue
+        ax.plot(r["mean_p"], r["frac_resolved"], marker="o", ms=3, color=colors[f],
                 label=f"{filter_name(data, f)} (ECE {e['mean']:.3f})")
     ax.set_xlabel("calibrated P(resolved), bin mean")
     ax.set_ylabel("share resolved")
@@ -278,13 +291,15 @@ def _fig_cost_recall(data: dict, plt):
     if not names:
         return None
     fig, ax = plt.subplots(figsize=(5.2, 4.0))
-    for j, f in enumerate(names):
+    colors = filter_colors(data)
+    for f in names:
         pts = [c for c in op["filters"][f]["curve"] if c["recall"] is not None]
         ax.plot([c["verifier_calls"] for c in pts], [100 * c["recall"] for c in pts], marker="o", ms=3,
-                color=f"C{j % 10}", label=filter_name(data, f), ls="--" if f in ("random", "ef_verifier") else "-")
+                color=colors[f], label=filter_name(data, f), ls="--" if f in ("random", "ef_verifier") else "-")
     fixed = op.get("fixed_rule_calls", {}).get("mean")
     if fixed is not None:
-        ax.axvline(fixed, color="grey", linewidth=0.6, linestyle=":", label="paper's max(3, K/2) (calls)")
+        ax.axvline(fixed, color=GUIDE_COLOR, linewidth=0.6, linestyle=":",
+                   label=f"paper's {PAPER_KEEP.describe()} (calls)")
     ax.set_xlabel("verifier calls per pool (candidates kept)")
     ax.set_ylabel("realized pool recall (%)")
     ax.set_title("Cost and recall of the recall-targeted rule", fontsize=9)
@@ -301,15 +316,17 @@ def _fig_new_agent(data: dict, plt):
         return None
     r0 = na["targets"][0]
     fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6))
-    for j, (pair, d) in enumerate(sorted(pairs.items())):
+    colors = series_colors(sorted(pairs), {})
+    for pair, d in sorted(pairs.items()):
         for mode, ls in (("added", "-"), ("alone", "--")):
-            rows = [x for x in d["rows"] if x["mode"] == mode and x["target"] == r0 and x["realized_recall"] is not None]
+            rows = [x for x in d["rows"] if x["mode"] == mode and x["target"] == r0 and x["realized_recall"] is not None
+                    and x.get("confidence") is None]
             ms = [x["m"] for x in rows]
-            axes[0].plot(ms, [100 * x["realized_recall"] for x in rows], ls, marker="o", ms=3, color=f"C{j % 10}",
+            axes[0].plot(ms, [100 * x["realized_recall"] for x in rows], ls, marker="o", ms=3, color=colors[pair],
                          label=f"{pair} ({mode})")
-            axes[1].plot(ms, [x["verifier_calls"] for x in rows], ls, marker="o", ms=3, color=f"C{j % 10}",
+            axes[1].plot(ms, [x["verifier_calls"] for x in rows], ls, marker="o", ms=3, color=colors[pair],
                          label=f"{pair} ({mode})")
-    axes[0].axhline(100 * r0, color="grey", linewidth=0.6, linestyle=":")
+    axes[0].axhline(100 * r0, color=GUIDE_COLOR, linewidth=0.6, linestyle=":")
     axes[0].set_ylabel(f"realized pool recall (%), target {r0:g}")
     axes[1].set_ylabel("verifier calls per pool")
     for ax in axes:

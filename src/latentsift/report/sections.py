@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
+from ..sift.keep import PAPER_KEEP
 from ..sift.rules import REFERENCE, filter_entry, rule_keys
 from ._format import _ci_num, _ci_pct, _diff_pct, _ks, _name, _num, _pct, _rate, _table
 
@@ -319,24 +320,42 @@ def _operating_markdown(data: dict) -> list[str]:
     fx = op.get("fixed_rule_calls", {})
     lines = ["## Operating points: retention for a stated pool recall", "",
              f"Rule: {op['rule']}. Guarantee: {op['guarantee']}. Calibration: {op['calibration']}. "
-             f"Intervals: {op['intervals']}. For comparison, the paper's fixed max(3, floor(K/2)) keeps "
+             f"Intervals: {op['intervals']}. For comparison, the paper's fixed {PAPER_KEEP.describe()} keeps "
              f"{_num(fx.get('mean'), 2)} candidates per pool. Differences are against `{ref}` "
              "(the same rule on its scores); negative calls/tokens = cheaper.", ""]
+    mult = op.get("multiplicity") or {}
+    if mult:
+        lines += [f"Multiplicity: {mult['rule']} (m = {mult['m']}, level {100 * mult['level']:.2f}%). Rows marked "
+                  "(post hoc) were chosen after the folds were seen. The recall difference is printed beside every "
+                  "calls difference: a filter that keeps fewer candidates at a lower realized recall has not "
+                  "saved at equal recall.", ""]
     rows = []
     for f in names:
         e = op["filters"][f]
+        fx_rule = e.get("fixed_rule") or {}
+        fixed = ("-" if not fx_rule or fx_rule["realized_recall"].get("mean") is None else
+                 f"{100 * fx_rule['realized_recall']['mean']:.1f} / {fx_rule['verifier_calls']['mean']:.2f}")
         for r, row in e["targets"].items():
             rec = row["realized_recall"]
             per = ", ".join("-" if x["realized_recall"] is None else f"{100 * x['realized_recall']:.0f}"
                             for x in rec["per_fold"])
             d = row.get("difference_vs_reference") or {}
             tok = row.get("ef_tokens")
-            rows.append([_name(data, f), r, _ci_pct(rec["pooled"]) if rec["pooled"].get("mean") is not None else "-",
+            rows.append([_name(data, f) + (" (post hoc)" if e.get("post_hoc") else ""), r,
+                         _ci_pct(rec["pooled"]) if rec["pooled"].get("mean") is not None else "-",
                          per, _ci_num(row["verifier_calls"]), _ci_num(d.get("verifier_calls")),
+                         _ci_num(d.get("verifier_calls_adjusted")), _ci_pct(d["realized_recall"])
+                         if d.get("realized_recall") else "-",
                          _ci_num(tok, 0) if tok else "-", _ci_num(d.get("ef_tokens"), 0),
-                         str(row["n_folds_keep_all"]), _ci_num(e["ece"], 3)])
+                         str(row["n_folds_keep_all"]), fixed, _ci_num(e["ece"], 3)])
     lines += [_table(["filter", "target R", "realized recall % (pooled)", "per fold %", "verifier calls / pool",
-                      f"calls vs {ref}", "EF tokens / pool", f"tokens vs {ref}", "folds keep-all", "ECE"], rows), ""]
+                      f"calls vs {ref}", f"calls vs {ref}, Bonferroni", f"recall vs {ref} (points)",
+                      "EF tokens / pool", f"tokens vs {ref}", "folds keep-all",
+                      "fixed max(3, K/2): recall % / calls", "ECE"], rows), ""]
+    for r, c in (op.get("cheapest") or {}).items():
+        lines += [f"- {c['sentence']}"]
+    if op.get("cheapest"):
+        lines += [""]
     na = op.get("new_agent") or {}
     if na.get("pairs"):
         r0 = na["targets"][0]
@@ -344,10 +363,21 @@ def _operating_markdown(data: dict) -> list[str]:
                   f"new agent's pools against m, its labelled pools in the calibration set. Rule: {na['rule']}.", ""]
         rows = []
         for pair, d in sorted(na["pairs"].items()):
-            for mode in ("added", "alone"):
-                cells = {x["m"]: x for x in d["rows"] if x["mode"] == mode and x["target"] == r0}
-                rows.append([pair, mode] + ["-" if cells[m]["realized_recall"] is None else
-                                            f"{100 * cells[m]['realized_recall']:.0f} / {cells[m]['verifier_calls']:.2f}"
-                                            for m in na["sizes"]])
+            for mode, conf in (("added", None), ("alone", None), ("alone", 0.9)):
+                cells = {x["m"]: x for x in d["rows"] if x["mode"] == mode and x["target"] == r0
+                         and x.get("confidence") == conf}
+                if not cells:
+                    continue
+                rows.append([pair, mode + ("" if conf is None else f", confidence {conf:g}")] +
+                            ["-" if cells[m]["realized_recall"] is None else
+                             f"{100 * cells[m]['realized_recall']:.0f} / {cells[m]['verifier_calls']:.2f}"
+                             for m in na["sizes"]])
         lines += [_table(["bank -> new agent", "calibration"] + [f"m={m}" for m in na["sizes"]], rows), ""]
+        for pair, d in sorted(na["pairs"].items()):
+            got = {k: v for k, v in (d.get("m_restored") or {}).items() if k.endswith(f"R={r0:g}")}
+            if got:
+                lines += [f"- {pair}: the rule runs in every fold on the new agent's pools alone from m = "
+                          + ", ".join(f"{'none of ' + str(na['sizes']) if v is None else v} ({k.rsplit(' R=', 1)[0]})"
+                                      for k, v in got.items()) + "."]
+        lines += [""]
     return lines

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._core.registry import registry_add, registry_lookup, registry_names
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..bank.bank import Bank
-
-KINDS = ("ivf", "hnsw")
 
 
 def _faiss():
@@ -28,23 +27,39 @@ def build_index(rows: np.ndarray, kind: str, *, nlist: int | None = None, nprobe
                 ef_search: int = 64, seed: int = 0):
     """A FAISS index over ``rows`` (float32, (n, d)): IVF-Flat (``nlist`` ~ 4 sqrt(n) cells, ``nprobe``
     probed) or HNSW-Flat (``hnsw_m`` links, ``ef_search``)."""
-    faiss = _faiss()
-    check_choice(kind, "kind", "build_index", KINDS)
+    check_choice(kind, "kind", "build_index", index_kinds())
     x = np.ascontiguousarray(rows, dtype=np.float32)
+    return registry_lookup("index_kind", kind)(_faiss(), x, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m,
+                                               ef_search=ef_search, seed=seed)
+
+
+def _ivf_index(faiss, x: np.ndarray, *, nlist: int | None, nprobe: int, seed: int, **_):
     n, d = x.shape
-    if kind == "ivf":
-        nlist = check_positive_int(nlist or max(1, min(n // 39, int(4 * np.sqrt(n)))), "nlist", "build_index")
-        quant = faiss.IndexFlatL2(d)
-        index = faiss.IndexIVFFlat(quant, d, nlist)
-        index.cp.seed = seed
-        index.train(x)
-        index.add(x)
-        index.nprobe = min(nprobe, nlist)
-    else:
-        index = faiss.IndexHNSWFlat(d, hnsw_m)
-        index.hnsw.efSearch = ef_search
-        index.add(x)
+    nlist = check_positive_int(nlist or max(1, min(n // 39, int(4 * np.sqrt(n)))), "nlist", "build_index")
+    quant = faiss.IndexFlatL2(d)
+    index = faiss.IndexIVFFlat(quant, d, nlist)
+    index.cp.seed = seed
+    index.train(x)
+    index.add(x)
+    index.nprobe = min(nprobe, nlist)
     return index
+
+
+def _hnsw_index(faiss, x: np.ndarray, *, hnsw_m: int, ef_search: int, **_):
+    index = faiss.IndexHNSWFlat(x.shape[1], hnsw_m)
+    index.hnsw.efSearch = ef_search
+    index.add(x)
+    return index
+
+
+# the approximate index kinds (kind "index_kind"): (faiss, rows, **settings) -> a FAISS index
+registry_add("index_kind", "ivf", _ivf_index)
+registry_add("index_kind", "hnsw", _hnsw_index)
+
+
+def index_kinds() -> tuple[str, ...]:
+    """Every registered approximate index kind (``--approx``)."""
+    return registry_names("index_kind")
 
 
 def search(index, rows: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -74,7 +89,7 @@ class ApproxBank(Bank):
 def approx_bank(bank: Bank, kind: str = "hnsw", **params) -> ApproxBank:
     """An ``ApproxBank`` sharing ``bank``'s arrays; ``params`` go to :func:`build_index`."""
     bank._check_fitted()
-    check_choice(kind, "approx", "approx_bank", KINDS)
+    check_choice(kind, "approx", "approx_bank", index_kinds())
     _faiss()
     ab = ApproxBank.__new__(ApproxBank)
     ab.__dict__.update({k: v for k, v in bank.__dict__.items() if k not in ("_sqnorms", "_searches")})

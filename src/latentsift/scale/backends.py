@@ -3,7 +3,7 @@
 The driver (``latentsift.states.extract.extract_pools``) takes any ``ExtractionBackend``; this module
 maps ``--model``, ``--dtype``, ``--device``, ``--threads``, ``--ray``, ``--workers`` and
 ``--gpus-per-worker`` onto one, after checking them (before anything loads). It sits above both
-``latentsift.states.extract`` (the driver and ``LocalBackend``) and ``latentsift.scale.extract``
+``latentsift.states.extract`` (the driver and ``LocalExtractionBackend``) and ``latentsift.scale.extract``
 (``RayBackend``, which imports Ray only when it starts).
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from .._core.registry import registry_lookup
 from .._core.validation import LatentSiftError
-from ..states.extract import ExtractionBackend, LocalBackend, resolve_layers
-from ..states.model import AUTO_DTYPE, DTYPES, load_policy, n_layers_of
-from .cluster import require_ray
+from ..states.extract import ExtractionBackend, LocalExtractionBackend, resolve_layers
+from ..states.model import AUTO_DTYPE, DTYPES, n_layers_of
 from .extract import RayBackend
 
 
@@ -35,17 +35,13 @@ def check_backend_options(model: str | os.PathLike | None, dtype: str, device: s
 
 def open_backend(model: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYPE, device: str | None = None,
                  threads: int | None = None, ray: str | None = None, workers: int = 2,
-                 gpus_per_worker: float = 0) -> ExtractionBackend:
-    """The backend the command-line options name: :class:`LocalBackend` with the policy loaded here
+                 gpus_per_worker: float = 0, backend: str | None = None) -> ExtractionBackend:
+    """The backend the command-line options name: :class:`LocalExtractionBackend` with the policy loaded here
     (``threads``: torch threads of this process), or, when ``ray`` gives an address (local, auto or
-    HOST:PORT), the Ray backend with ``workers`` actors (``threads`` each, default 1)."""
+    HOST:PORT), the Ray backend with ``workers`` actors (``threads`` each, default 1); ``backend``: another
+    registered extraction backend by name (``latentsift._core.registry``, kind "extraction_backend")."""
     check_backend_options(model, dtype, device)
-    if ray is not None:
-        require_ray()
-        return RayBackend(model, ray_address=ray, workers=workers, gpus_per_worker=gpus_per_worker, dtype=dtype,
-                          device=device, threads=threads or 1)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-    return LocalBackend(load_policy(model, dtype=dtype, device=device))
+    name = backend or (RayBackend if ray is not None else LocalExtractionBackend).name
+    return registry_lookup("extraction_backend", name).from_options(
+        model=model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
+        gpus_per_worker=gpus_per_worker)

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from .._core.io import atomic_write_bytes
+from .._core.registry import registry_add
 from .._core.validation import LatentSiftError, check_positive_int
 from ..states.channel import render
 from ..states.extract import ExtractionBackend, Extracted, extract_many, extract_settings, render_settings
 from ..states.model import Fingerprint, load_policy
 from ..states.store import SHARDS, encode_shard
-from .cluster import connect, worker_cpus
+from .cluster import connect, require_ray, worker_cpus
 
 ACTOR_PREFIX = "latentsift-extract-"
 OWNER = "RayBackend"
@@ -92,6 +93,8 @@ class RayBackend(ExtractionBackend):
     of the cluster so actors never claim every CPU).
     """
 
+    name = "ray"
+
     def __init__(self, model: str | os.PathLike | None = None, *, ray_address: str | None = "local",
                  workers: int = 2, gpus_per_worker: float = 0, cpus_per_worker: float | None = None,
                  dtype: str = "auto", device: str | None = None, threads: int | None = 1):
@@ -100,6 +103,15 @@ class RayBackend(ExtractionBackend):
         self.gpus_per_worker, self.cpus_per_worker = gpus_per_worker, cpus_per_worker
         self.dtype, self.device, self.threads = dtype, device, threads
         self.ray, self.pool = None, []
+
+    @classmethod
+    def from_options(cls, *, model=None, dtype: str = "auto", device: str | None = None, threads: int | None = None,
+                     ray: str | None = "local", workers: int = 2, gpus_per_worker: float = 0,
+                     **_: Any) -> "RayBackend":
+        """``workers`` actors at the address ``ray`` (``threads`` each, default 1)."""
+        require_ray()
+        return cls(model, ray_address=ray, workers=workers, gpus_per_worker=gpus_per_worker, dtype=dtype,
+                   device=device, threads=threads or 1)
 
     def describe(self) -> str:
         return f"{self.workers} Ray workers at {self.ray_address or 'local'}"
@@ -182,3 +194,5 @@ class RayBackend(ExtractionBackend):
             self.ray.kill(a)
         self.pool = []
 
+
+registry_add("extraction_backend", RayBackend.name, RayBackend)

@@ -19,8 +19,8 @@ Pieces (pipeline order):
   bank of *prefixes* of the bank trajectories cut the same way (the second kind of bank).
 - **The stop rule** :func:`stop_decision`: at a checkpoint, among the alive candidates (running or
   finished), the running ones whose within-pool normalised rank is below ``threshold`` are stopped,
-  lowest score first, never leaving fewer than ``max(3, floor(K/2))`` alive (so a pool with fewer
-  candidates than that is never pruned).
+  lowest score first, never leaving fewer alive than Stage 1's keep rule keeps (``sift.keep``; the
+  paper's ``max(3, floor(K/2))``, so a pool with fewer candidates than that is never pruned).
 - **Offline evaluation**: ``protocol.pruning.evaluate_pruning`` over the protocol's disjoint folds
   (tokens saved, retention, Best@K of the cascade on the survivors; thresholds chosen in-bank).
 - **Online** :class:`Pruner`: fed each candidate's states (``states.StateRecorder``) and answering
@@ -29,29 +29,27 @@ Pieces (pipeline order):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .._core.registry import registry_add, registry_entries
 from .._core.validation import LatentSiftError, check_choice, param_error
 from .margin import channel_scores_grouped
 from .rank import normalized_ranks
+from .keep import PAPER_KEEP, KeepRule
 from .retain import order_by_score
 from ..bank.bank import Bank
-from .rules import RuleFilter, rules
+from .rules import RANDOM, RuleFilter, make_baseline
 from .sift import Evidence, LatentSift, Prepared, Stage1Filter, resolve_states
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNEL_ID, Pool, Trajectory
 
 SCHEDULES: dict[str, tuple] = {"steps": (2, 4, 8, 16), "tokens": (0.1, 0.25, 0.5, 0.75)}
 THRESHOLDS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
-STATE_POLICIES = ("latentsift", "latentsift:prefix-bank", "branch:distance", "branch:learned")
-LENGTH_POLICIES = ("longest-so-far", "most-steps-so-far")
-POLICIES = (*STATE_POLICIES, *LENGTH_POLICIES, "random")
-# the length policies are the Stage-1 length baselines applied to prefixes
-BASELINE_OF = {e.prune_policy: e.name for e in rules() if e.prune_policy}  # the registry says which rule
 TARGET_RETENTION = 0.9
 # the prefix bank (one bank and one search per checkpoint) is evaluated on these schedules only: on the
 # token schedule its prefixes are most of each trajectory, so it costs a full Stage-1 search per
@@ -59,9 +57,13 @@ TARGET_RETENTION = 0.9
 PREFIX_BANK_SCHEDULES = ("steps",)
 
 
-def min_alive(k: int) -> int:
-    """Candidates never pruned below: max(3, floor(K/2)) (the Stage-1 retain count)."""
-    return max(3, k // 2)
+def min_alive(k: int, rule: KeepRule = PAPER_KEEP) -> int:
+    """Candidates never pruned below: what Stage 1 keeps of K (a keep rule whose count is fixed by K;
+    the paper's max(3, floor(K/2)), all when K <= 3)."""
+    n = rule.count(k)
+    if n is None:
+        raise param_error("rule", "min_alive", "a keep rule whose count depends on K alone (e.g. FixedKeep)", rule)
+    return n
 
 
 def check_threshold(threshold: Any, owner: str) -> float:
@@ -286,19 +288,114 @@ class PrefixBankSift:
         return self._filters[key]
 
 
+# ---------------------------------------------------------------------------------- the policies
+class SiftPolicy:
+    """Prune policy: the paper's method (``branches`` of it) on prefixes, whole-trajectory bank (``PrefixSift``).
+
+    A policy is built per fold from ``(pools, states, fingerprint, tokens, bank_trajs=, bank=, scorer=,
+    seed=, cache=)``; ``prepare(kind, value, cut)`` gives the filter and its prefix preparations at one
+    checkpoint; ``schedules`` (None: every one) are those it is evaluated on; ``fallbacks`` the
+    checkpoints where it fell back to another bank.
+    """
+
+    schedules: tuple[str, ...] | None = None
+
+    def __init__(self, branches: str, pools, states, fingerprint, tokens, *, bank=None, scorer=None, seed: int = 0,
+                 cache=None, **_):
+        self.fallbacks: list[str] = []
+        self.filt = LatentSift(bank, scorer if branches != "distance" else None, branches=branches, seed=seed,
+                               n_evidence=0)
+        self._fast = PrefixSift(self.filt, pools, states, fingerprint=fingerprint, cache=cache)
+
+    def prepare(self, kind, value, cut) -> tuple[Stage1Filter, dict[str, Prepared]]:
+        return self.filt, self._fast.prepare(cut)
+
+
+class PrefixBankPolicy:
+    """Prune policy: the paper's method with a bank of prefixes (``PrefixBankSift``); where no prefix bank
+    is possible (e.g. one class only) the whole-trajectory bank (recorded in ``fallbacks``)."""
+
+    schedules = PREFIX_BANK_SCHEDULES
+
+    def __init__(self, pools, states, fingerprint, tokens, *, bank_trajs=(), bank=None, scorer=None, seed: int = 0,
+                 cache=None, **_):
+        self.pools, self.states, self.fp, self.fallbacks = pools, states, fingerprint, []
+        self._bank, self._scorer, self._seed, self._cache, self._whole = bank, scorer, seed, cache, None
+        self._pb = PrefixBankSift(bank_trajs, states, fingerprint, tokens, scorer, seed=seed, n_evidence=0)
+
+    def prepare(self, kind, value, cut) -> tuple[Stage1Filter, dict[str, Prepared]]:
+        try:
+            f = self._pb.filter_at(kind, value)
+        except LatentSiftError:  # no prefix bank possible here: whole-trajectory bank
+            self.fallbacks.append(f"{kind}={value}")
+            if self._whole is None:
+                self._whole = LatentSift(self._bank, self._scorer, seed=self._seed, n_evidence=0)
+                self._whole_fast = PrefixSift(self._whole, self.pools, self.states, fingerprint=self.fp,
+                                              cache=self._cache)
+            return self._whole, self._whole_fast.prepare(cut)
+        return f, prefix_prepare(f, self.pools, self.states, cut, fingerprint=self.fp)
+
+
+class RulePolicy:
+    """Prune policy: a rule filter (a Stage-1 baseline) on prefixes; the rule says which policy it is
+    (``register_filter(prune_policy=...)``)."""
+
+    schedules: tuple[str, ...] | None = None
+
+    def __init__(self, rule: str, pools, states, fingerprint, tokens, *, seed: int = 0, **_):
+        self.pools, self.states, self.tokens, self.fallbacks = pools, states, tokens, []
+        self.filt = make_baseline(rule, seed=seed)
+
+    def prepare(self, kind, value, cut) -> tuple[Stage1Filter, dict[str, Prepared]]:
+        return self.filt, prefix_prepare(self.filt, self.pools, self.states, cut, tokens=self.tokens)
+
+
+# the state policies (kind "prune_policy"); the rule filters add theirs through ``register_filter``
+registry_add("prune_policy", LatentSift.name, functools.partial(SiftPolicy, "both"), family="state")
+registry_add("prune_policy", f"{LatentSift.name}:prefix-bank", PrefixBankPolicy, family="state")
+registry_add("prune_policy", "branch:distance", functools.partial(SiftPolicy, "distance"), family="state")
+registry_add("prune_policy", "branch:learned", functools.partial(SiftPolicy, "learned"), family="state")
+
+
+def prune_policies(family: str | None = None, *, plugins: bool = True) -> tuple[str, ...]:
+    """The prune policies: the registered state policies, then the rule filters' (length rules, then random)."""
+    out = [(e.name, e.info["family"]) for e in registry_entries("prune_policy", plugins=plugins)]
+    rule = [(e.info["prune_policy"], "random" if e.info["key"] == RANDOM else "length")
+            for e in registry_entries("filter", plugins=plugins) if e.info.get("prune_policy")]
+    out += sorted(rule, key=lambda x: x[1] == "random")  # the length rules first (stable), random last
+    return tuple(n for n, f in out if family is None or f == family)
+
+
+def prune_policy(name: str, *args, **kw):
+    """The prune policy ``name`` built for one fold (``SiftPolicy`` / ``PrefixBankPolicy`` / ``RulePolicy``)."""
+    check_choice(name, "policy", "evaluate_pruning", prune_policies())
+    for e in registry_entries("prune_policy"):
+        if e.name == name:
+            return e.obj(*args, **kw)
+    rule = next(e.name for e in registry_entries("filter") if e.info.get("prune_policy") == name)
+    return RulePolicy(rule, *args, **kw)
+
+
+#: The package's own policies, in report order (state, length, random).
+POLICIES = prune_policies(plugins=False)
+STATE_POLICIES = prune_policies("state", plugins=False)
+LENGTH_POLICIES = prune_policies("length", plugins=False)
+
+
 # ---------------------------------------------------------------------------------- the stop rule
 def stop_decision(ids: Sequence[str], scores: Sequence[float], running: Sequence[bool], threshold: float, k: int,
-                  *, seed: int = 0) -> list[str]:
+                  *, seed: int = 0, keep_rule: KeepRule = PAPER_KEEP) -> list[str]:
     """Which of the alive candidates ``ids`` to stop at one checkpoint.
 
     ``scores``: their prefix scores (higher = better; NaN lowest), ``running``: not finished yet
     (finished candidates are never stopped but count as alive), ``k``: the pool's K. Running
     candidates whose normalised rank among the alive is below ``threshold`` are stopped, lowest
-    first (ties by the (seed, traj_id) hash), keeping at least ``max(3, floor(K/2))`` alive.
+    first (ties by the (seed, traj_id) hash), keeping at least what ``keep_rule`` keeps of K alive
+    (the paper's ``max(3, floor(K/2))``).
     """
     threshold = check_threshold(threshold, "stop_decision")
     ids = list(ids)
-    room = len(ids) - min_alive(k)
+    room = len(ids) - min_alive(k, keep_rule)
     if room <= 0:
         return []
     s = np.asarray(scores, dtype=np.float64)
@@ -324,20 +421,20 @@ class PoolRun:
 
 def simulate_pool(pool_ids: Sequence[str], n_steps: Mapping[str, int], cuts: Sequence[Mapping[str, int]],
                   rank_at: Callable[[int, list[str]], Mapping[str, float]], threshold: float, *,
-                  seed: int = 0, instance_id: str = "") -> PoolRun:
+                  seed: int = 0, instance_id: str = "", keep_rule: KeepRule = PAPER_KEEP) -> PoolRun:
     """Run the stop rule over a pool's checkpoints. ``cuts[j][traj_id]`` = steps kept at checkpoint j;
     ``rank_at(j, alive_ids)`` gives their prefix scores. A cut reaching a candidate's length = finished."""
     k = len(pool_ids)
     alive = sorted(pool_ids)
     stopped: dict[str, int] = {}
     for j, cut in enumerate(cuts):
-        if len(alive) <= min_alive(k):
+        if len(alive) <= min_alive(k, keep_rule):
             break
         running = [cut[t] < n_steps[t] for t in alive]
         if not any(running):
             break
         sc = rank_at(j, alive)
-        for t in stop_decision(alive, [sc[t] for t in alive], running, threshold, k, seed=seed):
+        for t in stop_decision(alive, [sc[t] for t in alive], running, threshold, k, seed=seed, keep_rule=keep_rule):
             stopped[t] = int(cut[t])
         alive = [t for t in alive if t not in stopped]
     return PoolRun(instance_id, stopped, alive)
@@ -377,12 +474,12 @@ class Pruner:
     running candidate has completed. At a checkpoint (schedule ``"steps"``) the filter scores the
     alive candidates' prefixes, ranked among them, and the stop rule answers which to stop.
     ``filter``: any Stage-1 filter (``LatentSift`` with its bank, or a baseline such as
-    ``make_baseline(BASELINE_OF["longest-so-far"])`` = stop the longest so far).
+    a rule filter such as shortest-in-tokens = stop the longest so far).
     """
 
     def __init__(self, filter: Stage1Filter, traj_ids: Sequence[str], *, threshold: float = 0.5,
                  checkpoints: Sequence[int] = SCHEDULES["steps"], instance_id: str = "online",
-                 fingerprint: Any = None, seed: int = 0):
+                 fingerprint: Any = None, seed: int = 0, keep_rule: KeepRule = PAPER_KEEP):
         if not isinstance(filter, Stage1Filter):
             raise param_error("filter", "Pruner", "a Stage-1 filter (latentsift.sift.sift)", type(filter).__name__)
         ids = list(traj_ids)
@@ -393,6 +490,8 @@ class Pruner:
         self.threshold = check_threshold(threshold, "Pruner")
         self.checkpoints = check_schedule("steps", checkpoints, "Pruner")
         self.instance_id, self.fingerprint, self.seed = instance_id, fingerprint, seed
+        self.keep_rule = keep_rule
+        min_alive(self.k, keep_rule)  # refuses a rule whose count is not fixed by K
         self.alive = sorted(ids)
         self.finished: set[str] = set()
         self.stopped: dict[str, int] = {}
@@ -411,7 +510,7 @@ class Pruner:
 
     def step(self, n_steps: int) -> PruneDecision:
         running = [t for t in self.alive if t not in self.finished]
-        if n_steps not in self.checkpoints or len(self.alive) <= min_alive(self.k) or not running:
+        if n_steps not in self.checkpoints or len(self.alive) <= min_alive(self.k, self.keep_rule) or not running:
             d = PruneDecision(n_steps, False, [], list(self.alive), running)
             self.history.append(d)
             return d
@@ -425,7 +524,7 @@ class Pruner:
         prep = self.filter.prepare_many([pool], st, fingerprint=self.fingerprint)[self.instance_id]
         sc = self.filter.rank_subset(prep, self.alive)
         stop = stop_decision(self.alive, [sc[t] for t in self.alive], [t not in self.finished for t in self.alive],
-                             self.threshold, self.k, seed=self.seed)
+                             self.threshold, self.k, seed=self.seed, keep_rule=self.keep_rule)
         for t in stop:
             self.stopped[t] = n_steps
         self.alive = [t for t in self.alive if t not in stop]

@@ -19,34 +19,29 @@ Each filter has a command-line ``name`` ("shortest-chars"), the ``key`` under wh
 written ("shortest_chars" in summary.json; default: the name with '_' for '-') and a display
 ``label``. ``REFERENCE`` is the key of the rule every paired comparison is made against.
 
-Modules outside the package register when they are imported: those named in the environment
-variable ``LATENTSIFT_PLUGINS`` (comma-separated module names) and those of the entry-point group
-``latentsift.filters`` are imported on the first lookup, so their filters show everywhere, the
-command line included.
+The filters live in the package's one registry (``latentsift._core.registry``, kind "filter"): modules
+outside the package register when they are imported, those named in the environment variable
+``LATENTSIFT_PLUGINS`` (comma-separated module names) and those of the entry-point groups
+``latentsift.plugins`` and ``latentsift.filters`` are imported on the first listing or a missed
+lookup, so their filters show everywhere, the command line included.
 """
 from __future__ import annotations
 
 import hashlib
-import importlib
 import math
-import os
 import re
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, Callable
 
 import numpy as np
 
+from .._core.registry import registry_add, registry_entries, registry_find, registry_remove
 from .._core.validation import LatentSiftError, check_choice
 from .sift import LatentSift, Prepared, Stage1Filter, as_pools, check_pools, resolve_states
 from .rank import normalized_ranks
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import Trajectory
 
-#: Environment variable naming modules to import for their registrations (comma-separated).
-PLUGINS_ENV = "LATENTSIFT_PLUGINS"
-#: Entry-point group of installed packages that register filters.
-ENTRY_POINTS = "latentsift.filters"
 KINDS = ("state", "rule")
 _NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
@@ -63,7 +58,9 @@ class FilterEntry:
     filters without one come after the built-ins, in registration order); ``tokenizer``: the
     protocol passes it the policy's tokenizer; ``column``: (candidate-table column, sign) when the
     rule is a plain column (the diagnostics add it as a reference without scoring); ``prune_policy``:
-    the name of the early-stopping policy that applies it to prefixes (``latentsift.sift.prune``).
+    the name of the early-stopping policy that applies it to prefixes (``latentsift.sift.prune``);
+    ``color``: its colour in every chart of the report and the explorer (``latentsift.report.colors``;
+    None: the next free colour of the run).
     """
 
     name: str
@@ -76,15 +73,13 @@ class FilterEntry:
     tokenizer: bool
     column: tuple[str, float] | None
     prune_policy: str | None
-
-
-_FILTERS: dict[str, FilterEntry] = {}
-_loaded = False
+    color: str | None = None
 
 
 def register_filter(name: str, *, key: str | None = None, label: str | None = None, kind: str = "rule",
                     table_rank: float = math.inf, headline_rank: float = math.inf, tokenizer: bool = False,
-                    column: tuple[str, float] | None = None, prune_policy: str | None = None):
+                    column: tuple[str, float] | None = None, prune_policy: str | None = None,
+                    color: str | None = None):
     """Class decorator: register a ``Stage1Filter`` subclass under ``name`` (see ``FilterEntry``)."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise LatentSiftError(f"The 'name' parameter of register_filter must be lowercase words joined by '-'. "
@@ -95,15 +90,16 @@ def register_filter(name: str, *, key: str | None = None, label: str | None = No
     def register(cls):
         if not (isinstance(cls, type) and issubclass(cls, Stage1Filter)):
             raise LatentSiftError(f"register_filter({name!r}) decorates a Stage1Filter subclass. Got {cls!r} instead.")
-        old = _FILTERS.get(name)
-        if old is not None and old.factory.__qualname__ != cls.__qualname__:
-            raise LatentSiftError(f"register_filter: the name {name!r} is taken by {old.factory.__qualname__}.")
-        taken = {e.key: e.name for e in _FILTERS.values() if e.name != name}
+        old = registry_find("filter", name, plugins=False)
+        if old is not None and old.obj.__qualname__ != cls.__qualname__:
+            raise LatentSiftError(f"register_filter: the name {name!r} is taken by {old.obj.__qualname__}.")
+        taken = {e.info["key"]: e.name for e in registry_entries("filter", plugins=False) if e.name != name}
         if key in taken:
             raise LatentSiftError(f"register_filter: the key {key!r} is taken by the filter {taken[key]!r}.")
         cls.name = name
-        _FILTERS[name] = FilterEntry(name, cls, key, label or name, kind, table_rank, headline_rank, tokenizer,
-                                     column, prune_policy)
+        registry_add("filter", name, cls, key=key, label=label or name, kind=kind, table_rank=table_rank,
+                     headline_rank=headline_rank, tokenizer=tokenizer, column=column, prune_policy=prune_policy,
+                     color=color)
         return cls
 
     return register
@@ -111,34 +107,18 @@ def register_filter(name: str, *, key: str | None = None, label: str | None = No
 
 def unregister_filter(name: str) -> None:
     """Remove a registered filter (a plugin's, e.g. at the end of a test); built-ins stay."""
-    e = _FILTERS.get(name)
+    e = registry_find("filter", name, plugins=False)
     if e is None:
         raise LatentSiftError(f"unregister_filter: no filter {name!r} is registered.")
-    if e.factory.__module__.startswith(__name__.rsplit(".", 1)[0] + "."):
+    if str(e.obj.__module__).startswith(__name__.rsplit(".", 1)[0] + "."):
         raise LatentSiftError(f"unregister_filter: {name!r} is a built-in filter.")
-    del _FILTERS[name]
-
-
-def _load_plugins() -> None:
-    """Import the modules of ``LATENTSIFT_PLUGINS`` and of the entry points, once."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    names = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
-    for m in names:
-        try:
-            importlib.import_module(m)
-        except ImportError as e:
-            raise LatentSiftError(f"{PLUGINS_ENV}: cannot import the module {m!r} ({e}).") from None
-    for ep in entry_points(group=ENTRY_POINTS):
-        ep.load()
+    registry_remove("filter", name)
 
 
 def filters(kind: str | None = None) -> list[FilterEntry]:
     """The registered filters (of ``kind``, "rule" or "state"), in registration order."""
-    _load_plugins()
-    return [e for e in _FILTERS.values() if kind is None or e.kind == kind]
+    out = [FilterEntry(e.name, e.obj, **e.info) for e in registry_entries("filter")]
+    return [e for e in out if kind is None or e.kind == kind]
 
 
 def rules() -> list[FilterEntry]:
@@ -153,8 +133,9 @@ def method_names() -> tuple[str, ...]:
 
 def filter_entry(name: str) -> FilterEntry:
     """The entry of a command-line name or a results key."""
+    hit = registry_find("filter", name)  # a name: loads the plugins on a miss
     for e in filters():
-        if name in (e.name, e.key):
+        if name in (e.name, e.key) or (hit is not None and e.name == hit.name):
             return e
     raise LatentSiftError(f"Unknown Stage-1 filter {name!r}; registered: {', '.join(method_names())}.")
 
@@ -185,7 +166,7 @@ def make_baseline(name: str, **kw) -> "RuleFilter":
     return e.factory(**kw)
 
 
-register_filter("latentsift", kind="state", label="LatentSift (paper)")(LatentSift)
+register_filter(LatentSift.name, kind="state", label="LatentSift (paper)", color="#1f77b4")(LatentSift)
 
 
 class RuleFilter(Stage1Filter):
@@ -218,7 +199,7 @@ class RuleFilter(Stage1Filter):
         return {"s": normalized_ranks(prepared.raw[idx])}
 
 
-@register_filter("random", label="random", table_rank=3, headline_rank=0, prune_policy="random")
+@register_filter("random", label="random", table_rank=3, headline_rank=0, prune_policy="random", color="#7f7f7f")
 class RandomFilter(RuleFilter):
     """Random Stage 1: raw = a uniform number in [0, 1) from sha256("random:{seed}:{traj_id}").
 
@@ -231,7 +212,7 @@ class RandomFilter(RuleFilter):
 
 
 @register_filter("shortest-tokens", label="shortest (tokens)", table_rank=0, headline_rank=2, tokenizer=True,
-                 prune_policy="longest-so-far")
+                 prune_policy="longest-so-far", color="#ff7f0e")
 class ShortestTokensFilter(RuleFilter):
     """Prefer fewer tokens: raw = -n_tokens, from the states (``TrajectoryStates.n_tokens``, the
     tokens the policy saw) or, without states, from ``tokenizer`` over cot + fn + obs text."""
@@ -260,7 +241,7 @@ class ShortestTokensFilter(RuleFilter):
 
 
 @register_filter("shortest-chars", label="shortest (chars)", table_rank=1, headline_rank=1,
-                 column=("n_chars", -1.0))
+                 column=("n_chars", -1.0), color="#8c564b")
 class ShortestCharsFilter(RuleFilter):
     """Prefer fewer characters: raw = -(characters of cot + fn + obs over all steps)."""
 
@@ -269,7 +250,7 @@ class ShortestCharsFilter(RuleFilter):
 
 
 @register_filter("fewest-steps", label="fewest steps", table_rank=2, headline_rank=3, column=("n_steps", -1.0),
-                 prune_policy="most-steps-so-far")
+                 prune_policy="most-steps-so-far", color="#9467bd")
 class FewestStepsFilter(RuleFilter):
     """Prefer fewer agent steps: raw = -n_steps."""
 
@@ -278,6 +259,8 @@ class FewestStepsFilter(RuleFilter):
 
 
 #: The key of the rule every paired comparison is made against (keep the shortest in characters).
-REFERENCE = _FILTERS["shortest-chars"].key
+REFERENCE = registry_find("filter", ShortestCharsFilter.name, plugins=False).info["key"]
 #: The key of the random rule (the chance-level comparison).
-RANDOM = _FILTERS["random"].key
+RANDOM = registry_find("filter", RandomFilter.name, plugins=False).info["key"]
+#: The key of the fewest-steps rule (a length reference of the premise test).
+FEWEST_STEPS = registry_find("filter", FewestStepsFilter.name, plugins=False).info["key"]

@@ -48,11 +48,11 @@ import numpy as np
 
 from .._core.validation import LatentSiftError, NotFittedError, param_error, check_positive_int
 from .._core.io import ArtefactKind, atomic_path, read_artefact, replaced_folder, write_artefact
+from .._core.manifests import ScorerManifest, manifest_values
 from .._core.threads import fixed_threads, one_thread_workers
 from ..bank.bank import Bank, as_fingerprint
 from ..states.model import Fingerprint
 from ..states.states import TrajectoryStates
-from ..states.store import StateStore, check_recorded_settings
 
 SCORER_FORMAT = "latentsift-scorer"
 SCORER_VERSION = 1
@@ -60,7 +60,8 @@ SCORER_JSON = "scorer.json"
 SCORER_TENSORS = "scorer.safetensors"
 CURVE_PNG = "training_curve.png"
 SCORER_ARTEFACT = ArtefactKind(SCORER_FORMAT, SCORER_VERSION, SCORER_JSON, noun="a scorer directory",
-                               make="train one with 'latentsift scorer train'", redo="retrain the scorer")
+                               make="train one with 'latentsift scorer train'", redo="retrain the scorer",
+                               schema=ScorerManifest)
 INITS = ("zeros", "torch")
 GATE_EPS = 1e-8  # Eq. (linear-scorer): max(sum_j sigmoid(g_j), 1e-8)
 
@@ -499,6 +500,8 @@ class LinearScorer:
         meta, blobs = read_artefact(path, SCORER_ARTEFACT, {"tensors": SCORER_TENSORS})
         arr = st_load(blobs["tensors"])
         sc = cls(**meta["settings"])
+        with manifest_values(Path(path) / SCORER_JSON, "settings", SCORER_ARTEFACT.redo):
+            sc._check_params()
         sc.W_, sc.b_ = arr["W"], arr["b"]
         sc.history_ = meta["history"]
         sc.best_epoch_ = int(meta["best_epoch"])
@@ -549,25 +552,21 @@ def _check_fit_inputs(states, labels,
     return states, lab, fingerprint
 
 
-def train_scorer(bank_dir: str | Path, *, states_dir: str | Path | None = None,
-                 scorer: LinearScorer | None = None,
-                 callback: Callable[[dict], None] | None = None) -> LinearScorer:
-    """``latentsift scorer train``: fit the head on the bank's trajectories and labels.
+def check_split(scorer: LinearScorer, labels: Mapping[str, int], log: Callable[[str], None] | None = None) -> None:
+    """Before any state loads: refuse a train/validation split whose training side lacks an outcome,
+    and say (``log``) when validation takes most of the trajectories or there is none."""
+    train, val = scorer.split(list(labels))
+    n, f = len(labels), scorer.val_frac
+    classes = {labels[t] for t in train}
+    if len(classes) < 2:
+        what = "none" if not train else ("all resolved" if classes == {1} else "all unresolved")
+        raise LatentSiftError(f"--val-frac {f:g} leaves {len(train)} of the {n} bank trajectories for training "
+                              f"({what}); the scorer needs both outcomes to learn from: lower --val-frac.")
+    if log is None:
+        return
+    if not val:
+        log("no validation split (--val-frac 0): every bank trajectory trains and the last epoch is kept.")
+    elif len(train) < len(val):
+        log(f"warning: --val-frac {f:g} trains on {len(train)} of the {n} bank trajectories and validates on "
+            f"{len(val)}; the paper holds out 0.2.")
 
-    The states come from ``states_dir`` or, by default, the store the bank was built from
-    (recorded in its manifest); their fingerprint must be the bank's.
-    """
-    bank = Bank.load(bank_dir)
-    sdir = states_dir if states_dir is not None else bank.source_.get("states_dir")
-    if not sdir:
-        raise LatentSiftError(f"The bank {bank_dir} does not record its states directory; pass --states.")
-    store = StateStore(sdir).open()
-    bank.check_fingerprint(store.fingerprint, f"states in {sdir}")
-    check_recorded_settings(bank.source_.get("store_settings"), store, f"The bank {bank_dir}")
-    states = store.load(bank.traj_ids_, dtype="float16")
-    scorer = scorer if scorer is not None else LinearScorer()
-    scorer.fit([states[t] for t in bank.traj_ids_], bank.labels_, fingerprint=bank.fingerprint_, callback=callback)
-    scorer.source_ = {"bank_dir": str(Path(bank_dir).resolve()), "states_dir": str(Path(sdir).resolve()),
-                      "n_trajectories": len(bank.traj_ids_), "label_counts": bank.label_counts(),
-                      "store_settings": store.settings}  # 'filter' refuses states of other span settings
-    return scorer

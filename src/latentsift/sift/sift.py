@@ -12,7 +12,7 @@ Every filter answers three verbs:
   subset (e.g. a draw of K of the pool's n candidates), ranked *within that subset* (ranks
   are never pooled across instances or draws).
 - ``score(pool, states) -> PoolResult``: everything for the whole pool, with the retained set
-  (``max(3, floor(K/2))`` best by s; ties at the cut by ``retain.select_retained``'s rule).
+  (``max(3, floor(K/2))`` best by s; ties at the cut by ``retain.select_retained``'s rule; ``keep_rule``, ``sift.keep``).
 
 ``states`` is a dict traj_id -> ``TrajectoryStates`` (then pass ``fingerprint=``) or a states store
 (any object with ``load(traj_ids)`` and ``fingerprint``, e.g. ``StateStore``).
@@ -42,7 +42,8 @@ from ..bank.bank import Bank, as_fingerprint
 from .fuse import FUSION_WEIGHT, fuse
 from .margin import DISTANCES, WEIGHTINGS, channel_scores_grouped, signed_evidence
 from .rank import min_channel_rank, normalized_ranks
-from .retain import KEEP_FRAC, MIN_KEEP, check_retention, select_retained
+from .keep import FixedKeep, KeepRule
+from .retain import KEEP_FRAC, MIN_KEEP, check_retention
 from .scorer import LinearScorer
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory, load_pools
@@ -218,6 +219,11 @@ class Stage1Filter:
     def get_params(self) -> dict:
         return {"min_keep": self.min_keep, "frac": self.frac, "seed": self.seed}
 
+    @property
+    def keep_rule(self) -> KeepRule:
+        """Stage 1's keep rule of this filter: the paper's ``FixedKeep(min_keep, frac, seed)``."""
+        return FixedKeep(self.min_keep, self.frac, self.seed)
+
     def prepare(self, pool: Pool | Sequence[Trajectory], states: Any = None, *, fingerprint: Any = None) -> Prepared:
         pools = as_pools(pool)
         if len(pools) != 1:
@@ -241,13 +247,13 @@ class Stage1Filter:
         """The candidates of ``traj_ids`` that Stage 1 keeps (sorted by traj_id)."""
         sc = self.rank_subset(prepared, traj_ids)
         ids = sorted(sc)
-        mask = select_retained([sc[t] for t in ids], ids, seed=self.seed, min_keep=self.min_keep, frac=self.frac)
+        mask = self.keep_rule.keep([sc[t] for t in ids], ids)
         return [t for t, m in zip(ids, mask) if m]
 
     def _result(self, prepared: Prepared) -> PoolResult:
         idx = np.arange(len(prepared.traj_ids))
         rk = self._rank(prepared, idx)
-        mask = select_retained(rk["s"], prepared.traj_ids, seed=self.seed, min_keep=self.min_keep, frac=self.frac)
+        mask = self.keep_rule.keep(rk["s"], prepared.traj_ids)
         cands = []
         for i, t in enumerate(prepared.traj_ids):
             c = CandidateScore(traj_id=t, instance_id=prepared.instance_id, s=float(rk["s"][i]),

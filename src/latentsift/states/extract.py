@@ -2,7 +2,7 @@
 
 One driver, :func:`extract_pools`, with the work done by an :class:`ExtractionBackend`:
 
-- :class:`LocalBackend`: a policy loaded in this process replays the trajectories, as many at once as
+- :class:`LocalExtractionBackend`: a policy loaded in this process replays the trajectories, as many at once as
   torch has threads, each at one thread (:func:`extract_many`);
 - ``latentsift.scale.extract.RayBackend``: N Ray actors, each loading the model once, replay
   shard-sized batches (docs/scale.md); Ray is imported only there.
@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from .._core.registry import registry_add
 from .._core.threads import one_thread_pool, ordered_map
 from .._core.validation import LatentSiftError, check_positive_int, param_error
 from .channel import render, render_per_step
 from .hardware import kernel_record
-from .model import Fingerprint
+from .model import Fingerprint, load_policy
 from .states import DEFAULT_CHUNK_TOKENS, TrajectoryStates, merge_states, replay_many
 from .store import DEFAULT_SHARD_SIZE, RENDERERS, STORE_DTYPES, EncodedShard, StateStore, encode_shard
 
@@ -106,14 +107,32 @@ class ExtractionBackend(abc.ABC):
         """One line for the log."""
         return type(self).__name__
 
+    @classmethod
+    def from_options(cls, **options: Any) -> "ExtractionBackend":
+        """The backend ``latentsift extract`` builds from its options (``model``, ``dtype``, ``device``,
+        ``threads``, ``ray``, ``workers``, ``gpus_per_worker``; each backend reads those it needs)."""
+        raise LatentSiftError(f"The extraction backend {cls.__name__} cannot be built from command-line options.")
 
-class LocalBackend(ExtractionBackend):
+
+class LocalExtractionBackend(ExtractionBackend):
     """This process: ``policy`` replays the trajectories (:func:`extract_many`), one shard per ``shard_size``
     in input order."""
+
+    name = "local"
 
     def __init__(self, policy):
         self.policy = policy
         self.settings: dict[str, Any] | None = None
+
+    @classmethod
+    def from_options(cls, *, model=None, dtype: str = "auto", device: str | None = None, threads: int | None = None,
+                     **_: Any) -> "LocalExtractionBackend":
+        """The policy loaded here (``threads``: torch threads of this process)."""
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        return cls(load_policy(model, dtype=dtype, device=device))
 
     def check(self, settings_kw: Mapping[str, Any]) -> None:
         extract_settings(self.policy, **settings_kw)
@@ -139,6 +158,9 @@ class LocalBackend(ExtractionBackend):
 
 
 # ---------------------------------------------------------------------- settings and selection
+registry_add("extraction_backend", LocalExtractionBackend.name, LocalExtractionBackend)
+
+
 def resolve_layers(layers: str | Sequence[int], n_layers: int) -> list[int]:
     """``"all"`` -> 1..L, ``"final"`` -> [L], or a list of layer indices in 1..L (must include L,
     the distance-state layer)."""
@@ -258,8 +280,8 @@ def extract_pools(backend, trajectories: Iterable, store: StateStore | str | os.
                   progress: Callable[[ExtractProgress], None] | None = None) -> ExtractReport:
     """Render each trajectory, replay it through the policy and append its states to ``store``.
 
-    ``backend``: an :class:`ExtractionBackend` (``LocalBackend(policy)``, ``RayBackend(model,
-    workers=N)``, or ``backends.open_backend``), or a loaded policy (run here: ``LocalBackend(policy)``).
+    ``backend``: an :class:`ExtractionBackend` (``LocalExtractionBackend(policy)``, ``RayBackend(model,
+    workers=N)``, or ``backends.open_backend``), or a loaded policy (run here: ``LocalExtractionBackend(policy)``).
 
     Resumable: trajectories already in the store are skipped, so re-running after a kill finishes
     the work without duplicates (at most the ``shard_size`` trajectories of an interrupted shard are
@@ -273,7 +295,7 @@ def extract_pools(backend, trajectories: Iterable, store: StateStore | str | os.
     the disjoint spans are merged. ``patch_step_tokens`` keeps the first N tokens of each span of the
     step that wrote the final patch (``channel.patch_step``) instead of ``max_span_tokens``.
     """
-    backend = backend if isinstance(backend, ExtractionBackend) else LocalBackend(backend)
+    backend = backend if isinstance(backend, ExtractionBackend) else LocalExtractionBackend(backend)
     settings_kw = dict(max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
                        layers=layers, store_dtype=store_dtype, chunk_tokens=chunk_tokens, shard_size=shard_size,
                        renderer=renderer, patch_step_tokens=patch_step_tokens)

@@ -31,6 +31,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .._core.io import ArtefactKind, WriterLock, atomic_write_bytes, member, read_artefact, sha256_hex, write_artefact
+from .._core.manifests import StoreIndex, StoreManifest, check_manifest
 from .._core.validation import FingerprintMismatch, LatentSiftError, param_error
 from .model import Fingerprint
 from .states import TrajectoryStates
@@ -56,7 +57,8 @@ RENDERERS = ("render", "render_per_step")
 #: (``hardware.kernel_record``); a store is resumed only under the same.
 KERNELS = "kernels"
 STORE_ARTEFACT = ArtefactKind(FORMAT, FORMAT_VERSION, MANIFEST, noun="a state store",
-                              make="run 'latentsift extract' first", redo="delete the directory and re-run extract")
+                              make="run 'latentsift extract' first", redo="delete the directory and re-run extract",
+                              schema=StoreManifest)
 
 
 def check_recorded_settings(recorded: dict | None, store: "StateStore", what: str) -> None:
@@ -117,13 +119,14 @@ class StateStore:
         and shards the index does not reference)."""
         import pyarrow.parquet as pq
 
-        self.manifest, _ = read_artefact(self.path, STORE_ARTEFACT, required=("fingerprint", "settings"))
+        self.manifest, _ = read_artefact(self.path, STORE_ARTEFACT)
         ipath = self.path / INDEX
         if not ipath.is_file():
             raise LatentSiftError(f"{self.path}: the index {INDEX} is missing; the store is damaged "
                                   "(delete the directory and re-run extract).")
         table = pq.read_table(ipath)
-        meta = json.loads(table.schema.metadata[META_KEY])
+        meta = json.loads((table.schema.metadata or {}).get(META_KEY, b"null"))
+        check_manifest(meta, StoreIndex, ipath, STORE_ARTEFACT.redo)
         self._rows = {k: table.column(k).to_pylist() for k in self._rows}
         self._shards = meta["shards"]
         self._trajs = {t["traj_id"]: t for t in meta["trajectories"]}
@@ -276,7 +279,7 @@ class StateStore:
         bad = []
         for s in self._shards:
             p = member(self.path / SHARDS, s["name"], self.path / INDEX)
-            if not p.is_file() or sha256_hex(p.read_bytes()) != s["sha256"]:
+            if not p.is_file() or sha256_hex(self._shard_bytes(p)) != s["sha256"]:
                 bad.append(s["name"])
         return bad
 
@@ -337,13 +340,21 @@ class StateStore:
         self._write_index()
 
     # -- reading ----------------------------------------------------------------------------
+    def _shard_bytes(self, p: Path) -> bytes:
+        """A shard's bytes; a shard that cannot be read (permissions, an I/O error) is said as such."""
+        try:
+            return p.read_bytes()
+        except OSError as e:
+            raise LatentSiftError(f"{p}: the shard cannot be read ({e.strerror or e}); make the store's files "
+                                  f"readable (e.g. chmod -R u+r {self.path}) and run the command again.") from None
+
     def _read_shard(self, shard: dict) -> dict[str, np.ndarray]:
         from safetensors.numpy import load
 
         p = member(self.path / SHARDS, shard["name"], self.path / INDEX)
         if not p.is_file():
             raise LatentSiftError(f"The shard {p} listed in {self.path / INDEX} is missing: {REPAIR}")
-        data = p.read_bytes()
+        data = self._shard_bytes(p)
         got = sha256_hex(data)
         if got != shard["sha256"]:
             raise LatentSiftError(f"The shard {p} is corrupted: sha256 {got[:16]}... does not match the index "

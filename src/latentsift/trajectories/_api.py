@@ -16,7 +16,7 @@ from ._labels import LabelRow, Report, is_candidates_csv, parse_report, read_can
 from ._registry import described, format_names, importers
 from ._sources import Source, iter_sources
 
-FORMATS = format_names()  # the registered formats (``_registry``), "auto" first
+FORMATS = format_names(plugins=False)  # the package's own formats (``_registry``), "auto" first
 # Runs whose trajectories contain the evaluation outcome (dataset README caveat). Any AutoCodeRover
 # run whose harness replies report the test outcome is marked too (LEAK_MARKERS).
 KNOWN_LEAKING_RUNS = frozenset({"acr-val-only", "acr-val-sbfl"})
@@ -50,6 +50,7 @@ class ImportSummary:
     skipped_records: list[SkippedRecord]
     skipped_files: list[tuple[str, str]]
     warnings: list[str]
+    label_files: dict[str, int] = field(default_factory=dict)  # label file -> trajectories it labelled
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -64,6 +65,7 @@ class ImportSummary:
                                                        for k, n in sorted(self.candidates_per_instance.items())),
                "labels: " + ", ".join(f"{k} {v}" for k, v in self.labels.items()),
                "files read: " + ", ".join(f"{k} {v}" for k, v in sorted(self.files.items()))]
+        out += [f"labels from {f}: {n} of {self.n_trajectories} trajectories" for f, n in self.label_files.items()]
         out.append(f"{'run':<16} {'agent':<10} {'cands':>5} {'resolved':>8} {'unres':>6} {'unknown':>7} "
                    f"{'steps med(max)':>14}")
         for run, r in sorted(self.runs.items()):
@@ -120,7 +122,7 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
     skipped_files: list[tuple[str, str]] = []
     trajs: list[tuple[Trajectory, str]] = []   # with the source group
     reports: list[Report] = []
-    tables: list[dict[tuple[str, str], LabelRow]] = []
+    tables: list[tuple[str, dict[tuple[str, str], LabelRow]]] = []   # (source, rows)
     files: Counter = Counter()
 
     def fail(e: RecordError) -> None:
@@ -139,12 +141,14 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
             skipped_files.append((src.name, kind[len("not read: "):]))
     files = Counter({k: v for k, v in files.items() if not k.startswith("not read:")})
 
+    given: list[str] = []  # the label files named with --labels: each must label something
     for lp in label_paths:
         extra_srcs = list(iter_sources([lp], skipped_files))
         for src in extra_srcs:
             text = src.text()
+            given.append(src.name)
             if src.basename.endswith(".csv"):
-                tables.append(read_candidates_csv(text, src.name))
+                tables.append((src.name, read_candidates_csv(text, src.name)))
             else:
                 try:
                     obj = json.loads(text)
@@ -156,7 +160,10 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
                 reports.append(rep)
 
     trajs = _dedupe(trajs, fail)
-    warnings = _apply_labels(trajs, reports, tables)
+    warnings, labelled = _apply_labels(trajs, reports, tables)
+    for name in given:
+        if trajs and not labelled[name]:
+            raise LatentSiftError(_labels_nothing(name, len(trajs), reports, tables))
     out = [t for t, _ in trajs]
     if scaffold is not None:
         if not isinstance(scaffold, str) or not scaffold.strip():
@@ -166,6 +173,7 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
             t.meta["scaffold"] = scaffold.strip()
     leaking = _mark_leaks(out)
     summary = _summarise(out, files, leaking, skipped, skipped_files, warnings)
+    summary.label_files = dict(labelled)
     return ImportResult(out, summary, skipped)
 
 
@@ -175,7 +183,7 @@ def _read_source(src: Source, fmt: str, trajs, reports, tables, fail) -> str:
     if name.endswith(".csv"):
         text = src.text()
         if is_candidates_csv(text):
-            tables.append(read_candidates_csv(text, src.name))
+            tables.append((src.name, read_candidates_csv(text, src.name)))
             return "labels csv"
         return "not read: a CSV without 'run' and 'instance_id' columns"
     if name.endswith(".jsonl"):
@@ -268,12 +276,56 @@ def _dedupe(trajs: list[tuple[Trajectory, str]], fail) -> list[tuple[Trajectory,
     return out
 
 
+def nothing_read(paths: Iterable[str | Path], summary: ImportSummary) -> str:
+    """The one line of an import that found no trajectory (``latentsift import`` refuses it): what was
+    read and what was ignored."""
+    paths = list(paths)
+    files, skipped, skipped_files = Counter(summary.files), summary.skipped_records, summary.skipped_files
+    named = ", ".join(str(p) for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    parts = []
+    if skipped:
+        reasons = Counter((f"field {s.field!r}: " if s.field else "") + s.reason for s in skipped)
+        top = reasons.most_common(1)[0][0]
+        parts.append(f"{len(skipped)} record(s) ignored ({top}"
+                     + (f"; {len(reasons) - 1} other reason(s)" if len(reasons) > 1 else "") + ")")
+    if files.get("jsonl (no trajectory)") and not skipped:
+        parts.append(f"{files['jsonl (no trajectory)']} JSONL file(s) with no record (empty)")
+    other = {k: n for k, n in files.items() if k in ("labels csv", "report")}
+    if other:
+        parts.append("only label files read (" + ", ".join(f"{k} {n}" for k, n in other.items()) + ")")
+    if skipped_files:
+        f, why = skipped_files[0]
+        parts.append(f"{len(skipped_files)} file(s) not read ({f}: {why}"
+                     + (" ..." if len(skipped_files) > 1 else "") + ")")
+    if not parts:
+        parts.append("no file found")
+    return f"read 0 trajectories from {named}: " + "; ".join(parts) + ". Nothing to import."
+
+
+def _labels_nothing(name: str, n: int, reports: list[Report], tables) -> str:
+    """The one line of a --labels file that labels none of the ``n`` imported trajectories."""
+    rows = next((r for src, r in tables if src == name), None)
+    if rows is not None:
+        what = (f"its {len(rows)} rows name runs {sorted({k[0] for k in rows})[:3]}" if rows
+                else "it holds no row, a header only")
+    else:
+        rep = next(r for r in reports if r.source == name)
+        ids = sorted(rep.per_instance) if rep.resolved is None else sorted(rep.resolved | (rep.covered or set()))
+        what = (f"it names {len(ids)} instance(s), e.g. {ids[0]!r}" if ids else "it names no instance")
+    return (f"{name} labels none of the {n} imported trajectories ({what}); pass the labels of these runs "
+            "(a candidates.csv row matches by run and instance_id, a report by instance id).")
+
+
 def _apply_labels(trajs: list[tuple[Trajectory, str]], reports: list[Report],
-                  tables: list[dict[tuple[str, str], LabelRow]]) -> list[str]:
+                  tables: list[tuple[str, dict[tuple[str, str], LabelRow]]]) -> tuple[list[str], Counter]:
+    """Apply the reports and tables; (warnings, source -> number of trajectories it labelled or gave
+    test counts)."""
     warnings: list[str] = []
     mismatch: list[str] = []
+    labelled: Counter = Counter()
 
     def set_reward(t: Trajectory, r: float, where: str) -> None:
+        labelled[where.rsplit(":", 1)[0] if where.rsplit(":", 1)[-1].isdigit() else where] += 1
         if t.reward is None:
             t.reward = r
             t.meta["label_source"] = where
@@ -308,7 +360,7 @@ def _apply_labels(trajs: list[tuple[Trajectory, str]], reports: list[Report],
                 r, tests = rep.per_instance[t.instance_id]
                 set_reward(t, r, rep.source)
                 t.tests.update(tests)
-    for table in tables:
+    for source, table in tables:
         used = set()
         missing = 0
         for t, _ in trajs:
@@ -320,6 +372,8 @@ def _apply_labels(trajs: list[tuple[Trajectory, str]], reports: list[Report],
             t.tests.update(row.tests)
             if row.resolved is not None:
                 set_reward(t, float(row.resolved), row.where)
+            else:
+                labelled[source] += 1  # test counts only
         unused = [k for k in table if k not in used]
         if missing:
             warnings.append(f"{missing} trajectories have no row in the labels table")
@@ -329,7 +383,7 @@ def _apply_labels(trajs: list[tuple[Trajectory, str]], reports: list[Report],
     if mismatch:
         warnings.append(f"{len(mismatch)} label disagreement(s) (the trajectory's own reward is kept): "
                         + "; ".join(mismatch[:5]) + (" ..." if len(mismatch) > 5 else ""))
-    return warnings
+    return warnings, labelled
 
 
 def _under(group: str, folder: str) -> bool:

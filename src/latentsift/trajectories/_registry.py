@@ -1,4 +1,6 @@
-"""The registry of trajectory importers: one module per format, one registration each.
+"""Trajectory importers: one module per format, one registration each (in the package's one registry,
+``latentsift._core.registry``, kind "importer"; plugins of ``LATENTSIFT_PLUGINS`` and the entry points
+register the same way).
 
 ``@register_importer(name, detect=..., missing=..., describe=...)`` on the module's ``read(obj,
 where, src)`` (one record -> a ``Trajectory``) adds a format: ``latentsift import --format NAME``
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .._core.registry import registry_add, registry_entries, registry_find
 from .._core.validation import LatentSiftError
 
 
@@ -31,9 +34,6 @@ class ImporterEntry:
     priority: float
 
 
-_IMPORTERS: dict[str, ImporterEntry] = {}
-
-
 def register_importer(name: str, *, detect: Callable[[Any], bool], missing: tuple[str, str], describe: str,
                       accepts: Callable[[Any], bool] | None = None, priority: float = 100.0):
     """Decorator on a format's ``read(obj, where, src) -> Trajectory``: register it under ``name``."""
@@ -42,23 +42,24 @@ def register_importer(name: str, *, detect: Callable[[Any], bool], missing: tupl
                               f"'auto'. Got {name!r} instead.")
 
     def register(read):
-        old = _IMPORTERS.get(name)
-        if old is not None and old.read.__qualname__ != read.__qualname__:
-            raise LatentSiftError(f"register_importer: the format {name!r} is taken by {old.read.__module__}.")
-        _IMPORTERS[name] = ImporterEntry(name, read, detect, accepts or detect, missing, describe, priority)
-        return read
+        old = registry_find("importer", name, plugins=False)
+        if old is not None and old.obj.__qualname__ != read.__qualname__:
+            raise LatentSiftError(f"register_importer: the format {name!r} is taken by {old.obj.__module__}.")
+        return registry_add("importer", name, read, detect=detect, accepts=accepts or detect, missing=missing,
+                            describe=describe, priority=priority)
 
     return register
 
 
-def importers() -> list[ImporterEntry]:
-    """The registered formats in detection order."""
-    return sorted(_IMPORTERS.values(), key=lambda e: e.priority)
+def importers(*, plugins: bool = True) -> list[ImporterEntry]:
+    """The registered formats in detection order (``plugins``: with the plugins' formats)."""
+    entries = [ImporterEntry(e.name, e.obj, **e.info) for e in registry_entries("importer", plugins=plugins)]
+    return sorted(entries, key=lambda e: e.priority)
 
 
-def format_names() -> tuple[str, ...]:
+def format_names(*, plugins: bool = True) -> tuple[str, ...]:
     """``auto`` and every registered format (``import --format``)."""
-    return ("auto", *(e.name for e in importers()))
+    return ("auto", *(e.name for e in importers(plugins=plugins)))
 
 
 def described() -> str:

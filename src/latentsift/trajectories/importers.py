@@ -10,13 +10,13 @@ A new format is one module with one ``@register_importer`` registration on its `
 src)``: ``--format``, auto-detection and the error messages read the registry.
 """
 from ._api import (FORMATS, KNOWN_LEAKING_RUNS, ImportResult, ImportSummary, SkippedRecord,
-                   import_paths)
+                   import_paths, nothing_read)
 from ._common import RecordError, Where
 from ._registry import ImporterEntry, format_names, importers, register_importer
 from ._sources import Source
 from .trajectory import load_jsonl, load_pools, save_jsonl
 
 __all__ = ["FORMATS", "KNOWN_LEAKING_RUNS", "ImportResult", "ImportSummary", "SkippedRecord", "RecordError",
-           "import_paths", "load_jsonl", "load_pools", "save_jsonl",
+           "import_paths", "nothing_read", "load_jsonl", "load_pools", "save_jsonl",
            # adding a format: one module with one registration (``_importers/_registry.py``)
            "register_importer", "importers", "format_names", "ImporterEntry", "Source", "Where"]

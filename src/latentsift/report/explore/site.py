@@ -16,8 +16,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..._core.guard import SITE_MANIFEST
+from ..._core.outputs import SITE_MANIFEST
 from ..._core.io import atomic_write_json, read_json
+from ..._core.manifests import SiteManifest, check_manifest
 from ..._core.validation import LatentSiftError
 from ...cascade.cascade import stage1_retain
 from ...sift.sift import FilterRun, read_filter_output
@@ -59,8 +60,8 @@ def _site_files(out: Path) -> list[str]:
     path = out / SITE_MANIFEST
     if not path.is_file():
         return []
-    files = read_json(path).get("files", [])
-    return [f for f in files if isinstance(f, str) and ".." not in Path(f).parts and not Path(f).is_absolute()]
+    files = check_manifest(read_json(path), SiteManifest, path, "delete it and write the site again").get("files", [])
+    return [f for f in files if ".." not in Path(f).parts and not Path(f).is_absolute()]
 
 
 def write_site(out_dir: str | Path, trajectories: Sequence[Trajectory], *, detail: Mapping[str, Any] | None = None,
@@ -226,6 +227,12 @@ def write_filter_site(filter_json: str | Path, pools: str | Path, out_dir: str |
     detail = read_filter_output(fpath)
     every = load_jsonl(pools)
     inst = {p["instance_id"] for p in detail["pools"]}
+    if not inst:
+        leak = detail.get("leak") or {}
+        why = (f": the filter left out every pool ({len(leak['warnings'])} with --on-leak {leak.get('on_leak')}, "
+               "their instances are in the bank)" if leak.get("warnings") else "")
+        raise LatentSiftError(f"{fpath} holds no scored pool{why}; there is nothing to explore. Score pools "
+                              "whose instances the bank does not hold, or pass --on-leak allow to 'filter'.")
     trajs = [t for t in every if t.instance_id in inst]
     if not trajs:
         raise LatentSiftError(f"{pools} holds none of the {len(inst)} pools of {fpath}: pass the pools file "

@@ -4,12 +4,16 @@
 of the command's inputs, and one that is or lies inside a saved artefact of another kind (state
 store, bank, scorer, sifter, verifier results, run folder, report, explorer site), recognised by its
 manifest or format files (``artefact_kind``). An output of the command's own kind may exist: it is
-resumed or replaced as the command documents.
+resumed or replaced as the command documents. Anything else that exists at the output is refused: a
+non-empty folder that is not of the command's kind, and a file that is not the command's own earlier
+output (``file_kind``: recognised by its first bytes; an empty file holds nothing to lose).
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -22,6 +26,25 @@ SITE_MANIFEST = ".latentsift-site.json"
 KIND_NAMES = {"store": "a state store", "bank": "a bank", "scorer": "a scorer", "sifter": "a sifter",
               "verifier": "verifier results", "run": "a run folder", "report": "a report folder",
               "site": "an explorer site"}
+
+
+#: The single files the commands write: kind -> (how the file begins, readable name).
+FILE_KINDS = {"pools": (re.compile(r'\{"traj_id":'), "canonical trajectories ('latentsift import')"),
+              "filter": (re.compile(r'\{\s*"format":\s*"latentsift-filter"'), "filter results ('latentsift filter')"),
+              "import-summary": (re.compile(r'\{\s*"n_trajectories":'), "an import summary ('--summary-json')")}
+
+
+def file_kind(path: str | os.PathLike) -> str | None:
+    """The kind of single output file ``path`` holds (see ``FILE_KINDS``; gzip read through), else ``None``."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(2)
+        with (gzip.open(p, "rb") if head == b"\x1f\x8b" else open(p, "rb")) as f:
+            text = f.read(256).decode("utf-8", errors="replace")
+    except (OSError, EOFError):
+        return None
+    return next((k for k, (start, _) in FILE_KINDS.items() if start.match(text)), None)
 
 
 def _manifest(path: Path) -> dict:
@@ -70,13 +93,14 @@ def _inside(child: Path, parent: Path) -> bool:
 
 
 def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), *,
-                 kind: str | None = None, option: str = "--out", replaces: bool = False) -> Path:
-    """Refuse ``out`` before any work when writing it could destroy an input or another artefact.
+                 kind: str | None = None, file: str | None = None, option: str = "--out") -> Path:
+    """Refuse ``out`` before any work when writing it could destroy an input, another artefact or a
+    file or folder of the user's.
 
-    ``inputs``: every path the command reads (``None`` entries are skipped). ``kind``: the artefact the
-    command writes at ``out`` (an existing one of that kind may be resumed or replaced). ``replaces``:
-    the command replaces the folder ``out`` or files in it, so an existing non-empty folder of another kind is
-    refused too. Returns the resolved output path.
+    ``inputs``: every path the command reads (``None`` entries are skipped). ``kind``: the artefact
+    folder the command writes at ``out`` (an existing one of that kind may be resumed or replaced; an
+    existing non-empty folder of another kind is refused). ``file``: the kind of single file it writes
+    there (``FILE_KINDS``; an existing file is replaced only if it is one). Returns the resolved path.
     """
     o = _resolved(out)
     flat = []
@@ -104,7 +128,7 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
         where = "is" if a == o else f"lies inside {a}, which is"
         raise LatentSiftError(f"{option} {out} {where} {KIND_NAMES[found]}; writing there would damage it: "
                               f"choose another {option}.")
-    if replaces and o.is_dir() and artefact_kind(o) != kind and any(o.iterdir()):
+    if kind is not None and o.is_dir() and artefact_kind(o) != kind and any(o.iterdir()):
         raise LatentSiftError(f"{option} {out} is a non-empty folder that is not {KIND_NAMES[kind]}; its files "
                               f"could be replaced: choose a new or empty {option}.")
     existing = next(a for a in (o, *o.parents) if a.exists())
@@ -114,4 +138,10 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
     if o.exists() and kind is not None and not o.is_dir():
         raise LatentSiftError(f"{option} {out} is a file, but this command writes a folder there: "
                               f"choose another {option}.")
+    if file is not None and o.is_dir():
+        raise LatentSiftError(f"{option} {out} is a folder, but this command writes a file there: "
+                              f"choose another {option}.")
+    if file is not None and o.is_file() and o.stat().st_size and file_kind(o) != file:
+        raise LatentSiftError(f"{option} {out} exists and is not {FILE_KINDS[file][1]} written by this command; "
+                              f"replacing it would lose its contents: choose another {option} or remove the file.")
     return o

@@ -28,20 +28,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .._core.outputs import check_output
 from .._core.threads import blas_fixed
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError, check_positive_int
-from ..cascade.verifier import EFVerifier, LocalBackend, save_results
+from ..cascade.verifier import EFVerifier, LocalVerifierBackend, save_results
 from ..states.extract import extract_pools
 from ..states.model import gemma_model_path, load_policy
 from ..states.store import StateStore
 from ..trajectories.importers import import_paths
 from ..trajectories.trajectory import Trajectory, load_jsonl, save_jsonl
-from .crossval import CrossvalSettings
-from .folds import check_folds
-from .run import Run, evaluate_protocol, open_run
-from .settings import ProtocolSettings, digest, hash_key
-from .stage1 import stage1_filters
+from ..protocol.crossval import CrossvalSettings
+from ..protocol.folds import check_folds
+from ..protocol.run import Run, evaluate_protocol, open_run
+from ..protocol.settings import ProtocolSettings, digest, hash_key
+from ..protocol.stage1 import stage1_filters
 
 CLEAN_RUNS = ("acr-run-1", "acr-run-2", "acr-run-3", "cost_2_1", "cost_2_2", "cost_2_3")
 LEAKY_RUNS = ("acr-val-only", "acr-val-sbfl")
@@ -225,7 +226,7 @@ class ReproduceRun(Run):
     def verify(self, policy, trajs: Sequence[Trajectory]) -> dict:
         s = self.settings
         t0 = time.perf_counter()
-        ef = EFVerifier(LocalBackend(policy=policy), max_prompt_tokens=s.verifier_max_tokens,
+        ef = EFVerifier(LocalVerifierBackend(policy=policy), max_prompt_tokens=s.verifier_max_tokens,
                         cache_dir=self.out / "verifier" / "cache")
         results = ef.score(trajs, progress=lambda i, n: self.progress("EF verifier", i, n, ""))
         save_results(results, self.out / "verifier", name="ef", manifest=ef.manifest())
@@ -286,6 +287,7 @@ def prepare_run(settings: ReproduceSettings, log: Callable[[str], None] = print)
 def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print,
               progress: Callable[[str, int, int, str], None] | None = None) -> Path:
     """Run the whole job; returns the report folder. Reruns reuse every cached stage."""
+    check_output(settings.out, [settings.data, settings.model], kind="run")
     check_data_dir(settings.data)  # before anything is written
     run = ReproduceRun(settings, log=log, progress=progress)
     out = run.out

@@ -1,0 +1,63 @@
+"""``latentsift extract`` on files: check the options before anything loads, open the extraction backend
+the options name (``latentsift.scale.backends``) and replay the trajectories into a state store
+(``latentsift.states.extract.extract_pools``; resumable)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from .._core.outputs import check_output
+from .._core.validation import LatentSiftError
+from ..scale.backends import check_backend_options, open_backend
+from ..states.extract import ExtractReport, extract_pools
+from ..states.model import AUTO_DTYPE, DTYPES
+from ..trajectories.trajectory import load_jsonl
+
+__all__ = ["AUTO_DTYPE", "DTYPES", "parse_layers", "run_extract"]
+
+
+def parse_layers(value: str):
+    """``--layers``: "all", "final" or comma-separated layer indices."""
+    if value in ("all", "final"):
+        return value
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise LatentSiftError(f"--layers must be 'all', 'final' or comma-separated layer indices. "
+                              f"Got {value!r} instead.") from None
+
+
+def _check_positive(**options) -> None:
+    """Option values checked before anything loads (the model load takes a while), named as options."""
+    for name, value in options.items():
+        if value is not None and value < 1:
+            raise LatentSiftError(f"--{name.replace('_', '-')} must be a positive number. Got {value} instead.")
+
+
+def run_extract(pools: str | Path, out: str | Path, *, model=None, dtype: str = AUTO_DTYPE, device: str | None = None,
+                max_tokens: int | None = None, instances: int | None = None, max_span_tokens: int | None = None,
+                max_prompt_tokens: int | None = None, layers: str = "all", chunk_tokens: int = 2048,
+                shard_size: int = 32, threads: int | None = None, per_step: bool = False,
+                patch_step_tokens: int | None = None, ray: str | None = None, workers: int = 2,
+                gpus_per_worker: float = 0, log: Callable[[str], Any] = print,
+                progress: Callable[[Any], None] | None = None) -> ExtractReport:
+    """``latentsift extract``: every option checked, the backend opened, the trajectories of ``pools``
+    replayed into the store ``out`` (created or resumed). ``log``: one line per step; ``progress``:
+    called with the extraction's progress."""
+    check_output(out, [pools, model], kind="store")
+    _check_positive(max_tokens=max_tokens, instances=instances, max_span_tokens=max_span_tokens,
+                    max_prompt_tokens=max_prompt_tokens, chunk_tokens=chunk_tokens, shard_size=shard_size,
+                    threads=threads, patch_step_tokens=patch_step_tokens, workers=workers)
+    layer_sel = parse_layers(layers)
+    check_backend_options(model, dtype, device, layer_sel)
+    trajs = load_jsonl(pools)
+    if not trajs:  # said before the model loads; no empty store is made
+        raise LatentSiftError(f"{pools} holds no trajectory: nothing to extract (write it with 'latentsift import').")
+    log(f"{len(trajs)} trajectories from {pools}; loading the model ...")
+    backend = open_backend(model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
+                           gpus_per_worker=gpus_per_worker)
+    log(backend.describe())
+    return extract_pools(backend, trajs, out, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
+                         max_tokens=max_tokens, instances=instances, layers=layer_sel, chunk_tokens=chunk_tokens,
+                         shard_size=shard_size, renderer="render_per_step" if per_step else "render",
+                         patch_step_tokens=patch_step_tokens, progress=progress)

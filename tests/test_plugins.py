@@ -1,0 +1,160 @@
+"""Every extension point is one module plus one registration: a rule filter, an importer, a verifier
+backend and a keep rule, each defined in a plugin module outside the package, named in
+``LATENTSIFT_PLUGINS`` and run through the command line in a fresh process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+FIXTURE = Path(__file__).parent / "fixtures" / "trajectories" / "mini_run"
+
+PLUGINS = {
+    "p_rule": '''
+import numpy as np
+from latentsift.sift.rules import RuleFilter, register_filter
+
+
+@register_filter("longest-patch", label="longest patch (plugin)")
+class LongestPatchFilter(RuleFilter):
+    def _raw(self, cands, states):
+        return np.array([float(len(c.patch or "")) for c in cands])
+''',
+    "p_importer": '''
+from latentsift.trajectories.importers import register_importer
+from latentsift.trajectories.trajectory import Step, Trajectory
+
+
+def looks_like(rec):
+    return isinstance(rec, dict) and "my_steps" in rec
+
+
+@register_importer("myformat", detect=looks_like, missing=("my_steps", "is missing"), describe="a my-format")
+def read(rec, where, src):
+    steps = [Step(cot=s, fn="ls", obs="ok") for s in where.get(rec, "my_steps", list)]
+    return Trajectory(traj_id=f"mine/{rec['id']}", instance_id=rec["id"], repo="o/r", task_prompt="t",
+                      steps=steps, agent=rec["agent"], run="mine", source_format="myformat")
+''',
+    "p_verifier": '''
+from latentsift._core.registry import registry_add
+from latentsift.cascade.backends import RawJudgement, VerifierBackend
+
+
+class LengthJudge(VerifierBackend):
+    """A judge that prefers short logs: P(YES) = 1 / (1 + tokens / 1000)."""
+
+    backend_id = "length-judge"
+
+    @classmethod
+    def from_options(cls, **options):
+        return cls()
+
+    def judge(self, system, user, prefix, yes="YES", no="NO"):
+        n = self.count_prompt(system, user, prefix)
+        p = 1.0 / (1.0 + n / 1000.0)
+        return RawJudgement(p, 1.0 - p, p, n, 1)
+
+    def count_text(self, text):
+        return len(text) // 4
+
+    def head(self, text, n):
+        return text[: 4 * n]
+
+    def count_prompt(self, system, user, prefix):
+        return self.count_text(system) + self.count_text(user) + self.count_text(prefix)
+
+    def describe(self):
+        return {"backend": "length-judge"}
+
+
+registry_add("verifier_backend", "length-judge", LengthJudge)
+''',
+    "p_keep": '''
+import numpy as np
+from latentsift import order_by_score
+from latentsift._core.registry import registry_add
+from latentsift.sift.keep import KeepRule
+
+
+class TopOne(KeepRule):
+    """Keep the single best candidate."""
+
+    name = "top-one"
+
+    def keep(self, scores, traj_ids):
+        mask = np.zeros(len(traj_ids), dtype=bool)
+        mask[order_by_score(scores, traj_ids)[:1]] = True
+        return mask
+
+
+registry_add("keep_rule", "top-one", TopOne)
+''',
+}
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    """Run ``latentsift ARGS`` in a fresh process with the four plugin modules in LATENTSIFT_PLUGINS."""
+    d = tmp_path_factory.mktemp("plugins")
+    for name, code in PLUGINS.items():
+        (d / f"{name}.py").write_text(code)
+    env = dict(os.environ, COLUMNS="400", LATENTSIFT_PLUGINS=",".join(PLUGINS),
+               PYTHONPATH=os.pathsep.join([str(d), str(SRC)]))
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "latentsift.cli", *map(str, args)], env=env, capture_output=True,
+                           text=True, timeout=300, cwd=d)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    pools = d / "pools.jsonl"
+    run("import", FIXTURE, "--out", pools)
+    return run, d, pools
+
+
+def test_a_plugin_importer_reads_its_format(cli):
+    run, d, _ = cli
+    assert "myformat" in " ".join(run("import", "--help").split())
+    (d / "mine.jsonl").write_text(json.dumps({"id": "o__r-1", "agent": "my-agent", "my_steps": ["a", "b"]}) + "\n")
+    run("import", d / "mine.jsonl", "--out", d / "mine_pools.jsonl")
+    (t,) = [json.loads(line) for line in (d / "mine_pools.jsonl").read_text().splitlines()]
+    assert t["source_format"] == "myformat" and len(t["steps"]) == 2
+
+
+def test_a_plugin_rule_filter_scores_pools(cli):
+    run, d, pools = cli
+    assert "longest-patch" in " ".join(run("filter", "--help").split())
+    run("filter", pools, "--method", "longest-patch", "--out", d / "f.json")
+    out = json.loads((d / "f.json").read_text())
+    assert out["method"] == "longest-patch"
+    for p in out["pools"]:   # the paper's keep rule on the plugin's scores
+        assert p["n_keep"] == min(p["k"], max(3, p["k"] // 2))
+
+
+def test_a_plugin_keep_rule_decides_what_stage1_keeps(cli):
+    run, d, pools = cli
+    assert "top-one" in " ".join(run("filter", "--help").split())
+    run("filter", pools, "--method", "shortest-chars", "--out", d / "base.json")
+    run("filter", pools, "--method", "shortest-chars", "--keep-rule", "top-one", "--out", d / "k.json")
+    base, kept = (json.loads((d / f).read_text()) for f in ("base.json", "k.json"))
+    assert kept["keep_rule"]["rule"] == "top-one"
+    for b, k in zip(base["pools"], kept["pools"]):
+        assert k["n_keep"] == len(k["retained"]) == 1
+        best = max(b["candidates"], key=lambda c: c["s"])["s"]   # same scores, the best one kept
+        assert next(c for c in k["candidates"] if c["retained"])["s"] == best
+        assert b["n_keep"] == min(b["k"], max(3, b["k"] // 2))
+
+
+def test_a_plugin_verifier_backend_scores_trajectories(cli):
+    run, d, pools = cli
+    assert "length-judge" in " ".join(run("verify", "--help").split())
+    run("verify", "--trajectories", pools, "--out", d / "v", "--backend", "length-judge")
+    rows = [json.loads(line) for line in (d / "v" / "verdicts.jsonl").read_text().splitlines()]
+    n = len([line for line in pools.read_text().splitlines() if line.strip()])
+    assert len(rows) == n and all(0.0 < r["score"] < 1.0 for r in rows)
+    assert json.loads((d / "v" / "manifest.json").read_text())["backend"] == {"backend": "length-judge"}
