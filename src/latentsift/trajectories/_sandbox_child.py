@@ -1,0 +1,165 @@
+"""The sandbox's child: run by ``sandbox.run_program`` as a script (``python -I _sandbox_child.py
+CONFIG``), never imported. It runs inside the namespaces ``unshare`` made (network, PID, mount) and,
+before it reads the candidate program, confines itself:
+
+1. (mount namespace) a fresh, size-bounded tmpfs over every world-writable folder (``/tmp``,
+   ``/var/tmp``, ``/dev/shm``): a write there lands in a throwaway file system; the interpreter's
+   own folders that the unprivileged user could not enter (``/root/.pyenv`` under a ``0700``
+   ``/root``) are bound read-only into a fresh tmpfs at the closed folder, so the interpreter still
+   finds its standard library while the rest of that folder stays hidden;
+2. resource limits (address space, CPU seconds, file size, processes, open files, no core dumps);
+3. (as root) drops to the unprivileged ``uid``/``gid`` with no supplementary groups, then asks the
+   kernel to kill it when its parent (``unshare``) dies (``PR_SET_PDEATHSIG``, set after the uid
+   change that clears it);
+4. (without a network namespace) an audit hook that refuses Python's socket calls.
+
+Then (in namespaces) it forks, so that the program is not the PID namespace's init, executes the
+program in ``__main__``'s namespace and writes one JSON status line to the status file descriptor:
+``passed`` (ran to its end), ``failed`` (an ``AssertionError`` or an early ``SystemExit``),
+``memory`` (``MemoryError``) or ``error`` (any other exception), with a one-line detail. A process
+that dies without writing one is judged by the parent (timeout, crash).
+"""
+import ctypes
+import json
+import os
+import resource
+import signal
+import stat
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+MNT_DETACH = 2
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter links
+
+
+def _mount(source, target, fstype, flags, data=None):
+    if _LIBC.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
+                   data.encode() if data else None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _umount(target):
+    _LIBC.umount2(target.encode(), MNT_DETACH)
+
+
+def _closed_ancestor(path, uid):
+    """The topmost ancestor of ``path`` that ``uid`` (not its owner) may not enter, or None."""
+    parts = os.path.abspath(path).split(os.sep)[1:]
+    for i in range(1, len(parts)):
+        p = os.sep + os.sep.join(parts[:i])
+        try:
+            st = os.stat(p)
+        except OSError:
+            return None
+        if st.st_uid != uid and not st.st_mode & stat.S_IXOTH:
+            return p
+    return None
+
+
+def _mount_folders(cfg):
+    """Step 1 of the module docstring (root in a private mount namespace)."""
+    for folder in cfg["world_writable"]:
+        if os.path.isdir(folder):
+            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmpfs_bytes']},mode=1777")
+    # each closed interpreter folder is bound aside (into the fresh /tmp) before its closed ancestor
+    # is covered, then bound back read-only
+    stage = []
+    for path in cfg["expose"]:
+        closed = _closed_ancestor(path, cfg["uid"])
+        if closed is not None and os.path.isdir(path):
+            point = f"/tmp/.latentsift-stage{len(stage)}"
+            os.mkdir(point)
+            _mount(path, point, None, MS_BIND | MS_REC)
+            stage.append((closed, path, point))
+    for closed in sorted({c for c, _, _ in stage}):
+        _mount("tmpfs", closed, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for _, path, point in stage:
+        os.makedirs(path, exist_ok=True)
+        _mount(point, path, None, MS_BIND | MS_REC)
+        _mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+        _umount(point)
+        os.rmdir(point)
+
+
+def _limits(cfg):
+    """Step 2: soft = hard, so the program cannot raise them again."""
+    for name, value in (("RLIMIT_AS", cfg["memory_bytes"]), ("RLIMIT_CPU", cfg["cpu_seconds"]),
+                        ("RLIMIT_FSIZE", cfg["file_bytes"]), ("RLIMIT_NOFILE", cfg["open_files"]),
+                        ("RLIMIT_CORE", 0), ("RLIMIT_NPROC", cfg["processes"])):
+        resource.setrlimit(getattr(resource, name), (value, value))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file-size limit fails, not kills
+
+
+def _drop(cfg):
+    """Step 3."""
+    os.setgroups([])
+    os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
+    os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _no_network(event, args):
+    """Step 4: the audit hook (it cannot be removed once added)."""
+    if event.startswith("socket.") and event != "socket.gethostname":
+        raise PermissionError(f"network access is disabled in the sandbox ({event})")
+
+
+def _one_line(exc):
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    status = os.fdopen(cfg["status_fd"], "w")
+    os.set_inheritable(status.fileno(), False)
+    try:
+        if cfg["namespaces"]:
+            _mount_folders(cfg)
+        _limits(cfg)
+        if cfg["drop"]:
+            _drop(cfg)
+        if not cfg["namespaces"]:
+            sys.addaudithook(_no_network)
+    except OSError as e:
+        status.write(json.dumps({"status": "error", "detail": f"the sandbox could not confine the program: "
+                                 f"{_one_line(e)}", "setup": True}) + "\n")
+        status.flush()
+        os._exit(70)
+    if cfg["namespaces"]:
+        # this process is PID 1 of the new PID namespace, to which the kernel delivers no signal it
+        # does not handle: the program runs in a child (PID 2), and when this one exits the kernel
+        # kills whatever else is left in the namespace
+        pid = os.fork()
+        if pid:
+            _, code = os.waitpid(pid, 0)
+            os._exit(os.waitstatus_to_exitcode(code) if os.WIFEXITED(code) else 128 + os.WTERMSIG(code))
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    with open(cfg["program"], encoding="utf-8") as f:
+        source = f.read()
+    ns = {"__name__": "__main__", "__file__": cfg["program"], "__builtins__": __builtins__}
+    try:
+        exec(compile(source, cfg["program"], "exec"), ns)
+        outcome = ("passed", "ran to its end")
+    except AssertionError as e:
+        outcome = ("failed", _one_line(e) if str(e) else "AssertionError (a test did not hold)")
+    except SystemExit as e:
+        outcome = ("failed", f"exited before its end (SystemExit {e.code!r})")
+    except MemoryError as e:
+        outcome = ("memory", _one_line(e) if str(e) else "MemoryError (over the memory limit)")
+    except BaseException as e:  # noqa: BLE001 - every other exception is the program's error
+        outcome = ("error", _one_line(e))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a closed or full stream: the status still counts
+            pass
+    status.write(json.dumps({"status": outcome[0], "detail": outcome[1]}) + "\n")
+    status.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""Executing untrusted Python programs (a policy's candidate solutions, and the tests that label them).
+
+One subprocess per program, in a fresh temporary folder, under limits (:class:`SandboxLimits`):
+
+- **wall clock**: the process (and all it started) is killed at ``timeout_s``; the result says
+  ``timeout``. ``RLIMIT_CPU`` backs it up inside the child;
+- **memory**: ``RLIMIT_AS`` (address space); a ``MemoryError`` says ``memory``;
+- **processes**: ``RLIMIT_NPROC`` for the unprivileged user (a fork bomb stops there), and every
+  process the program started dies with it: it runs as PID 1 of its own PID namespace (the kernel
+  kills the namespace's processes when PID 1 exits), in its own session (killed as a group), with
+  ``PR_SET_PDEATHSIG``;
+- **files**: it runs as an unprivileged user (``nobody``) in a folder only that user owns; the
+  world-writable folders (``/tmp``, ``/var/tmp``, ``/dev/shm``) are fresh throwaway tmpfs mounts in
+  its own mount namespace; ``RLIMIT_FSIZE`` bounds each file it writes;
+- **network**: its own network namespace (no interface but a down loopback);
+- **output**: stdout and stderr go to files (bounded by ``RLIMIT_FSIZE``), of which the last
+  ``output_chars`` characters are kept.
+
+The namespaces come from util-linux's ``unshare`` (``--net --pid --fork --kill-child --mount``),
+which needs root (as here and in CI) or unprivileged user namespaces (then ``--user --map-root-user``
+is added and the program keeps the caller's uid). :func:`isolation` probes once which one works.
+Without either (no ``unshare``, or a kernel that refuses), programs still run in a fresh folder
+under the same limits and process-group kill, but with **no** network namespace (an audit hook
+refuses Python's socket calls, which a program could get around through ``ctypes`` or a child
+process), no PID namespace (a child that leaves the session survives until its CPU limit), no
+private ``/tmp``, and as the caller (root's files are not protected); ``SandboxLimits.require``
+turns that case into an error, and every result records its ``isolation``.
+
+What it does not guarantee: it is not a defence against a program written to escape a Linux
+container (kernel exploits), nor against one that forges its own verdict by writing to the
+status descriptor the harness holds; disk writes inside its folder are bounded per file, not in
+number. Results are deterministic for deterministic programs (``seconds`` is the only measured
+field; a program near its time limit may land on either side).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .._core.validation import LatentSiftError
+
+#: The statuses a run can end with; only ``passed`` is a pass.
+STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "error")
+#: The unprivileged user and group the program runs as when the sandbox starts as root (``nobody``).
+NOBODY = 65534
+#: Folders anyone may write to, each replaced by a fresh tmpfs in the program's mount namespace.
+WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+CHILD = Path(__file__).with_name("_sandbox_child.py")
+PROGRAM_FILE = "program.py"
+#: Environment of the program: nothing of the caller's (no tokens, no proxies), one thread per library.
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """The limits of one run. ``timeout_s``: wall clock; ``memory_mb``: address space; ``processes``:
+    processes and threads of the unprivileged user; ``file_mb``: the largest file it may write (its
+    output included); ``output_chars``: kept of stdout and of stderr (the end); ``require``: refuse to
+    run (``LatentSiftError``) unless the network, PID and mount namespaces are available."""
+
+    timeout_s: float = 10.0
+    memory_mb: int = 1024
+    processes: int = 64
+    file_mb: int = 16
+    open_files: int = 256
+    tmpfs_mb: int = 16
+    output_chars: int = 4000
+    require: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "memory_mb", "processes", "file_mb", "open_files", "tmpfs_mb", "output_chars"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise LatentSiftError(f"The {name!r} parameter of SandboxLimits must be a positive number. "
+                                      f"Got {value!r} instead.")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """How one program's run ended.
+
+    ``status``: one of :data:`STATUSES`: ``passed`` (ran to its end), ``failed`` (an
+    ``AssertionError``, i.e. a test that did not hold, or an early exit), ``timeout`` (killed at the
+    wall-clock limit), ``memory`` (over the memory limit), ``crashed`` (killed by a signal or exited
+    without a verdict, e.g. ``os._exit``), ``error`` (any other exception: a syntax error, a
+    ``NameError``, ...). ``detail``: one line saying why. ``stdout`` / ``stderr``: their last
+    ``output_chars`` characters. ``seconds``: wall time. ``isolation``: ``"namespaces"`` (root),
+    ``"user-namespaces"`` (unprivileged) or ``"none"`` (see the module docstring).
+    """
+
+    status: str
+    detail: str
+    stdout: str = ""
+    stderr: str = ""
+    seconds: float = 0.0
+    isolation: str = "namespaces"
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_ISOLATION: list[str] = []
+_ISOLATION_LOCK = threading.Lock()
+
+
+def _unshare_argv(kind: str) -> list[str]:
+    exe = shutil.which("unshare") or "unshare"
+    argv = [exe, "--net", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private"]
+    return argv + ["--user", "--map-root-user"] if kind == "user-namespaces" else argv
+
+
+def isolation() -> str:
+    """Which isolation this machine gives (probed once per process, a few milliseconds):
+    ``"namespaces"`` (root: network, PID and mount namespaces, and the drop to ``nobody``),
+    ``"user-namespaces"`` (the same namespaces inside a user namespace, without the uid drop), or
+    ``"none"``."""
+    with _ISOLATION_LOCK:
+        if not _ISOLATION:
+            kinds = (["namespaces"] if os.geteuid() == 0 else []) + ["user-namespaces"]
+            found = "none"
+            if shutil.which("unshare"):
+                for kind in kinds:
+                    try:
+                        ok = subprocess.run(_unshare_argv(kind) + ["true"], stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            timeout=10).returncode == 0
+                    except (OSError, subprocess.TimeoutExpired):
+                        ok = False
+                    if ok:
+                        found = kind
+                        break
+            _ISOLATION.append(found)
+        return _ISOLATION[0]
+
+
+def _exposed() -> list[str]:
+    """The interpreter's folders the program must still read (its standard library and packages),
+    outermost first, nested ones left out."""
+    paths = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.base_exec_prefix,
+                                                  sys.exec_prefix)})
+    return [p for p in paths if not any(p != q and p.startswith(q + os.sep) for q in paths)]
+
+
+def _tail(path: Path, chars: int) -> str:
+    """The last ``chars`` characters of a file, reading at most 4 x ``chars`` bytes of it."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 4 * chars))
+        text = f.read().decode("utf-8", errors="replace")
+    return text[-chars:]
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_program(program: str, limits: SandboxLimits | None = None, *,
+                files: dict[str, str] | None = None) -> SandboxResult:
+    """Run the Python source ``program`` in the sandbox (see the module docstring); ``files``: more
+    text files (name -> content) written into its folder first. Never raises for anything the
+    program does; raises ``LatentSiftError`` only when ``limits.require`` is set and the machine
+    cannot isolate it."""
+    limits = limits or SandboxLimits()
+    kind = isolation()
+    if limits.require and kind == "none":
+        raise LatentSiftError("The sandbox cannot isolate programs on this machine (util-linux 'unshare' "
+                              "is missing or the kernel refuses new namespaces); run as root or allow "
+                              "unprivileged user namespaces.")
+    drop = kind == "namespaces"
+    root = Path(tempfile.mkdtemp(prefix="latentsift-sandbox-"))  # mode 0700: only we may enter
+    try:
+        work = root / "work"
+        work.mkdir(mode=0o700)
+        for name, text in {PROGRAM_FILE: program, **(files or {})}.items():
+            (work / name).write_text(text, encoding="utf-8")
+        if drop:
+            for p in (work, *work.iterdir()):
+                os.chown(p, NOBODY, NOBODY)
+        cfg = {"program": PROGRAM_FILE, "uid": NOBODY if drop else os.getuid(), "gid": NOBODY if drop else os.getgid(),
+               "drop": drop, "namespaces": kind != "none",
+               "world_writable": list(WORLD_WRITABLE), "expose": _exposed() if drop else [],
+               "tmpfs_bytes": limits.tmpfs_mb << 20, "memory_bytes": int(limits.memory_mb) << 20,
+               "cpu_seconds": math.ceil(limits.timeout_s) + 1, "file_bytes": int(limits.file_mb) << 20,
+               "open_files": int(limits.open_files), "processes": int(limits.processes)}
+        env = dict(_ENV, HOME=str(work), TMPDIR="/tmp")
+        with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err, \
+                open(root / "status", "wb") as status:
+            cfg["status_fd"] = status.fileno()
+            argv = [sys.executable, "-I", str(CHILD), json.dumps(cfg)]
+            if kind != "none":
+                argv = _unshare_argv(kind) + ["--"] + argv
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    pass_fds=(status.fileno(),), start_new_session=True)
+            try:
+                proc.wait(timeout=limits.timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                _kill_group(proc.pid)  # also what it left behind in its session
+                proc.wait()
+            seconds = time.perf_counter() - t0
+        stdout, stderr = _tail(root / "stdout", limits.output_chars), _tail(root / "stderr", limits.output_chars)
+        status, detail = _verdict(root / "status", proc.returncode, timed_out, limits)
+        return SandboxResult(status, detail, stdout, stderr, round(seconds, 3), kind)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _verdict(status_file: Path, returncode: int, timed_out: bool, limits: SandboxLimits) -> tuple[str, str]:
+    if timed_out:
+        return "timeout", f"killed after the {limits.timeout_s:g} s wall-clock limit"
+    lines = status_file.read_bytes().decode("utf-8", errors="replace").splitlines()
+    report = None
+    if lines:
+        try:
+            report = json.loads(lines[-1])
+        except json.JSONDecodeError:
+            report = None
+    if isinstance(report, dict) and report.get("status") in STATUSES and returncode in (0, 70):
+        return str(report["status"]), str(report.get("detail", ""))
+    if returncode < 0 or returncode > 128:  # a signal (``unshare`` passes its child's on as 128 + n)
+        sig = -returncode if returncode < 0 else returncode - 128
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        if sig == signal.SIGXCPU or sig == signal.SIGKILL and report is None:
+            return "crashed", f"killed by {name} (the CPU-time limit or the kernel)"
+        return "crashed", f"killed by {name}"
+    return "crashed", f"exited with code {returncode} before the harness could report"
+
+
+def run_programs(programs: Sequence[str], limits: SandboxLimits | None = None, *, workers: int = 2,
+                 progress: Callable[[int, int], None] | None = None) -> list[SandboxResult]:
+    """:func:`run_program` for each program, ``workers`` at a time (a thread each, waiting on its
+    subprocess), results in the order of ``programs``; ``progress(done, total)`` after each."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise LatentSiftError(f"The 'workers' parameter of run_programs must be a positive int. "
+                              f"Got {workers!r} instead.")
+    limits = limits or SandboxLimits()
+    isolation()  # probed once, before the threads
+    results: list[SandboxResult | None] = [None] * len(programs)
+    done = 0
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        nonlocal done
+        results[i] = run_program(programs[i], limits)
+        with lock:
+            done += 1
+            if progress is not None:
+                progress(done, len(programs))
+
+    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(programs)))) as pool:
+        list(pool.map(one, range(len(programs))))
+    return [r for r in results if r is not None]

@@ -1,0 +1,185 @@
+"""The sandbox that executes candidates: what a hostile or broken program can do is contained, and
+labelled not passed, within the limits. Each containment test also checks the effect it prevents
+(a file outside the folder, a connection, a surviving process) is absent afterwards."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from latentsift._core.validation import LatentSiftError
+from latentsift.trajectories import sandbox
+from latentsift.trajectories.sandbox import SandboxLimits, run_program, run_programs
+
+FAST = SandboxLimits(timeout_s=3.0, memory_mb=512, processes=32)
+
+
+def _nobody_processes() -> set[int]:
+    """Processes of the sandbox's unprivileged user, read from /proc."""
+    out = set()
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                uid = next(line for line in (p / "status").read_text().splitlines() if line.startswith("Uid:"))
+            except (OSError, StopIteration):
+                continue
+            if int(uid.split()[1]) == sandbox.NOBODY:
+                out.add(int(p.name))
+    return out
+
+
+@pytest.fixture(scope="module")
+def isolated():
+    if sandbox.isolation() == "none":
+        pytest.skip("no namespaces on this machine (needs root or unprivileged user namespaces)")
+    return sandbox.isolation()
+
+
+def test_a_program_that_runs_to_its_end_passes_and_its_output_is_kept():
+    r = run_program("import math\nprint('root', math.isqrt(49))\n", FAST)
+    assert (r.status, r.passed, r.stdout) == ("passed", True, "root 7\n")
+
+
+def test_a_failed_assertion_is_failed_and_other_exceptions_are_errors():
+    failed = run_program("assert 1 + 1 == 3, 'arithmetic'\n", FAST)
+    assert (failed.status, failed.detail) == ("failed", "AssertionError: arithmetic")
+    error = run_program("def f(:\n    pass\n", FAST)
+    assert error.status == "error" and error.detail.startswith("SyntaxError")
+    name = run_program("undefined_name()\n", FAST)
+    assert name.status == "error" and "NameError" in name.detail
+
+
+def test_an_early_exit_is_never_a_pass():
+    """A program that leaves before its tests ran (``sys.exit(0)``, ``os._exit(0)``) is not passed."""
+    assert run_program("import sys\nsys.exit(0)\nassert False\n", FAST).status == "failed"
+    hard = run_program("import os\nos._exit(0)\n", FAST)
+    assert hard.status == "crashed" and "before the harness could report" in hard.detail
+
+
+def test_an_endless_loop_times_out_within_the_limit():
+    t0 = time.perf_counter()
+    r = run_program("while True:\n    pass\n", SandboxLimits(timeout_s=1.5))
+    assert r.status == "timeout" and not r.passed
+    assert time.perf_counter() - t0 < 1.5 + 3.0
+
+
+def test_too_much_memory_is_labelled_memory():
+    r = run_program("block = bytearray(2 << 30)\n", FAST)
+    assert (r.status, r.passed) == ("memory", False)
+
+
+def test_a_crash_is_labelled_crashed():
+    r = run_program("import ctypes\nctypes.string_at(0)\n", FAST)
+    assert r.status == "crashed" and "SIGSEGV" in r.detail
+
+
+def test_output_is_bounded():
+    r = run_program("print('x' * 1_000_000)\nprint('end')\n", SandboxLimits(timeout_s=5, output_chars=100))
+    assert r.passed and len(r.stdout) == 100 and r.stdout.endswith("end\n")
+
+
+def test_a_forked_sleeping_child_dies_with_the_program(isolated):
+    """The child even leaves the session (``setsid``), so a process-group kill alone would miss it."""
+    before = _nobody_processes()
+    program = ("import os, time\n"
+               "if os.fork() == 0:\n"
+               "    os.setsid()\n"
+               "    time.sleep(600)\n"
+               "print('parent done')\n")
+    r = run_program(program, FAST)
+    assert r.passed and r.stdout == "parent done\n"
+    time.sleep(0.3)
+    assert _nobody_processes() - before == set()
+
+
+def test_a_fork_bomb_is_stopped_and_leaves_nothing(isolated):
+    before = _nobody_processes()
+    t0 = time.perf_counter()
+    r = run_program("import os\nwhile True:\n    os.fork()\n", FAST)
+    assert not r.passed and r.status in ("error", "timeout", "crashed")
+    assert time.perf_counter() - t0 < FAST.timeout_s + 3.0
+    time.sleep(0.3)
+    assert _nobody_processes() - before == set()
+
+
+def test_writes_outside_the_folder_do_not_land(isolated, tmp_path):
+    """Folders the caller owns are refused (or hidden); a world-writable one is a throwaway."""
+    mine = tmp_path / "secret.txt"  # under /tmp: hidden behind the sandbox's own /tmp
+    ours = Path(sys.prefix) / f"latentsift-escape-{os.getpid()}.txt"  # visible, owned by the caller
+    public = Path("/tmp") / f"latentsift-escape-{os.getpid()}.txt"
+    public.unlink(missing_ok=True)
+    targets = [(mine, "FileNotFoundError")]
+    if os.geteuid() == 0:  # as another user the program keeps that user's rights on its own files
+        targets.append((ours, "PermissionError"))
+    for target, error in targets:
+        r = run_program(f"open({str(target)!r}, 'w').write('x')\n", FAST)
+        assert r.status == "error" and error in r.detail
+        assert not target.exists()
+    r = run_program(f"open({str(public)!r}, 'w').write('x')\nprint(open({str(public)!r}).read())\n", FAST)
+    assert r.passed and r.stdout == "x\n"  # it wrote, and read back, its own /tmp
+    assert not public.exists()
+    inside = run_program("open('mine.txt', 'w').write('ok')\nprint(open('mine.txt').read())\n", FAST)
+    assert inside.passed and inside.stdout == "ok\n"
+
+
+def test_the_program_runs_unprivileged_when_we_are_root(isolated):
+    if os.geteuid() != 0:
+        pytest.skip("the uid drop applies to a sandbox started as root")
+    r = run_program("import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n", FAST)
+    assert r.stdout == f"{sandbox.NOBODY} {sandbox.NOBODY} []\n"
+
+
+def test_no_network_even_to_a_listening_local_server(isolated):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(4)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def accept():
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    t = threading.Thread(target=accept)
+    t.start()
+    r = run_program(f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                    "s.sendall(b'hello')\n", FAST)
+    t.join()
+    server.close()
+    assert not r.passed and r.status == "error" and "OSError" in r.detail
+    assert accepted == []
+
+
+def test_without_namespaces_an_audit_hook_refuses_sockets(monkeypatch):
+    monkeypatch.setattr(sandbox, "_ISOLATION", ["none"])
+    r = run_program("import socket\nsocket.socket()\n", FAST)
+    assert r.isolation == "none" and r.status == "error" and "network access is disabled" in r.detail
+    with pytest.raises(LatentSiftError, match="cannot isolate"):
+        run_program("pass\n", SandboxLimits(require=True))
+
+
+def test_a_batch_keeps_the_input_order_and_is_deterministic():
+    programs = [f"import time\ntime.sleep({0.2 if i % 3 == 0 else 0})\nprint({i})\nassert {i} % 2 == 0\n"
+                for i in range(8)]
+    seen = []
+    results = run_programs(programs, FAST, workers=3, progress=lambda done, total: seen.append((done, total)))
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
+    assert [r.status for r in results] == ["passed" if i % 2 == 0 else "failed" for i in range(8)]
+    assert seen[-1] == (8, 8) and len(seen) == 8
+    again = run_programs(programs, FAST, workers=1)
+    assert [(r.status, r.detail, r.stdout) for r in again] == [(r.status, r.detail, r.stdout) for r in results]
+
+
+def test_limits_are_checked():
+    with pytest.raises(LatentSiftError, match="'timeout_s' parameter of SandboxLimits"):
+        SandboxLimits(timeout_s=0)
+    with pytest.raises(LatentSiftError, match="'workers' parameter of run_programs"):
+        run_programs(["pass"], workers=0)
