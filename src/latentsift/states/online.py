@@ -108,16 +108,18 @@ class OnlineBatch:
     ``finish(row, target)`` settles a finished sample against its final rendering (running the few
     labelled tokens the model has not seen yet, e.g. a text cut by ``max_new_tokens``) and
     ``states(row, traj_id)`` returns its pooled states in :func:`~latentsift.states.states.replay`'s
-    layout.
+    layout. ``capture=False`` generates the same tokens without pooling (benchmarks).
     """
 
-    def __init__(self, policy, seeds: Sequence[int], stop_ids: Sequence[int], *, capture: bool = True):
+    def __init__(self, policy, seeds: Sequence[int], stop_ids: Sequence[int], *, capture: bool = True,
+                 leave: bool = True):
         import torch
 
         self.policy = policy
         self.samples = [_Sample(s) for s in seeds]
         self.stop = {int(s) for s in stop_ids}
         self.capture = capture
+        self.leave = leave      # False (benchmarks only): finished samples stay in the batch until all stop
         self.acc = _SpanSums(policy.n_layers, policy.d_model, 8 * len(self.samples), policy.device)
         self.keys: dict[tuple[int, int, int], int] = {}    # (row, step, channel) -> span number
         self._grab = None                                  # decode: (rows tensor, buffer index) to keep
@@ -252,20 +254,27 @@ class OnlineBatch:
             cache, mask, logits = self._prefill(rows, targets, [t.n_tokens for t in targets])
             starts = {r: len(self.samples[r].ids) for r in rows}
             active = list(range(len(rows)))              # batch row -> index into rows
+            stopped: set[int] = set()                    # batch rows that finished but stay (leave=False)
             for col in range(sampling.max_new_tokens):
-                toks = [sample_token(logits[b], sampling, self.samples[rows[a]].generator) for b, a in enumerate(active)]
-                self.n_generated += len(toks)
-                still = []
-                for b, (a, tok) in enumerate(zip(active, toks)):
+                toks, still = [], []
+                for b, a in enumerate(active):
+                    if b in stopped:
+                        toks.append(self.pad_id)
+                        continue
                     r = rows[a]
+                    tok = sample_token(logits[b], sampling, self.samples[r].generator)
+                    toks.append(tok)
                     out[r].append(tok)
+                    self.n_generated += 1
                     if tok in self.stop or len(out[r]) == sampling.max_new_tokens:
                         self._leave(r, cache, b, mask[b], starts[r], col)
+                        if not self.leave:
+                            stopped.add(b)
                     else:
                         still.append(b)
                 if not still:
                     break
-                if len(still) < len(active):   # finished samples leave the batch
+                if self.leave and len(still) < len(active):   # finished samples leave the batch
                     sel = torch.as_tensor(still)
                     for layer in cache.layers:
                         layer.batch_select_indices(sel)
@@ -279,8 +288,9 @@ class OnlineBatch:
                 res = self.policy.base(input_ids=feed, attention_mask=mask.long(), position_ids=pos,
                                        past_key_values=cache, use_cache=True)
                 self._grab = None
-                for a, tok in zip(active, toks):
-                    self.samples[rows[a]].ids.append(tok)
+                for b, (a, tok) in enumerate(zip(active, toks)):
+                    if b not in stopped:
+                        self.samples[rows[a]].ids.append(tok)
                 self.n_forward_tokens += len(active)
                 logits = self.policy.model.lm_head(res.last_hidden_state[:, -1]).float()
         return [out[r] for r in rows]

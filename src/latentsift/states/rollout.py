@@ -15,15 +15,15 @@ Each turn is one step of the canonical trajectory: ``cot`` = the reply's text ou
 (empty for the submitting step: nothing more is shown). The label is the hidden tests' verdict on the
 submitted code. So channels, banks and the explorer read these trajectories like any other.
 
-The environment (running examples, judging) is passed in as two callables, so any sandbox plugs in.
+The environment (running the examples, judging) is passed in as two callables of ``(task, code)``, so
+any sandbox plugs in (``latentsift rollout`` uses ``trajectories.sandbox``).
 """
 from __future__ import annotations
 
 import hashlib
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -49,17 +49,6 @@ _OPEN = re.compile(r"```[ \t]*(?:python3?|py|Python)?[ \t]*\n", re.DOTALL)
 
 
 @dataclass(frozen=True)
-class Task:
-    """One coding task: its id, the prompt shown to the policy (signature and docstring) and the
-    function's name. ``data`` keeps whatever else the environment needs (hidden tests)."""
-
-    task_id: str
-    prompt: str
-    entry_point: str
-    data: dict = field(default_factory=dict, compare=False, hash=False)
-
-
-@dataclass(frozen=True)
 class ToolReport:
     """What ``run_examples`` returns: the text the policy reads and whether every example passed."""
 
@@ -69,10 +58,11 @@ class ToolReport:
     n_total: int | None = None
 
 
-#: ``run_examples(task, program) -> ToolReport``: the docstring's examples only.
-ExampleRunner = Callable[[Task, str], ToolReport]
-#: ``judge(task, program) -> bool``: the hidden tests.
-Judge = Callable[[Task, str], bool]
+#: ``run_examples(task, codes) -> [ToolReport]``: each code (a reply's block) run on the task's docstring
+#: examples only, in the order given (the K samples' tool calls of one turn, batched).
+ExampleRunner = Callable[[Any, Sequence[str]], Sequence[ToolReport]]
+#: ``judge(task, codes) -> [bool]``: each submitted code run against the hidden tests.
+Judge = Callable[[Any, Sequence[str]], Sequence[bool]]
 
 
 @dataclass(frozen=True)
@@ -150,15 +140,6 @@ def parse_reply(text: str) -> tuple[str, str, list[list]]:
     return text[:a] + text[d:], text[s:e], parts
 
 
-def program_of(task: Task, code: str) -> str:
-    """The program to run: the code when it defines the function (the prompt's imports first), else
-    the prompt followed by the code (a body completion)."""
-    if re.search(rf"^\s*def\s+{re.escape(task.entry_point)}\s*\(", code, re.MULTILINE):
-        head = [ln for ln in task.prompt.splitlines() if re.match(r"\s*(import|from)\s", ln)]
-        return ("\n".join(head) + "\n\n" if head else "") + code
-    return task.prompt + code
-
-
 def generation_suffix(tokenizer) -> list[int]:
     """The token ids the chat template appends to open the assistant's turn."""
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
@@ -191,21 +172,15 @@ def target_of(traj: Trajectory, tokenizer, suffix: Sequence[int] = ()) -> Render
                      channel=np.concatenate([r.channel, np.full(n, EXCLUDED, dtype=np.int8)]), n_steps=r.n_steps)
 
 
-def _map(fn, items: list, workers: int) -> list:
-    if workers <= 1 or len(items) <= 1:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
-        return list(pool.map(fn, items))
-
-
-def rollout_task(policy, task: Task, settings: RolloutSettings, run_examples: ExampleRunner, judge: Judge, *,
-                 run: str, agent: str, fingerprint: str, capture: bool = True,
-                 tool_workers: int = 4) -> tuple[list[Rollout], TaskStats]:
+def rollout_task(policy, task, settings: RolloutSettings, run_examples: ExampleRunner, judge: Judge, *,
+                 run: str, agent: str, fingerprint: str, capture: bool = True) -> tuple[list[Rollout], TaskStats]:
     """K rollouts of ``task`` generated as one batch, their states captured online (``capture``).
 
+    ``task``: any object with ``task_id`` and ``prompt`` (the signature and docstring shown to the
+    policy), e.g. ``trajectories.tasks.Task``.
     ``run`` names the run (``traj_id = run/task_id/sNN``), ``agent`` the policy, ``fingerprint`` its
-    digest (recorded per trajectory). ``run_examples`` and ``judge`` are called on the K samples'
-    programs in ``tool_workers`` threads (the sandbox runs each in its own process)."""
+    digest (recorded per trajectory). ``run_examples`` and ``judge`` get the K samples' code at once
+    (the sandbox runs them side by side, each in its own process); a reply without code calls nothing."""
     settings.check()
     t0 = time.perf_counter()
     stats = TaskStats()
@@ -234,8 +209,11 @@ def rollout_task(policy, task: Task, settings: RolloutSettings, run_examples: Ex
             stops.append("stop" if stopped else "length")
         parsed = [parse_reply(t) for t in texts]
         t1 = time.perf_counter()
-        reports = _map(lambda p: run_examples(task, program_of(task, p[1])) if p[1].strip() else None,
-                       parsed, tool_workers)
+        calls = [j for j, p in enumerate(parsed) if p[1].strip()]
+        got = list(run_examples(task, [parsed[j][1] for j in calls])) if calls else []
+        reports: list[ToolReport | None] = [None] * len(parsed)
+        for j, rep in zip(calls, got):
+            reports[j] = rep
         stats.tool_seconds += time.perf_counter() - t1
         last = turn == settings.max_turns - 1
         still = []
@@ -262,7 +240,10 @@ def rollout_task(policy, task: Task, settings: RolloutSettings, run_examples: Ex
     finals = [target_of(t, tok) for t in trajs]
     batch.finish_many(range(settings.k), finals)
     t1 = time.perf_counter()
-    verdicts = _map(lambda c: bool(judge(task, program_of(task, c))) if c.strip() else False, code, tool_workers)
+    submitted = [i for i, c in enumerate(code) if c.strip()]
+    verdicts = [False] * settings.k
+    for i, ok in zip(submitted, judge(task, [code[i] for i in submitted]) if submitted else []):
+        verdicts[i] = bool(ok)
     stats.tool_seconds += time.perf_counter() - t1
     out = []
     for i, (t, ok) in enumerate(zip(trajs, verdicts)):
