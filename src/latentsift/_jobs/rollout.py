@@ -138,7 +138,7 @@ def _check_resume(out: Path, man: dict) -> None:
 
 def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: RolloutSettings, *,
                  run_examples: ExampleRunner, judge: Judge, run: str | None = None, agent: str | None = None,
-                 threads: int = 1, tasks_source: str = "",
+                 threads: int = 1, tasks_source: str = "", store_dtype: str = "float16",
                  progress: Callable[[RolloutProgress], None] | None = None,
                  on_task: Callable[[str], None] | None = None) -> RolloutReport:
     """K rollouts of every task of ``tasks`` into the folder ``out`` (created, or resumed).
@@ -146,7 +146,8 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
     ``run``: the run name in the trajectory ids (default: the model file's stem); ``agent``: the
     policy's name (default: the same). ``threads``: torch threads for the policy (the sampled tokens
     depend on it through rounding: it is recorded and must match on resume). ``on_task(task_id)`` is
-    called after each task is committed (tests use it to simulate a kill)."""
+    called after each task is committed (tests use it to simulate a kill). ``store_dtype``: the states'
+    dtype on disk (float16 as ``extract``'s default; float32 keeps the capture's bits)."""
     settings.check()
     out = Path(out)
     stem = Path(policy.path).name.split(".")[0]
@@ -168,7 +169,7 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
         (out / TASKS_DIR).mkdir(exist_ok=True)
         store = StateStore(out / STATES_DIR)
         with store.lock():
-            store.open_or_create(policy.fingerprint, extract_settings(policy) | {"capture": "online"})
+            store.open_or_create(policy.fingerprint, extract_settings(policy, store_dtype=store_dtype) | {"capture": "online"})
             store.drop_damaged()
 
             def tids(task) -> list[str]:

@@ -223,7 +223,7 @@ class OnlineBatch:
                 layer.batch_repeat_interleave(B)
         for s, n in zip(samples, new):
             s.ids.extend(n)
-        self.n_forward_tokens += sum(len(n) for n in new)
+        self.n_forward_tokens += len(new[0]) if shared else sum(len(n) for n in new)
         logits = pol.model.lm_head(out.last_hidden_state[:, -1]).float()   # (B, vocab): the last position only
         if shared:
             logits = logits.expand(B, -1)
