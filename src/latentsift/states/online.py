@@ -244,6 +244,10 @@ class OnlineBatch:
         if not rows:
             return []
         sampling.check()
+        longest = max(t.n_tokens for t in targets) + sampling.max_new_tokens
+        if longest > self.policy.context_length:
+            raise LatentSiftError(f"The conversation would reach {longest} tokens, past the model's context of "
+                                  f"{self.policy.context_length}; use fewer turns or a lower max_new_tokens.")
         for r, t in zip(rows, targets):
             self._settle(r, t)
         if self._bufs is None or self._bufs.shape[1] < len(self.samples) or self._bufs.shape[2] < sampling.max_new_tokens:
