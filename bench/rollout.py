@@ -139,7 +139,8 @@ def main() -> None:
     c, n = best["float32 capture"], best["float32 no capture"]
     print(f"\ncapture overhead (float32): {100 * (c[0] / n[0] - 1):+.1f}% wall time, same {c[1]} tokens")
     if "bfloat16 capture" in best:
-        print(f"capture overhead (bfloat16): {100 * (best['bfloat16 capture'][0] / best['bfloat16 no capture'][0] - 1):+.1f}%")
+        b = best["bfloat16 capture"][0] / best["bfloat16 no capture"][0]
+        print(f"capture overhead (bfloat16): {100 * (b - 1):+.1f}%")
         print(f"bfloat16 / float32 speed (capture): {c[0] / best['bfloat16 capture'][0]:.2f}x")
     if "float32 capture, finished stay" in best:
         s = best["float32 capture, finished stay"]

@@ -14,6 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from latentsift._core.io import WriterLock
 from latentsift._core.validation import LatentSiftError
 from latentsift._jobs.rollout import STATES_DIR, TASKS_DIR, TRAJECTORIES, run_rollouts, sandbox_env, task_file
 from latentsift.cli import app
@@ -105,6 +106,8 @@ def test_a_killed_run_resumes_without_duplicates_and_same_bytes(full_run, policy
         run_rollouts(policy32, tasks, out, SETTINGS, run_examples=env[0], judge=env[1], run="t", on_task=kill,
                      store_dtype="float32")
     assert len(list((out / TASKS_DIR).iterdir())) == 1 and len(StateStore(out / STATES_DIR).open()) == 2
+    with WriterLock(out / ".lock"), pytest.raises(LatentSiftError, match="Another process is writing"):
+        run_rollouts(policy32, tasks, out, SETTINGS, run_examples=env[0], judge=env[1], run="t")
     report = run_rollouts(policy32, tasks, out, SETTINGS, run_examples=env[0], judge=env[1], run="t",
                           store_dtype="float32")
     assert report.n_skipped == 1 and report.n_run == 1

@@ -5,7 +5,7 @@ Output folder (format ``latentsift-rollout`` version 1)::
 
     manifest.json              model file and fingerprint, the rollout settings, run name, threads
     tasks/<task>.jsonl.gz      one task's K trajectories (the resume unit; written atomically)
-    trajectories.jsonl.gz      every finished task's trajectories in task order (rewritten at the end)
+    trajectories.jsonl.gz      the finished tasks of the call's task list, in task order (rewritten at the end)
     states/                    the state store (one shard per task) that extract, fit, crossval,
                                filter and reproduce read
 
@@ -143,14 +143,14 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
                  on_task: Callable[[str], None] | None = None) -> RolloutReport:
     """K rollouts of every task of ``tasks`` into the folder ``out`` (created, or resumed).
 
-    ``run``: the run name in the trajectory ids (default: the model file's stem); ``agent``: the
+    ``run``: the run name in the trajectory ids (default: the model file's name without ``.gguf``); ``agent``: the
     policy's name (default: the same). ``threads``: torch threads for the policy (the sampled tokens
     depend on it through rounding: it is recorded and must match on resume). ``on_task(task_id)`` is
     called after each task is committed (tests use it to simulate a kill). ``store_dtype``: the states'
     dtype on disk (float16 as ``extract``'s default; float32 keeps the capture's bits)."""
     settings.check()
     out = Path(out)
-    stem = Path(policy.path).name.split(".")[0]
+    stem = Path(policy.path).name.removesuffix(".gguf")
     run = run or stem
     agent = agent or stem
     ids = [t.task_id for t in tasks]
@@ -169,7 +169,8 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
         (out / TASKS_DIR).mkdir(exist_ok=True)
         store = StateStore(out / STATES_DIR)
         with store.lock():
-            store.open_or_create(policy.fingerprint, extract_settings(policy, store_dtype=store_dtype) | {"capture": "online"})
+            store_settings = extract_settings(policy, store_dtype=store_dtype) | {"capture": "online"}
+            store.open_or_create(policy.fingerprint, store_settings)
             store.drop_damaged()
 
             def tids(task) -> list[str]:

@@ -250,9 +250,10 @@ class OnlineBatch:
                                   f"{self.policy.context_length}; use fewer turns or a lower max_new_tokens.")
         for r, t in zip(rows, targets):
             self._settle(r, t)
-        if self._bufs is None or self._bufs.shape[1] < len(self.samples) or self._bufs.shape[2] < sampling.max_new_tokens:
-            self._bufs = torch.empty(self.policy.n_layers, len(self.samples), sampling.max_new_tokens,
-                                     self.policy.d_model, dtype=torch.float32) if self.capture else None
+        n = sampling.max_new_tokens
+        if self._bufs is None or self._bufs.shape[2] < n:
+            self._bufs = torch.empty(self.policy.n_layers, len(self.samples), n, self.policy.d_model,
+                                     dtype=torch.float32) if self.capture else None
         out: dict[int, list[int]] = {r: [] for r in rows}
         with torch.inference_mode(), layer_hooks(self.policy, self._on_layer):
             cache, mask, logits = self._prefill(rows, targets, [t.n_tokens for t in targets])
