@@ -14,8 +14,9 @@ Printed:
   once (the embedding table only for its rows, except where tied to the head), so steps/s <= copy
   bandwidth / weight bytes; tokens/s bound = that times the batch.
 
-Variants alternate within each round so that load from other processes hits them alike; the figures are
-the best round. Keep it short on a shared machine.
+Times are the process's CPU seconds (``time.process_time``; run at one torch thread), so that other
+processes on a shared machine slow no variant's figure by taking its core; they still share the memory
+bandwidth. Variants alternate within each round; the figures are the best round. Keep it short.
 """
 from __future__ import annotations
 
@@ -64,14 +65,14 @@ def prompt_target(policy):
 
 
 def run_batch(policy, target, k: int, new: int, *, capture: bool, leave: bool) -> tuple[float, int, int]:
-    """(seconds, tokens sampled, tokens run) of one turn of ``k`` samples (seeds 0..k-1)."""
+    """(CPU seconds, tokens sampled, tokens run) of one turn of ``k`` samples (seeds 0..k-1)."""
     from latentsift.states.online import OnlineBatch, Sampling
     from latentsift.states.rollout import stop_ids
 
     batch = OnlineBatch(policy, list(range(k)), stop_ids(policy), capture=capture, leave=leave)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     gen = batch.turn(list(range(k)), [target] * k, Sampling(0.8, 0.95, new))
-    return time.perf_counter() - t0, sum(map(len, gen)), batch.n_forward_tokens
+    return time.process_time() - t0, sum(map(len, gen)), batch.n_forward_tokens
 
 
 def hf_generate(policy, target, k: int, new: int, cache: str) -> tuple[float, int]:
@@ -79,12 +80,12 @@ def hf_generate(policy, target, k: int, new: int, cache: str) -> tuple[float, in
 
     ids = torch.as_tensor(target.input_ids)[None].repeat(k, 1)
     torch.manual_seed(0)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with torch.inference_mode():
         out = policy.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                     temperature=0.8, top_p=0.95, max_new_tokens=new, min_new_tokens=new,
                                     cache_implementation=cache, pad_token_id=policy.tokenizer.pad_token_id)
-    return time.perf_counter() - t0, int((out.shape[1] - ids.shape[1]) * k)
+    return time.process_time() - t0, int((out.shape[1] - ids.shape[1]) * k)
 
 
 def main() -> None:
@@ -131,13 +132,13 @@ def main() -> None:
                 r = hf_generate(pols["float32"], target, a.k, a.new, cache)
                 if cache not in hf or r[0] < hf[cache][0]:
                     hf[cache] = r
-    print(f"\n{'variant':34s} {'s':>7s} {'sampled':>8s} {'run':>7s} {'tok/s':>8s}")
+    print(f"\n{'variant':34s} {'cpu s':>7s} {'sampled':>8s} {'run':>7s} {'tok/s':>8s}")
     for name, (sec, gen, fwd) in best.items():
         print(f"{name:34s} {sec:7.2f} {gen:8d} {fwd:7d} {gen / sec:8.1f}")
     for cache, (sec, gen) in hf.items():
         print(f"{'transformers generate, ' + cache:34s} {sec:7.2f} {gen:8d} {'':>7s} {gen / sec:8.1f}")
     c, n = best["float32 capture"], best["float32 no capture"]
-    print(f"\ncapture overhead (float32): {100 * (c[0] / n[0] - 1):+.1f}% wall time, same {c[1]} tokens")
+    print(f"\ncapture overhead (float32): {100 * (c[0] / n[0] - 1):+.1f}% CPU time, same {c[1]} tokens")
     if "bfloat16 capture" in best:
         b = best["bfloat16 capture"][0] / best["bfloat16 no capture"][0]
         print(f"capture overhead (bfloat16): {100 * (b - 1):+.1f}%")

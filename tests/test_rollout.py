@@ -145,6 +145,17 @@ def test_sampling_is_seeded_per_sample():
     draw = lambda seed: [sample_token(logits, s, g) for g in [torch.Generator().manual_seed(seed)] for _ in range(20)]
     assert draw(1) == draw(1) and draw(1) != draw(2)
     assert sample_token(logits, Sampling(temperature=0), None) == int(torch.argmax(logits))
+    # the nucleus (found with topk, grown as needed) is the full sort's: the smallest top set of mass >= top_p
+    flat = torch.randn(1000, generator=torch.Generator().manual_seed(1)) * 0.1    # a wide nucleus (> 64)
+    sizes = []
+    for lg, p in ((logits, 0.1), (flat, 0.5)):
+        sp = torch.sort(torch.softmax(lg / 0.8, -1), descending=True).values
+        size = int((torch.cumsum(sp, 0) - sp < p).sum())
+        nucleus = set(torch.argsort(lg, descending=True)[:size].tolist())
+        sizes.append(size)
+        got = {sample_token(lg, Sampling(0.8, p), torch.Generator().manual_seed(i)) for i in range(300)}
+        assert got <= nucleus and len(got) > 1
+    assert min(sizes) < 64 < max(sizes)    # found in the first top-64, and after growing it
     assert sample_seeds(0, "HumanEval/0", 3) == sample_seeds(0, "HumanEval/0", 3)
     assert len(set(sample_seeds(0, "HumanEval/0", 3) + sample_seeds(0, "HumanEval/1", 3))) == 6
 
