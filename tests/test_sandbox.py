@@ -178,6 +178,15 @@ def test_a_batch_keeps_the_input_order_and_is_deterministic():
     assert [(r.status, r.detail, r.stdout) for r in again] == [(r.status, r.detail, r.stdout) for r in results]
 
 
+def test_a_sandbox_that_cannot_start_is_an_error_not_a_label(monkeypatch):
+    """When ``unshare`` (or the confinement) fails, no candidate is labelled: the run stops with one line."""
+    monkeypatch.setattr(sandbox, "_ISOLATION", ["namespaces"])
+    monkeypatch.setattr(sandbox, "_unshare_argv", lambda kind: ["/bin/sh", "-c", "echo 'unshare: refused' >&2; exit 1",
+                                                                "sh"])
+    with pytest.raises(LatentSiftError, match="could not start a program: unshare: refused"):
+        run_program("pass\n", FAST)
+
+
 def test_limits_are_checked():
     with pytest.raises(LatentSiftError, match="'timeout_s' parameter of SandboxLimits"):
         SandboxLimits(timeout_s=0)

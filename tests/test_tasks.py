@@ -49,6 +49,10 @@ def test_canonical_solutions_pass_and_wrong_ones_fail(tasks):
     assert [r.status for r in right] == ["passed"] * 4
     wrong = label(tasks["HumanEval/53"], "    return x - y\n", FAST)
     assert wrong.status == "failed" and "AssertionError" in wrong.detail
+    # a candidate's own demo block does not run (it would fail here), as in HumanEval's harness
+    demo = label(tasks["HumanEval/53"], "    return x + y\n\nif __name__ == '__main__':\n    assert add(1, 1) == 3\n",
+                 FAST)
+    assert demo.passed
     # whole code that defines the function again counts the same as a body
     full = label(tasks["HumanEval/53"], "def add(x: int, y: int):\n    return x + y\n", FAST)
     assert full.passed
@@ -92,7 +96,7 @@ def test_the_example_tool_on_errors_hangs_and_missing_examples(tasks):
     assert [o.status for o in broken.outcomes] == ["not run"]
     assert broken.observation().startswith("The code did not run: SyntaxError")
     hang = run_examples(tasks["HumanEval/53"], "    while x == 5:\n        pass\n    return x + y\n",
-                        SandboxLimits(timeout_s=1.5))
+                        SandboxLimits(timeout_s=3.0))  # room for the first example on a busy machine
     assert [o.status for o in hang.outcomes] == ["passed", "not run"] and hang.run.status == "timeout"
     none = tasks["HumanEval/38"]
     assert none.examples == ()

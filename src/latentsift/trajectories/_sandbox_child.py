@@ -13,8 +13,9 @@ before it reads the candidate program, confines itself:
    change that clears it);
 4. (without a network namespace) an audit hook that refuses Python's socket calls.
 
-Then (in namespaces) it forks, so that the program is not the PID namespace's init, executes the
-program in ``__main__``'s namespace and writes one JSON status line to the status file descriptor:
+Then (in namespaces) it forks, so that the program is not the PID namespace's init, writes a
+"started" line to the status file descriptor, executes the program as the module ``candidate`` and
+writes one JSON status line after it:
 ``passed`` (ran to its end), ``failed`` (an ``AssertionError`` or an early ``SystemExit``),
 ``memory`` (``MemoryError``) or ``error`` (any other exception), with a one-line detail. A process
 that dies without writing one is judged by the parent (timeout, crash).
@@ -84,11 +85,12 @@ def _mount_folders(cfg):
 
 
 def _limits(cfg):
-    """Step 2: soft = hard, so the program cannot raise them again."""
-    for name, value in (("RLIMIT_AS", cfg["memory_bytes"]), ("RLIMIT_CPU", cfg["cpu_seconds"]),
-                        ("RLIMIT_FSIZE", cfg["file_bytes"]), ("RLIMIT_NOFILE", cfg["open_files"]),
-                        ("RLIMIT_CORE", 0), ("RLIMIT_NPROC", cfg["processes"])):
+    """Step 2: soft = hard, so the program cannot raise them again (CPU: SIGXCPU at the soft limit,
+    SIGKILL a second later)."""
+    for name, value in (("RLIMIT_AS", cfg["memory_bytes"]), ("RLIMIT_FSIZE", cfg["file_bytes"]),
+                        ("RLIMIT_NOFILE", cfg["open_files"]), ("RLIMIT_CORE", 0), ("RLIMIT_NPROC", cfg["processes"])):
         resource.setrlimit(getattr(resource, name), (value, value))
+    resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file-size limit fails, not kills
 
 
@@ -124,8 +126,7 @@ def main():
         if not cfg["namespaces"]:
             sys.addaudithook(_no_network)
     except OSError as e:
-        status.write(json.dumps({"status": "error", "detail": f"the sandbox could not confine the program: "
-                                 f"{_one_line(e)}", "setup": True}) + "\n")
+        status.write(json.dumps({"setup": f"the sandbox could not confine the program: {_one_line(e)}"}) + "\n")
         status.flush()
         os._exit(70)
     if cfg["namespaces"]:
@@ -139,7 +140,10 @@ def main():
         _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     with open(cfg["program"], encoding="utf-8") as f:
         source = f.read()
-    ns = {"__name__": "__main__", "__file__": cfg["program"], "__builtins__": __builtins__}
+    status.write(json.dumps({"started": True}) + "\n")  # confined: what follows is the program's doing
+    status.flush()
+    # not "__main__": a candidate's ``if __name__ == "__main__":`` demo does not run (as in HumanEval's harness)
+    ns = {"__name__": "candidate", "__file__": cfg["program"], "__builtins__": __builtins__}
     try:
         exec(compile(source, cfg["program"], "exec"), ns)
         outcome = ("passed", "ran to its end")

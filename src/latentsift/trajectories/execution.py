@@ -67,8 +67,6 @@ def __latentsift_examples(examples, globs, marker, got_chars):
         sys.__stdout__.write(marker + json.dumps({"status": status, "got": got[:got_chars]}) + "\\n")
         sys.__stdout__.flush()
 
-
-__latentsift_examples(EXAMPLES, globals(), MARKER, GOT_CHARS)
 '''
 
 
@@ -110,7 +108,7 @@ class ExamplesReport:
             return "The docstring has no examples to run."
         ran = [o for o in self.outcomes if o.status != "not run"]
         if not ran:
-            return f"The code did not run: {self.run.detail}."
+            return f"The code did not run: {self.run.detail.rstrip('.')}."
         lines = [f"{self.n_passed} of {self.n_total} examples passed."]
         for o in self.outcomes:
             call = o.example.call
@@ -128,10 +126,9 @@ class ExamplesReport:
 
 def examples_program(task: Task, completion: str) -> str:
     """The candidate's program followed by the harness that runs the task's docstring examples."""
-    examples = [[e.call, e.expected, e.kind] for e in task.examples]
-    harness = (_HARNESS.replace("EXAMPLES", json.dumps(examples)).replace("MARKER", json.dumps(MARKER))
-               .replace("GOT_CHARS", str(GOT_CHARS)))
-    return task.program(completion) + harness
+    examples = json.dumps([[e.call, e.expected, e.kind] for e in task.examples])  # strings only: a Python literal
+    return (f"{task.program(completion)}{_HARNESS}\n\n"
+            f"__latentsift_examples({examples}, globals(), {json.dumps(MARKER)}, {GOT_CHARS})\n")
 
 
 def _report(task: Task, run: SandboxResult | None) -> ExamplesReport:

@@ -16,6 +16,9 @@ One subprocess per program, in a fresh temporary folder, under limits (:class:`S
 - **output**: stdout and stderr go to files (bounded by ``RLIMIT_FSIZE``), of which the last
   ``output_chars`` characters are kept.
 
+The program runs as the module ``candidate``, not ``__main__``: a candidate's own ``if __name__ ==
+"__main__":`` demo block does not run (as in HumanEval's harness), so its demo cannot fail its label.
+
 The namespaces come from util-linux's ``unshare`` (``--net --pid --fork --kill-child --mount``),
 which needs root (as here and in CI) or unprivileged user namespaces (then ``--user --map-root-user``
 is added and the program keeps the caller's uid). :func:`isolation` probes once which one works.
@@ -176,12 +179,11 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def run_program(program: str, limits: SandboxLimits | None = None, *,
-                files: dict[str, str] | None = None) -> SandboxResult:
-    """Run the Python source ``program`` in the sandbox (see the module docstring); ``files``: more
-    text files (name -> content) written into its folder first. Never raises for anything the
-    program does; raises ``LatentSiftError`` only when ``limits.require`` is set and the machine
-    cannot isolate it."""
+def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxResult:
+    """Run the Python source ``program`` in the sandbox (see the module docstring). Never raises for
+    anything the program does; raises ``LatentSiftError`` when the machine cannot run it as asked:
+    ``limits.require`` without namespaces, or a sandbox that failed before the program started
+    (``unshare`` or the confinement refused), so that no candidate is labelled by a broken sandbox."""
     limits = limits or SandboxLimits()
     kind = isolation()
     if limits.require and kind == "none":
@@ -193,10 +195,9 @@ def run_program(program: str, limits: SandboxLimits | None = None, *,
     try:
         work = root / "work"
         work.mkdir(mode=0o700)
-        for name, text in {PROGRAM_FILE: program, **(files or {})}.items():
-            (work / name).write_text(text, encoding="utf-8")
+        (work / PROGRAM_FILE).write_text(program, encoding="utf-8")
         if drop:
-            for p in (work, *work.iterdir()):
+            for p in (work, work / PROGRAM_FILE):
                 os.chown(p, NOBODY, NOBODY)
         cfg = {"program": PROGRAM_FILE, "uid": NOBODY if drop else os.getuid(), "gid": NOBODY if drop else os.getgid(),
                "drop": drop, "namespaces": kind != "none",
@@ -224,30 +225,40 @@ def run_program(program: str, limits: SandboxLimits | None = None, *,
                 proc.wait()
             seconds = time.perf_counter() - t0
         stdout, stderr = _tail(root / "stdout", limits.output_chars), _tail(root / "stderr", limits.output_chars)
-        status, detail = _verdict(root / "status", proc.returncode, timed_out, limits)
+        status, detail = _verdict(root / "status", proc.returncode, timed_out, limits, stderr)
         return SandboxResult(status, detail, stdout, stderr, round(seconds, 3), kind)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _verdict(status_file: Path, returncode: int, timed_out: bool, limits: SandboxLimits) -> tuple[str, str]:
+def _verdict(status_file: Path, returncode: int, timed_out: bool, limits: SandboxLimits,
+             stderr: str) -> tuple[str, str]:
+    """The status and detail of a finished run. A run that never reached the program (``unshare`` or
+    the confinement failed) is the machine's fault, not the candidate's: ``LatentSiftError``."""
+    lines = []
+    for line in status_file.read_bytes().decode("utf-8", errors="replace").splitlines():
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            lines.append(None)
+    if not lines or lines[0] != {"started": True}:
+        if timed_out:
+            return "timeout", f"killed after the {limits.timeout_s:g} s wall-clock limit, before the program started"
+        why = lines[0].get("setup") if lines and isinstance(lines[0], dict) else None
+        last = (stderr.strip().splitlines() or [f"exit code {returncode}"])[-1]
+        raise LatentSiftError(f"The sandbox could not start a program: {why or last}")
     if timed_out:
         return "timeout", f"killed after the {limits.timeout_s:g} s wall-clock limit"
-    lines = status_file.read_bytes().decode("utf-8", errors="replace").splitlines()
-    report = None
-    if lines:
-        try:
-            report = json.loads(lines[-1])
-        except json.JSONDecodeError:
-            report = None
-    if isinstance(report, dict) and report.get("status") in STATUSES and returncode in (0, 70):
+    report = lines[-1] if len(lines) > 1 else None
+    if isinstance(report, dict) and report.get("status") in STATUSES and returncode == 0:
         return str(report["status"]), str(report.get("detail", ""))
     if returncode < 0 or returncode > 128:  # a signal (``unshare`` passes its child's on as 128 + n)
         sig = -returncode if returncode < 0 else returncode - 128
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        if sig == signal.SIGXCPU or sig == signal.SIGKILL and report is None:
-            return "crashed", f"killed by {name} (the CPU-time limit or the kernel)"
-        return "crashed", f"killed by {name}"
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return "crashed", f"killed by {name}" + (" (the CPU-time limit)" if sig == signal.SIGXCPU else "")
     return "crashed", f"exited with code {returncode} before the harness could report"
 
 
