@@ -97,7 +97,7 @@ class _Sample:
         self.generator = torch.Generator().manual_seed(self.seed)
         self.ids: list[int] = []            # tokens run through the model, by position (= the cache)
         self.kv: list[tuple[Any, Any]] = [] # per layer (heads, len(ids), head_dim) keys and values
-        self.pooled_upto = 0                # positions below this are pooled (or excluded) for good
+        self.pooled: list[bool] = []        # per position of ids: its state went into a span's sum
         self.buf = None                     # (L, n, d) float32 states of fed generated tokens, unlabelled
         self.buf_start = 0                  # position of the first of them
         self.n_tokens = 0                   # tokens of the final rendering
@@ -161,7 +161,7 @@ class OnlineBatch:
         states with the target's labels. Returns the number of positions kept."""
         s = self.samples[row]
         keep = _common_prefix(s.ids, target.input_ids)
-        if keep < s.pooled_upto and np.any(target.step[keep:s.pooled_upto] >= 0):
+        if any(s.pooled[keep:]):
             raise LatentSiftError(f"OnlineBatch: the chat template re-tokenized labelled text at position {keep} "
                                   "of an earlier turn; its states cannot be captured online.")
         if s.buf is not None and self.capture:
@@ -174,10 +174,11 @@ class OnlineBatch:
                 # sum_p h_l[p] over the span's tokens (numerator of the span mean), all layers at once
                 self.acc.sums.index_add_(1, t(tgt, dtype=self._torch.long), s.buf.index_select(1, t(lab - a)))
                 np.add.at(self.acc.counts, tgt, 1)
+                for p in lab:
+                    s.pooled[p] = True
         s.buf = None
-        s.pooled_upto = keep   # every kept position is pooled (or excluded) for good now
         if keep < len(s.ids):
-            s.ids = s.ids[:keep]
+            s.ids, s.pooled = s.ids[:keep], s.pooled[:keep]
             s.kv = [(k[:, :keep], v[:, :keep]) for k, v in s.kv]
         return keep
 
@@ -233,8 +234,9 @@ class OnlineBatch:
         if shared:
             for layer in cache.layers:
                 layer.batch_repeat_interleave(B)
-        for s, n in zip(samples, new):
+        for s, n, t, p in zip(samples, new, targets, past):
             s.ids.extend(n)
+            s.pooled.extend(bool(self.capture and x >= 0) for x in t.step[p:p + len(n)])
         self.n_forward_tokens += len(new[0]) if shared else sum(len(n) for n in new)
         logits = pol.model.lm_head(out.last_hidden_state[:, -1]).float()   # (B, vocab): the last position only
         if shared:
@@ -309,6 +311,7 @@ class OnlineBatch:
                 for b, (a, tok) in enumerate(zip(active, toks)):
                     if b not in stopped:
                         self.samples[rows[a]].ids.append(tok)
+                        self.samples[rows[a]].pooled.append(False)   # pooled once labelled (_settle)
                 self.n_forward_tokens += len(active)
                 logits = self.policy.model.lm_head(res.last_hidden_state[:, -1]).float()
         return [out[r] for r in rows]
