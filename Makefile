@@ -82,6 +82,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/filter.py
 	$(BIN)/python bench/explore_size.py
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/rollout.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

@@ -10,7 +10,8 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from ._cli import bank, crossval, evaluate, explore, extract, fit, import_, policy, premise, reproduce, transfer
+from ._cli import (bank, crossval, evaluate, explore, extract, fit, import_, policy, premise, reproduce, rollout,
+                   transfer)
 from ._cli import filter as filter_
 from ._core.errors import user_message
 
@@ -42,7 +43,7 @@ def _report(e: BaseException) -> bool:
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="LatentSift: token-free Stage-1 filtering of SWE-agent candidates.")
 
-for _commands in (import_, extract, bank, filter_, evaluate, reproduce, crossval, premise, fit, explore,
+for _commands in (import_, extract, rollout, bank, filter_, evaluate, reproduce, crossval, premise, fit, explore,
                   transfer, policy):
     _commands.register(app)
 

@@ -1,0 +1,211 @@
+"""``latentsift rollout`` on files: K rollouts per task by the policy as a small agent, states captured
+online into a state store, trajectories labelled by the hidden tests in a sandbox.
+
+Output folder (format ``latentsift-rollout`` version 1)::
+
+    manifest.json              model file and fingerprint, the rollout settings, run name, threads
+    tasks/<task>.jsonl.gz      one task's K trajectories (the resume unit; written atomically)
+    trajectories.jsonl.gz      the finished tasks of the call's task list, in task order (rewritten at the end)
+    states/                    the state store (one shard per task) that extract, fit, crossval,
+                               filter and reproduce read
+
+Resumable: a task whose file exists and whose states are stored is skipped; a killed run redoes at
+most the task it was writing, and since sampling is seeded per sample the redone task has the same
+bytes. gzip files are written with a zero timestamp and no name, so they are byte-identical too.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .._core.io import WriterLock, atomic_write_bytes, atomic_write_json, read_json
+from .._core.threads import fixed_threads
+from .._core.validation import LatentSiftError
+from ..states.extract import extract_settings
+from ..states.rollout import ExampleRunner, Judge, RolloutSettings, ToolReport, rollout_task
+from ..states.store import StateStore
+from ..trajectories.execution import label_many, run_examples_many
+from ..trajectories.sandbox import SandboxLimits
+from ..trajectories.trajectory import Trajectory, dumps
+
+__all__ = ["ROLLOUT_FORMAT", "RolloutProgress", "RolloutReport", "run_rollouts", "sandbox_env"]
+
+ROLLOUT_FORMAT = "latentsift-rollout"
+ROLLOUT_VERSION = 1
+MANIFEST = "manifest.json"
+TASKS_DIR = "tasks"
+TRAJECTORIES = "trajectories.jsonl.gz"
+STATES_DIR = "states"
+LOCK = ".lock"
+#: Settings that must match when a rollout folder is resumed (any change makes other trajectories).
+MATCHED = ("settings", "run", "agent", "threads", "fingerprint")
+
+
+@dataclass
+class RolloutProgress:
+    """Passed to ``progress`` at the start and after each task."""
+
+    done: int             # tasks finished in this call
+    total: int            # tasks to run in this call (already finished ones excluded)
+    skipped: int          # tasks already in the folder
+    generated: int        # tokens sampled in this call
+    elapsed: float
+    task_id: str | None = None
+    passed: int = 0       # samples of this call that pass the hidden tests
+    samples: int = 0      # samples of this call
+
+
+@dataclass
+class RolloutReport:
+    n_tasks: int
+    n_skipped: int = 0
+    n_run: int = 0
+    n_samples: int = 0
+    n_passed: int = 0
+    n_generated: int = 0
+    n_forward: int = 0
+    seconds: float = 0.0
+    tool_seconds: float = 0.0
+    trajectories: str = ""
+    states: str = ""
+    mixed_tasks: int = 0   # tasks of this call with both passing and failing samples
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_generated / self.seconds if self.seconds > 0 else 0.0
+
+
+def gzip_bytes(text: str) -> bytes:
+    """``text`` gzipped reproducibly (no timestamp, no file name)."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0) as f:
+        f.write(text.encode("utf-8"))
+    return buf.getvalue()
+
+
+def task_file(task_id: str) -> str:
+    """The file name of one task's trajectories: its id made safe, and a short hash against collisions."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", task_id).strip("._") or "task"
+    return f"{safe}-{hashlib.sha256(task_id.encode()).hexdigest()[:8]}.jsonl.gz"
+
+
+def _read_part(path: Path) -> list[Trajectory]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [Trajectory.from_dict(json.loads(line), where=str(path)) for line in f if line.strip()]
+
+
+def sandbox_env(limits: SandboxLimits | None = None, workers: int = 2) -> tuple[ExampleRunner, Judge]:
+    """The agent's tool and the judge on ``trajectories.execution`` (each program in its own sandboxed
+    subprocess, ``workers`` side by side): ``run_examples(task, codes)`` runs each code on the task's
+    docstring examples only and returns what the policy reads (a task without examples passes, so
+    the code is submitted); ``judge(task, codes)`` runs each against the hidden tests."""
+    def run_examples(task, codes: Sequence[str]) -> list[ToolReport]:
+        reps = run_examples_many([(task, c) for c in codes], limits, workers=workers)
+        return [ToolReport(r.observation(), r.all_passed or r.n_total == 0, r.n_passed, r.n_total) for r in reps]
+
+    def judge(task, codes: Sequence[str]) -> list[bool]:
+        return [r.passed for r in label_many([(task, c) for c in codes], limits, workers=workers)]
+
+    return run_examples, judge
+
+
+def _manifest(policy, settings: RolloutSettings, run: str, agent: str, threads: int, tasks_source: str) -> dict:
+    return {"format": ROLLOUT_FORMAT, "version": ROLLOUT_VERSION, "model": Path(policy.path).name,
+            "fingerprint": policy.fingerprint.to_dict(), "settings": settings.to_dict(), "run": run, "agent": agent,
+            "threads": threads, "tasks": tasks_source}
+
+
+def _check_resume(out: Path, man: dict) -> None:
+    old = read_json(out / MANIFEST)
+    if not isinstance(old, dict) or old.get("format") != ROLLOUT_FORMAT:
+        raise LatentSiftError(f"{out / MANIFEST} is not a {ROLLOUT_FORMAT} manifest; choose another --out.")
+    diff = [k for k in MATCHED if old.get(k) != man.get(k)]
+    if diff:
+        what = {k: (old.get(k), man.get(k)) for k in diff if k != "fingerprint"}
+        raise LatentSiftError(f"{out} holds rollouts made with other " + ", ".join(diff)
+                              + (f" ({what})" if what else " (another model)")
+                              + "; use the same settings or another --out.")
+
+
+def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: RolloutSettings, *,
+                 run_examples: ExampleRunner, judge: Judge, run: str | None = None, agent: str | None = None,
+                 threads: int = 1, tasks_source: str = "", store_dtype: str = "float16",
+                 progress: Callable[[RolloutProgress], None] | None = None,
+                 on_task: Callable[[str], None] | None = None) -> RolloutReport:
+    """K rollouts of every task of ``tasks`` into the folder ``out`` (created, or resumed).
+
+    ``run``: the run name in the trajectory ids (default: the model file's name without ``.gguf``); ``agent``: the
+    policy's name (default: the same). ``threads``: torch threads for the policy (the sampled tokens
+    depend on it through rounding: it is recorded and must match on resume). ``on_task(task_id)`` is
+    called after each task is committed (tests use it to simulate a kill). ``store_dtype``: the states'
+    dtype on disk (float16 as ``extract``'s default; float32 keeps the capture's bits)."""
+    settings.check()
+    out = Path(out)
+    stem = Path(policy.path).name.removesuffix(".gguf")
+    run = run or stem
+    agent = agent or stem
+    ids = [t.task_id for t in tasks]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise LatentSiftError(f"The task id {dup!r} occurs more than once in the task file.")
+    man = _manifest(policy, settings, run, agent, threads, tasks_source)
+    out.mkdir(parents=True, exist_ok=True)
+    report = RolloutReport(n_tasks=len(tasks), trajectories=str(out / TRAJECTORIES), states=str(out / STATES_DIR))
+    t0 = time.perf_counter()
+    with WriterLock(out / LOCK, what=out):
+        if (out / MANIFEST).is_file():
+            _check_resume(out, man)
+        else:
+            atomic_write_json(out / MANIFEST, man)
+        (out / TASKS_DIR).mkdir(exist_ok=True)
+        store = StateStore(out / STATES_DIR)
+        with store.lock():
+            store_settings = extract_settings(policy, store_dtype=store_dtype) | {"capture": "online"}
+            store.open_or_create(policy.fingerprint, store_settings)
+            store.drop_damaged()
+
+            def tids(task) -> list[str]:
+                return [f"{run}/{task.task_id}/s{i:02d}" for i in range(settings.k)]
+
+            done = {t.task_id for t in tasks if (out / TASKS_DIR / task_file(t.task_id)).is_file()
+                    and all(store.has(x) for x in tids(t))}
+            todo = [t for t in tasks if t.task_id not in done]
+            report.n_skipped = len(tasks) - len(todo)
+            if progress:
+                progress(RolloutProgress(0, len(todo), report.n_skipped, 0, 0.0))
+            for task in todo:
+                with fixed_threads(threads):
+                    rolls, stats = rollout_task(policy, task, settings, run_examples, judge, run=run, agent=agent,
+                                                fingerprint=policy.fingerprint.digest)
+                if not all(store.has(x) for x in tids(task)):
+                    store.write([r.states for r in rolls], [task.task_id] * len(rolls))
+                text = "".join(dumps(r.trajectory) + "\n" for r in rolls)
+                atomic_write_bytes(out / TASKS_DIR / task_file(task.task_id), gzip_bytes(text))
+                labels = [r.trajectory.label for r in rolls]
+                report.n_run += 1
+                report.n_samples += len(rolls)
+                report.n_passed += sum(labels)
+                report.mixed_tasks += int(0 < sum(labels) < len(labels))
+                report.n_generated += stats.generated
+                report.n_forward += stats.forward
+                report.tool_seconds += stats.tool_seconds
+                if progress:
+                    progress(RolloutProgress(report.n_run, len(todo), report.n_skipped, report.n_generated,
+                                             time.perf_counter() - t0, task.task_id, report.n_passed,
+                                             report.n_samples))
+                if on_task:
+                    on_task(task.task_id)
+        parts = [out / TASKS_DIR / task_file(t) for t in ids]
+        lines = "".join(dumps(tr) + "\n" for p in parts if p.is_file() for tr in _read_part(p))
+        atomic_write_bytes(out / TRAJECTORIES, gzip_bytes(lines))
+    report.seconds = time.perf_counter() - t0
+    return report
