@@ -8,13 +8,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .._core.guard import check_output
-from .._core.validation import LatentSiftError
-from .._jobs.rollout import run_rollouts, sandbox_env
-from ..states.model import AUTO_DTYPE, load_policy
-from ..states.rollout import RolloutSettings
-from ..trajectories.sandbox import SandboxLimits
-from ..trajectories.tasks import humaneval_path, load_tasks
+from .._jobs.rollout import AUTO_DTYPE, RolloutSettings, rollout_command
 from ._options import Dtype, Model
 from ._progress import StageProgress
 
@@ -49,32 +43,18 @@ def rollout_cmd(
 ) -> None:
     """Run the policy as a small tool-using agent on coding tasks: K seeded samples per task, the hidden
     states captured online into a state store, each sample labelled by the hidden tests (resumable)."""
-    check_output(out, [tasks, model], kind="rollout", replaces=True)
-    for name, v in (("k", k), ("turns", turns), ("max-new-tokens", max_new_tokens), ("threads", threads),
-                    ("workers", workers), ("tasks", first)):
-        if v is not None and v < 1:
-            raise LatentSiftError(f"--{name} must be a positive number. Got {v} instead.")
-    if model is not None and not model.exists():
-        raise LatentSiftError(f"The model path {str(model)!r} does not exist. Pass a local Hugging Face model "
-                              "directory or a .gguf file (no hub downloads are made).")
     settings = RolloutSettings(k=k, max_turns=turns, seed=seed, temperature=temperature, top_p=top_p,
-                               max_new_tokens=max_new_tokens).check()
+                               max_new_tokens=max_new_tokens)
     console = Console(stderr=True)
-    path = tasks if tasks is not None else humaneval_path()
-    task_list = load_tasks(tasks)
-    task_list = task_list[:first] if first else task_list
-    console.print(f"{len(task_list)} tasks from {path}; loading the model ...")
-    policy = load_policy(model, dtype=dtype, device="cpu")
-    console.print(f"model: {policy.describe()}")
-    run_examples, judge = sandbox_env(SandboxLimits(timeout_s=timeout), workers=workers)
     with StageProgress(console) as bar:
         def progress(p) -> None:
             rate = f"{p.generated / p.elapsed:,.1f} tok/s" if p.elapsed > 0 and p.done else ""
             passed = f"{p.passed}/{p.samples} pass" if p.samples else ""
             bar.update("rollout", p.done, p.total, "  ".join(x for x in (rate, passed) if x))
 
-        report = run_rollouts(policy, task_list, out, settings, run_examples=run_examples, judge=judge, run=run,
-                              threads=threads, tasks_source=Path(path).name, progress=progress)
+        report = rollout_command(tasks, out, model=model, dtype=dtype, settings=settings, first=first, run=run,
+                                 threads=threads, timeout=timeout, workers=workers, log=console.print,
+                                 progress=progress)
     console.print(f"{report.n_run} tasks run, {report.n_skipped} already done; {report.n_passed}/{report.n_samples} "
                   f"samples pass, {report.mixed_tasks} tasks mixed; {report.n_generated:,} tokens in "
                   f"{report.seconds:.1f} s ({report.tokens_per_s:,.1f} tok/s). Trajectories in "
