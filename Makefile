@@ -83,6 +83,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/explore_size.py
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/rollout.py
+	$(BIN)/python bench/operating_point.py
+	@if [ -f runs/demo/timings.json ]; then $(BIN)/python bench/timings.py; \
+	else echo "bench/timings.py: no finished runs/demo yet (make demo)"; fi
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis
