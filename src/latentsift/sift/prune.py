@@ -360,9 +360,9 @@ registry_add("prune_policy", "branch:learned", functools.partial(SiftPolicy, "le
 def prune_policies(family: str | None = None, *, plugins: bool = True) -> tuple[str, ...]:
     """The prune policies: the registered state policies, then the rule filters' (length rules, then random)."""
     out = [(e.name, e.info["family"]) for e in registry_entries("prune_policy", plugins=plugins)]
-    rule = [(e.info["prune_policy"], "random" if e.info["key"] == RANDOM else "length")
+    rule = [(e.info["prune_policy"], RANDOM if e.info["key"] == RANDOM else "length")
             for e in registry_entries("filter", plugins=plugins) if e.info.get("prune_policy")]
-    out += sorted(rule, key=lambda x: x[1] == "random")  # the length rules first (stable), random last
+    out += sorted(rule, key=lambda x: x[1] == RANDOM)  # the length rules first (stable), random last
     return tuple(n for n, f in out if family is None or f == family)
 
 

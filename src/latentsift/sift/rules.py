@@ -258,6 +258,8 @@ class FewestStepsFilter(RuleFilter):
         return np.array([-float(c.n_steps) for c in cands])
 
 
+#: The key of the paper's filter (the method every table starts with).
+PAPER = registry_find("filter", LatentSift.name, plugins=False).info["key"]
 #: The key of the rule every paired comparison is made against (keep the shortest in characters).
 REFERENCE = registry_find("filter", ShortestCharsFilter.name, plugins=False).info["key"]
 #: The key of the random rule (the chance-level comparison).
