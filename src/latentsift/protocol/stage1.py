@@ -9,7 +9,7 @@ import time
 from typing import Sequence
 
 from .._core.validation import LatentSiftError
-from ..sift.rules import PAPER, rules
+from ..sift.rules import PAPER, filters, rules
 from ..sift.sift import LatentSift
 from ..trajectories.trajectory import group_pools
 from .variants import variant_filters
@@ -28,17 +28,11 @@ class DrawScorer:
 
 
 def latentsift_variants(ablations: bool = True) -> dict[str, dict]:
-    """The paper's method and its ablations (all on the paper's banks and scorer)."""
+    """The paper's method and its registered ablations (``latentsift.sift.ablations``: all on the paper's banks
+    and scorer), name -> the settings it changes."""
     v = {PAPER: {}}
-    if not ablations:
-        return v
-    for sub in (("cot",), ("obs",), ("fn",), ("cot", "obs"), ("cot", "fn"), ("obs", "fn")):
-        v["channels:" + "+".join(sub)] = {"channels": sub}
-    v["distance:pos"] = {"distance": "pos"}
-    v["distance:neg"] = {"distance": "neg"}
-    v["weighting:uniform"] = {"weighting": "uniform"}
-    v["branch:distance"] = {"branches": "distance"}
-    v["branch:learned"] = {"branches": "learned"}
+    if ablations:
+        v |= {e.key: e.params for e in filters("ablation")}
     return v
 
 

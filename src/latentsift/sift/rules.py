@@ -42,8 +42,13 @@ from .rank import normalized_ranks
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import Trajectory
 
-KINDS = ("state", "rule")
+#: The kinds of filter: the two a command line can run (``method_names``), then the protocol's own: an
+#: ablation of the paper's method (``latentsift.sift.ablations``), the inner-CV default
+#: (``latentsift.sift.variants``) and the EF verifier (``latentsift.cascade.verifier``).
+KINDS = ("state", "rule", "ablation", "default", "verifier")
+METHOD_KINDS = KINDS[:2]
 _NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+_PROTOCOL_NAME = re.compile(r"^[a-z][a-z0-9_]*(:[a-z0-9+-]+)?$")  # e.g. "channels:cot+obs", "ef_verifier"
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,8 @@ class FilterEntry:
     rule is a plain column (the diagnostics add it as a reference without scoring); ``prune_policy``:
     the name of the early-stopping policy that applies it to prefixes (``latentsift.sift.prune``);
     ``color``: its colour in every chart of the report and the explorer (``latentsift.report.colors``;
-    None: the next free colour of the run).
+    None: the next free colour of the run); ``params`` (an ablation): the paper's method's settings it changes;
+    ``group`` (an ablation): the ablation table it belongs to.
     """
 
     name: str
@@ -74,21 +80,25 @@ class FilterEntry:
     column: tuple[str, float] | None
     prune_policy: str | None
     color: str | None = None
+    params: dict | None = None
+    group: str | None = None
 
 
 def register_filter(name: str, *, key: str | None = None, label: str | None = None, kind: str = "rule",
                     table_rank: float = math.inf, headline_rank: float = math.inf, tokenizer: bool = False,
                     column: tuple[str, float] | None = None, prune_policy: str | None = None,
-                    color: str | None = None):
-    """Class decorator: register a ``Stage1Filter`` subclass under ``name`` (see ``FilterEntry``)."""
-    if not isinstance(name, str) or not _NAME.match(name):
+                    color: str | None = None, params: dict | None = None, group: str | None = None):
+    """Decorator: register a ``Stage1Filter`` subclass under ``name`` (see ``FilterEntry``); a filter of the
+    protocol's own kinds ("ablation", "default", "verifier") may be any factory, and its name may hold one ':'."""
+    check_choice(kind, "kind", "register_filter", KINDS)
+    method = kind in METHOD_KINDS
+    if not isinstance(name, str) or not (_NAME if method else _PROTOCOL_NAME).match(name):
         raise LatentSiftError(f"The 'name' parameter of register_filter must be lowercase words joined by '-'. "
                               f"Got {name!r} instead.")
-    check_choice(kind, "kind", "register_filter", KINDS)
     key = key or name.replace("-", "_")
 
     def register(cls):
-        if not (isinstance(cls, type) and issubclass(cls, Stage1Filter)):
+        if method and not (isinstance(cls, type) and issubclass(cls, Stage1Filter)):
             raise LatentSiftError(f"register_filter({name!r}) decorates a Stage1Filter subclass. Got {cls!r} instead.")
         old = registry_find("filter", name, plugins=False)
         if old is not None and old.obj.__qualname__ != cls.__qualname__:
@@ -96,10 +106,11 @@ def register_filter(name: str, *, key: str | None = None, label: str | None = No
         taken = {e.info["key"]: e.name for e in registry_entries("filter", plugins=False) if e.name != name}
         if key in taken:
             raise LatentSiftError(f"register_filter: the key {key!r} is taken by the filter {taken[key]!r}.")
-        cls.name = name
+        if method:
+            cls.name = name
         registry_add("filter", name, cls, key=key, label=label or name, kind=kind, table_rank=table_rank,
                      headline_rank=headline_rank, tokenizer=tokenizer, column=column, prune_policy=prune_policy,
-                     color=color)
+                     color=color, params=params, group=group)
         return cls
 
     return register
@@ -116,7 +127,7 @@ def unregister_filter(name: str) -> None:
 
 
 def filters(kind: str | None = None) -> list[FilterEntry]:
-    """The registered filters (of ``kind``, "rule" or "state"), in registration order."""
+    """The registered filters (of ``kind``, one of ``KINDS``), in registration order."""
     out = [FilterEntry(e.name, e.obj, **e.info) for e in registry_entries("filter")]
     return [e for e in out if kind is None or e.kind == kind]
 
@@ -127,8 +138,8 @@ def rules() -> list[FilterEntry]:
 
 
 def method_names() -> tuple[str, ...]:
-    """Every filter's command-line name (``latentsift filter --method``)."""
-    return tuple(e.name for e in filters())
+    """Every filter's command-line name (``latentsift filter --method``): the state and rule filters."""
+    return tuple(e.name for e in filters() if e.kind in METHOD_KINDS)
 
 
 def filter_entry(name: str) -> FilterEntry:
