@@ -33,6 +33,8 @@ import numpy as np
 
 from ..metrics.diagnostics import CI_LEVEL, interval_outcome, paired_bootstrap
 from ..metrics.score_table import diagnostics_table
+from ..cascade.verifier import EF
+from ..sift.variants import DEFAULT
 from ..sift.rules import PAPER, RANDOM, REFERENCE, rule_keys
 from .variants import STACK_CONFIGS
 
@@ -40,8 +42,6 @@ REF_LENGTH_RULE = REFERENCE
 REF_LENGTH_STACK = "variant:stack:length"
 REF_RANDOM = RANDOM
 REFERENCES = (REF_LENGTH_RULE, REF_LENGTH_STACK, REF_RANDOM)
-EF = "ef_verifier"
-DEFAULT = "default"
 POST_HOC = tuple(f"variant:{k}" for k in STACK_CONFIGS if k.startswith("stack:")) + (DEFAULT,)
 LENGTH_REMOVED = "_length_removed"   # the all-ties score a length-removed AUC is compared with (AUC 1/2)
 METHOD = ("within-pool fixed-effects regression of the score on log(n_chars): both centred on their pool "

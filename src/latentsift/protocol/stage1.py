@@ -9,6 +9,7 @@ import time
 from typing import Sequence
 
 from .._core.validation import LatentSiftError
+from ..sift.variants import DEFAULT
 from ..sift.rules import PAPER, filters, rules
 from ..sift.sift import LatentSift
 from ..trajectories.trajectory import group_pools
@@ -77,7 +78,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
     missing = _drop_incomplete(per_instance, fold_info, evaluated)
     if sweep is not None:
         per_instance = {f"sweep:{sweep}" + ("" if n == PAPER else f":{n}"): per_instance[n]
-                        for n in (PAPER, "default") if n in per_instance}
+                        for n in (PAPER, DEFAULT) if n in per_instance}
     draw_scorers = {name: DrawScorer(table) for name, table in per_instance.items()}
     full = {name: {t: v for i, (f, p) in table.items() for t, v in f.rank_subset(p, p.traj_ids).items()}
             for name, table in per_instance.items()}

@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..metrics.diagnostics import paired_bootstrap
+from ..sift.variants import DEFAULT
 from ..sift.rules import PAPER, filters as registered, rule_keys, rules
 from ..trajectories.trajectory import Trajectory
 
@@ -32,12 +33,12 @@ def ablation_tables(filters: Sequence[str]) -> dict[str, dict]:
                   "labels": {PAPER: "LatentSift (paper)"} | named("naive")},
     }
     plain = {e.key for e in rules() if not e.tokenizer}  # the rules computed from the trajectories alone
-    variants = [PAPER, "default"] + sorted(f for f in filters if f.startswith(("variant:", "sweep:"))) + [
+    variants = [PAPER, DEFAULT] + sorted(f for f in filters if f.startswith(("variant:", "sweep:"))) + [
         k for k in rule_keys() if k in plain]
     tables["variants"] = {"title": "Beyond the paper: variants (default chosen by cross-validation inside the "
                                    "bank folds only)", "filters": variants,
                           "labels": {PAPER: "LatentSift (paper reference)",
-                                     "default": "default (inner-CV choice per fold)"}}
+                                     DEFAULT: "default (inner-CV choice per fold)"}}
     have = set(filters)
     return {k: v | {"filters": [f for f in v["filters"] if f in have]} for k, v in tables.items()}
 

@@ -15,7 +15,7 @@ from ..metrics.diagnostics import within_pool_auc
 from ..sift.rules import PAPER
 from ..sift.sift import LatentSift, Prepared
 from ..deploy.sifter import distance_auc, fold_distance
-from ..sift.variants import (LogisticProbe, StackedFilter, center_by_group, fit_stack, merge_prepared,
+from ..sift.variants import (DEFAULT, LogisticProbe, StackedFilter, center_by_group, fit_stack, merge_prepared,
                              pool_rank_features, split_pools_by_group, trajectory_signals)
 from .curves import learning_curves
 
@@ -82,7 +82,7 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
         # missing from the run (``stage1_filters`` drops them, with this reason), never replaced by another
         # filter; the default (a choice, not a reference) keeps the paper's method, named as a fallback
         tbl = per_instance[PAPER]
-        put("default", tbl[eval_pools[0].instance_id][0], {p.instance_id: tbl[p.instance_id][1] for p in eval_pools})
+        put(DEFAULT, tbl[eval_pools[0].instance_id][0], {p.instance_id: tbl[p.instance_id][1] for p in eval_pools})
         run.log(f"[variants] fold {k}: inner cross-validation impossible ({e}); the stacked variants are missing "
                 "from this run and the default falls back to the paper's method in this fold")
         why = f"fold {k}: inner cross-validation impossible ({e})"
@@ -148,6 +148,6 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
     best = max(STACK_CONFIGS, key=lambda n: (np.nan_to_num(choice_evidence[n], nan=-1.0), n))
     for i, (f, p) in per_instance[f"variant:{best}"].items():
         if i in {pp.instance_id for pp in eval_pools}:
-            per_instance.setdefault("default", {})[i] = (f, p)
+            per_instance.setdefault(DEFAULT, {})[i] = (f, p)
     return {"chosen_default": best, "inner_cv_within_pool_auc": choice_evidence,
             "stack_weights": chosen_weights}

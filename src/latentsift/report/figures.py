@@ -21,6 +21,7 @@ import numpy as np
 from .._core.io import atomic_path
 from .colors import (CLASS_COLORS, FILTER_COLORS, GUIDE_COLOR, ORACLE_COLOR, filter_colors, policy_colors,
                      series_colors)
+from ..cascade.verifier import EF
 from ..metrics.evaluate import RANDOM_PICK
 from ..sift.keep import PAPER_KEEP
 from ..sift.prune import STATE_POLICIES
@@ -297,7 +298,7 @@ def _fig_cost_recall(data: dict, plt):
     for f in names:
         pts = [c for c in op["filters"][f]["curve"] if c["recall"] is not None]
         ax.plot([c["verifier_calls"] for c in pts], [100 * c["recall"] for c in pts], marker="o", ms=3,
-                color=colors[f], label=filter_name(data, f), ls="--" if f in (RANDOM, "ef_verifier") else "-")
+                color=colors[f], label=filter_name(data, f), ls="--" if f in (RANDOM, EF) else "-")
     fixed = op.get("fixed_rule_calls", {}).get("mean")
     if fixed is not None:
         ax.axvline(fixed, color=GUIDE_COLOR, linewidth=0.6, linestyle=":",

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
+from ..cascade.verifier import EF
 from ..sift.keep import PAPER_KEEP
+from ..sift.variants import DEFAULT
 from ..sift.rules import PAPER, REFERENCE, filter_entry, rule_keys
 from ._format import _ci_num, _ci_pct, _diff_pct, _ks, _name, _num, _pct, _rate, _table
 
@@ -112,9 +114,9 @@ def _selection_markdown(data: dict) -> list[str]:
     sel, ks, ret = data["selection"], _ks(data), data["retention"]
     ref = sel["reference"]
     diag = sel["diagnostics"]["scores"]
-    order = [f for f in (PAPER, "default") if f in ret]
+    order = [f for f in (PAPER, DEFAULT) if f in ret]
     order += sorted(f for f in ret if f.startswith("variant:")) + sorted(f for f in ret if f.startswith("sweep:"))
-    order += [f for f in (*rule_keys(), "ef_verifier") if f in ret]  # the registry's rules, in the tables' order
+    order += [f for f in (*rule_keys(), EF) if f in ret]  # the registry's rules, in the tables' order
     lines = ["## Selection quality beyond length", "",
              f"Every score against the rule 'keep the shortest trajectories in characters' (`{ref}`). Retention "
              "as above; the difference is paired (same draws, same bootstrap resamples of instances).", ""]

@@ -43,9 +43,9 @@ from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import Trajectory
 
 #: The kinds of filter: the two a command line can run (``method_names``), then the protocol's own: an
-#: ablation of the paper's method (``latentsift.sift.ablations``), the inner-CV default
-#: (``latentsift.sift.variants``) and the EF verifier (``latentsift.cascade.verifier``).
-KINDS = ("state", "rule", "ablation", "default", "verifier")
+#: ablation of the paper's method (``latentsift.sift.ablations``), the default, chosen by inner
+#: cross-validation (``latentsift.sift.variants``) and the EF verifier (``latentsift.cascade.verifier``).
+KINDS = ("state", "rule", "ablation", "choice", "verifier")
 METHOD_KINDS = KINDS[:2]
 _NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 _PROTOCOL_NAME = re.compile(r"^[a-z][a-z0-9_]*(:[a-z0-9+-]+)?$")  # e.g. "channels:cot+obs", "ef_verifier"
@@ -89,7 +89,7 @@ def register_filter(name: str, *, key: str | None = None, label: str | None = No
                     column: tuple[str, float] | None = None, prune_policy: str | None = None,
                     color: str | None = None, params: dict | None = None, group: str | None = None):
     """Decorator: register a ``Stage1Filter`` subclass under ``name`` (see ``FilterEntry``); a filter of the
-    protocol's own kinds ("ablation", "default", "verifier") may be any factory, and its name may hold one ':'."""
+    protocol's own kinds ("ablation", "choice", "verifier") may be any factory, and its name may hold one ':'."""
     check_choice(kind, "kind", "register_filter", KINDS)
     method = kind in METHOD_KINDS
     if not isinstance(name, str) or not (_NAME if method else _PROTOCOL_NAME).match(name):
