@@ -253,7 +253,7 @@ def kernel_record(device) -> dict:
     import torch
 
     dev = torch.device(device)
-    rec: dict = {"torch": torch.__version__, "device": dev.type, "forward_threads": NUMERIC_THREADS}
+    rec: dict = {torch.__name__: torch.__version__, "device": dev.type, "forward_threads": NUMERIC_THREADS}
     if dev.type == "cuda":
         rec |= {"cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(dev)}
         return rec
