@@ -65,6 +65,30 @@ def test_the_builtin_rules_and_their_keys():
         unregister_filter(rules()[0].name)
 
 
+def test_the_protocol_filters_are_registered_but_not_methods():
+    """The ablations, the inner-CV default and the EF verifier are registered filters: the protocol builds the
+    ablations from the registry, its tables group them, and none is a --method choice."""
+    from latentsift.cascade.verifier import EF, EFVerifier
+    from latentsift.protocol.stage1 import latentsift_variants
+    from latentsift.protocol.tables import ablation_tables
+    from latentsift.sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
+    from latentsift.sift.prune import STATE_POLICIES
+    from latentsift.sift.rules import PAPER, filters
+    from latentsift.sift.variants import DEFAULT
+    ablations = filters("ablation")
+    assert len(ablations) == 11 and list(latentsift_variants()) == [PAPER] + [e.key for e in ablations]
+    assert latentsift_variants()[BRANCH_LEARNED] == {"branches": "learned"} and {BRANCH_DISTANCE, BRANCH_LEARNED} <= set(
+        STATE_POLICIES)
+    tables = ablation_tables([PAPER, DEFAULT, *(e.key for e in ablations)])
+    assert sum(len(t["filters"]) - 1 for k, t in tables.items() if k != "variants") == len(ablations)
+    assert tables["naive"]["labels"][BRANCH_DISTANCE] == filter_entry(BRANCH_DISTANCE).label == "distance branch only"
+    assert filter_entry(EF).factory is EFVerifier and filter_entry(EF).kind == "verifier"
+    assert filter_entry(DEFAULT).kind == "choice" and tables["variants"]["filters"] == [PAPER, DEFAULT]
+    assert not ({e.name for e in ablations} | {EF, DEFAULT}) & set(method_names())
+    with pytest.raises(LatentSiftError, match="lowercase word, then optionally"):
+        register_filter("Channels:x", kind="ablation")
+
+
 def test_a_plugin_filter_shows_in_the_help_and_scores_pools(plugin, tmp_path):
     env = dict(os.environ, COLUMNS="400", LATENTSIFT_PLUGINS="my_rules",
                PYTHONPATH=os.pathsep.join([str(plugin), str(SRC)]))

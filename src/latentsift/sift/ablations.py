@@ -14,6 +14,7 @@ from typing import Any
 from .rules import register_filter
 from .sift import LatentSift
 
+
 def _ablation(name: str, group: str, label: str | None = None, **params: Any) -> str:
     """Register the ablation ``name``: ``LatentSift(bank, scorer, **params, **settings)``, shown in the ablation
     table ``group`` ("channels": channel subsets; "distance": distance construction; "naive": step weighting

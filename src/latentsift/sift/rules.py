@@ -36,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._core.registry import registry_add, registry_entries, registry_find, registry_remove
-from .._core.validation import LatentSiftError, check_choice
+from .._core.validation import PACKAGE, LatentSiftError, check_choice
 from .sift import LatentSift, Prepared, Stage1Filter, as_pools, check_pools, resolve_states
 from .rank import normalized_ranks
 from ..states.states import TrajectoryStates
@@ -93,8 +93,8 @@ def register_filter(name: str, *, key: str | None = None, label: str | None = No
     check_choice(kind, "kind", "register_filter", KINDS)
     method = kind in METHOD_KINDS
     if not isinstance(name, str) or not (_NAME if method else _PROTOCOL_NAME).match(name):
-        raise LatentSiftError(f"The 'name' parameter of register_filter must be lowercase words joined by '-'. "
-                              f"Got {name!r} instead.")
+        words = "lowercase words joined by '-'" if method else "a lowercase word, then optionally ':' and a setting"
+        raise LatentSiftError(f"The 'name' parameter of register_filter must be {words}. Got {name!r} instead.")
     key = key or name.replace("-", "_")
 
     def register(cls):
@@ -121,7 +121,7 @@ def unregister_filter(name: str) -> None:
     e = registry_find("filter", name, plugins=False)
     if e is None:
         raise LatentSiftError(f"unregister_filter: no filter {name!r} is registered.")
-    if str(e.obj.__module__).startswith(__name__.rsplit(".", 1)[0] + "."):
+    if str(e.obj.__module__).startswith(PACKAGE + "."):
         raise LatentSiftError(f"unregister_filter: {name!r} is a built-in filter.")
     registry_remove("filter", name)
 
