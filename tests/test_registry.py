@@ -2,7 +2,9 @@
 lists filters reads the registry (the command line's help, the protocol, its tables and report)."""
 from __future__ import annotations
 
+import ast
 import importlib
+import inspect
 import json
 import os
 import subprocess
@@ -13,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from latentsift import LatentSiftError
-from latentsift._core.registry import registry_remove
+from latentsift._core.registry import KINDS, registry_entries, registry_remove
 from latentsift.cli import app
 from latentsift.sift.rules import (REFERENCE, filter_entry, make_baseline, method_names, register_filter, rule_keys,
                                    rules, unregister_filter)
@@ -61,6 +63,30 @@ def test_the_builtin_rules_and_their_keys():
         register_filter(rules()[0].name)(type("Other", (Stage1Filter,), {}))
     with pytest.raises(LatentSiftError, match="built-in"):
         unregister_filter(rules()[0].name)
+
+
+def test_the_protocol_filters_are_registered_but_not_methods():
+    """The ablations, the inner-CV default and the EF verifier are registered filters: the protocol builds the
+    ablations from the registry, its tables group them, and none is a --method choice."""
+    from latentsift.cascade.verifier import EF, EFVerifier
+    from latentsift.protocol.stage1 import latentsift_variants
+    from latentsift.protocol.tables import ablation_tables
+    from latentsift.sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
+    from latentsift.sift.prune import STATE_POLICIES
+    from latentsift.sift.rules import PAPER, filters
+    from latentsift.sift.variants import DEFAULT
+    ablations = filters("ablation")
+    assert len(ablations) == 11 and list(latentsift_variants()) == [PAPER] + [e.key for e in ablations]
+    assert latentsift_variants()[BRANCH_LEARNED] == {"branches": "learned"} and {BRANCH_DISTANCE, BRANCH_LEARNED} <= set(
+        STATE_POLICIES)
+    tables = ablation_tables([PAPER, DEFAULT, *(e.key for e in ablations)])
+    assert sum(len(t["filters"]) - 1 for k, t in tables.items() if k != "variants") == len(ablations)
+    assert tables["naive"]["labels"][BRANCH_DISTANCE] == filter_entry(BRANCH_DISTANCE).label == "distance branch only"
+    assert filter_entry(EF).factory is EFVerifier and filter_entry(EF).kind == "verifier"
+    assert filter_entry(DEFAULT).kind == "choice" and tables["variants"]["filters"] == [PAPER, DEFAULT]
+    assert not ({e.name for e in ablations} | {EF, DEFAULT}) & set(method_names())
+    with pytest.raises(LatentSiftError, match="lowercase word, then optionally"):
+        register_filter("Channels:x", kind="ablation")
 
 
 def test_a_plugin_filter_shows_in_the_help_and_scores_pools(plugin, tmp_path):
@@ -135,10 +161,53 @@ def test_an_importer_is_one_module_and_one_registration(tmp_path, monkeypatch):
         sys.modules.pop("my_importer", None)
 
 
-def test_the_rule_names_are_spelled_in_the_registry_only():
-    spelled = {}
-    for e in rules():
-        for word in {e.name, e.key}:
-            spelled[word] = sorted(str(f.relative_to(SRC)) for f in (SRC / "latentsift").rglob("*.py")
-                                   if word in f.read_text() and word not in ("random",))
-    assert {w: fs for w, fs in spelled.items() if fs and fs != ["latentsift/sift/rules.py"]} == {}
+def _package_modules():
+    """Import every module of the package, so that every registration has run."""
+    import pkgutil
+    import latentsift
+    for m in pkgutil.walk_packages(latentsift.__path__, "latentsift."):
+        importlib.import_module(m.name)
+
+
+def _home(obj) -> str:
+    """The source file (relative to src/) of a registered object (a partial's function)."""
+    obj = getattr(obj, "func", obj)
+    return str(Path(inspect.getsourcefile(obj)).resolve().relative_to(SRC))
+
+
+def _name_literals() -> dict[str, set[str]]:
+    """string literal -> the source files that spell it as a name: every string constant but the value of a
+    module-level constant marked ``# homonym:`` (a different concept spelled the same, e.g. the cascade's
+    tie rule "random", which is not the random filter)."""
+    out: dict[str, set[str]] = {}
+    for f in sorted((SRC / "latentsift").rglob("*.py")):
+        text = f.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        marked = [node for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                  and "# homonym:" in lines[node.end_lineno - 1]]
+        for node in marked:  # only a named module-level constant may say it is a homonym
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            assert all(isinstance(t, ast.Name) and t.id.isupper() for t in targets), f"{f}:{node.lineno}"
+        homonym = {id(c) for node in marked for c in ast.walk(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in homonym:
+                out.setdefault(node.value, set()).add(str(f.relative_to(SRC)))
+    return out
+
+
+def test_every_registered_name_is_spelled_in_the_module_that_registers_it():
+    """A registered name (a filter's results key too), as a string literal, is in one source file: the module
+    of the registered object; a name that two kinds register (an importer and a verifier backend both
+    "openai") is in those two modules only."""
+    _package_modules()
+    literals = _name_literals()
+    homes: dict[str, set[str]] = {}
+    for kind in KINDS:
+        for e in registry_entries(kind):
+            for word in {e.name, e.info.get("key", e.name)}:
+                homes.setdefault(word, set()).add(_home(e.obj))
+    assert {"random", "latentsift", "local", "torch", "sweagent", "branch:distance"} <= set(homes)  # none exempt
+    stray = {w: sorted(literals.get(w, set())) for w, home in homes.items()
+             if not literals.get(w, set()) <= home or len(literals.get(w, set())) > len(home)}
+    assert stray == {}

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from .validation import LatentSiftError
+from .validation import PACKAGE, LatentSiftError
 
 #: The explorer's list of the files it wrote (it deletes only those on a rerun).
 SITE_MANIFEST = ".latentsift-site.json"
@@ -78,7 +78,7 @@ def artefact_kind(path: str | os.PathLike) -> str | None:
             return "rollout"
         if man.get("kind") == "ef" or (p / "verdicts.jsonl").is_file():
             return "verifier"
-        if str(man.get("command", "")).startswith("latentsift") or (p / "report").is_dir():
+        if str(man.get("command", "")).startswith(PACKAGE) or (p / "report").is_dir():
             return "run"
         return None
     if (p / "index.parquet").is_file():

@@ -10,6 +10,9 @@ from typing import Any
 
 import numpy as np
 
+#: The package's name: its cache folder, the key of its metadata in saved files, the first word of its commands.
+PACKAGE = __name__.partition(".")[0]
+
 
 class LatentSiftError(ValueError):
     """A problem the user can fix (bad input, mismatched files). Printed without a traceback."""

@@ -18,7 +18,7 @@ from ..deploy.leak import ON_LEAK, apply_on_leak
 from ..sift.rules import filter_entry, make_baseline, method_names
 from ..scale.approx import approx_bank  # ray and faiss themselves load only when used
 from ..scale.bank import shard_bank
-from ..scale.cluster import require_ray
+from ..scale.cluster import RAY_LOCAL, require_ray
 from ..sift.scorer import LinearScorer
 from ..deploy.operating import (calibration_guard, calibration_pools_for_filter, keep_rule_filter,
                                 target_recall_filter, target_recall_options)
@@ -116,7 +116,7 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
             bank = approx_bank(bank, approx)
             inputs["approx"] = approx
         elif ray_address is not None or bank_shards is not None:
-            bank = shard_bank(bank, bank_shards or 2, ray_address=ray_address or "local")
+            bank = shard_bank(bank, bank_shards or 2, ray_address=ray_address or RAY_LOCAL)
             inputs["bank_shards"] = bank.n_shards_
         scorer = None
         if settings.get("branches", "both") != "distance":

@@ -46,6 +46,11 @@ from ..protocol.stage1 import stage1_filters
 
 CLEAN_RUNS = ("acr-run-1", "acr-run-2", "acr-run-3", "cost_2_1", "cost_2_2", "cost_2_3")
 LEAKY_RUNS = ("acr-val-only", "acr-val-sbfl")
+#: Which instances a run selects: the default rule (``ReproduceSettings``) or all of them.
+INSTANCES_DEFAULT = "default"  # homonym: the instance-selection rule, not the default filter
+INSTANCES = (INSTANCES_DEFAULT, "all")
+#: The dataset's folders of trajectories: R2E-Gym's JSONL files and SWE-agent's archives.
+DATA_DIRS = ("r2egym", "sweagent")  # homonym: the shared dataset's folders, not the importers' names
 SWEEP = ("gemma", "patch", "span")  # representations with states of their own (ReproduceSettings.sweep)
 
 
@@ -78,7 +83,7 @@ class ReproduceSettings(ProtocolSettings):
     out: str
     runs: tuple[str, ...] = CLEAN_RUNS
     include_leaky: bool = False
-    instances: str = "default"          # which instances: "default" (rule above) | "all"; not a count
+    instances: str = INSTANCES_DEFAULT  # which instances: "default" (rule above) | "all"; not a count
     n_unresolved: int = 10
     max_instances: int | None = None    # cap on the selected instances (hash order), for quick runs
     max_span_tokens: int | None = 16
@@ -116,7 +121,7 @@ class ReproduceSettings(ProtocolSettings):
             check_positive_int(getattr(self, name), name, "ReproduceSettings")
         if self.max_instances is not None:
             check_positive_int(self.max_instances, "max_instances", "ReproduceSettings (--max-instances)")
-        if self.instances not in ("default", "all"):
+        if self.instances not in INSTANCES:
             raise LatentSiftError(f"The 'instances' parameter of reproduce must be one of ['all', 'default']. "
                                   f"Got {self.instances!r} instead.")
 
@@ -126,7 +131,7 @@ class ReproduceSettings(ProtocolSettings):
 
 def check_data_dir(data: str | Path) -> Path:
     d = Path(data)
-    if not (d / "candidates.csv").is_file() or not (d / "r2egym").is_dir() or not (d / "sweagent").is_dir():
+    if not (d / "candidates.csv").is_file() or not all((d / sub).is_dir() for sub in DATA_DIRS):
         raise LatentSiftError(
             f"The dataset folder {str(d)!r} is missing or incomplete. 'latentsift reproduce' needs the "
             "SWE-bench Lite candidate pools (candidates.csv, r2egym/*.jsonl.gz, sweagent/*.tar.gz): put the "
@@ -156,7 +161,7 @@ def select_trajectories(trajs: Sequence[Trajectory], s: ReproduceSettings) -> tu
     chosen = set(solvable) | set(unsolved)
     if s.max_instances is not None:
         chosen = set(sorted(chosen, key=lambda i: hash_key(s.seed, i))[: s.max_instances])
-    left |= {"instances": "default", "n_solvable": len(solvable), "n_unresolved_sampled": len(unsolved),
+    left |= {"instances": INSTANCES_DEFAULT, "n_solvable": len(solvable), "n_unresolved_sampled": len(unsolved),
              "n_instances_left_out": len(by) - len(chosen)}
     return [t for t in kept if t.instance_id in chosen], left
 
@@ -185,7 +190,7 @@ class ReproduceRun(Run):
             meta = json.loads(meta_path.read_text())
             trajs = load_jsonl(path)
         else:
-            res = import_paths([data / "r2egym", data / "sweagent"], labels=data / "candidates.csv")
+            res = import_paths([data / sub for sub in DATA_DIRS], labels=data / "candidates.csv")
             trajs, left = select_trajectories(res.trajectories, s)
             save_jsonl(trajs, path)
             meta = {"key": key, "import_summary": res.summary.to_dict(), "selection": left,

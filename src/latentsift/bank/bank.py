@@ -34,7 +34,7 @@ from .._core.validation import (FingerprintMismatch, LatentSiftError, NotFittedE
                                 check_positive_int, param_error, check_states)
 from .._core.io import ArtefactKind, read_artefact, replaced_folder, write_artefact
 from .._core.manifests import BankManifest, manifest_values
-from .knn import bank_sqnorms, knn_backends, nearest_distances
+from .knn import TORCH_KNN, bank_sqnorms, knn_backends, nearest_distances
 from ..states.model import Fingerprint
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNEL_ID, CHANNELS, Pool, Trajectory, group_pools
@@ -116,7 +116,7 @@ class Bank:
     """
 
     def __init__(self, *, layer: int = DEFAULT_LAYER, normalize: str | None = None,
-                 center: str | None = None, channels: Sequence[str] = CHANNELS, backend: str = "torch"):
+                 center: str | None = None, channels: Sequence[str] = CHANNELS, backend: str = TORCH_KNN):
         self.layer = layer
         self.normalize = normalize
         self.center = center

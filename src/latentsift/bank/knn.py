@@ -139,7 +139,9 @@ def _nearest_faiss(q: np.ndarray, b: np.ndarray, **_):
 
 
 # the kNN backends (kind "knn_backend"): (queries, bank, **search settings) -> (distance, row) per query
-registry_add("knn_backend", "torch", _nearest_torch)
+#: The exact kNN backend of torch (the default; the one a sharded bank runs).
+TORCH_KNN = "torch"
+registry_add("knn_backend", TORCH_KNN, _nearest_torch)
 registry_add("knn_backend", "faiss", _nearest_faiss)
 
 
@@ -148,7 +150,7 @@ def knn_backends() -> tuple[str, ...]:
     return registry_names("knn_backend")
 
 
-def nearest_distances(queries, bank, *, backend: str = "torch", block_q: int = 512,
+def nearest_distances(queries, bank, *, backend: str = TORCH_KNN, block_q: int = 512,
                       block_b: int = 4096, dtype: str = "float32", return_index: bool = False,
                       sqnorms=None, validate_bank: bool = True, threads: int | None = None):
     """Exact L2 distance of each query row to its nearest bank row.

@@ -54,7 +54,10 @@ from ..sift.keep import FixedKeep, KeepRule
 from ..sift.retain import KEEP_FRAC, MIN_KEEP, order_by_score, tie_key
 
 MISSING_RULES = ("skip-stage", "keep")
-TIE_RULES = ("mean", "random")
+#: The tie rules: the mean label of the tied set, or one of them drawn (seeded).
+TIE_MEAN = "mean"
+TIE_RANDOM = "random"  # homonym: a tie rule (a seeded draw among the tied), not the random filter
+TIE_RULES = (TIE_MEAN, TIE_RANDOM)
 
 
 class VerifierRecord(Protocol):
@@ -216,7 +219,7 @@ def run_cascade(
     pool_has_gen_tests: bool | None = None,
     instance_id: str | None = None,
     seed: int = 0,
-    tie: str = "mean",
+    tie: str = TIE_MEAN,
     missing: str = "skip-stage",
     stop_when_single: bool = True,
     draw_key: str = "",
@@ -311,7 +314,7 @@ def after_stage1(ids: list[str], s1: list[str], records: Mapping[str, CandidateR
             rule4 = "applied" if len(known) == len(vals) else "some-failed"
     # Ties left after the last stage.
     labels = [records[t].label for t in final]
-    if tie == "mean" or len(final) == 1:
+    if tie == TIE_MEAN or len(final) == 1:
         value = float(sum(labels)) / len(labels)  # expected label of a uniform pick from the tied set
     else:
         rng = np.random.default_rng(tie_key(f"{instance_id}/{draw_key}", seed))

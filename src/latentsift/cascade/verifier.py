@@ -71,6 +71,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .._core.io import atomic_write_text, iter_jsonl, read_json
 from .._core.manifests import VerifierManifest, check_manifest
 from .._core.validation import LatentSiftError, check_positive_int
+from ..sift.rules import register_filter
 # the backends are part of the verifier's API: VerifierBackend and its two, yes_no_score, RawJudgement
 from .backends import (NO, YES, CallFailed, LocalVerifierBackend, OpenAIBackend, RawJudgement, VerifierBackend,
                        yes_no_score)
@@ -495,3 +496,8 @@ class EFVerifier:
         p = self._cache_path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(p, json.dumps(value))
+
+
+#: The EF verifier's name among the filters (its scores as a Stage-1 filter: the original workflow).
+EF = "ef_verifier"
+register_filter(EF, kind="verifier", label="LLM EF verifier (original workflow)", color="#2ca02c")(EFVerifier)

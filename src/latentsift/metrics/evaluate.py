@@ -42,11 +42,14 @@ import numpy as np
 from .._core.threads import blas_fixed
 from .._core.io import jsonable
 from .._core.validation import LatentSiftError, check_choice, check_positive_int, param_error
-from ..cascade.cascade import (MISSING_RULES, TIE_RULES, CandidateRecord, Filter, PoolSpec, VerifierTable,
+from ..cascade.cascade import (MISSING_RULES, TIE_MEAN, TIE_RULES, CandidateRecord, Filter, PoolSpec, VerifierTable,
                                after_stage1, filter_kind, pool_priority, saving, stage1_retain, stage1_scores)
 from ..sift.keep import FixedKeep
 from ..sift.retain import KEEP_FRAC, MIN_KEEP
 from .bootstrap import CI_LEVEL, N_BOOT, bootstrap_indices, draw_subsets, instance_seed, mean_ci, ratio_ci
+
+#: best_at_k's key of the expected pass of one candidate picked at random among k.
+RANDOM_PICK = "random"  # homonym: a random pick among k (a summary key), not the random filter
 
 N_DRAWS = 200       # paper: 200 seeded draws per K
 SMALL_POOL_RULES = ("error", "drop")
@@ -157,7 +160,7 @@ class EvaluateSettings:
     ks: Sequence[int] | None = None
     n_draws: int = N_DRAWS
     seed: int = 0
-    tie: str = "mean"
+    tie: str = TIE_MEAN
     missing: str = "skip-stage"
     stop_when_single: bool = True
     exact: bool = True
@@ -286,7 +289,7 @@ class _Tally:
     def __init__(self, fnames: list[str], ks: Sequence[int]):
         self.fnames = fnames
         self.acc: dict[int, dict[str, Any]] = {
-            k: {"inst": [], "pass": [], "random": [], "best": {f: [] for f in fnames},
+            k: {"inst": [], "pass": [], RANDOM_PICK: [], "best": {f: [] for f in fnames},
                 "ret_num": {f: [] for f in fnames}, "ef": {f: [] for f in fnames},
                 "testgen": {f: [] for f in fnames}, "reach3": {f: [] for f in fnames},
                 "calls": {f: [] for f in fnames}} for k in ks}
@@ -316,7 +319,7 @@ class _Tally:
             a["inst"].append(pool.instance_id)
             solvable = [any(labels[i] for i in d) for d in subsets]
             a["pass"].append(sum(solvable) / nd)
-            a["random"].append(sum(sum(labels[i] for i in d) / k for d in subsets) / nd)
+            a[RANDOM_PICK].append(sum(sum(labels[i] for i in d) / k for d in subsets) / nd)
             for f in self.fnames:
                 tot = self._draws(pool, k, f, subsets, solvable, filters, kinds, priorities[f], records,
                                   final_verifier, s)
@@ -372,7 +375,7 @@ def _aggregate(tally: _Tally, s: EvaluateSettings) -> tuple[dict, dict, dict, di
     """Best@K, retention and tokens per K over instances, with the same paired bootstrap resamples for
     every filter and metric; and the number of instances per K."""
     fnames, reference, level = tally.fnames, s.reference, s.ci_level
-    best_at_k: dict[str, Any] = {"oracle_pass": {}, "random": {}, "filters": {f: {} for f in fnames}}
+    best_at_k: dict[str, Any] = {"oracle_pass": {}, RANDOM_PICK: {}, "filters": {f: {} for f in fnames}}
     retention: dict[str, dict] = {f: {} for f in fnames}
     tokens: dict[str, Any] = {"workflows": {f: {} for f in fnames}, "savings": {}, "reference": reference}
     n_by_k = {}
@@ -382,7 +385,7 @@ def _aggregate(tally: _Tally, s: EvaluateSettings) -> tuple[dict, dict, dict, di
         n_by_k[k] = n_i
         boot = bootstrap_indices(n_i, s.n_boot, np.random.default_rng([int(s.seed), int(k), 7]))
         best_at_k["oracle_pass"][k] = mean_ci(np.array(a["pass"]), boot, level)
-        best_at_k["random"][k] = mean_ci(np.array(a["random"]), boot, level)
+        best_at_k[RANDOM_PICK][k] = mean_ci(np.array(a[RANDOM_PICK]), boot, level)
         for f in fnames:
             best_at_k["filters"][f][k] = mean_ci(np.array(a["best"][f]), boot, level)
             retention[f][k] = ratio_ci(np.array(a["ret_num"][f]), np.array(a["pass"]), boot, level)

@@ -33,16 +33,15 @@ import numpy as np
 
 from ..metrics.diagnostics import CI_LEVEL, interval_outcome, paired_bootstrap
 from ..metrics.score_table import diagnostics_table
-from ..sift.rules import RANDOM, REFERENCE, rule_keys
+from ..cascade.verifier import EF
+from ..sift.variants import DEFAULT
+from ..sift.rules import PAPER, RANDOM, REFERENCE, rule_keys
 from .variants import STACK_CONFIGS
 
 REF_LENGTH_RULE = REFERENCE
 REF_LENGTH_STACK = "variant:stack:length"
 REF_RANDOM = RANDOM
 REFERENCES = (REF_LENGTH_RULE, REF_LENGTH_STACK, REF_RANDOM)
-PAPER = "latentsift"
-EF = "ef_verifier"
-DEFAULT = "default"
 POST_HOC = tuple(f"variant:{k}" for k in STACK_CONFIGS if k.startswith("stack:")) + (DEFAULT,)
 LENGTH_REMOVED = "_length_removed"   # the all-ties score a length-removed AUC is compared with (AUC 1/2)
 METHOD = ("within-pool fixed-effects regression of the score on log(n_chars): both centred on their pool "
@@ -247,7 +246,7 @@ def decision_section(table: Mapping[str, np.ndarray], scores: Mapping[str, np.nd
             "post_hoc": "rows with post_hoc = true (the stacked fusions and the inner-CV default that chooses "
                         "among them) were added after the evaluation folds had been seen",
         } | absent,
-        "references": {"length_rule": REF_LENGTH_RULE, "length_stack": REF_LENGTH_STACK, "random": REF_RANDOM},
+        "references": {"length_rule": REF_LENGTH_RULE, "length_stack": REF_LENGTH_STACK, RANDOM: REF_RANDOM},
         "paper": PAPER,
         "multiplicity": {"n_auc_intervals": m, "bonferroni_level": adjusted,
                          "note": f"{m} AUC intervals at 95% in this section; each is also given at the Bonferroni "

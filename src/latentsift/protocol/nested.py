@@ -24,11 +24,12 @@ import time
 from itertools import combinations
 from typing import Sequence
 
+from ..cascade.verifier import EF
 from ..trajectories.trajectory import Trajectory, group_pools
 from .stage1 import stage1_filters
 from .transfer_agents import agent_transfer
 
-LABEL_FREE = "ef_verifier"  # besides the registry's rule filters: the scores that no label trained
+LABEL_FREE = EF  # besides the registry's rule filters: the scores that no label trained
 
 
 def pair_split(folds, j: int, k: int) -> tuple[list, list]:

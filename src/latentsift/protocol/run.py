@@ -26,11 +26,12 @@ from ..metrics.evaluate import EvaluateSettings, evaluate_run
 from ..metrics.formats import pools_from_trajectories
 from ..report.explore import save_stage1, write_run_site
 from ..report.report import write_report
-from ..sift.rules import REFERENCE, labels, rule_keys, rules
+from ..sift.rules import PAPER, REFERENCE, labels, rule_keys, rules
 from ..sift.scorer import LinearScorer
 from ..states.store import StateStore
 from ..trajectories.trajectory import Trajectory, load_jsonl
-from ..cascade.verifier import VerifierFailure
+from ..sift.variants import DEFAULT
+from ..cascade.verifier import EF, VerifierFailure
 from .decide import REF_LENGTH_STACK, decision_section
 from .folds import Split, fold_splits, group_of
 from .guard import protocol_guard
@@ -214,7 +215,7 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     data["single_agent"] = single_agent_pools(
         pools, records, filters, trajs, ks=settings.ks, n_draws=settings.n_draws, n_boot=settings.n_boot,
         seed=settings.seed, final_verifier=ef if ef is not None else no_verifier_table(trajs),
-        reference="ef_verifier" if ef is not None else None, missing=missing)
+        reference=EF if ef is not None else None, missing=missing)
     if st.single_guard is not None:
         data["single_agent"]["shift_guard"] = st.single_guard
     if getattr(settings, "premise", False):  # the premise test on one policy's pools (protocol.premise)
@@ -230,7 +231,7 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
         t0 = time.perf_counter()
         data["pruning"] = reproduce_pruning(
             run, trajs, store, tokenizer, folds,
-            cascade={"stage1": draw_scorers["latentsift"], "records": records, "final_verifier": ef}
+            cascade={"stage1": draw_scorers[PAPER], "records": records, "final_verifier": ef}
             if ef is not None else None)
         run.timed("prune", t0)
     else:
@@ -242,7 +243,7 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     # the explorer: per-candidate Stage-1 results (scores, evidence, retained sets) and the site
     pools_path = Path(getattr(settings, "pools", None) or out / "pools.jsonl")
     save_stage1(draw_scorers, out / "stage1",
-                tables={"ef_verifier": {t: r.score for t, r in ef.items()}} if ef is not None else None,
+                tables={EF: {t: r.score for t, r in ef.items()}} if ef is not None else None,
                 seed=settings.seed, inputs={"pools": str(pools_path.resolve())}, fingerprint=fingerprint.to_dict())
     log(f"explorer: {write_run_site(out, pools=pools_path)}")
     return report_dir
@@ -309,15 +310,14 @@ def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | N
     settings, ef, full_scores, fold_info = run.settings, st.ef, st.full_scores, st.fold_info
     t0 = time.perf_counter()
     pools, records = pools_from_trajectories(trajs, regression_key="p2p_passed")
-    filters: dict[str, Any] = {"ef_verifier": ef} if ef is not None else {}
+    filters: dict[str, Any] = {EF: ef} if ef is not None else {}
     filters.update(st.draw_scorers)
     components = full_scores.pop("_components")
     distributions = {**{k: v for k, v in components.items() if k.startswith("q_")},
-                     "s (LatentSift)": full_scores["latentsift"]}
+                     "s (LatentSift)": full_scores[PAPER]}
     if ef is not None:
         distributions["EF verifier"] = {t: r.score for t, r in ef.items() if r.score is not None}
-    names = {"ef_verifier": "LLM EF verifier (original workflow)", "latentsift": labels()["latentsift"],
-             "default": "LatentSift default (inner-CV choice)", **{e.key: e.label for e in rules()}}
+    names = {f: labels()[f] for f in (EF, PAPER, DEFAULT)} | {e.key: e.label for e in rules()}
     names |= {name: f"LatentSift, bank and scorer from {a} only" for a, name in st.transfer_info.get("filters", {}).items()}
     small = "drop" if any(p.n < max(settings.ks) for p in pools) else "error"
     run_meta = dict(meta or {})
@@ -326,9 +326,9 @@ def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | N
         run_meta["stage4"] = NO_VERIFIER
     evaluation = EvaluateSettings(
         ks=list(settings.ks), n_draws=settings.n_draws, seed=settings.seed, n_boot=settings.n_boot,
-        reference="ef_verifier" if ef is not None else None, small_pools=small,
+        reference=EF if ef is not None else None, small_pools=small,
         ablations=ablation_tables(list(filters)), names=names,
-        headline=[f for f in ("latentsift", "default", "ef_verifier", *rule_keys("headline")) if f in filters],
+        headline=[f for f in (PAPER, DEFAULT, EF, *rule_keys("headline")) if f in filters],
         meta=run_meta)
     summary = evaluate_run(pools, filters, records, evaluation,
                            final_verifier=ef if ef is not None else no_verifier_table(trajs),
@@ -338,7 +338,7 @@ def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | N
     ids = table["traj_id"].tolist()
     scores = {name: np.array([sc.get(t, np.nan) for t in ids], dtype=float) for name, sc in full_scores.items()}
     if ef is not None:
-        scores["ef_verifier"] = np.array([ef[t].score if ef[t].score is not None else np.nan for t in ids])
+        scores[EF] = np.array([ef[t].score if ef[t].score is not None else np.nan for t in ids])
     data["selection"] = {
         "reference": REFERENCE,
         "diagnostics": diagnostics_table(table, scores, reference=REFERENCE, n_boot=settings.n_boot,

@@ -9,7 +9,8 @@ import time
 from typing import Sequence
 
 from .._core.validation import LatentSiftError
-from ..sift.rules import rules
+from ..sift.variants import DEFAULT
+from ..sift.rules import PAPER, filters, rules
 from ..sift.sift import LatentSift
 from ..trajectories.trajectory import group_pools
 from .variants import variant_filters
@@ -28,17 +29,11 @@ class DrawScorer:
 
 
 def latentsift_variants(ablations: bool = True) -> dict[str, dict]:
-    """The paper's method and its ablations (all on the paper's banks and scorer)."""
-    v = {"latentsift": {}}
-    if not ablations:
-        return v
-    for sub in (("cot",), ("obs",), ("fn",), ("cot", "obs"), ("cot", "fn"), ("obs", "fn")):
-        v["channels:" + "+".join(sub)] = {"channels": sub}
-    v["distance:pos"] = {"distance": "pos"}
-    v["distance:neg"] = {"distance": "neg"}
-    v["weighting:uniform"] = {"weighting": "uniform"}
-    v["branch:distance"] = {"branches": "distance"}
-    v["branch:learned"] = {"branches": "learned"}
+    """The paper's method and its registered ablations (``latentsift.sift.ablations``: all on the paper's banks
+    and scorer), name -> the settings it changes."""
+    v = {PAPER: {}}
+    if ablations:
+        v |= {e.key: e.params for e in filters("ablation")}
     return v
 
 
@@ -82,8 +77,8 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
         fold_info.append(info)
     missing = _drop_incomplete(per_instance, fold_info, evaluated)
     if sweep is not None:
-        per_instance = {f"sweep:{sweep}" + ("" if n == "latentsift" else f":{n}"): per_instance[n]
-                        for n in ("latentsift", "default") if n in per_instance}
+        per_instance = {f"sweep:{sweep}" + ("" if n == PAPER else f":{n}"): per_instance[n]
+                        for n in (PAPER, DEFAULT) if n in per_instance}
     draw_scorers = {name: DrawScorer(table) for name, table in per_instance.items()}
     full = {name: {t: v for i, (f, p) in table.items() for t, v in f.rank_subset(p, p.traj_ids).items()}
             for name, table in per_instance.items()}
@@ -92,7 +87,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
         return draw_scorers, full, {"folds": fold_info, "missing": missing}
     full |= run.curve_scores  # training-set size curves: per-candidate scores, diagnostics only
     channels = {}
-    for i, (f, p) in per_instance["latentsift"].items():
+    for i, (f, p) in per_instance[PAPER].items():
         for j, c in enumerate(p.channels):
             channels.setdefault(f"q_{c}", {}).update(dict(zip(p.traj_ids, p.q[:, j].tolist())))
         if p.q_lin is not None:

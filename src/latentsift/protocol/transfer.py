@@ -46,6 +46,7 @@ from ..metrics.score_table import diagnostics_table
 from ..metrics.bootstrap import bootstrap_indices, draw_subsets, instance_seed, mean_ci
 from ..deploy.library import SubBank, fit_sub_bank, load_runs, nearest_choice, pool_distances
 from ..deploy.shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
+from ..report.transfer import VERDICT_BANK
 from ..sift.rules import REFERENCE, filter_entry, make_baseline, rule_keys
 from ..sift.sift import LatentSift, Stage1Filter
 from ..states.states import TrajectoryStates
@@ -331,7 +332,7 @@ def verdict(results: Sequence[dict]) -> dict:
             paired.append({"set": r["set"]["name"], "branch": br, **nm[br]})
     outcomes = {p["outcome"] for p in paired}
     return {"sets": rows, "nearest_higher": wins, "all_higher": sum(x["nearest"] < x["all"] for x in rows),
-            "default": "nearest" if rows and wins == len(rows) else "all",
+            VERDICT_BANK: "nearest" if rows and wins == len(rows) else "all",
             "rule": "nearest becomes the default only if its AUC is higher on every held-out set",
             "paired": paired,
             "paired_verdict": ("nearest" if outcomes == {"higher"} else "all" if outcomes == {"lower"} else

@@ -12,9 +12,10 @@ import numpy as np
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, inner_folds
 from ..metrics.diagnostics import within_pool_auc
+from ..sift.rules import PAPER
 from ..sift.sift import LatentSift, Prepared
 from ..deploy.sifter import distance_auc, fold_distance
-from ..sift.variants import (LogisticProbe, StackedFilter, center_by_group, fit_stack, merge_prepared,
+from ..sift.variants import (DEFAULT, LogisticProbe, StackedFilter, center_by_group, fit_stack, merge_prepared,
                              pool_rank_features, split_pools_by_group, trajectory_signals)
 from .curves import learning_curves
 
@@ -52,7 +53,7 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
         bank_v = Bank.from_trajectories(bank_trajs, sts, fingerprint, **params)
         # the distance branch on this representation; the learned branch keeps the paper's q_lin
         dist = LatentSift(bank_v, None, branches="distance", seed=seed)
-        raw = per_instance["latentsift"]
+        raw = per_instance[PAPER]
         prep = {i: Prepared(i, p.traj_ids, p.channels, p.q, raw[i][1].q_lin, None, p.evidence)
                 for i, p in dist.prepare_many(eval_pools, sts, fingerprint=fingerprint).items()}
         put(f"variant:{name}", LatentSift(bank_v, scorer, seed=seed), prep)
@@ -80,8 +81,8 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
         # the stacked variants (stack:length, a reference, among them) cannot be fitted in this fold: they are
         # missing from the run (``stage1_filters`` drops them, with this reason), never replaced by another
         # filter; the default (a choice, not a reference) keeps the paper's method, named as a fallback
-        tbl = per_instance["latentsift"]
-        put("default", tbl[eval_pools[0].instance_id][0], {p.instance_id: tbl[p.instance_id][1] for p in eval_pools})
+        tbl = per_instance[PAPER]
+        put(DEFAULT, tbl[eval_pools[0].instance_id][0], {p.instance_id: tbl[p.instance_id][1] for p in eval_pools})
         run.log(f"[variants] fold {k}: inner cross-validation impossible ({e}); the stacked variants are missing "
                 "from this run and the default falls back to the paper's method in this fold")
         why = f"fold {k}: inner cross-validation impossible ({e})"
@@ -111,7 +112,7 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
     for t, d in bank_raw.items():
         d |= trajectory_signals(traj_by_id[t])
     eval_raw: dict[str, dict[str, float]] = {}
-    lat = per_instance["latentsift"]
+    lat = per_instance[PAPER]
     eval_traj = {c.traj_id: c for p in eval_pools for c in p.candidates}
     for p in eval_pools:
         prep = lat[p.instance_id][1]
@@ -147,6 +148,6 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
     best = max(STACK_CONFIGS, key=lambda n: (np.nan_to_num(choice_evidence[n], nan=-1.0), n))
     for i, (f, p) in per_instance[f"variant:{best}"].items():
         if i in {pp.instance_id for pp in eval_pools}:
-            per_instance.setdefault("default", {})[i] = (f, p)
+            per_instance.setdefault(DEFAULT, {})[i] = (f, p)
     return {"chosen_default": best, "inner_cv_within_pool_auc": choice_evidence,
             "stack_weights": chosen_weights}

@@ -4,8 +4,9 @@ and the explorer's summary page (``explore``) both read :data:`FILTER_COLORS` th
 
 The paper's method, the default, the EF verifier and the built-in rule filters have a fixed colour
 (:data:`FILTER_COLORS`), whatever a run holds and in whichever order. A registered filter states its
-colour where it is registered (``register_filter(..., color=...)``, ``latentsift.sift.rules``: the
-paper's method blue, random grey, each built-in rule its own); the table reads them from the registry. A filter the table does not
+colour where it is registered (``register_filter(..., color=...)``; ``latentsift.sift.rules``: the
+paper's method blue, random grey, each built-in rule its own; ``latentsift.sift.variants``: the default;
+``latentsift.cascade.verifier``: the EF verifier); the table reads them from the registry. A filter the table does not
 name (a variant such as ``channels:cot``, an agent-transfer filter) takes the next free palette colour
 in the summary's order (headline, then ``settings.filters``, then the operating-point filters), so it
 keeps its colour in every chart of that run. Early-pruning policies take the colour of the filter they
@@ -16,17 +17,16 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from .._core.registry import registry_entries
+from ..cascade import verifier as _registers_the_ef_verifier  # noqa: F401 (its colour is in the table)
 from ..sift.rules import filters
 from ..sift.sift import LatentSift
-
-_OWN = {"default": "#17becf", "ef_verifier": "#2ca02c"}  # not registered filters: the default, the EF verifier
 
 #: filter key -> colour: the one table. The paper's method is blue, the EF verifier green (as the
 #: explorer always drew them), random grey (a floor, drawn dashed where it is a baseline); a registered
 #: filter's colour is the one it was registered with (the package's own here; a plugin's is added by
 #: :func:`filter_table` when it is drawn).
 FILTER_COLORS = {e.info["key"]: e.info["color"] for e in registry_entries("filter", plugins=False)
-                 if e.info.get("color")} | _OWN
+                 if e.info.get("color")}
 
 #: Early-pruning policy -> the filter whose score (or length rule) it applies to prefixes.
 POLICY_OF = {LatentSift.name: LatentSift.name} | {e.info["prune_policy"]: e.info["key"]

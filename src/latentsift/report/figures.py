@@ -21,8 +21,11 @@ import numpy as np
 from .._core.io import atomic_path
 from .colors import (CLASS_COLORS, FILTER_COLORS, GUIDE_COLOR, ORACLE_COLOR, filter_colors, policy_colors,
                      series_colors)
+from ..cascade.verifier import EF
+from ..metrics.evaluate import RANDOM_PICK
 from ..sift.keep import PAPER_KEEP
 from ..sift.prune import STATE_POLICIES
+from ..sift.rules import RANDOM
 
 FIGURES = ("score_distributions.png", "best_at_k_tokens.png", "best_vs_tokens.png", "token_savings.png")
 
@@ -113,7 +116,7 @@ def _fig_best_tokens_k(data: dict, plt):
         ax2.fill_between(x, lo, hi, color=colors[f], alpha=0.08)
     ax2.plot(x, [100 * best["oracle_pass"][k]["mean"] for k in ks], "--", color=ORACLE_COLOR, marker="^",
              label="Oracle Pass@K")
-    ax2.plot(x, [100 * best["random"][k]["mean"] for k in ks], ":", color=FILTER_COLORS["random"], marker="v",
+    ax2.plot(x, [100 * best[RANDOM_PICK][k]["mean"] for k in ks], ":", color=FILTER_COLORS[RANDOM], marker="v",
              label="Random")
     ax2.set_ylabel("resolution rate (%)")
     h1, l1 = ax.get_legend_handles_labels()
@@ -295,7 +298,7 @@ def _fig_cost_recall(data: dict, plt):
     for f in names:
         pts = [c for c in op["filters"][f]["curve"] if c["recall"] is not None]
         ax.plot([c["verifier_calls"] for c in pts], [100 * c["recall"] for c in pts], marker="o", ms=3,
-                color=colors[f], label=filter_name(data, f), ls="--" if f in ("random", "ef_verifier") else "-")
+                color=colors[f], label=filter_name(data, f), ls="--" if f in (RANDOM, EF) else "-")
     fixed = op.get("fixed_rule_calls", {}).get("mean")
     if fixed is not None:
         ax.axvline(fixed, color=GUIDE_COLOR, linewidth=0.6, linestyle=":",

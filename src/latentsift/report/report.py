@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .._core.io import atomic_write_text
+from ..metrics.evaluate import RANDOM_PICK
 from ._format import _ci_pct, _ks, _ktok, _name, _pct, _table
 from .decision_report import decision_markdown, verdict_markdown
 from .figures import write_figures
@@ -142,12 +143,12 @@ def _best_markdown(data: dict) -> list[str]:
               "resolved candidate; Random = mean label of the draw.", ""]
     rows = [[_name(data, f)] + [_pct(best["filters"][f][k]["mean"]) for k in ks] for f in head]
     rows += [["Oracle Pass@K"] + [_pct(best["oracle_pass"][k]["mean"]) for k in ks],
-             ["Random selection"] + [_pct(best["random"][k]["mean"]) for k in ks]]
+             ["Random selection"] + [_pct(best[RANDOM_PICK][k]["mean"]) for k in ks]]
     lines += [_table(["Stage-1 filter"] + [f"K={k}" for k in ks], rows), ""]
     lines += ["Intervals:", ""]
     rows = [[_name(data, f)] + [_ci_pct(best["filters"][f][k]) for k in ks] for f in head]
     rows += [["Oracle Pass@K"] + [_ci_pct(best["oracle_pass"][k]) for k in ks],
-             ["Random selection"] + [_ci_pct(best["random"][k]) for k in ks]]
+             ["Random selection"] + [_ci_pct(best[RANDOM_PICK][k]) for k in ks]]
     lines += [_table(["Stage-1 filter"] + [f"K={k}" for k in ks], rows), ""]
     return lines
 

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from ..sift.rules import REFERENCE, filter_entry
 
+#: The transfer verdict's key of the recommended bank ("nearest" or "all").
+VERDICT_BANK = "default"  # homonym: the bank the transfer verdict recommends, not the default filter
+
 __all__ = ["transfer_markdown"]
 
 
@@ -57,7 +60,7 @@ def transfer_markdown(summary: dict, group: str = "repository") -> str:
     v = summary["verdict"]
     lines += ["", "## Which bank", "", f"Nearest sub-bank vs the all-agent bank (AUC): nearest higher on "
               f"{v['nearest_higher']} of {len(v['sets'])} held-out sets, lower on {v['all_higher']}. "
-              f"Default: `{v['default']}` ({v['rule']})."]
+              f"Default: `{v[VERDICT_BANK]}` ({v['rule']})."]
     if v.get("paired"):
         lines += ["", f"Paired (rule: {v['paired_rule']}): **{v['paired_verdict']}**.", "",
                   "| held-out set | branch | nearest | all | nearest - all [95% CI] |", "| --- | --- | ---: | ---: | ---: |"]

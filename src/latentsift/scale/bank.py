@@ -17,8 +17,8 @@ import numpy as np
 
 from .._core.validation import LatentSiftError, check_positive_int
 from ..bank.bank import CLASSES, Bank
-from ..bank.knn import bank_sqnorms, nearest_distances
-from .cluster import connect, worker_cpus
+from ..bank.knn import TORCH_KNN, bank_sqnorms, nearest_distances
+from .cluster import RAY_LOCAL, connect, worker_cpus
 
 
 class BankShard:
@@ -72,11 +72,11 @@ class ShardedBank(Bank):
         self.actors_ = []
 
 
-def shard_bank(bank: Bank, n_shards: int = 2, *, ray_address: str | None = "local",
+def shard_bank(bank: Bank, n_shards: int = 2, *, ray_address: str | None = RAY_LOCAL,
                cpus_per_shard: float | None = None, threads: int | None = 1) -> ShardedBank:
     """A ``ShardedBank`` with ``bank``'s rows split into ``n_shards`` contiguous slices on Ray actors."""
     bank._check_fitted()
-    if bank.backend != "torch":
+    if bank.backend != TORCH_KNN:
         raise LatentSiftError(f"A sharded bank searches with the exact torch backend; this bank uses "
                               f"{bank.backend!r}.")
     n_shards = check_positive_int(n_shards, "n_shards", "shard_bank")

@@ -38,29 +38,34 @@ def _probe(address: str) -> None:
                               f"'ray start --head --port={port}' or pass --ray local.") from None
 
 
-def connect(address: str | None = "local", *, num_cpus: float | None = None):
+#: Ray's addresses of a cluster this process starts on this machine, and of one already running here.
+RAY_LOCAL = "local"  # homonym: a Ray address, not the local extraction or verifier backend
+RAY_AUTO = "auto"
+
+
+def connect(address: str | None = RAY_LOCAL, *, num_cpus: float | None = None):
     """Initialise Ray once per process (reused when already initialised); returns ``ray``.
 
     ``num_cpus`` only applies to ``local`` (default: this machine's CPU count).
     """
     ray = require_ray()
-    address = address or "local"
-    if address not in ("local", "auto"):
+    address = address or RAY_LOCAL
+    if address not in (RAY_LOCAL, RAY_AUTO):
         _probe(address)  # also when already connected: a wrong address is an error, not ignored
     if ray.is_initialized():
         return ray
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    if address == "local":
+    if address == RAY_LOCAL:
         # workers of a local cluster import this very latentsift (a source checkout included)
         pkg_root = str(Path(__file__).resolve().parents[2])
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if pkg_root not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([pkg_root, *paths])
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, _node_ip_address="127.0.0.1", **kw)
-    elif address == "auto":
+        ray.init(address=RAY_LOCAL, num_cpus=num_cpus or os.cpu_count() or 1, _node_ip_address="127.0.0.1", **kw)
+    elif address == RAY_AUTO:
         try:
-            ray.init(address="auto", **kw)
+            ray.init(address=RAY_AUTO, **kw)
         except ConnectionError as e:
             raise LatentSiftError(f"--ray auto found no running Ray cluster on this machine ({e}); start one "
                                   "with 'ray start --head' or pass --ray local.") from None

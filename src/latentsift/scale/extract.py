@@ -31,7 +31,7 @@ from ..states.channel import render
 from ..states.extract import ExtractionBackend, Extracted, extract_many, extract_settings, render_settings
 from ..states.model import Fingerprint, load_policy
 from ..states.store import SHARDS, encode_shard
-from .cluster import connect, require_ray, worker_cpus
+from .cluster import RAY_LOCAL, connect, require_ray, worker_cpus
 
 ACTOR_PREFIX = "latentsift-extract-"
 OWNER = "RayBackend"
@@ -95,7 +95,7 @@ class RayBackend(ExtractionBackend):
 
     name = "ray"
 
-    def __init__(self, model: str | os.PathLike | None = None, *, ray_address: str | None = "local",
+    def __init__(self, model: str | os.PathLike | None = None, *, ray_address: str | None = RAY_LOCAL,
                  workers: int = 2, gpus_per_worker: float = 0, cpus_per_worker: float | None = None,
                  dtype: str = "auto", device: str | None = None, threads: int | None = 1):
         self.model = None if model is None else str(Path(model).resolve())
@@ -106,7 +106,7 @@ class RayBackend(ExtractionBackend):
 
     @classmethod
     def from_options(cls, *, model=None, dtype: str = "auto", device: str | None = None, threads: int | None = None,
-                     ray: str | None = "local", workers: int = 2, gpus_per_worker: float = 0,
+                     ray: str | None = RAY_LOCAL, workers: int = 2, gpus_per_worker: float = 0,
                      **_: Any) -> "RayBackend":
         """``workers`` actors at the address ``ray`` (``threads`` each, default 1)."""
         require_ray()
@@ -114,7 +114,7 @@ class RayBackend(ExtractionBackend):
                    device=device, threads=threads or 1)
 
     def describe(self) -> str:
-        return f"{self.workers} Ray workers at {self.ray_address or 'local'}"
+        return f"{self.workers} Ray workers at {self.ray_address or RAY_LOCAL}"
 
     def start(self, settings_kw: Mapping[str, Any]) -> tuple[Fingerprint, dict[str, Any]]:
         from ray.exceptions import RayActorError

@@ -1,9 +1,9 @@
 """Stage 1: the filters. The paper's equations, one small pure module each (``margin``, ``rank``,
 ``fuse``, ``retain``), the keep rules (``keep``: the paper's fixed rule and the recall-targeted one; ``keep_confident``: its high-probability form,
 with score calibration in ``calibration``), the learned scorer (``scorer``), the ``LatentSift`` filter (``sift``), the rule
-baselines and the registry of every filter (``rules``), the beyond-paper variants (``variants``) and
-early pruning on prefixes (``prune``). Eq. 3's ``fuse`` stays at ``fuse.fuse`` (re-exported here it
-would hide its module)."""
+baselines and the registry of every filter (``rules``), the paper's ablations (``ablations``), the
+beyond-paper variants and the inner-CV default (``variants``) and early pruning on prefixes (``prune``).
+Eq. 3's ``fuse`` stays at ``fuse.fuse`` (re-exported here it would hide its module)."""
 from .calibration import CalibrationMap, fit_calibration
 from .keep import CalibrationPools, FixedKeep, KeepRule, RecallKeep, keep_rule, keep_rules
 from .keep_confident import ConfidentRecallKeep

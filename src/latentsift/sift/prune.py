@@ -36,13 +36,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .._core.registry import registry_add, registry_entries
+from .._core.registry import registry_add, registry_entries, registry_find
 from .._core.validation import LatentSiftError, check_choice, param_error
 from .margin import channel_scores_grouped
 from .rank import normalized_ranks
 from .keep import PAPER_KEEP, KeepRule
 from .retain import order_by_score
 from ..bank.bank import Bank
+from .ablations import BRANCH_DISTANCE, BRANCH_LEARNED
 from .rules import RANDOM, RuleFilter, make_baseline
 from .sift import Evidence, LatentSift, Prepared, Stage1Filter, resolve_states
 from ..states.states import TrajectoryStates
@@ -353,16 +354,17 @@ class RulePolicy:
 # the state policies (kind "prune_policy"); the rule filters add theirs through ``register_filter``
 registry_add("prune_policy", LatentSift.name, functools.partial(SiftPolicy, "both"), family="state")
 registry_add("prune_policy", f"{LatentSift.name}:prefix-bank", PrefixBankPolicy, family="state")
-registry_add("prune_policy", "branch:distance", functools.partial(SiftPolicy, "distance"), family="state")
-registry_add("prune_policy", "branch:learned", functools.partial(SiftPolicy, "learned"), family="state")
+for _branch in (BRANCH_DISTANCE, BRANCH_LEARNED):  # the branch ablations, named as registered there
+    _branches = registry_find("filter", _branch, plugins=False).params["branches"]
+    registry_add("prune_policy", _branch, functools.partial(SiftPolicy, _branches), family="state")
 
 
 def prune_policies(family: str | None = None, *, plugins: bool = True) -> tuple[str, ...]:
     """The prune policies: the registered state policies, then the rule filters' (length rules, then random)."""
     out = [(e.name, e.info["family"]) for e in registry_entries("prune_policy", plugins=plugins)]
-    rule = [(e.info["prune_policy"], "random" if e.info["key"] == RANDOM else "length")
+    rule = [(e.info["prune_policy"], RANDOM if e.info["key"] == RANDOM else "length")
             for e in registry_entries("filter", plugins=plugins) if e.info.get("prune_policy")]
-    out += sorted(rule, key=lambda x: x[1] == "random")  # the length rules first (stable), random last
+    out += sorted(rule, key=lambda x: x[1] == RANDOM)  # the length rules first (stable), random last
     return tuple(n for n, f in out if family is None or f == family)
 
 

@@ -36,14 +36,19 @@ from typing import Any, Callable
 import numpy as np
 
 from .._core.registry import registry_add, registry_entries, registry_find, registry_remove
-from .._core.validation import LatentSiftError, check_choice
+from .._core.validation import PACKAGE, LatentSiftError, check_choice
 from .sift import LatentSift, Prepared, Stage1Filter, as_pools, check_pools, resolve_states
 from .rank import normalized_ranks
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import Trajectory
 
-KINDS = ("state", "rule")
+#: The kinds of filter: the two a command line can run (``method_names``), then the protocol's own: an
+#: ablation of the paper's method (``latentsift.sift.ablations``), the default, chosen by inner
+#: cross-validation (``latentsift.sift.variants``) and the EF verifier (``latentsift.cascade.verifier``).
+KINDS = ("state", "rule", "ablation", "choice", "verifier")
+METHOD_KINDS = KINDS[:2]
 _NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+_PROTOCOL_NAME = re.compile(r"^[a-z][a-z0-9_]*(:[a-z0-9+-]+)?$")  # e.g. "channels:cot+obs", "ef_verifier"
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,8 @@ class FilterEntry:
     rule is a plain column (the diagnostics add it as a reference without scoring); ``prune_policy``:
     the name of the early-stopping policy that applies it to prefixes (``latentsift.sift.prune``);
     ``color``: its colour in every chart of the report and the explorer (``latentsift.report.colors``;
-    None: the next free colour of the run).
+    None: the next free colour of the run); ``params`` (an ablation): the paper's method's settings it changes;
+    ``group`` (an ablation): the ablation table it belongs to.
     """
 
     name: str
@@ -74,21 +80,25 @@ class FilterEntry:
     column: tuple[str, float] | None
     prune_policy: str | None
     color: str | None = None
+    params: dict | None = None
+    group: str | None = None
 
 
 def register_filter(name: str, *, key: str | None = None, label: str | None = None, kind: str = "rule",
                     table_rank: float = math.inf, headline_rank: float = math.inf, tokenizer: bool = False,
                     column: tuple[str, float] | None = None, prune_policy: str | None = None,
-                    color: str | None = None):
-    """Class decorator: register a ``Stage1Filter`` subclass under ``name`` (see ``FilterEntry``)."""
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise LatentSiftError(f"The 'name' parameter of register_filter must be lowercase words joined by '-'. "
-                              f"Got {name!r} instead.")
+                    color: str | None = None, params: dict | None = None, group: str | None = None):
+    """Decorator: register a ``Stage1Filter`` subclass under ``name`` (see ``FilterEntry``); a filter of the
+    protocol's own kinds ("ablation", "choice", "verifier") may be any factory, and its name may hold one ':'."""
     check_choice(kind, "kind", "register_filter", KINDS)
+    method = kind in METHOD_KINDS
+    if not isinstance(name, str) or not (_NAME if method else _PROTOCOL_NAME).match(name):
+        words = "lowercase words joined by '-'" if method else "a lowercase word, then optionally ':' and a setting"
+        raise LatentSiftError(f"The 'name' parameter of register_filter must be {words}. Got {name!r} instead.")
     key = key or name.replace("-", "_")
 
     def register(cls):
-        if not (isinstance(cls, type) and issubclass(cls, Stage1Filter)):
+        if method and not (isinstance(cls, type) and issubclass(cls, Stage1Filter)):
             raise LatentSiftError(f"register_filter({name!r}) decorates a Stage1Filter subclass. Got {cls!r} instead.")
         old = registry_find("filter", name, plugins=False)
         if old is not None and old.obj.__qualname__ != cls.__qualname__:
@@ -96,10 +106,11 @@ def register_filter(name: str, *, key: str | None = None, label: str | None = No
         taken = {e.info["key"]: e.name for e in registry_entries("filter", plugins=False) if e.name != name}
         if key in taken:
             raise LatentSiftError(f"register_filter: the key {key!r} is taken by the filter {taken[key]!r}.")
-        cls.name = name
+        if method:
+            cls.name = name
         registry_add("filter", name, cls, key=key, label=label or name, kind=kind, table_rank=table_rank,
                      headline_rank=headline_rank, tokenizer=tokenizer, column=column, prune_policy=prune_policy,
-                     color=color)
+                     color=color, params=params, group=group)
         return cls
 
     return register
@@ -110,13 +121,13 @@ def unregister_filter(name: str) -> None:
     e = registry_find("filter", name, plugins=False)
     if e is None:
         raise LatentSiftError(f"unregister_filter: no filter {name!r} is registered.")
-    if str(e.obj.__module__).startswith(__name__.rsplit(".", 1)[0] + "."):
+    if str(e.obj.__module__).startswith(PACKAGE + "."):
         raise LatentSiftError(f"unregister_filter: {name!r} is a built-in filter.")
     registry_remove("filter", name)
 
 
 def filters(kind: str | None = None) -> list[FilterEntry]:
-    """The registered filters (of ``kind``, "rule" or "state"), in registration order."""
+    """The registered filters (of ``kind``, one of ``KINDS``), in registration order."""
     out = [FilterEntry(e.name, e.obj, **e.info) for e in registry_entries("filter")]
     return [e for e in out if kind is None or e.kind == kind]
 
@@ -127,8 +138,8 @@ def rules() -> list[FilterEntry]:
 
 
 def method_names() -> tuple[str, ...]:
-    """Every filter's command-line name (``latentsift filter --method``)."""
-    return tuple(e.name for e in filters())
+    """Every filter's command-line name (``latentsift filter --method``): the state and rule filters."""
+    return tuple(e.name for e in filters() if e.kind in METHOD_KINDS)
 
 
 def filter_entry(name: str) -> FilterEntry:
@@ -258,6 +269,8 @@ class FewestStepsFilter(RuleFilter):
         return np.array([-float(c.n_steps) for c in cands])
 
 
+#: The key of the paper's filter (the method every table starts with).
+PAPER = registry_find("filter", LatentSift.name, plugins=False).info["key"]
 #: The key of the rule every paired comparison is made against (keep the shortest in characters).
 REFERENCE = registry_find("filter", ShortestCharsFilter.name, plugins=False).info["key"]
 #: The key of the random rule (the chance-level comparison).

@@ -62,7 +62,7 @@ CURVE_PNG = "training_curve.png"
 SCORER_ARTEFACT = ArtefactKind(SCORER_FORMAT, SCORER_VERSION, SCORER_JSON, noun="a scorer directory",
                                make="train one with 'latentsift scorer train'", redo="retrain the scorer",
                                schema=ScorerManifest)
-INITS = ("zeros", "torch")
+INITS = ("zeros", "torch")  # homonym: the initialisations; "torch" as torch.nn.Linear does, not the kNN backend
 GATE_EPS = 1e-8  # Eq. (linear-scorer): max(sum_j sigmoid(g_j), 1e-8)
 
 

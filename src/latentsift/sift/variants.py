@@ -29,6 +29,7 @@ import numpy as np
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, NotFittedError
 from .rank import grouped_normalized_ranks, normalized_ranks
+from .rules import register_filter
 from .sift import Prepared, Stage1Filter
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNELS, Pool, Trajectory
@@ -249,3 +250,9 @@ def merge_prepared(parts: Sequence[Prepared]) -> Prepared:
         ev.update(p.evidence)
     return Prepared(parts[0].instance_id, [ids[i] for i in order], channels=parts[0].channels,
                     q=cat("q"), q_lin=cat("q_lin"), raw=cat("raw"), evidence=ev)
+
+
+#: The default's name among the filters: per outer fold, the stacked fusion that the inner cross-validation on
+#: the bank chose (the paper's method where that is impossible); the protocol builds it (``protocol.variants``).
+DEFAULT = "default"
+register_filter(DEFAULT, kind="choice", label="LatentSift default (inner-CV choice)", color="#17becf")(StackedFilter)

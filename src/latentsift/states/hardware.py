@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from .._core.io import atomic_write_json
+from .._core.validation import PACKAGE
 from .._core.threads import NUMERIC_THREADS, fixed_threads
 
 #: Environment variable: the folder of LatentSift's caches (default ``$XDG_CACHE_HOME/latentsift``,
@@ -104,7 +105,7 @@ def cache_root() -> Path | None:
     if root == "off":
         return None
     if not root:
-        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "latentsift")
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), PACKAGE)
     return Path(root)
 
 
@@ -252,7 +253,7 @@ def kernel_record(device) -> dict:
     import torch
 
     dev = torch.device(device)
-    rec: dict = {"torch": torch.__version__, "device": dev.type, "forward_threads": NUMERIC_THREADS}
+    rec: dict = {torch.__name__: torch.__version__, "device": dev.type, "forward_threads": NUMERIC_THREADS}
     if dev.type == "cuda":
         rec |= {"cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(dev)}
         return rec

@@ -28,7 +28,7 @@ from typing import Callable
 from gguf import GGUFReader
 
 from .._core.io import atomic_path, output_lock
-from .._core.validation import LatentSiftError
+from .._core.validation import PACKAGE, LatentSiftError
 from .model import CACHE_ENV
 
 GGUF_MAGIC = b"GGUF"
@@ -98,7 +98,7 @@ def policy_cache_root() -> Path:
     ``$XDG_CACHE_HOME/latentsift/policies``, else ``~/.cache/latentsift/policies``)."""
     root = os.environ.get(CACHE_ENV)
     if not root or root == "off":
-        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "latentsift")
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), PACKAGE)
     return Path(root) / "policies"
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from .._core.io import ArtefactKind, WriterLock, atomic_write_bytes, member, read_artefact, sha256_hex, write_artefact
 from .._core.manifests import StoreIndex, StoreManifest, check_manifest
-from .._core.validation import FingerprintMismatch, LatentSiftError, param_error
+from .._core.validation import PACKAGE, FingerprintMismatch, LatentSiftError, param_error
 from .model import Fingerprint
 from .states import TrajectoryStates
 
@@ -42,7 +42,7 @@ MANIFEST = "manifest.json"
 INDEX = "index.parquet"
 SHARDS = "shards"
 LOCK = ".lock"
-META_KEY = b"latentsift"
+META_KEY = PACKAGE.encode()
 DEFAULT_SHARD_SIZE = 32
 #: What to do about a missing or damaged shard: a resumed extract checks every shard and redoes
 #: only the trajectories of the damaged ones (``drop_damaged``).
@@ -466,7 +466,7 @@ def encode_shard(states: Sequence[TrajectoryStates], instance_ids: Sequence[str]
     # one metadata key: safetensors writes its metadata map in no fixed order
     meta = json.dumps({"format": FORMAT, "fingerprint": fp.digest, "traj_ids": [s.traj_id for s in states],
                        "offsets": offsets}, sort_keys=True)
-    data = save(tensors, metadata={"latentsift": meta})
+    data = save(tensors, metadata={META_KEY.decode(): meta})
     return EncodedShard(data=data, sha256=sha256_hex(data), n_bytes=len(data), traj_ids=[s.traj_id for s in states],
                         instance_ids=instance_ids, offsets=[int(x) for x in offsets],
                         step=tensors["step"].astype(int).tolist(), channel=tensors["channel"].astype(int).tolist(),

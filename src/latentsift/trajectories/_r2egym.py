@@ -21,7 +21,7 @@ ACR_SCAFFOLD = "acr"
 # agent_args.scaffold -> the agent name used in candidates.csv (this agent is also the shift guard's scaffold)
 SCAFFOLD_NAMES = {"autocoderover": "acr", "acr": "acr", "swe-agent": "sweagent", "sweagent": "sweagent",
                   "r2e-gym": "r2egym", "r2egym": "r2egym", "openhands": "openhands",
-                  "mini-swe-agent": "minisweagent", "minisweagent": "minisweagent"}
+                  "mini-swe-agent": "minisweagent", "minisweagent": "minisweagent"}  # homonym: agent names, not formats
 
 
 def looks_like(record: Any) -> bool:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ...metrics.evaluate import RANDOM_PICK
 from ..colors import filter_colors
 from ...trajectories.trajectory import Trajectory
 
@@ -179,7 +180,7 @@ def summary_tables(summary: Mapping[str, Any]) -> list[dict]:
                "rows": [[names.get(f, f)] + [ci(best["filters"][f].get(k)) for k in ks]
                         for f in head if f in best["filters"]]
                + [["Oracle Pass@K"] + [ci(best["oracle_pass"].get(k)) for k in ks],
-                  ["Random selection"] + [ci(best["random"].get(k)) for k in ks]]}]
+                  ["Random selection"] + [ci(best[RANDOM_PICK].get(k)) for k in ks]]}]
     ret = summary.get("retention", {})
     order = head + sorted(f for f in ret if f not in head)
     tables.append({"title": "Oracle retention after Stage 1 (%)", "kind": "pct",
