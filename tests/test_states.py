@@ -10,6 +10,12 @@ Tolerances (relative L2 error per (span, layer) vector, ``_rel``):
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +23,8 @@ from hypothesis import given, settings, strategies as st
 
 from latentsift._core.validation import LatentSiftError
 from latentsift.states.channel import Rendering, render
+from latentsift.states.extract import extract_many, extract_settings
+from latentsift.states.hardware import cpu_facts, usable_bf16_units
 from latentsift.states.states import (StateRecorder, TrajectoryStates, has_hooks, layer_hooks, replay, replay_many,
                                       window_plan)
 from latentsift.trajectories.trajectory import CHANNEL_ID
@@ -359,3 +367,70 @@ def test_a_converted_gguf_copy_loads_the_same_model(policy, tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "file"]
     monkeypatch.setenv(M.CACHE_ENV, "off")
     assert M.converted_cache_root() is None
+
+
+# ------------------------------------------------------------------------- same input, same bytes
+#: The default run's span settings on the first 256 tokens of the first acr-run-1 trajectories, among
+#: them astropy__astropy-14182, the one whose bf16 states once differed between two extractions.
+SAME_BYTES = {"max_span_tokens": 16, "max_prompt_tokens": 128, "max_tokens": 256}
+FRESH = textwrap.dedent("""
+    import hashlib, json, sys
+    from latentsift.states.extract import extract_many, extract_settings
+    from latentsift.states.model import load_policy
+    from latentsift.trajectories.trajectory import load_jsonl
+    pools, settings = sys.argv[1], json.loads(sys.argv[2])
+    out = {}
+    for dtype in sys.argv[3:]:
+        policy = load_policy(dtype=dtype)
+        done = extract_many(policy, load_jsonl(pools), extract_settings(policy, **settings))
+        out[dtype] = {s.traj_id: hashlib.sha256(s.layers.tobytes()).hexdigest() for s, _, _ in done}
+    print(json.dumps(out))
+""")
+_NATIVE_BF16 = usable_bf16_units(cpu_facts())[0]
+_SAME_BYTES_DTYPES = ["float32"] + (["bfloat16"] if _NATIVE_BF16 else [])
+
+
+def _state_bytes(policy, trajs) -> dict[str, str]:
+    settings = extract_settings(policy, **SAME_BYTES)
+    return {s.traj_id: hashlib.sha256(s.layers.tobytes()).hexdigest()
+            for s, _, _ in extract_many(policy, trajs, settings)}
+
+
+@pytest.fixture(scope="module")
+def two_fresh_processes(policy, policy32, shared_trajs, tmp_path_factory):
+    """The sha256 of each trajectory's float32 span means (before the store's float16 rounding) in
+    two fresh processes at once, per dtype the CPU runs natively (the models converted beforehand)."""
+    from latentsift.trajectories.trajectory import save_jsonl
+
+    pools = tmp_path_factory.mktemp("same-bytes") / "pools.jsonl"
+    save_jsonl(shared_trajs["acr"], pools)
+    run = [sys.executable, "-c", FRESH, str(pools), json.dumps(SAME_BYTES), *_SAME_BYTES_DTYPES]
+    children = [subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = []
+    for c in children:
+        stdout, stderr = c.communicate(timeout=600)
+        assert c.returncode == 0, stderr[-2000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    return outs
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
+    not _NATIVE_BF16, reason="this CPU has no usable AVX512-BF16 or AMX: bfloat16 would run on emulated "
+                             "kernels, which dtype 'auto' never picks here"))])
+def test_the_same_trajectories_give_the_same_bytes_in_fresh_processes_and_after_other_work(
+        dtype, two_fresh_processes, policy, policy32, shared_trajs):
+    """Two fresh processes and this one after other work with the same model (other trajectories,
+    other settings, a chunked replay) give the same bytes. (A load from the converted-model copy
+    against the GGUF file itself: same weights and forward bits, test_a_converted_gguf_copy_...)"""
+    from latentsift.states.model import load_policy
+
+    here = {"float32": policy32, "bfloat16": policy}[dtype]
+    here = here if here.fingerprint.dtype == dtype else load_policy(dtype=dtype)
+    list(extract_many(here, shared_trajs["swe"][:2], extract_settings(here, max_span_tokens=8, max_tokens=300)))
+    replay(here, render(shared_trajs["swe"][2], here.tokenizer, max_span_tokens=8, max_prompt_tokens=32),
+           chunk_tokens=64, max_tokens=300)
+    mine = _state_bytes(here, shared_trajs["acr"])
+    first, second = (out[dtype] for out in two_fresh_processes)
+    assert list(mine) == [t.traj_id for t in shared_trajs["acr"]]
+    assert first == second == mine

@@ -1,6 +1,7 @@
 """State store: round trip, checksums, settings/model checks, atomicity, kill + resume."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -116,6 +117,33 @@ def test_other_model_or_settings_is_an_error(tmp_path):
         StateStore(tmp_path / "s").create(FP, SETTINGS)
     with pytest.raises(LatentSiftError, match="not a state store"):
         StateStore(tmp_path / "nothing").open()
+
+
+KERNELS = {"torch": "2.13.0+cpu", "device": "cpu", "forward_threads": 1, "cpu_capability": "AVX512",
+           "avx512_bf16": True, "amx": False, "env": {}}
+
+
+def test_a_resumed_store_refuses_another_dtype_or_other_kernels(tmp_path):
+    StateStore(tmp_path / "s").create(FP, {**SETTINGS, "kernels": KERNELS, "dtype_reason": "set explicitly"})
+    bf16 = Fingerprint(**{**FP.__dict__, "dtype": "bfloat16"})
+    with pytest.raises(FingerprintMismatch) as e:  # the dtype is part of the fingerprint
+        StateStore(tmp_path / "s").open_or_create(bf16, {**SETTINGS, "kernels": KERNELS, "dtype_reason": "AMX present"})
+    assert str(e.value) == (f"The store {tmp_path / 's'} holds float32 states; this run computes bfloat16 "
+                            "(AMX present). Pass --dtype float32 to resume it, or another --out.")
+    for change, said in (({"cpu_capability": "AVX2"}, "cpu_capability='AVX512' (now 'AVX2')"),
+                         ({"env": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}, "env={} (now {'ONEDNN_MAX_CPU_ISA': 'AVX2'})"),
+                         ({"torch": "2.14.0+cpu", "amx": True}, "amx=False (now True), torch='2.13.0+cpu' (now "
+                                                                 "'2.14.0+cpu')")):
+        with pytest.raises(LatentSiftError) as e:
+            StateStore(tmp_path / "s").open_or_create(FP, {**SETTINGS, "kernels": KERNELS | change})
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith(f"The store {tmp_path / 's'} was written with other kernels: ")
+        assert said in msg and "would not be byte-identical" in msg
+    # the same kernels (the dtype's reason may read differently: "cached in" on a later process) resume
+    StateStore(tmp_path / "s").open_or_create(FP, {**SETTINGS, "kernels": dict(KERNELS), "dtype_reason": "other"})
+    # a store written before the kernels were recorded is not checked for them
+    _fill(tmp_path / "old")
+    StateStore(tmp_path / "old").open_or_create(FP, {**SETTINGS, "kernels": KERNELS})
 
 
 def test_write_rejects_duplicates_bad_shapes_and_non_finite(tmp_path):
@@ -251,6 +279,31 @@ def test_extract_pools_other_settings_is_an_error(tmp_path, small_pools, policy)
         extract_pools(policy, trajs[:2], tmp_path / "s", **{**EXTRACT_ARGS, "max_span_tokens": 5})
     settings = extract_settings(policy, max_span_tokens=6, max_prompt_tokens=8)
     assert StateStore(tmp_path / "s").open().settings["context"] == settings["context"] == policy.context_length
+
+
+@pytest.mark.model
+def test_extract_records_the_kernels_and_refuses_to_resume_under_others(tmp_path, small_pools, policy, monkeypatch):
+    """The manifest names what fixes the bytes (torch, ATen's capability, the bf16 units, ISA settings,
+    the forward's thread count) and why the dtype was chosen; a resume under another dtype or ISA
+    setting refuses with one line and leaves the store as it was."""
+    import torch
+
+    _, trajs = small_pools
+    extract_pools(policy, trajs[:1], tmp_path / "s", **EXTRACT_ARGS)
+    store = StateStore(tmp_path / "s").open()
+    k = store.settings["kernels"]
+    assert k["torch"] == torch.__version__ and k["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert k["forward_threads"] == 1 and k["device"] == "cpu" and isinstance(k["env"], dict)
+    assert store.settings["dtype_reason"] == policy.dtype_choice.reason
+    other = "float32" if policy.fingerprint.dtype == "bfloat16" else "bfloat16"
+    # a policy of the other dtype (its fingerprint: the store refuses before any forward runs)
+    relabelled = dataclasses.replace(policy, fingerprint=dataclasses.replace(policy.fingerprint, dtype=other))
+    with pytest.raises(LatentSiftError, match=f"holds {policy.fingerprint.dtype} states; this run computes {other}"):
+        extract_pools(relabelled, trajs[:2], tmp_path / "s", **EXTRACT_ARGS)
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE" if k["env"].get("MKL_CBWR") != "COMPATIBLE" else "AVX2")
+    with pytest.raises(LatentSiftError, match="other kernels: env=.* \\(now .*'MKL_CBWR': '"):
+        extract_pools(policy, trajs[:2], tmp_path / "s", **EXTRACT_ARGS)
+    assert StateStore(tmp_path / "s").open().traj_ids() == [trajs[0].traj_id]
 
 
 @pytest.mark.model

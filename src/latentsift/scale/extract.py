@@ -141,6 +141,10 @@ class RayBackend(ExtractionBackend):
         if len(fps) != 1:
             raise LatentSiftError("The Ray workers loaded different models (fingerprints differ); give them the "
                                   "same model path and dtype.")
+        kernels = {repr(sorted((i["settings"].get("kernels") or {}).items())) for i in infos}
+        if len(kernels) != 1:  # their shards would not be the bytes one setup computes (states.hardware)
+            raise LatentSiftError("The Ray workers run different kernels (torch version, CPU kind or ISA settings "
+                                  "differ between nodes); give them the same setup. The store was not changed.")
         return Fingerprint.from_dict(infos[0]["fingerprint"]), infos[0]["settings"]
 
     def run(self, store_path: Path, todo: list, shard_size: int) -> Iterator[Extracted]:

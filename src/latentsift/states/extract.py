@@ -32,6 +32,7 @@ from .._core.registry import registry_add
 from .._core.threads import one_thread_pool, ordered_map
 from .._core.validation import LatentSiftError, check_positive_int, param_error
 from .channel import render, render_per_step
+from .hardware import kernel_record
 from .model import Fingerprint, load_policy
 from .states import DEFAULT_CHUNK_TOKENS, TrajectoryStates, merge_states, replay_many
 from .store import DEFAULT_SHARD_SIZE, RENDERERS, STORE_DTYPES, EncodedShard, StateStore, encode_shard
@@ -198,7 +199,8 @@ def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_t
                      store_dtype: str = "float16", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                      shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = "render",
                      patch_step_tokens: int | None = None) -> dict[str, Any]:
-    """The manifest settings of an extraction (validated)."""
+    """The manifest settings of an extraction (validated), with what fixes the states' bytes on this
+    machine (``kernels``: :func:`~latentsift.states.hardware.kernel_record`) and why the dtype was chosen."""
     check_settings(max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
                    store_dtype=store_dtype, chunk_tokens=chunk_tokens, shard_size=shard_size, renderer=renderer,
                    patch_step_tokens=patch_step_tokens)
@@ -207,7 +209,8 @@ def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_t
             "context": ctx, "window_stride": ctx // 2, "layers": resolve_layers(layers, policy.n_layers),
             "store_dtype": store_dtype, "dtype": policy.fingerprint.dtype, "chunk_tokens": chunk_tokens,
             "shard_size": shard_size, "renderer": f"latentsift.channel.{renderer}",
-            "patch_step_tokens": patch_step_tokens}
+            "patch_step_tokens": patch_step_tokens, "kernels": kernel_record(policy.device),
+            "dtype_reason": policy.dtype_choice.reason if policy.dtype_choice else None}
 
 
 def select_instances(trajectories: Sequence, n_instances: int | None) -> list:

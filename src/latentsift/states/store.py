@@ -2,7 +2,11 @@
 
 Layout of ``STATES_DIR`` (format ``latentsift-states`` version 1)::
 
-    manifest.json                 fingerprint of the model, settings, format version, creation time
+    manifest.json                 fingerprint of the model (dtype included), settings, format version,
+                                  creation time; the settings hold ``kernels`` (torch version, ATen's
+                                  CPU capability, the bf16 units, ISA environment settings, the
+                                  forward's thread count) and ``dtype_reason``: a resume under another
+                                  dtype or other kernels is refused
     index.parquet                 one row per span: traj_id, instance_id, step, channel, shard, row,
                                   n_tokens; its key-value metadata ``latentsift`` (JSON) lists the
                                   shards (name, sha256, rows) and every trajectory (also those
@@ -28,7 +32,7 @@ import numpy as np
 
 from .._core.io import ArtefactKind, WriterLock, atomic_write_bytes, member, read_artefact, sha256_hex, write_artefact
 from .._core.manifests import StoreIndex, StoreManifest, check_manifest
-from .._core.validation import LatentSiftError, param_error
+from .._core.validation import FingerprintMismatch, LatentSiftError, param_error
 from .model import Fingerprint
 from .states import TrajectoryStates
 
@@ -49,6 +53,9 @@ STORE_DTYPES = ("float16", "float32")
 MATCHED_SETTINGS = ("max_span_tokens", "max_prompt_tokens", "max_tokens", "context", "layers", "store_dtype",
                     "renderer", "patch_step_tokens")
 RENDERERS = ("render", "render_per_step")
+#: The settings entry recording what fixes the bytes besides the model and settings
+#: (``hardware.kernel_record``); a store is resumed only under the same.
+KERNELS = "kernels"
 STORE_ARTEFACT = ArtefactKind(FORMAT, FORMAT_VERSION, MANIFEST, noun="a state store",
                               make="run 'latentsift extract' first", redo="delete the directory and re-run extract",
                               schema=StoreManifest)
@@ -135,8 +142,24 @@ class StateStore:
         return self
 
     def check(self, fingerprint: Fingerprint, settings: dict[str, Any]) -> None:
-        """Raise when ``fingerprint`` or the value-changing settings differ from the manifest."""
+        """Raise when ``fingerprint``, the value-changing settings or the kernels (``KERNELS``: torch
+        version, CPU capability, ISA settings) differ from the manifest: a resumed store never mixes
+        shards whose bytes two setups would compute differently. A store written before the kernels
+        were recorded is not checked for them."""
+        old_dtype = self.fingerprint.dtype
+        if old_dtype != fingerprint.dtype:
+            why = f" ({settings['dtype_reason']})" if settings.get("dtype_reason") else ""
+            raise FingerprintMismatch(f"The store {self.path} holds {old_dtype} states; this run computes "
+                                      f"{fingerprint.dtype}{why}. Pass --dtype {old_dtype} to resume it, "
+                                      "or another --out.")
         self.fingerprint.check_same(fingerprint, what=f"states in {self.path}")
+        was, now = self.settings.get(KERNELS), settings.get(KERNELS)
+        if was is not None and now is not None and was != now:
+            diff = {k: (was.get(k), now.get(k)) for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)}
+            raise LatentSiftError(f"The store {self.path} was written with other kernels: "
+                                  + ", ".join(f"{k}={a!r} (now {b!r})" for k, (a, b) in diff.items())
+                                  + "; its states would not be byte-identical to these. Resume it with the same "
+                                  "torch, CPU kind and ISA settings, or use another --out.")
         old = self.settings
         diff = {k: (old.get(k, SETTING_DEFAULTS.get(k)), settings.get(k)) for k in MATCHED_SETTINGS
                 if k in settings and old.get(k, SETTING_DEFAULTS.get(k)) != settings.get(k)}
