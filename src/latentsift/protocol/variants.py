@@ -51,7 +51,7 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
         bank_v = Bank.from_trajectories(bank_trajs, sts, fingerprint, **params)
         # the distance branch on this representation; the learned branch keeps the paper's q_lin
         dist = LatentSift(bank_v, None, branches="distance", seed=seed)
-        raw = per_instance["latentsift"]
+        raw = per_instance[LatentSift.name]
         prep = {i: Prepared(i, p.traj_ids, p.channels, p.q, raw[i][1].q_lin, None, p.evidence)
                 for i, p in dist.prepare_many(eval_pools, sts, fingerprint=fingerprint).items()}
         put(f"variant:{name}", LatentSift(bank_v, scorer, seed=seed), prep)
@@ -77,7 +77,7 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
                                 per_instance, put)
     except LatentSiftError as e:  # e.g. a bank with too few resolved trajectories (tiny runs)
         for n in [*STACK_CONFIGS, "default"]:
-            tbl = per_instance["latentsift"]
+            tbl = per_instance[LatentSift.name]
             put(n if n == "default" else f"variant:{n}", tbl[eval_pools[0].instance_id][0],
                 {p.instance_id: tbl[p.instance_id][1] for p in eval_pools})
         run.log(f"[variants] fold {k}: inner cross-validation impossible ({e}); the stacked variants "
@@ -106,7 +106,7 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
     for t, d in bank_raw.items():
         d |= trajectory_signals(traj_by_id[t])
     eval_raw: dict[str, dict[str, float]] = {}
-    lat = per_instance["latentsift"]
+    lat = per_instance[LatentSift.name]
     eval_traj = {c.traj_id: c for p in eval_pools for c in p.candidates}
     for p in eval_pools:
         prep = lat[p.instance_id][1]
