@@ -4,6 +4,7 @@ from __future__ import annotations
 from .._core.validation import LatentSiftError
 from ..sift.scorer import LinearScorer
 from ..sift.variants import LogisticProbe, bank_subsample
+from ..sift.sift import LatentSift
 
 
 def learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance) -> None:
@@ -17,7 +18,7 @@ def learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eva
     s = run.settings
     labels = {t.traj_id: int(t.label) for t in bank_trajs}
     eval_set = set(eval_ids)
-    q_lin = {t: float(v) for _, p in per_instance["latentsift"].values() if p.q_lin is not None
+    q_lin = {t: float(v) for _, p in per_instance[LatentSift.name].values() if p.q_lin is not None
              for t, v in zip(p.traj_ids, p.q_lin) if t in eval_set}
     for f in s.curve_fractions:
         tag = f"{round(100 * f)}%"

@@ -34,13 +34,14 @@ import numpy as np
 from ..metrics.diagnostics import CI_LEVEL, interval_outcome, paired_bootstrap
 from ..metrics.score_table import diagnostics_table
 from ..sift.rules import RANDOM, REFERENCE, rule_keys
+from ..sift.sift import LatentSift
 from .variants import STACK_CONFIGS
 
 REF_LENGTH_RULE = REFERENCE
 REF_LENGTH_STACK = "variant:stack:length"
 REF_RANDOM = RANDOM
 REFERENCES = (REF_LENGTH_RULE, REF_LENGTH_STACK, REF_RANDOM)
-PAPER = "latentsift"
+PAPER = LatentSift.name
 EF = "ef_verifier"
 DEFAULT = "default"
 POST_HOC = tuple(f"variant:{k}" for k in STACK_CONFIGS if k.startswith("stack:")) + (DEFAULT,)

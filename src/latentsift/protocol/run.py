@@ -28,6 +28,7 @@ from ..report.explore import save_stage1, write_run_site
 from ..report.report import write_report
 from ..sift.rules import REFERENCE, labels, rule_keys, rules
 from ..sift.scorer import LinearScorer
+from ..sift.sift import LatentSift
 from ..states.store import StateStore
 from ..trajectories.trajectory import Trajectory, load_jsonl
 from ..cascade.verifier import VerifierFailure
@@ -231,7 +232,7 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
         t0 = time.perf_counter()
         data["pruning"] = reproduce_pruning(
             run, trajs, store, tokenizer, folds,
-            cascade={"stage1": draw_scorers["latentsift"], "records": records, "final_verifier": ef}
+            cascade={"stage1": draw_scorers[LatentSift.name], "records": records, "final_verifier": ef}
             if ef is not None else None)
         run.timed("prune", t0)
     else:
@@ -314,10 +315,10 @@ def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | N
     filters.update(st.draw_scorers)
     components = full_scores.pop("_components")
     distributions = {**{k: v for k, v in components.items() if k.startswith("q_")},
-                     "s (LatentSift)": full_scores["latentsift"]}
+                     "s (LatentSift)": full_scores[LatentSift.name]}
     if ef is not None:
         distributions["EF verifier"] = {t: r.score for t, r in ef.items() if r.score is not None}
-    names = {"ef_verifier": "LLM EF verifier (original workflow)", "latentsift": labels()["latentsift"],
+    names = {"ef_verifier": "LLM EF verifier (original workflow)", LatentSift.name: labels()[LatentSift.name],
              "default": "LatentSift default (inner-CV choice)", **{e.key: e.label for e in rules()}}
     names |= {name: f"LatentSift, bank and scorer from {a} only" for a, name in st.transfer_info.get("filters", {}).items()}
     small = "drop" if any(p.n < max(settings.ks) for p in pools) else "error"
@@ -329,7 +330,7 @@ def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | N
         ks=list(settings.ks), n_draws=settings.n_draws, seed=settings.seed, n_boot=settings.n_boot,
         reference="ef_verifier" if ef is not None else None, small_pools=small,
         ablations=ablation_tables(list(filters)), names=names,
-        headline=[f for f in ("latentsift", "default", "ef_verifier", *rule_keys("headline")) if f in filters],
+        headline=[f for f in (LatentSift.name, "default", "ef_verifier", *rule_keys("headline")) if f in filters],
         meta=run_meta)
     summary = evaluate_run(pools, filters, records, evaluation,
                            final_verifier=ef if ef is not None else no_verifier_table(trajs),

@@ -29,7 +29,7 @@ class DrawScorer:
 
 def latentsift_variants(ablations: bool = True) -> dict[str, dict]:
     """The paper's method and its ablations (all on the paper's banks and scorer)."""
-    v = {"latentsift": {}}
+    v = {LatentSift.name: {}}
     if not ablations:
         return v
     for sub in (("cot",), ("obs",), ("fn",), ("cot", "obs"), ("cot", "fn"), ("obs", "fn")):
@@ -82,8 +82,8 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
         fold_info.append(info)
     missing = _drop_incomplete(per_instance, fold_info, evaluated)
     if sweep is not None:
-        per_instance = {f"sweep:{sweep}" + ("" if n == "latentsift" else f":{n}"): per_instance[n]
-                        for n in ("latentsift", "default") if n in per_instance}
+        per_instance = {f"sweep:{sweep}" + ("" if n == LatentSift.name else f":{n}"): per_instance[n]
+                        for n in (LatentSift.name, "default") if n in per_instance}
     draw_scorers = {name: DrawScorer(table) for name, table in per_instance.items()}
     full = {name: {t: v for i, (f, p) in table.items() for t, v in f.rank_subset(p, p.traj_ids).items()}
             for name, table in per_instance.items()}
@@ -92,7 +92,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
         return draw_scorers, full, {"folds": fold_info, "missing": missing}
     full |= run.curve_scores  # training-set size curves: per-candidate scores, diagnostics only
     channels = {}
-    for i, (f, p) in per_instance["latentsift"].items():
+    for i, (f, p) in per_instance[LatentSift.name].items():
         for j, c in enumerate(p.channels):
             channels.setdefault(f"q_{c}", {}).update(dict(zip(p.traj_ids, p.q[:, j].tolist())))
         if p.q_lin is not None:

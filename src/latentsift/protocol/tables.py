@@ -8,31 +8,32 @@ import numpy as np
 
 from ..metrics.diagnostics import paired_bootstrap
 from ..sift.rules import rule_keys, rules
+from ..sift.sift import LatentSift
 from ..trajectories.trajectory import Trajectory
 
 
 def ablation_tables(filters: Sequence[str]) -> dict[str, dict]:
     """The paper's ablation tables (full method first in each), restricted to the filters present."""
-    ch = ["latentsift", "channels:cot", "channels:obs", "channels:fn", "channels:cot+obs", "channels:cot+fn",
+    ch = [LatentSift.name, "channels:cot", "channels:obs", "channels:fn", "channels:cot+obs", "channels:cot+fn",
           "channels:obs+fn"]
     tables = {
         "channels": {"title": "Channel subsets (distance branch; learned branch fused)", "filters": ch,
-                     "labels": {"latentsift": "cot+obs+fn (paper)"}},
-        "distance": {"title": "Distance construction", "filters": ["latentsift", "distance:pos", "distance:neg"],
-                     "labels": {"latentsift": "two-sided d_neg - d_pos (paper)", "distance:pos": "-d_pos only",
+                     "labels": {LatentSift.name: "cot+obs+fn (paper)"}},
+        "distance": {"title": "Distance construction", "filters": [LatentSift.name, "distance:pos", "distance:neg"],
+                     "labels": {LatentSift.name: "two-sided d_neg - d_pos (paper)", "distance:pos": "-d_pos only",
                                 "distance:neg": "d_neg only"}},
         "naive": {"title": "Step weighting, branches and naive rules",
-                  "filters": ["latentsift", "weighting:uniform", "branch:distance", "branch:learned",
+                  "filters": [LatentSift.name, "weighting:uniform", "branch:distance", "branch:learned",
                               *rule_keys()],
-                  "labels": {"latentsift": "LatentSift (paper)", "weighting:uniform": "uniform step mean",
+                  "labels": {LatentSift.name: "LatentSift (paper)", "weighting:uniform": "uniform step mean",
                              "branch:distance": "distance branch only", "branch:learned": "learned branch only"}},
     }
     plain = {e.key for e in rules() if not e.tokenizer}  # the rules computed from the trajectories alone
-    variants = ["latentsift", "default"] + sorted(f for f in filters if f.startswith(("variant:", "sweep:"))) + [
+    variants = [LatentSift.name, "default"] + sorted(f for f in filters if f.startswith(("variant:", "sweep:"))) + [
         k for k in rule_keys() if k in plain]
     tables["variants"] = {"title": "Beyond the paper: variants (default chosen by cross-validation inside the "
                                    "bank folds only)", "filters": variants,
-                          "labels": {"latentsift": "LatentSift (paper reference)",
+                          "labels": {LatentSift.name: "LatentSift (paper reference)",
                                      "default": "default (inner-CV choice per fold)"}}
     have = set(filters)
     return {k: v | {"filters": [f for f in v["filters"] if f in have]} for k, v in tables.items()}

@@ -28,7 +28,7 @@ def agent_transfer(run, trajs, folds, states, fingerprint) -> tuple[dict, dict]:
     """
     t0 = time.perf_counter()
     agents = sorted({t.agent for t in trajs})
-    info: dict[str, Any] = {"agents": agents, "reference": "latentsift", "filters": {}, "unavailable": {},
+    info: dict[str, Any] = {"agents": agents, "reference": LatentSift.name, "filters": {}, "unavailable": {},
                             "rule": "banks and scorer trained on one agent's trajectories of the bank folds; "
                                     "evaluated on the mixed pools of the held-out folds (paper's method only)"}
     if len(agents) < 2:

@@ -52,7 +52,7 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
         bank_v = Bank.from_trajectories(bank_trajs, sts, fingerprint, **params)
         # the distance branch on this representation; the learned branch keeps the paper's q_lin
         dist = LatentSift(bank_v, None, branches="distance", seed=seed)
-        raw = per_instance["latentsift"]
+        raw = per_instance[LatentSift.name]
         prep = {i: Prepared(i, p.traj_ids, p.channels, p.q, raw[i][1].q_lin, None, p.evidence)
                 for i, p in dist.prepare_many(eval_pools, sts, fingerprint=fingerprint).items()}
         put(f"variant:{name}", LatentSift(bank_v, scorer, seed=seed), prep)
@@ -80,7 +80,7 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
         # the stacked variants (stack:length, a reference, among them) cannot be fitted in this fold: they are
         # missing from the run (``stage1_filters`` drops them, with this reason), never replaced by another
         # filter; the default (a choice, not a reference) keeps the paper's method, named as a fallback
-        tbl = per_instance["latentsift"]
+        tbl = per_instance[LatentSift.name]
         put("default", tbl[eval_pools[0].instance_id][0], {p.instance_id: tbl[p.instance_id][1] for p in eval_pools})
         run.log(f"[variants] fold {k}: inner cross-validation impossible ({e}); the stacked variants are missing "
                 "from this run and the default falls back to the paper's method in this fold")
@@ -111,7 +111,7 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
     for t, d in bank_raw.items():
         d |= trajectory_signals(traj_by_id[t])
     eval_raw: dict[str, dict[str, float]] = {}
-    lat = per_instance["latentsift"]
+    lat = per_instance[LatentSift.name]
     eval_traj = {c.traj_id: c for p in eval_pools for c in p.candidates}
     for p in eval_pools:
         prep = lat[p.instance_id][1]

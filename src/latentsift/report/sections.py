@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 from ..sift.keep import PAPER_KEEP
 from ..sift.rules import REFERENCE, filter_entry, rule_keys
+from ..sift.sift import LatentSift
 from ._format import _ci_num, _ci_pct, _diff_pct, _ks, _name, _num, _pct, _rate, _table
 
 
@@ -112,7 +113,7 @@ def _selection_markdown(data: dict) -> list[str]:
     sel, ks, ret = data["selection"], _ks(data), data["retention"]
     ref = sel["reference"]
     diag = sel["diagnostics"]["scores"]
-    order = [f for f in ("latentsift", "default") if f in ret]
+    order = [f for f in (LatentSift.name, "default") if f in ret]
     order += sorted(f for f in ret if f.startswith("variant:")) + sorted(f for f in ret if f.startswith("sweep:"))
     order += [f for f in (*rule_keys(), "ef_verifier") if f in ret]  # the registry's rules, in the tables' order
     lines = ["## Selection quality beyond length", "",
@@ -179,7 +180,8 @@ def _agent_transfer_markdown(data: dict) -> list[str]:
     kmax = ks[-1]
     n_agents = len(tr.get("agents") or [None, None])
     every = "both agents" if n_agents == 2 else f"all {n_agents} agents"
-    rows_f = [(f"{every} ({_name(data, tr.get('reference', 'latentsift'))})", tr.get("reference", "latentsift"))]
+    paper = tr.get("reference", LatentSift.name)
+    rows_f = [(f"{every} ({_name(data, paper)})", paper)]
     rows_f += [(f"{a} only", f) for a, f in sorted(tr.get("filters", {}).items())]
     rows_f += [(_name(data, f), f) for f in rule_keys() if f in ret and not filter_entry(f).tokenizer]
     groups = sorted({g for _, f in rows_f for g in pa.get(f, {})})

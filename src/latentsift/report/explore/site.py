@@ -21,7 +21,7 @@ from ..._core.io import atomic_write_json, read_json
 from ..._core.manifests import SiteManifest, check_manifest
 from ..._core.validation import LatentSiftError
 from ...cascade.cascade import stage1_retain
-from ...sift.sift import FilterRun, read_filter_output
+from ...sift.sift import FilterRun, LatentSift, read_filter_output
 from ...trajectories.trajectory import Trajectory, load_jsonl
 from .data import RETAINED_FORMAT, Limits, pool_pages, summary_charts, summary_tables, summary_verdict
 
@@ -156,7 +156,7 @@ def _swap_in(tmp: Path, out: Path) -> None:
 
 
 # ------------------------------------------------------------------------------- reproduce runs
-def save_stage1(draw_scorers: Mapping[str, Any], out_dir: str | Path, *, detail: str = "latentsift",
+def save_stage1(draw_scorers: Mapping[str, Any], out_dir: str | Path, *, detail: str = LatentSift.name,
                 tables: Mapping[str, Mapping[str, float | None]] | None = None, seed: int = 0,
                 inputs: Mapping[str, Any] | None = None, fingerprint: Mapping | None = None) -> dict[str, Path]:
     """Keep the per-candidate Stage-1 results of a reproduce run (whole pools, not draws).
