@@ -193,3 +193,31 @@ def test_no_figure_names_a_colour_of_its_own():
     for mod in (figures, data):
         src = inspect.getsource(mod)
         assert not re.search(r"""color=["']|["']C\d["']|tab:|["']#[0-9a-fA-F]{6}["']|"k--"|"k-""", src), mod.__name__
+
+
+def test_a_registered_filter_is_drawn_in_the_colour_it_was_registered_with():
+    """The colour table is read from the registry: each built-in filter's colour is the one it was
+    registered with, a plugin's colour too, and a filter registered without one takes a free colour."""
+    from latentsift.report.colors import FILTER_COLORS, FREE, filter_colors
+    from latentsift.sift.rules import RuleFilter, filters, register_filter, unregister_filter
+    assert {e.key: e.color for e in filters() if e.color} == {k: FILTER_COLORS[k] for k in
+                                                              ("latentsift", "random", "shortest_tokens",
+                                                               "shortest_chars", "fewest_steps")}
+
+    @register_filter("test-coloured", color="#123456")
+    class Coloured(RuleFilter):
+        def _raw(self, cands, states):
+            return np.zeros(len(cands))
+
+    @register_filter("test-plain")
+    class Plain(RuleFilter):
+        def _raw(self, cands, states):
+            return np.zeros(len(cands))
+
+    try:
+        data = {"settings": {"headline": ["test_plain", "test_coloured", "random"], "filters": []}}
+        assert filter_colors(data) == {"test_plain": FREE[0], "test_coloured": "#123456",
+                                       "random": FILTER_COLORS["random"]}
+    finally:
+        unregister_filter("test-coloured")
+        unregister_filter("test-plain")

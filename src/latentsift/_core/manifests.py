@@ -82,6 +82,8 @@ class StoreSettings(Record):
     chunk_tokens: Positive | None = None
     shard_size: Positive | None = None
     renderer: str | None = None
+    kernels: dict[str, Any] | None = None  # what fixes the bytes (states.hardware.kernel_record)
+    dtype_reason: str | None = None
 
 
 class StoreManifest(Artefact):

@@ -204,6 +204,7 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     summary, data, pools, records, filters, scores, table = _evaluate(run, trajs, st, meta)
     t0 = time.perf_counter()  # recall-targeted retention beside the paper's fixed rule (protocol.operating)
     data["operating_points"] = operating_points(run, trajs, folds, filters, ef, nested=st.nested)
+    st.nested = {}  # the pair folds' banks and scorers: released before pruning
     run.timed("operating_points", t0)
     # the comparisons that decide, the single-agent pools and the verdict (protocol.decide, single_agent, verdict)
     t0 = time.perf_counter()

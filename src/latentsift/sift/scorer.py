@@ -50,7 +50,7 @@ from .._core.validation import LatentSiftError, NotFittedError, param_error, che
 from .._core.io import ArtefactKind, atomic_path, read_artefact, replaced_folder, write_artefact
 from .._core.manifests import ScorerManifest, manifest_values
 from .._core.threads import fixed_threads, one_thread_workers
-from ..bank.bank import Bank, as_fingerprint
+from ..bank.bank import as_fingerprint
 from ..states.model import Fingerprint
 from ..states.states import TrajectoryStates
 
