@@ -202,7 +202,8 @@ def test_a_registered_filter_is_drawn_in_the_colour_it_was_registered_with():
     from latentsift.sift.rules import RuleFilter, filters, register_filter, unregister_filter
     assert {e.key: e.color for e in filters() if e.color} == {k: FILTER_COLORS[k] for k in
                                                               ("latentsift", "random", "shortest_tokens",
-                                                               "shortest_chars", "fewest_steps")}
+                                                               "shortest_chars", "fewest_steps",
+                                                               "default", "ef_verifier")}
 
     @register_filter("test-coloured", color="#123456")
     class Coloured(RuleFilter):
