@@ -167,3 +167,31 @@ def test_fit_saves_an_operating_point_that_filter_applies_without_refitting(tmp_
                  "0.9", "--out", d / "x.json"), "also pools to filter")
     refused(_cli("filter", d / "pools.jsonl", "--method", "shortest-chars", "--operating-point",
                  d / "sifter" / "operating_point.json", "--out", d / "x.json"), "pass --sifter")
+
+
+def test_fit_holds_its_writer_lock_over_the_sifter_and_its_operating_point(tmp_path, monkeypatch):
+    """What is tested: 'fit --target-recall' writes the operating point under the same writer lock as the
+    sifter (a second 'fit' to the same --out could otherwise slip in between the two): while the operating
+    point is fitted, taking the output's lock is refused."""
+    from latentsift._core.io import output_lock
+    from latentsift._jobs import operating
+
+    d = tmp_path
+    _noisy_inputs(d)
+    seen = []
+    real = operating.fit_operating_point_file
+
+    def probe(sifter_dir, *a, **kw):
+        try:
+            with output_lock(sifter_dir):
+                seen.append("free")
+        except LatentSiftError as e:
+            seen.append(str(e))
+        return real(sifter_dir, *a, **kw)
+
+    monkeypatch.setattr(operating, "fit_operating_point_file", probe)
+    r = _cli("fit", d / "bank.jsonl", "--states", d / "states", "--out", d / "sifter", "--scorer-epochs", "3",
+             "--target-recall", "0.9", "--calibration", d / "cal.jsonl")
+    assert r.exit_code == 0, r.output
+    assert len(seen) == 1 and seen[0].startswith("Another process is writing to"), seen
+    assert (d / "sifter" / "operating_point.json").is_file() and not (d / ".sifter.lock").exists()

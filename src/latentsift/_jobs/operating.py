@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .._core.io import output_lock
+from .._core.outputs import check_output
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
 from ..deploy.operating import calibration_pools_for_filter, check_calibration_disjoint_ids, target_recall_options
@@ -31,12 +33,14 @@ def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, c
         log(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
             + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {calibration} "
             f"has {target['have']}.")
-    sifter = fit_sifter(pools, states, out, log=log, **fit_kw)
     if target_recall is None:
-        return sifter, None
-    cal_states = calibration_states or (states if isinstance(states, (str, Path)) else list(states)[0])
-    return sifter, fit_operating_point_file(out, calibration, cal_states, target_recall, confidence=confidence,
-                                            method=calibration_method, calibration_epochs=calibration_epochs)
+        return fit_sifter(pools, states, out, log=log, **fit_kw), None
+    check_output(out, [pools, states, calibration, calibration_states], kind="sifter")
+    with output_lock(out):  # one writer lock over the sifter and its operating point: no second 'fit' between
+        sifter = fit_sifter(pools, states, out, log=log, locked=True, **fit_kw)
+        cal_states = calibration_states or (states if isinstance(states, (str, Path)) else list(states)[0])
+        return sifter, fit_operating_point_file(out, calibration, cal_states, target_recall, confidence=confidence,
+                                                method=calibration_method, calibration_epochs=calibration_epochs)
 
 
 @blas_fixed

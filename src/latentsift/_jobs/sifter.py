@@ -4,6 +4,8 @@ and leak guards (``--bank-choice nearest``: each pool with its nearest sub-bank)
 ``latentsift.deploy.Sifter``; these are its file drivers."""
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 from typing import Sequence
 
@@ -24,14 +26,15 @@ __all__ = ["FALSE_ALARM", "fit_sifter", "run_sifter_filter", "run_sifter_filter_
 @blas_fixed
 def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
                per_agent: bool = False, false_alarm: float | None = None, reference_kind: str | None = None,
-               log=print) -> Sifter:
+               log=print, locked: bool = False) -> Sifter:
     """``latentsift fit``: a sifter from every labelled candidate of one or several pools files, saved to ``out``.
 
     ``pools_path`` / ``states_dir``: a path or a list of paths (several runs, e.g. the Lite pools and
     the Verified pairs); the stores must share the model fingerprint and the value-changing extraction
     settings (refused before any work otherwise, ``library.open_stores``). ``instances``: only the
     first N instances by id of each pools file (the rule of ``extract --instances N``). ``per_agent``:
-    also a sub-bank and scorer per agent (``Sifter.fit``).
+    also a sub-bank and scorer per agent (``Sifter.fit``). ``locked``: the caller already holds ``out``'s
+    writer lock (``fit --target-recall`` holds it over the sifter and its operating point).
     """
     check_output(out, [pools_path, states_dir], kind="sifter")
     if reference_kind is not None:
@@ -40,7 +43,7 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
         check_false_alarm(false_alarm, "--false-alarm", "fit")
     pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
     states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
-    with output_lock(out):  # a second 'fit' to the same --out is refused, not lost
+    with contextlib.nullcontext() if locked else output_lock(out):  # a second 'fit' to one --out is refused
         trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)
         sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, per_agent=per_agent, log=log,
                                                                     false_alarm=false_alarm,
