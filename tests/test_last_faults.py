@@ -11,24 +11,16 @@ import errno
 import json
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 
 from conftest import refused  # tests/conftest.py
-from test_faults import FIX, cli, digest  # tests/test_faults.py: the shared fixture folder and helpers
+from test_faults import canonical, cli, digest  # noqa: F401 (canonical: a fixture shared with test_faults)
 from latentsift.cli import app
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
 
 
-@pytest.fixture(scope="module")
-def canonical(tmp_path_factory) -> Path:
-    """A canonical JSONL of the fixture trajectories (written by the import command itself)."""
-    d = tmp_path_factory.mktemp("canon")
-    r = cli("import", FIX / "openai_toolcalls.jsonl", FIX / "mini_run", "--out", d / "pools.jsonl")
-    assert r.exit_code == 0, r.output
-    return d / "pools.jsonl"
 
 
 # --------------------------------------------------------------------------- the last faults

@@ -65,7 +65,7 @@ import numpy as np
 
 from .._core.registry import registry_add, registry_lookup, registry_names
 from .._core.validation import LatentSiftError, NotFittedError, check_choice, check_positive_int
-from .calibration import DEFAULT_CALIBRATION, CalibrationMap, calibration_methods, fit_calibration
+from .calibration import DEFAULT_CALIBRATION, calibration_methods, fit_calibration
 from .retain import KEEP_FRAC, MIN_KEEP, check_retention, order_by_score, retain_count, select_retained
 
 GUARANTEE = ("conformal risk control (Angelopoulos et al., Conformal Risk Control, Theorem 1): "
@@ -244,13 +244,21 @@ class RecallKeep(KeepRule):
         return 1.0 - self.target_recall
 
     def fit(self, pools: CalibrationPools) -> "RecallKeep":
+        u = self._miss_scores(pools)
+        check_calibration_size(u.size, self.target_recall, "filter")
+        allowed = -1 if self.target_recall >= 1 else math.floor(self.alpha * (u.size + 1) - 1 + 1e-9)
+        return self._fitted(pools, u, crc_threshold(u, self.alpha), allowed)
+
+    def _miss_scores(self, pools: CalibrationPools) -> np.ndarray:
+        """``pool_miss_score`` of every calibration pool holding a resolved candidate."""
         u = np.array([pool_miss_score(s, y, t, self.min_keep, self.seed)
                       for s, y, t in zip(pools.scores, pools.labels, pools.traj_ids)])
-        u = u[~np.isnan(u)]
-        check_calibration_size(u.size, self.target_recall, "filter")
+        return u[~np.isnan(u)]
+
+    def _fitted(self, pools: CalibrationPools, u: np.ndarray, threshold: float, allowed: int) -> "RecallKeep":
+        """Set the fitted attributes from the miss scores ``u``, the chosen threshold and the pools it may lose."""
         self.calibration_ = fit_calibration(*pools.flat(), method=self.calibration)
-        self.threshold_ = crc_threshold(u, self.alpha)
-        allowed = -1 if self.target_recall >= 1 else math.floor(self.alpha * (u.size + 1) - 1 + 1e-9)
+        self.threshold_ = threshold
         self.p_threshold_ = (float(self.calibration_.predict([self.threshold_])[0]) if np.isfinite(self.threshold_)
                              else float("nan"))
         self.n_calibration_pools_ = int(u.size)

@@ -38,8 +38,8 @@ import numpy as np
 
 from .._core.registry import registry_add
 from .._core.validation import LatentSiftError
-from .keep import CalibrationPools, RecallKeep, pool_miss_score
-from .calibration import DEFAULT_CALIBRATION, fit_calibration
+from .keep import CalibrationPools, RecallKeep
+from .calibration import DEFAULT_CALIBRATION
 
 CONFIDENT_GUARANTEE = ("Learn then Test (Angelopoulos et al., 2021) with a binomial-tail p-value and fixed-sequence "
                        "testing: with probability >= 1 - delta over the draw of the calibration pools, the pool recall "
@@ -108,22 +108,15 @@ class ConfidentRecallKeep(RecallKeep):
         return 1.0 - self.confidence
 
     def fit(self, pools: CalibrationPools) -> "ConfidentRecallKeep":
-        u = np.array([pool_miss_score(s, y, t, self.min_keep, self.seed)
-                      for s, y, t in zip(pools.scores, pools.labels, pools.traj_ids)])
-        u = u[~np.isnan(u)]
+        u = self._miss_scores(pools)
         need = min_confident_pools(self.target_recall, self.confidence)
         if self.target_recall < 1.0 and u.size < need:
             raise LatentSiftError(f"filter: --target-recall {self.target_recall:g} --confidence {self.confidence:g} "
                                   f"needs at least {need} calibration pools that hold a resolved candidate (Learn then "
                                   f"Test: n >= log(delta) / log(R)); the calibration set has {u.size}. Add labelled "
                                   "pools, lower the target or the confidence.")
-        self.calibration_ = fit_calibration(*pools.flat(), method=self.calibration)
-        self.threshold_ = ltt_threshold(u, self.alpha, self.delta)
-        self.n_lost_allowed_ = max(ltt_allowed_losses(u.size, self.alpha, self.delta), 0)
-        self.p_threshold_ = (float(self.calibration_.predict([self.threshold_])[0]) if np.isfinite(self.threshold_)
-                             else float("nan"))
-        self.n_calibration_pools_ = int(u.size)
-        return self
+        return self._fitted(pools, u, ltt_threshold(u, self.alpha, self.delta),
+                            ltt_allowed_losses(u.size, self.alpha, self.delta))
 
     def to_dict(self) -> dict:
         return super().to_dict() | {"confidence": self.confidence, "delta": round(self.delta, 12),
