@@ -5,6 +5,7 @@ Parsing and printing only; the logic is ``latentsift._jobs.filter.run_filter``.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -154,11 +155,7 @@ def filter_cmd(
 
 def _reasons(rows) -> dict[str, int]:
     """Why pools lack the guarantee: condition -> number of pools."""
-    out: dict[str, int] = {}
-    for r in rows:
-        for w in r["not_guaranteed"]:
-            out[w] = out.get(w, 0) + 1
-    return out
+    return dict(Counter(w for r in rows for w in r["not_guaranteed"]))
 
 
 def _pool_table(res, settings: dict) -> Table:

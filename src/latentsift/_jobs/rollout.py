@@ -32,7 +32,7 @@ from .._core.threads import fixed_threads
 from .._core.validation import LatentSiftError
 from ..states.extract import extract_settings
 from ..states.model import AUTO_DTYPE, load_policy
-from ..states.rollout import ExampleRunner, Judge, RolloutSettings, ToolReport, rollout_task
+from ..states.rollout import ExampleRunner, Judge, RolloutSettings, ToolReport, rollout_task, sample_traj_ids
 from ..states.store import StateStore
 from ..trajectories.execution import label_many, run_examples_many
 from ..trajectories.sandbox import SandboxLimits
@@ -177,7 +177,7 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
             store.drop_damaged()
 
             def tids(task) -> list[str]:
-                return [f"{run}/{task.task_id}/s{i:02d}" for i in range(settings.k)]
+                return sample_traj_ids(run, task.task_id, settings.k)
 
             done = {t.task_id for t in tasks if (out / TASKS_DIR / task_file(t.task_id)).is_file()
                     and all(store.has(x) for x in tids(t))}

@@ -70,7 +70,7 @@ def apply_operating_point(results: list, op: RecallKeep, *, shifted: Sequence[st
             reason = "shift guard flagged the pool: keep-all (no guarantee)"
         else:
             mask = op.keep(s, ids)
-            n_top = int(top_mask(s, ids, op.min_keep, op.seed).sum())
+            n_top = min(op.min_keep, len(ids))  # what top_mask marks, without sorting the pool again
             n_above = int((np.nan_to_num(s, nan=-np.inf) >= op.threshold_).sum())
             if mask.all() and len(ids) > n_top:
                 reason = "uncertain: every candidate reaches the threshold"

@@ -24,7 +24,7 @@ import json
 import math
 from pathlib import Path
 
-from .._core.io import atomic_write_json, read_json
+from .._core.io import atomic_write_json, read_json, sha256_hex
 from .._core.manifests import OperatingPointManifest, check_manifest, manifest_values
 from .._core.validation import LatentSiftError
 from ..sift.calibration import CalibrationMap
@@ -36,13 +36,9 @@ OPERATING_POINT_JSON = "operating_point.json"
 FORMAT, VERSION = "latentsift-operating-point", 1
 
 
-def _sha256(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def sifter_digest(sifter_dir) -> str:
     """The sha256 of a sifter's sifter.json (what an operating point is tied to)."""
-    return _sha256(Path(sifter_dir) / "sifter.json")
+    return sha256_hex(Path(sifter_dir, "sifter.json").read_bytes())
 
 
 def calibration_fingerprint(cal: CalibrationPools) -> str:

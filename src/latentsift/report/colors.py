@@ -70,5 +70,4 @@ def filter_colors(data: Mapping) -> dict[str, str]:
 
 def policy_colors(policies: Iterable[str]) -> dict[str, str]:
     """Early-pruning policy -> the colour of the filter it applies (:data:`POLICY_OF`), else a free one."""
-    policies = list(policies)
     return series_colors(policies, {p: FILTER_COLORS[f] for p, f in POLICY_OF.items()})

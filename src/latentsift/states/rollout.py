@@ -114,6 +114,11 @@ class TaskStats:
     tool_seconds: float = 0.0
 
 
+def sample_traj_ids(run: str, task_id: str, k: int) -> list[str]:
+    """The trajectory ids of a task's K samples (``RUN/TASK/sNN``): what the store and a resume look up."""
+    return [f"{run}/{task_id}/s{i:02d}" for i in range(k)]
+
+
 def sample_seeds(seed: int, task_id: str, k: int) -> list[int]:
     """The recorded per-sample seeds of one task: sha256 of ``seed:task_id:k`` (stable across runs,
     independent of the task's place in the file)."""
@@ -189,14 +194,14 @@ def rollout_task(policy, task, settings: RolloutSettings, run_examples: ExampleR
     batch = OnlineBatch(policy, seeds, stop_ids(policy), capture=capture)
     suffix = generation_suffix(tok)
     sampling = settings.sampling
-    trajs = [Trajectory(traj_id=f"{run}/{task.task_id}/s{i:02d}", instance_id=task.task_id, repo="", steps=[],
+    trajs = [Trajectory(traj_id=tid, instance_id=task.task_id, repo="", steps=[],
                         task_prompt=settings.user_template.format(prompt=task.prompt),
                         system_prompt=settings.system_prompt, agent=agent, run=run, source_format=SOURCE_FORMAT,
                         source_id=task.task_id,
                         meta={"scaffold": SCAFFOLD, "seed": seeds[i], "sample": i, "policy": fingerprint,
                               "temperature": settings.temperature, "top_p": settings.top_p,
                               "max_new_tokens": settings.max_new_tokens, "max_turns": settings.max_turns})
-             for i in range(settings.k)]
+             for i, tid in enumerate(sample_traj_ids(run, task.task_id, settings.k))]
     code = [""] * settings.k
     active = list(range(settings.k))
     for turn in range(settings.max_turns):

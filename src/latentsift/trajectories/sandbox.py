@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .._core.validation import LatentSiftError
+from .._core.validation import LatentSiftError, check_positive_int
 
 #: The statuses a run can end with; only ``passed`` is a pass.
 STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "error")
@@ -266,23 +266,20 @@ def run_programs(programs: Sequence[str], limits: SandboxLimits | None = None, *
                  progress: Callable[[int, int], None] | None = None) -> list[SandboxResult]:
     """:func:`run_program` for each program, ``workers`` at a time (a thread each, waiting on its
     subprocess), results in the order of ``programs``; ``progress(done, total)`` after each."""
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise LatentSiftError(f"The 'workers' parameter of run_programs must be a positive int. "
-                              f"Got {workers!r} instead.")
+    workers = check_positive_int(workers, "workers", "run_programs")
     limits = limits or SandboxLimits()
     isolation()  # probed once, before the threads
-    results: list[SandboxResult | None] = [None] * len(programs)
     done = 0
     lock = threading.Lock()
 
-    def one(i: int) -> None:
+    def one(program: str) -> SandboxResult:
         nonlocal done
-        results[i] = run_program(programs[i], limits)
+        result = run_program(program, limits)
         with lock:
             done += 1
             if progress is not None:
                 progress(done, len(programs))
+        return result
 
     with ThreadPoolExecutor(max_workers=min(workers, max(1, len(programs)))) as pool:
-        list(pool.map(one, range(len(programs))))
-    return [r for r in results if r is not None]
+        return list(pool.map(one, programs))  # map keeps the order of ``programs``
