@@ -106,6 +106,8 @@ def test_a_killed_run_resumes_without_duplicates_and_same_bytes(full_run, policy
         run_rollouts(policy32, tasks, out, SETTINGS, run_examples=env[0], judge=env[1], run="t", on_task=kill,
                      store_dtype="float32")
     assert len(list((out / TASKS_DIR).iterdir())) == 1 and len(StateStore(out / STATES_DIR).open()) == 2
+    # nothing finished is lost: the killed run's trajectory file holds the task it finished
+    assert [t.instance_id for t in load_jsonl(out / TRAJECTORIES)] == [tasks[0].task_id] * 2
     with WriterLock(out / ".lock"), pytest.raises(LatentSiftError, match="Another process is writing"):
         run_rollouts(policy32, tasks, out, SETTINGS, run_examples=env[0], judge=env[1], run="t")
     report = run_rollouts(policy32, tasks, out, SETTINGS, run_examples=env[0], judge=env[1], run="t",

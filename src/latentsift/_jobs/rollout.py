@@ -5,7 +5,7 @@ Output folder (format ``latentsift-rollout`` version 1)::
 
     manifest.json              model file and fingerprint, the rollout settings, run name, threads
     tasks/<task>.jsonl.gz      one task's K trajectories (the resume unit; written atomically)
-    trajectories.jsonl.gz      the finished tasks of the call's task list, in task order (rewritten at the end)
+    trajectories.jsonl.gz      the finished tasks of the call's task list, in task order (rewritten after every task)
     states/                    the state store (one shard per task) that extract, fit, crossval,
                                filter and reproduce read
 
@@ -39,7 +39,8 @@ from ..trajectories.sandbox import SandboxLimits
 from ..trajectories.tasks import humaneval_path, load_tasks
 from ..trajectories.trajectory import Trajectory, dumps
 
-__all__ = ["ROLLOUT_FORMAT", "RolloutProgress", "RolloutReport", "run_rollouts", "sandbox_env"]
+__all__ = ["ROLLOUT_FORMAT", "RolloutProgress", "RolloutReport", "assemble_trajectories", "export_dataset",
+           "run_rollouts", "sandbox_env"]
 
 ROLLOUT_FORMAT = "latentsift-rollout"
 ROLLOUT_VERSION = 1
@@ -104,6 +105,56 @@ def task_file(task_id: str) -> str:
 def _read_part(path: Path) -> list[Trajectory]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return [Trajectory.from_dict(json.loads(line), where=str(path)) for line in f if line.strip()]
+
+
+def assemble_trajectories(out: str | os.PathLike, task_ids: Sequence[str], dest: str | os.PathLike) -> int:
+    """Write the finished tasks' trajectories of the rollout folder ``out`` (its ``tasks/`` files), in the
+    order of ``task_ids``, to ``dest`` as one gzipped canonical JSONL file (atomically); returns the number
+    of trajectories. ``run_rollouts`` calls it after every task, so a killed run's file holds every task
+    it finished."""
+    parts = [Path(out) / TASKS_DIR / task_file(t) for t in task_ids]
+    trajs = [tr for p in parts if p.is_file() for tr in _read_part(p)]
+    atomic_write_bytes(Path(dest), gzip_bytes("".join(dumps(tr) + "\n" for tr in trajs)))
+    return len(trajs)
+
+
+def export_dataset(out: str | os.PathLike, dest: str | os.PathLike) -> dict:
+    """The shareable part of the rollout folder ``out`` (no states): ``dest/trajectories.jsonl.gz`` (every
+    finished task, in the order the tasks were run) and ``dest/manifest.json`` (the rollout's manifest and
+    the dataset's counts). Anyone rebuilds the states from it by replay (``latentsift extract --model``).
+    ``dest`` must be a new folder or one this function wrote; returns the manifest written."""
+    out, dest = Path(out), Path(dest)
+    if not (out / MANIFEST).is_file():
+        raise LatentSiftError(f"{str(out)!r} is not a rollout folder (no {MANIFEST}).")
+    man = read_json(out / MANIFEST)
+    if man.get("format") != ROLLOUT_FORMAT:
+        raise LatentSiftError(f"{str(out / MANIFEST)!r} is not a {ROLLOUT_FORMAT} manifest.")
+    check_output(dest, [out], kind="rollout-dataset")
+    dest.mkdir(parents=True, exist_ok=True)
+    with WriterLock(out / LOCK, what=out), WriterLock(dest / LOCK, what=dest):
+        parts = sorted((out / TASKS_DIR).glob("*.jsonl.gz"))
+        trajs = [tr for p in parts for tr in _read_part(p)]
+        # the run's task order: HumanEval's ids sort by their number, other task files keep file order
+        order = {tid: i for i, tid in enumerate(dict.fromkeys(_task_order(man, trajs)))}
+        trajs.sort(key=lambda t: (order[t.instance_id], t.traj_id))
+        atomic_write_bytes(dest / TRAJECTORIES, gzip_bytes("".join(dumps(tr) + "\n" for tr in trajs)))
+        labels = {}
+        for t in trajs:
+            labels.setdefault(t.instance_id, []).append(t.label)
+        man = man | {"format": ROLLOUT_FORMAT + "-dataset", "n_tasks": len(labels), "n_samples": len(trajs),
+                     "n_passed": int(sum(t.label for t in trajs)),
+                     "n_mixed_tasks": sum(0 < sum(v) < len(v) for v in labels.values())}
+        atomic_write_json(dest / MANIFEST, man)
+    (dest / LOCK).unlink(missing_ok=True)
+    return man
+
+
+def _task_order(man: dict, trajs: Sequence[Trajectory]) -> list[str]:
+    ids = [t.instance_id for t in trajs]
+    if man.get("tasks") == Path(humaneval_path()).name:
+        known = [t.task_id for t in load_tasks()]
+        return [t for t in known if t in set(ids)]
+    return sorted(set(ids))
 
 
 def sandbox_env(limits: SandboxLimits | None = None, workers: int = 2) -> tuple[ExampleRunner, Judge]:
@@ -205,11 +256,10 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
                     progress(RolloutProgress(report.n_run, len(todo), report.n_skipped, report.n_generated,
                                              time.perf_counter() - t0, task.task_id, report.n_passed,
                                              report.n_samples))
+                assemble_trajectories(out, ids, out / TRAJECTORIES)
                 if on_task:
                     on_task(task.task_id)
-        parts = [out / TASKS_DIR / task_file(t) for t in ids]
-        lines = "".join(dumps(tr) + "\n" for p in parts if p.is_file() for tr in _read_part(p))
-        atomic_write_bytes(out / TRAJECTORIES, gzip_bytes(lines))
+        assemble_trajectories(out, ids, out / TRAJECTORIES)
     report.seconds = time.perf_counter() - t0
     return report
 
