@@ -73,7 +73,11 @@ def test_every_step_has_states_and_online_equals_replay(full_run, policy32, task
     for t in trajs:
         assert t.meta["seed"] in sample_seeds(SETTINGS.seed, t.instance_id, SETTINGS.k)
         assert t.meta["policy"] == policy32.fingerprint.digest
-        assert t.label is not None and t.tests == {"hidden_passed": t.label}
+        assert t.label is not None and t.tests["hidden_passed"] == t.label
+        task = next(x for x in tasks if x.task_id == t.instance_id)
+        if t.patch.strip():   # Stage 3's score: the submitted code's share of the docstring's examples, re-run here
+            rep = env[0](task, [t.patch])[0]
+            assert t.tests.get("examples_passed") == (rep.n_passed / rep.n_total if rep.n_total else None)
         # the label is the hidden tests' verdict on the submitted code, re-executed here
         assert env[1](next(x for x in tasks if x.task_id == t.instance_id), [t.patch])[0] == bool(t.label) \
             or not t.patch.strip()
