@@ -140,7 +140,7 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
                     except LatentSiftError:
                         status = f"calibration too small for R={r:g} ({cal.n_positive()} pools with a " \
                                  f"resolved candidate): keep all"
-                hits = []
+                hits, n0 = [], len(acc["calls"])
                 for t_ids, sc, y in zip(test.traj_ids, test.scores, test.labels):
                     m = np.ones(len(t_ids), dtype=bool) if op is None else op.keep(sc, t_ids)
                     acc["calls"].append(float(m.sum()))
@@ -152,6 +152,9 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
                 acc["folds"].append({"fold": k, "status": status, "calibration": how.split(":")[0],
                                      "n_pools": len(test.scores), "n_pools_with_resolved": len(hits),
                                      "realized_recall": float(np.mean(hits)) if hits else None,
+                                     "verifier_calls": float(np.mean(acc["calls"][n0:])) if test.scores else None,
+                                     "n_candidates": float(np.mean([len(t) for t in test.traj_ids]))
+                                     if test.scores else None,
                                      **({} if op is None else {k2: v for k2, v in op.to_dict().items()
                                                                if k2 in ("threshold", "p_threshold",
                                                                          "n_calibration_pools", "n_lost_allowed")})})
