@@ -303,22 +303,6 @@ def test_tiny_run_reports_operating_points(tiny_run):
     assert (tiny_run["report"] / "cost_recall.png").is_file()
 
 
-@pytest.fixture(scope="module")
-def shared_pools(data_dir):
-    """The shared SWE-bench Lite pools of the default runs (no label-leaking run), every instance: (run, trajs,
-    folds, rule filters) with 4 repository folds."""
-    from latentsift._jobs.reproduce import CLEAN_RUNS
-    from latentsift.protocol.crossval import CrossvalSettings
-    from latentsift.protocol.run import Run
-    from latentsift.protocol.stage1 import rule_scorers
-    res = import_paths([data_dir / "r2egym", data_dir / "sweagent"], labels=data_dir / "candidates.csv")
-    trajs = [t for t in res.trajectories if t.run in CLEAN_RUNS]
-    s = CrossvalSettings(pools="-", states="-", out="-", n_folds=4, variants=False, agent_transfer=False,
-                         n_boot=100, ks=(3,), target_recalls=(0.9, 0.95))
-    run = Run(s, log=lambda m: None)
-    return run, trajs, run.folds(trajs), rule_scorers(group_pools(trajs), seed=s.seed)
-
-
 def test_operating_points_on_the_shared_pools(shared_pools):
     """What is tested: on real pools (the shared data's 300 instances of the default runs, 87 with a
     resolved candidate, 4 repository folds), the recall-targeted rule of every label-free filter runs in
