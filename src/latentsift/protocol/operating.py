@@ -316,8 +316,8 @@ def adaptive_points(fold_pools, filters: Mapping[str, Any], clean: CleanCalibrat
     keep the values reaching the threshold; "gap": keep those within the threshold of the pool's best,
     ``sift.keep_adaptive``) and target, the realized recall and verifier calls, and the paired per-pool
     differences against the rank map (same pools, same resamples; the calls difference also at the Bonferroni
-    level of this section's family). The calibration is clean as for the rank map (``CleanCalibration``). A filter without a value (the EF verifier's scores are values already; a
-    distance-only filter) is left out."""
+    level of this section's family). The calibration is clean as for the rank map (``CleanCalibration``). A
+    filter without a value (the EF verifier's scores are values already; a distance-only filter) is left out."""
     have = {name: {k: filter_values(filt, ps) for k, ps in fold_pools} for name, filt in filters.items()}
     have = {name: t for name, t in have.items() if all(v is not None for v in t.values())}
     m_family = max(1, len(have) * len(ADAPTIVE_MAPS) * len(targets))
