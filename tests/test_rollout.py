@@ -185,3 +185,37 @@ def test_cli_errors_are_one_line(tmp_path, tasks):
     assert res.exit_code == 2 and _one_error(res.output, "bad.jsonl.gz")
     res = runner.invoke(app, ["rollout", str(good), "--out", str(tmp_path / "o3"), "--k", "0"])
     assert res.exit_code == 2 and "--k" in res.output
+    res = runner.invoke(app, ["rollout", str(good), "--out", str(tmp_path / "o4"), "--shard", "3/2"])
+    assert res.exit_code == 2 and _one_error(res.output, "--shard must be I/N")
+
+
+@pytest.mark.model
+def test_shard_folders_export_as_one_dataset(full_run, tasks, tmp_path):
+    """Two folders that ran other tasks of the same settings (--shard 1/2, 2/2) export as the one folder
+    that ran them all: the same bytes; overlapping or unlike folders are refused."""
+    import shutil
+
+    from latentsift._jobs.rollout import MANIFEST, export_dataset
+
+    ref, _ = full_run
+    whole = export_dataset(ref, tmp_path / "whole")
+    assert whole["n_tasks"] == 2 and whole["n_samples"] == 4 and whole["format"] == "latentsift-rollout-dataset"
+    shards = []
+    for i, t in enumerate(tasks):       # shard i holds task i only (as --shard i+1/2 runs them)
+        d = tmp_path / f"shard{i}"
+        shutil.copytree(ref, d, ignore=shutil.ignore_patterns(STATES_DIR))
+        for other in tasks:
+            if other is not t:
+                (d / TASKS_DIR / task_file(other.task_id)).unlink()
+        shards.append(d)
+    export_dataset(shards[::-1], tmp_path / "merged")
+    for name in (TRAJECTORIES, MANIFEST):
+        assert (tmp_path / "merged" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    with pytest.raises(LatentSiftError, match="more than one of the folders"):
+        export_dataset([shards[0], ref], tmp_path / "overlap")
+    man = json.loads((shards[1] / MANIFEST).read_text())
+    (shards[1] / MANIFEST).write_text(json.dumps(man | {"threads": 2}))
+    with pytest.raises(LatentSiftError, match="another threads"):
+        export_dataset(shards, tmp_path / "unlike")
+    with pytest.raises(LatentSiftError, match="input"):   # never written inside its inputs
+        export_dataset(shards[0], shards[0] / "data")

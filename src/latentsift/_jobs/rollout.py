@@ -15,6 +15,7 @@ bytes. gzip files are written with a zero timestamp and no name, so they are byt
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -118,43 +119,63 @@ def assemble_trajectories(out: str | os.PathLike, task_ids: Sequence[str], dest:
     return len(trajs)
 
 
-def export_dataset(out: str | os.PathLike, dest: str | os.PathLike) -> dict:
-    """The shareable part of the rollout folder ``out`` (no states): ``dest/trajectories.jsonl.gz`` (every
-    finished task, in the order the tasks were run) and ``dest/manifest.json`` (the rollout's manifest and
-    the dataset's counts). Anyone rebuilds the states from it by replay (``latentsift extract --model``).
-    ``dest`` must be a new folder or one this function wrote; returns the manifest written."""
-    out, dest = Path(out), Path(dest)
-    if not (out / MANIFEST).is_file():
-        raise LatentSiftError(f"{str(out)!r} is not a rollout folder (no {MANIFEST}).")
-    man = read_json(out / MANIFEST)
-    if man.get("format") != ROLLOUT_FORMAT:
-        raise LatentSiftError(f"{str(out / MANIFEST)!r} is not a {ROLLOUT_FORMAT} manifest.")
-    check_output(dest, [out], kind="rollout-dataset")
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> (I, N) with 1 <= I <= N (``--shard``); anything else is refused in one line."""
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not m or not 1 <= int(m[1]) <= int(m[2]):
+        raise LatentSiftError(f"--shard must be I/N with 1 <= I <= N (e.g. 1/2). Got {text!r} instead.")
+    return int(m[1]), int(m[2])
+
+
+def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: str | os.PathLike) -> dict:
+    """The shareable part of one rollout folder, or of several that ran the same model and settings on
+    other tasks (``--shard``), with no states: ``dest/trajectories.jsonl.gz`` (every finished task, in
+    task order) and ``dest/manifest.json`` (the rollout's manifest and the dataset's counts). Anyone
+    rebuilds the states from it by replay (``latentsift extract --model``). ``dest`` must be a new folder
+    or one this function wrote; returns the manifest written."""
+    outs = [Path(outs)] if isinstance(outs, (str, os.PathLike)) else [Path(o) for o in outs]
+    dest = Path(dest)
+    mans = []
+    for out in outs:
+        if not (out / MANIFEST).is_file():
+            raise LatentSiftError(f"{str(out)!r} is not a rollout folder (no {MANIFEST}).")
+        mans.append(read_json(out / MANIFEST))
+        if mans[-1].get("format") != ROLLOUT_FORMAT:
+            raise LatentSiftError(f"{str(out / MANIFEST)!r} is not a {ROLLOUT_FORMAT} manifest.")
+        other = [k for k in MATCHED + ("model", "tasks") if mans[-1].get(k) != mans[0].get(k)]
+        if other:
+            raise LatentSiftError(f"{str(out)!r} ran with another {other[0]} than {str(outs[0])!r}: its samples "
+                                  "cannot join the same dataset.")
+    check_output(dest, outs, kind="rollout-dataset")
     dest.mkdir(parents=True, exist_ok=True)
-    with WriterLock(out / LOCK, what=out), WriterLock(dest / LOCK, what=dest):
-        parts = sorted((out / TASKS_DIR).glob("*.jsonl.gz"))
-        trajs = [tr for p in parts for tr in _read_part(p)]
-        # the run's task order: HumanEval's ids sort by their number, other task files keep file order
-        order = {tid: i for i, tid in enumerate(dict.fromkeys(_task_order(man, trajs)))}
-        trajs.sort(key=lambda t: (order[t.instance_id], t.traj_id))
+    with contextlib.ExitStack() as locks:
+        for out in outs + [dest]:
+            locks.enter_context(WriterLock(out / LOCK, what=out))
+        by_task: dict[str, list[Trajectory]] = {}
+        for out in outs:
+            for p in sorted((out / TASKS_DIR).glob("*.jsonl.gz")):
+                part = _read_part(p)
+                if part and part[0].instance_id in by_task:
+                    raise LatentSiftError(f"The task {part[0].instance_id!r} is in more than one of the folders.")
+                if part:
+                    by_task[part[0].instance_id] = part
+        trajs = [t for tid in _task_order(mans[0], by_task) for t in by_task[tid]]
         atomic_write_bytes(dest / TRAJECTORIES, gzip_bytes("".join(dumps(tr) + "\n" for tr in trajs)))
-        labels = {}
-        for t in trajs:
-            labels.setdefault(t.instance_id, []).append(t.label)
-        man = man | {"format": ROLLOUT_FORMAT + "-dataset", "n_tasks": len(labels), "n_samples": len(trajs),
-                     "n_passed": int(sum(t.label for t in trajs)),
-                     "n_mixed_tasks": sum(0 < sum(v) < len(v) for v in labels.values())}
+        labels = {tid: [t.label for t in part] for tid, part in by_task.items()}
+        man = mans[0] | {"format": ROLLOUT_FORMAT + "-dataset", "n_tasks": len(labels), "n_samples": len(trajs),
+                         "n_passed": int(sum(t.label for t in trajs)),
+                         "n_mixed_tasks": sum(0 < sum(v) < len(v) for v in labels.values())}
         atomic_write_json(dest / MANIFEST, man)
     (dest / LOCK).unlink(missing_ok=True)
     return man
 
 
-def _task_order(man: dict, trajs: Sequence[Trajectory]) -> list[str]:
-    ids = [t.instance_id for t in trajs]
+def _task_order(man: dict, task_ids) -> list[str]:
+    """The run's task order: HumanEval's file order for HumanEval, else by id."""
+    ids = set(task_ids)
     if man.get("tasks") == Path(humaneval_path()).name:
-        known = [t.task_id for t in load_tasks()]
-        return [t for t in known if t in set(ids)]
-    return sorted(set(ids))
+        return [t.task_id for t in load_tasks() if t.task_id in ids]
+    return sorted(ids)
 
 
 def sandbox_env(limits: SandboxLimits | None = None, workers: int = 2) -> tuple[ExampleRunner, Judge]:
@@ -265,12 +286,15 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
 
 
 def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, model=None, dtype: str = AUTO_DTYPE,
-                    settings: RolloutSettings, first: int | None = None, run: str | None = None, threads: int = 1,
+                    settings: RolloutSettings, first: int | None = None, run: str | None = None,
+                    shard: str | None = None, threads: int = 1,
                     timeout: float = 10.0, workers: int = 2, log: Callable[[str], object] = print,
                     progress: Callable | None = None) -> RolloutReport:
     """``latentsift rollout``: every option checked before any work, the tasks read (HumanEval when
     ``tasks`` is None), the policy loaded and the rollouts run into ``out`` (created or resumed)."""
     check_output(out, [tasks, model], kind="rollout")
+    if shard is not None:
+        parse_shard(shard)
     for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
                     ("threads", threads), ("workers", workers), ("tasks", first)):
         if v is not None and v < 1:
@@ -282,6 +306,9 @@ def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, 
     path = tasks if tasks is not None else humaneval_path()
     task_list = load_tasks(tasks)
     task_list = task_list[:first] if first else task_list
+    if shard is not None:
+        i, n = parse_shard(shard)
+        task_list = task_list[i - 1::n]
     log(f"{len(task_list)} tasks from {path}; loading the model ...")
     policy = load_policy(model, dtype=dtype, device="cpu")
     log(f"model: {policy.describe()}")
