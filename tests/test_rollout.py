@@ -211,8 +211,16 @@ def test_shard_folders_export_as_one_dataset(full_run, tasks, tmp_path):
     export_dataset(shards[::-1], tmp_path / "merged")
     for name in (TRAJECTORIES, MANIFEST):
         assert (tmp_path / "merged" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
-    with pytest.raises(LatentSiftError, match="more than one of the folders"):
-        export_dataset([shards[0], ref], tmp_path / "overlap")
+    # a task run in two folders alike counts once; run differently, it is refused
+    export_dataset([shards[0], ref], tmp_path / "overlap")
+    assert (tmp_path / "overlap" / TRAJECTORIES).read_bytes() == (tmp_path / "whole" / TRAJECTORIES).read_bytes()
+    part = shards[0] / TASKS_DIR / task_file(tasks[0].task_id)
+    with gzip.open(part, "rt") as f:
+        lines = f.read().replace('"reward": 1.0', '"reward": 0.0').replace('"reward": 0.0', '"reward": 1.0', 1)
+    with gzip.open(part, "wt") as f:
+        f.write(lines)
+    with pytest.raises(LatentSiftError, match="different samples"):
+        export_dataset([shards[0], ref], tmp_path / "differ")
     man = json.loads((shards[1] / MANIFEST).read_text())
     (shards[1] / MANIFEST).write_text(json.dumps(man | {"threads": 2}))
     with pytest.raises(LatentSiftError, match="another threads"):

@@ -155,10 +155,13 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
         for out in outs:
             for p in sorted((out / TASKS_DIR).glob("*.jsonl.gz")):
                 part = _read_part(p)
-                if part and part[0].instance_id in by_task:
-                    raise LatentSiftError(f"The task {part[0].instance_id!r} is in more than one of the folders.")
-                if part:
-                    by_task[part[0].instance_id] = part
+                if not part:
+                    continue
+                seen = by_task.get(part[0].instance_id)
+                if seen is not None and [dumps(t) for t in seen] != [dumps(t) for t in part]:
+                    raise LatentSiftError(f"The task {part[0].instance_id!r} is in two of the folders with different "
+                                          "samples (other code, machine or dtype?): they cannot join one dataset.")
+                by_task[part[0].instance_id] = part   # a task run twice alike (a shard that redid it) counts once
         trajs = [t for tid in _task_order(mans[0], by_task) for t in by_task[tid]]
         atomic_write_bytes(dest / TRAJECTORIES, gzip_bytes("".join(dumps(tr) + "\n" for tr in trajs)))
         labels = {tid: [t.label for t in part] for tid, part in by_task.items()}
