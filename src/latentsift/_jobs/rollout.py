@@ -15,7 +15,6 @@ bytes. gzip files are written with a zero timestamp and no name, so they are byt
 """
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import io
@@ -148,9 +147,9 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
                                   "cannot join the same dataset.")
     check_output(dest, outs, kind="rollout-dataset")
     dest.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as locks:
-        for out in outs + [dest]:
-            locks.enter_context(WriterLock(out / LOCK, what=out))
+    # the rollout folders are only read (each task file was written whole, atomically): a running rollout
+    # can be exported, and the dataset holds the tasks it had finished
+    with WriterLock(dest / LOCK, what=dest):
         by_task: dict[str, list[Trajectory]] = {}
         for out in outs:
             for p in sorted((out / TASKS_DIR).glob("*.jsonl.gz")):
