@@ -227,3 +227,39 @@ def test_shard_folders_export_as_one_dataset(full_run, tasks, tmp_path):
         export_dataset(shards, tmp_path / "unlike")
     with pytest.raises(LatentSiftError, match="input"):   # never written inside its inputs
         export_dataset(shards[0], shards[0] / "data")
+
+
+@pytest.mark.model
+def test_a_run_killed_with_sigkill_resumes_to_the_same_bytes(full_run, tasks, tmp_path):
+    """The real thing: ``latentsift rollout`` in its own process, SIGKILLed once its first task is saved (most
+    likely while it generates the second), then run again: the same trajectory bytes as the uninterrupted
+    run of the same settings, every sample stored once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ref, _ = full_run
+    task_file_ = tmp_path / "two.jsonl"
+    task_file_.write_text("".join(json.dumps({"task_id": t.task_id, "prompt": t.prompt, "entry_point": t.entry_point,
+                                              "test": t.test}) + "\n" for t in tasks))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "latentsift.cli", "rollout", str(task_file_), "--out", str(out), "--run", "t",
+           "--k", str(SETTINGS.k), "--turns", str(SETTINGS.max_turns), "--max-new-tokens", str(SETTINGS.max_new_tokens),
+           "--seed", str(SETTINGS.seed), "--dtype", "float32", "--threads", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    first = out / TASKS_DIR / task_file(tasks[0].task_id)
+    deadline = time.monotonic() + 600
+    while not first.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert first.is_file()
+    assert subprocess.run(cmd, capture_output=True, text=True).returncode == 0
+    for t in tasks:
+        name = task_file(t.task_id)
+        assert (out / TASKS_DIR / name).read_bytes() == (ref / TASKS_DIR / name).read_bytes()
+    assert load_jsonl(out / TRAJECTORIES) == load_jsonl(ref / TRAJECTORIES)
+    ids = StateStore(out / STATES_DIR).open().traj_ids()
+    assert sorted(ids) == sorted(set(ids)) == sorted(t.traj_id for t in load_jsonl(ref / TRAJECTORIES))
