@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 
 from .._core.outputs import check_output
 from .._core.threads import blas_fixed
+from .._core import words
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError, check_positive_int
 from ..cascade.verifier import EFVerifier, LocalVerifierBackend, save_results
@@ -47,10 +48,10 @@ from ..protocol.stage1 import stage1_filters
 CLEAN_RUNS = ("acr-run-1", "acr-run-2", "acr-run-3", "cost_2_1", "cost_2_2", "cost_2_3")
 LEAKY_RUNS = ("acr-val-only", "acr-val-sbfl")
 #: Which instances a run selects: the default rule (``ReproduceSettings``) or all of them.
-INSTANCES_DEFAULT = "default"  # homonym: the instance-selection rule, not the default filter
+INSTANCES_DEFAULT = words.DEFAULT  # the instance-selection rule, not the default filter
 INSTANCES = (INSTANCES_DEFAULT, "all")
 #: The dataset's folders of trajectories: R2E-Gym's JSONL files and SWE-agent's archives.
-DATA_DIRS = ("r2egym", "sweagent")  # homonym: the shared dataset's folders, not the importers' names
+DATA_DIRS = (words.R2EGYM, words.SWEAGENT)  # the shared dataset's folders, not the importers' names
 SWEEP = ("gemma", "patch", "span")  # representations with states of their own (ReproduceSettings.sweep)
 
 
