@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .._core.io import atomic_write_json, atomic_write_text
-from .._core.outputs import check_output
+from .._core.outputs import owned_output
 from .._core.validation import LatentSiftError, check_states_present
 from ..protocol.crossval import CrossvalSettings, crossval
 from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, own_vs_proxy, premise_ks
@@ -64,6 +64,7 @@ def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_sta
 
 def run_premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_states: str | Path | None = None,
                 verifier: str | Path | None = None, **kwargs) -> Path:
-    """``latentsift premise``: ``premise`` into ``out``, refused before any work when it would touch an input."""
-    check_output(out, [pools, states, proxy_states, verifier])
-    return premise(pools, states, out, proxy_states=proxy_states, verifier=verifier, **kwargs)
+    """``latentsift premise``: ``premise`` into ``out``, refused before any work when it would touch an input (a
+    second writer to it is refused)."""
+    with owned_output(out, [pools, states, proxy_states, verifier]):
+        return premise(pools, states, out, proxy_states=proxy_states, verifier=verifier, **kwargs)

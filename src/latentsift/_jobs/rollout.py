@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .._core.io import WriterLock, atomic_write_bytes, atomic_write_json, read_json
-from .._core.outputs import check_output
+from .._core.outputs import owned_output
 from .._core.threads import fixed_threads
 from .._core.validation import LatentSiftError
 from ..states.extract import extract_settings
@@ -220,21 +220,21 @@ def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, 
                     progress: Callable | None = None) -> RolloutReport:
     """``latentsift rollout``: every option checked before any work, the tasks read (HumanEval when
     ``tasks`` is None), the policy loaded and the rollouts run into ``out`` (created or resumed)."""
-    check_output(out, [tasks, model], kind="rollout")
-    for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
-                    ("threads", threads), ("workers", workers), ("tasks", first)):
-        if v is not None and v < 1:
-            raise LatentSiftError(f"--{name} must be a positive number. Got {v} instead.")
-    if model is not None and not Path(model).exists():
-        raise LatentSiftError(f"The model path {str(model)!r} does not exist. Pass a local Hugging Face model "
-                              "directory or a .gguf file (no hub downloads are made).")
-    settings.check()
-    path = tasks if tasks is not None else humaneval_path()
-    task_list = load_tasks(tasks)
-    task_list = task_list[:first] if first else task_list
-    log(f"{len(task_list)} tasks from {path}; loading the model ...")
-    policy = load_policy(model, dtype=dtype, device="cpu")
-    log(f"model: {policy.describe()}")
-    run_examples, judge = sandbox_env(SandboxLimits(timeout_s=timeout), workers=workers)
-    return run_rollouts(policy, task_list, out, settings, run_examples=run_examples, judge=judge, run=run,
-                        threads=threads, tasks_source=Path(path).name, progress=progress)
+    with owned_output(out, [tasks, model], kind="rollout"):  # a second writer is refused before the model loads
+        for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
+                        ("threads", threads), ("workers", workers), ("tasks", first)):
+            if v is not None and v < 1:
+                raise LatentSiftError(f"--{name} must be a positive number. Got {v} instead.")
+        if model is not None and not Path(model).exists():
+            raise LatentSiftError(f"The model path {str(model)!r} does not exist. Pass a local Hugging Face model "
+                                  "directory or a .gguf file (no hub downloads are made).")
+        settings.check()
+        path = tasks if tasks is not None else humaneval_path()
+        task_list = load_tasks(tasks)
+        task_list = task_list[:first] if first else task_list
+        log(f"{len(task_list)} tasks from {path}; loading the model ...")
+        policy = load_policy(model, dtype=dtype, device="cpu")
+        log(f"model: {policy.describe()}")
+        run_examples, judge = sandbox_env(SandboxLimits(timeout_s=timeout), workers=workers)
+        return run_rollouts(policy, task_list, out, settings, run_examples=run_examples, judge=judge, run=run,
+                            threads=threads, tasks_source=Path(path).name, progress=progress)

@@ -18,8 +18,8 @@ Decision rules (stated before any number; docs/evaluation.md repeats them):
 - **Tokens**: filter F saves more than the reference rule when the paired interval of
   saving(F) - saving(reference rule) lies above 0 (savings against the run's reference workflow,
   the EF verifier on every candidate); both arms use the same resampled instances.
-- **Chosen after the folds were seen**: the stacked fusions (``STACK_CONFIGS``, registered ``post_hoc``) and the inner-CV
-  default (which chooses among them) were added after the evaluation folds had been seen; their
+- **Chosen after the folds were seen**: the stacked fusions (``STACK_CONFIGS``, registered ``post_hoc``) and
+  the inner-CV default (which chooses among them) were added after the evaluation folds had been seen; their
   rows say ``post_hoc: true``. The paper's method (``PAPER``) was fixed before.
 - **Multiplicity**: every AUC comparison is also given at the Bonferroni level 1 - 0.05 / m, m the
   number of AUC intervals of this section (``multiplicity``); a claim that survives only at 95%

@@ -44,8 +44,9 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
 
     ``run``: the ``protocol.Run``; ``sweep``: a representation of the sweep (states of its own): only
     the paper's method (the registered family ``SWEEP``'s factory) and the inner-CV default are built, named
-    ``sweep_name(<name>, key)`` ("sweep:<name>" and "sweep:<name>:default"); ``trained_only``: only the filters fitted on labels (no rule filters, no
-    training-size curves: the nested calibration of ``protocol.nested``).
+    ``sweep_name(<name>, key)`` ("sweep:<name>" and "sweep:<name>:default"); ``trained_only``: only the
+    filters fitted on labels (no rule filters, no training-size curves: the nested calibration of
+    ``protocol.nested``).
     """
     s = run.settings
     t0 = time.perf_counter()
