@@ -16,6 +16,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from .._jobs.extract import AUTO_DTYPE, DTYPES
+from .._jobs.filter import calibration_methods
 
 # --- inputs -------------------------------------------------------------------------------------
 StatesDirs = Annotated[List[Path], typer.Option(
@@ -38,6 +39,20 @@ ScorerEpochs = Annotated[int, typer.Option("--scorer-epochs", help="Epochs of th
 Variants = Annotated[bool, typer.Option("--variants/--no-variants", help="Also evaluate the beyond-paper "
                                                                          "variants and the inner-CV default.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the draws, splits, shuffling and tie rule.")]
+
+# --- the calibration of a recall-targeted keep rule (filter and fit --target-recall) --------------
+CalibrationStates = Annotated[Optional[Path], typer.Option(
+    "--calibration-states", help="States of the calibration candidates (default: the --states store).")]
+Confidence = Annotated[Optional[float], typer.Option(
+    "--confidence", help="With --target-recall: the high-probability mode, P(pool recall >= R) >= this (1 - delta; "
+                         "Learn then Test), instead of expected pool recall >= R. Needs more calibration pools "
+                         "(printed).")]
+CalibrationMethod = Annotated[str, typer.Option(
+    "--calibration-method", help="Score -> P(resolved) map, a registered calibration method: "
+                                 + " or ".join(calibration_methods()) + ".")]
+CalibrationEpochs = Annotated[int, typer.Option(
+    "--calibration-epochs", help="Scorer epochs per half when the calibration pools are in the bank (cross-fitted "
+                                 "over two repository halves).")]
 
 # --- the policy model ---------------------------------------------------------------------------
 Model = Annotated[Optional[Path], typer.Option(

@@ -108,7 +108,8 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
     ``inputs``: every path the command reads (``None`` entries are skipped). ``kind``: the artefact
     folder the command writes at ``out`` (an existing one of that kind may be resumed or replaced; an
     existing non-empty folder of another kind is refused). ``file``: the kind of single file it writes
-    there (``FILE_KINDS``; an existing file is replaced only if it is one). Returns the resolved path.
+    there (``FILE_KINDS``; an existing file is replaced only if it is one). Without ``file`` the command
+    writes a folder: a file at ``out`` is refused. Returns the resolved path.
     """
     o = _resolved(out)
     flat = []
@@ -143,7 +144,7 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
     if not os.access(existing if existing.is_dir() else existing.parent, os.W_OK):
         raise LatentSiftError(f"{option} {out}: {existing} is read-only (a read-only file system or no write "
                               f"permission); choose another {option}.")
-    if o.exists() and kind is not None and not o.is_dir():
+    if o.exists() and file is None and not o.is_dir():  # a folder of some kind, or a folder without one (premise)
         raise LatentSiftError(f"{option} {out} is a file, but this command writes a folder there: "
                               f"choose another {option}.")
     if file is not None and o.is_dir():
