@@ -55,6 +55,25 @@ policy-0.5b: $(STAMP)
 policy-1.5b: $(STAMP)
 	$(BIN)/latentsift policy fetch qwen2.5-coder-1.5b
 
+# The premise run on a policy's own states (docs/own-policy.md): K rollouts per HumanEval task with the
+# states captured online (resumable: rerun to continue), the same candidates read by SmolLM2 (replay),
+# then the premise report. Hours on 2 cores: never part of `make test`.
+POLICIES ?= $(if $(LATENTSIFT_CACHE),$(LATENTSIFT_CACHE),$(HOME)/.cache/latentsift)/policies
+OWN_K    ?= 16
+OWN_TASKS ?= 164
+OWN_THREADS ?= 1
+own-%: policy-%
+	$(BIN)/latentsift rollout --model $(POLICIES)/qwen2.5-coder-$*-instruct-q4_k_m.gguf --out runs/own-$* \
+		--k $(OWN_K) --tasks $(OWN_TASKS) --threads $(OWN_THREADS)
+	$(BIN)/latentsift extract runs/own-$*/trajectories.jsonl.gz --out runs/own-$*-proxy
+	$(BIN)/latentsift premise runs/own-$*/trajectories.jsonl.gz --states runs/own-$*/states \
+		--proxy-states runs/own-$*-proxy --out runs/premise-$*
+
+# The shareable dataset of a rollout folder (trajectories, labels, seeds, fingerprint; no states) into data/.
+own-data-%: $(STAMP)
+	$(BIN)/python -c "from latentsift._jobs.rollout import export_dataset as e; \
+		print(e('runs/own-$*', 'data/own-policy/qwen2.5-coder-$*'))"
+
 # The explorer's browser test drives Debian's chromium (a browser build that
 # `playwright install` downloads cannot be fetched on the test machines).
 CHROMIUM ?= /usr/bin/chromium
@@ -84,6 +103,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/rollout.py
 	$(BIN)/python bench/operating_point.py
+	$(BIN)/python bench/adaptive_keep.py --data $(DATA)
 	@if [ -f runs/demo/timings.json ]; then $(BIN)/python bench/timings.py; \
 	else echo "bench/timings.py: no finished runs/demo yet (make demo)"; fi
 

@@ -96,3 +96,21 @@ def refused(r, *words: str) -> None:
     assert len(lines) == 1, r.output
     for w in words:
         assert w in lines[0], r.output
+
+
+@pytest.fixture(scope="session")
+def shared_pools(data_dir):
+    """The shared SWE-bench Lite pools of the default runs (no label-leaking run), every instance: (run, trajs,
+    folds, rule filters) with 4 repository folds (test_operating, test_keep_adaptive)."""
+    from latentsift._jobs.reproduce import CLEAN_RUNS
+    from latentsift.protocol.crossval import CrossvalSettings
+    from latentsift.protocol.run import Run
+    from latentsift.protocol.stage1 import rule_scorers
+    from latentsift.trajectories.importers import import_paths
+    from latentsift.trajectories.trajectory import group_pools
+    res = import_paths([data_dir / "r2egym", data_dir / "sweagent"], labels=data_dir / "candidates.csv")
+    trajs = [t for t in res.trajectories if t.run in CLEAN_RUNS]
+    s = CrossvalSettings(pools="-", states="-", out="-", n_folds=4, variants=False, agent_transfer=False,
+                         n_boot=100, ks=(3,), target_recalls=(0.9, 0.95))
+    run = Run(s, log=lambda m: None)
+    return run, trajs, run.folds(trajs), rule_scorers(group_pools(trajs), seed=s.seed)

@@ -31,7 +31,7 @@ def _cli(*args):
 def synthetic_premise(tmp_path_factory):
     """K = 8 candidates of 16 tasks, one policy; a proxy store of the same candidates with other states."""
     d = tmp_path_factory.mktemp("premise")
-    pools, own = write_single_policy(d / "own", k=8)
+    pools, own = write_single_policy(d / "own", k=8, examples=True)
     _, proxy = write_single_policy(d / "proxy", k=8, seed=7)
     r = _cli("premise", pools, "--states", own, "--proxy-states", proxy, "--out", d / "out", *FAST)
     assert r.exit_code == 0, r.output
@@ -61,6 +61,11 @@ def test_premise_section_compares_the_four_scores_with_the_four_references(synth
     assert set(pre["verifier_calls"]["latentsift"]) == {"0.9", "0.95"}
     assert set(pre["best_at_k"]) == set(pre["retention"]) | {"oracle Pass@K"}
     assert pre["final_verifier"].startswith("no verifier results given")
+    # Stage 3 from the candidates' examples (here exactly their labels): random keeps 4 of 8 and Stage 3 then
+    # picks a passing survivor whenever one is kept (1 - 1/70 of the time), instead of a uniform pick (1/2)
+    assert pre["stage3"] == "examples_passed" and s["settings"]["gen_test_key"] == "examples_passed"
+    assert pre["best_at_k"]["random"]["8"]["mean"] > 0.9
+    assert "Stage 3 (generated tests): the candidates' tests['examples_passed']" in md
     # the synthetic states separate the outcomes and length does not: own states beat length by the rule
     assert pre["own_states_beat_length"] == "yes"
     assert s["runs"]["own"]["composition"]["agents"] == ["policy-a"]

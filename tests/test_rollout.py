@@ -73,7 +73,11 @@ def test_every_step_has_states_and_online_equals_replay(full_run, policy32, task
     for t in trajs:
         assert t.meta["seed"] in sample_seeds(SETTINGS.seed, t.instance_id, SETTINGS.k)
         assert t.meta["policy"] == policy32.fingerprint.digest
-        assert t.label is not None and t.tests == {"hidden_passed": t.label}
+        assert t.label is not None and t.tests["hidden_passed"] == t.label
+        task = next(x for x in tasks if x.task_id == t.instance_id)
+        if t.patch.strip():   # Stage 3's score: the submitted code's share of the docstring's examples, re-run here
+            rep = env[0](task, [t.patch])[0]
+            assert t.tests.get("examples_passed") == (rep.n_passed / rep.n_total if rep.n_total else None)
         # the label is the hidden tests' verdict on the submitted code, re-executed here
         assert env[1](next(x for x in tasks if x.task_id == t.instance_id), [t.patch])[0] == bool(t.label) \
             or not t.patch.strip()
@@ -106,6 +110,8 @@ def test_a_killed_run_resumes_without_duplicates_and_same_bytes(full_run, policy
         run_rollouts(policy32, tasks, out, SETTINGS, run_examples=env[0], judge=env[1], run="t", on_task=kill,
                      store_dtype="float32")
     assert len(list((out / TASKS_DIR).iterdir())) == 1 and len(StateStore(out / STATES_DIR).open()) == 2
+    # nothing finished is lost: the killed run's trajectory file holds the task it finished
+    assert [t.instance_id for t in load_jsonl(out / TRAJECTORIES)] == [tasks[0].task_id] * 2
     with WriterLock(out / ".lock"), pytest.raises(LatentSiftError, match="Another process is writing"):
         run_rollouts(policy32, tasks, out, SETTINGS, run_examples=env[0], judge=env[1], run="t")
     report = run_rollouts(policy32, tasks, out, SETTINGS, run_examples=env[0], judge=env[1], run="t",
@@ -179,3 +185,45 @@ def test_cli_errors_are_one_line(tmp_path, tasks):
     assert res.exit_code == 2 and _one_error(res.output, "bad.jsonl.gz")
     res = runner.invoke(app, ["rollout", str(good), "--out", str(tmp_path / "o3"), "--k", "0"])
     assert res.exit_code == 2 and "--k" in res.output
+    res = runner.invoke(app, ["rollout", str(good), "--out", str(tmp_path / "o4"), "--shard", "3/2"])
+    assert res.exit_code == 2 and _one_error(res.output, "--shard must be I/N")
+
+
+@pytest.mark.model
+def test_shard_folders_export_as_one_dataset(full_run, tasks, tmp_path):
+    """Two folders that ran other tasks of the same settings (--shard 1/2, 2/2) export as the one folder
+    that ran them all: the same bytes; overlapping or unlike folders are refused."""
+    import shutil
+
+    from latentsift._jobs.rollout import MANIFEST, export_dataset
+
+    ref, _ = full_run
+    whole = export_dataset(ref, tmp_path / "whole")
+    assert whole["n_tasks"] == 2 and whole["n_samples"] == 4 and whole["format"] == "latentsift-rollout-dataset"
+    shards = []
+    for i, t in enumerate(tasks):       # shard i holds task i only (as --shard i+1/2 runs them)
+        d = tmp_path / f"shard{i}"
+        shutil.copytree(ref, d, ignore=shutil.ignore_patterns(STATES_DIR))
+        for other in tasks:
+            if other is not t:
+                (d / TASKS_DIR / task_file(other.task_id)).unlink()
+        shards.append(d)
+    export_dataset(shards[::-1], tmp_path / "merged")
+    for name in (TRAJECTORIES, MANIFEST):
+        assert (tmp_path / "merged" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    # a task run in two folders alike counts once; run differently, it is refused
+    export_dataset([shards[0], ref], tmp_path / "overlap")
+    assert (tmp_path / "overlap" / TRAJECTORIES).read_bytes() == (tmp_path / "whole" / TRAJECTORIES).read_bytes()
+    part = shards[0] / TASKS_DIR / task_file(tasks[0].task_id)
+    with gzip.open(part, "rt") as f:
+        lines = f.read().replace('"reward": 1.0', '"reward": 0.0').replace('"reward": 0.0', '"reward": 1.0', 1)
+    with gzip.open(part, "wt") as f:
+        f.write(lines)
+    with pytest.raises(LatentSiftError, match="different samples"):
+        export_dataset([shards[0], ref], tmp_path / "differ")
+    man = json.loads((shards[1] / MANIFEST).read_text())
+    (shards[1] / MANIFEST).write_text(json.dumps(man | {"threads": 2}))
+    with pytest.raises(LatentSiftError, match="another threads"):
+        export_dataset(shards, tmp_path / "unlike")
+    with pytest.raises(LatentSiftError, match="input"):   # never written inside its inputs
+        export_dataset(shards[0], shards[0] / "data")

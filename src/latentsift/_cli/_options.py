@@ -39,6 +39,12 @@ ScorerEpochs = Annotated[int, typer.Option("--scorer-epochs", help="Epochs of th
 Variants = Annotated[bool, typer.Option("--variants/--no-variants", help="Also evaluate the beyond-paper "
                                                                          "variants and the inner-CV default.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the draws, splits, shuffling and tie rule.")]
+GenTestKey = Annotated[Optional[str], typer.Option(
+    "--gen-test-key", help="The trajectories' 'tests' key holding each candidate's generated-test score: the "
+                           "cascade's Stage 3 (rollouts: examples_passed, the docstring's examples, which cost no "
+                           "generation tokens). Default: no Stage 3 scores.")]
+TestgenTokens = Annotated[float, typer.Option(
+    "--testgen-tokens", help="Tokens charged per pool when Stage 3 is reached (writing its tests).")]
 
 # --- the calibration of a recall-targeted keep rule (filter and fit --target-recall) --------------
 CalibrationStates = Annotated[Optional[Path], typer.Option(

@@ -8,7 +8,8 @@ import typer
 from rich.console import Console
 
 from .._jobs.crossval import CrossvalSettings, run_crossval
-from ._options import Boot, Draws, FirstInstances, Folds, Ks, ScorerEpochs, Seed, StatesDirs, Variants
+from ._options import (Boot, Draws, FirstInstances, Folds, GenTestKey, Ks, ScorerEpochs, Seed, StatesDirs,
+                       TestgenTokens, Variants)
 from ._progress import StageProgress
 
 _DEFAULT = CrossvalSettings.defaults()
@@ -47,6 +48,8 @@ def crossval_cmd(
     target_recall: Optional[List[float]] = typer.Option(None, "--target-recall", help="Target pool recalls of the "
                                                         "operating-points evaluation (repeat; default 0.9, 0.95, 0.99); "
                                                         "the paper's selection stays the report's default."),
+    gen_test_key: GenTestKey = _DEFAULT["gen_test_key"],
+    testgen_tokens: TestgenTokens = _DEFAULT["testgen_tokens"],
 ) -> None:
     """Cross-validate LatentSift, its variants and the baselines on your own labelled pools; write the report."""
     console = Console(stderr=True)
@@ -55,6 +58,7 @@ def crossval_cmd(
                           states[0] if len(states) == 1 else states, out, group_by=group_by, n_folds=folds, ks=tuple(k),
                           n_draws=draws, seed=seed, verifier=verifier, first_instances=instances, n_boot=boot, scorer_epochs=scorer_epochs,
                           variants=variants, agent_transfer=agent_transfer, on_leak=on_leak, guard_false_alarm=guard_false_alarm,
-                          target_recalls=tuple(target_recall or _DEFAULT["target_recalls"]), log=bar.print, progress=bar.update)
+                          target_recalls=tuple(target_recall or _DEFAULT["target_recalls"]),
+                          gen_test_key=gen_test_key, testgen_tokens=testgen_tokens, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")
     console.print(f"[bold green]Explorer:[/] {report / 'index.html'}")

@@ -7,8 +7,8 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .._jobs.premise import PREMISE_KS, CrossvalSettings, run_premise
-from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed
+from .._jobs.premise import EXAMPLES_KEY, PREMISE_KS, CrossvalSettings, run_premise
+from ._options import Boot, Draws, Folds, GenTestKey, Ks, ScorerEpochs, Seed, TestgenTokens
 from ._progress import StageProgress
 
 _DEFAULT = CrossvalSettings.defaults()
@@ -35,6 +35,8 @@ def premise_cmd(
     seed: Seed = _DEFAULT["seed"],
     verifier: Optional[Path] = typer.Option(None, "--verifier", help="Final-verifier results (folder or "
                                             "verdicts.jsonl) for the cascade's Stage 4 (default: none)."),
+    gen_test_key: GenTestKey = EXAMPLES_KEY,
+    testgen_tokens: TestgenTokens = _DEFAULT["testgen_tokens"],
 ) -> None:
     """Do the policy's own states beat length? Within-pool AUC of the paper's method, its branches and the probe
     against the length rules, stack:length and random; retention@K; verifier calls at R = 0.9, 0.95; own - proxy."""
@@ -42,5 +44,6 @@ def premise_cmd(
     with StageProgress(console) as bar:
         report = run_premise(pools, states, out, proxy_states=proxy_states, ks=tuple(k), group_by=group_by,
                              n_folds=folds, n_draws=draws, n_boot=boot, scorer_epochs=scorer_epochs, seed=seed,
-                             verifier=verifier, log=bar.print, progress=bar.update)
+                             verifier=verifier, gen_test_key=gen_test_key, testgen_tokens=testgen_tokens,
+                             log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json beside it)")

@@ -34,6 +34,9 @@ def rollout_cmd(
     max_new_tokens: int = typer.Option(_D.max_new_tokens, "--max-new-tokens", help="Most tokens per turn."),
     seed: int = typer.Option(_D.seed, "--seed", help="Seed of the per-sample seeds (recorded per trajectory)."),
     first: Optional[int] = typer.Option(None, "--tasks", help="Only the first N tasks of the file."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="I/N: only every N-th of those tasks, from the I-th "
+                                        "(1-based), so N processes (each its own --out) share the tasks; a task's "
+                                        "samples do not depend on its shard. export_dataset merges the folders."),
     run: Optional[str] = typer.Option(None, "--run", help="Run name in the trajectory ids (default: the model "
                                                           "file's name)."),
     threads: int = typer.Option(1, "--threads", help="torch threads of the policy (recorded: the sampled tokens "
@@ -53,7 +56,7 @@ def rollout_cmd(
             bar.update("rollout", p.done, p.total, "  ".join(x for x in (rate, passed) if x))
 
         report = rollout_command(tasks, out, model=model, dtype=dtype, settings=settings, first=first, run=run,
-                                 threads=threads, timeout=timeout, workers=workers, log=console.print,
+                                 shard=shard, threads=threads, timeout=timeout, workers=workers, log=console.print,
                                  progress=progress)
     console.print(f"{report.n_run} tasks run, {report.n_skipped} already done; {report.n_passed}/{report.n_samples} "
                   f"samples pass, {report.mixed_tasks} tasks mixed; {report.n_generated:,} tokens in "

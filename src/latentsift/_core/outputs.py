@@ -31,7 +31,8 @@ SITE_MANIFEST = ".latentsift-site.json"
 #: Readable names of the artefact kinds.
 KIND_NAMES = {"store": "a state store", "bank": "a bank", "scorer": "a scorer", "sifter": "a sifter",
               "verifier": "verifier results", "run": "a run folder", "report": "a report folder",
-              "site": "an explorer site", "rollout": "a rollout folder"}
+              "site": "an explorer site", "rollout": "a rollout folder",
+              "rollout-dataset": "a rollout dataset"}
 
 
 #: The single files the commands write: kind -> (how the file begins, readable name).
@@ -80,8 +81,8 @@ def artefact_kind(path: str | os.PathLike) -> str | None:
         man = _manifest(p)
         if man.get("format") == "latentsift-states" or (p / "index.parquet").is_file():
             return "store"
-        if man.get("format") == "latentsift-rollout":
-            return "rollout"
+        if man.get("format") in ("latentsift-rollout", "latentsift-rollout-dataset"):
+            return "rollout" if man["format"] == "latentsift-rollout" else "rollout-dataset"
         if man.get("kind") == "ef" or (p / "verdicts.jsonl").is_file():
             return "verifier"
         if str(man.get("command", "")).startswith(PACKAGE) or (p / "report").is_dir():

@@ -13,10 +13,11 @@ from .._core.validation import LatentSiftError, check_states_present
 from ..protocol.crossval import CrossvalSettings, crossval
 from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, own_vs_proxy, premise_ks
 from ..report.premise_report import premise_report_markdown
+from ..states.rollout import EXAMPLES_KEY
 from ..states.store import StateStore
 from ..trajectories.trajectory import group_pools, load_jsonl
 
-__all__ = ["CrossvalSettings", "PREMISE_KS", "premise", "run_premise"]
+__all__ = ["CrossvalSettings", "EXAMPLES_KEY", "PREMISE_KS", "premise", "run_premise"]
 
 
 def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_states: str | Path | None = None,
@@ -25,7 +26,7 @@ def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_sta
     """``latentsift premise``: the premise test on one policy's pools.
 
     Runs ``crossval`` (folds by task unless ``group_by`` says otherwise, the operating points at R = 0.9
-    and 0.95, retention@K for ``ks`` up to the pool size) on the policy's own ``states`` into OUT/own and,
+    and 0.95, Stage 3 scored by ``tests[gen_test_key]`` (default: the rollouts' docstring examples), retention@K for ``ks`` up to the pool size) on the policy's own ``states`` into OUT/own and,
     with ``proxy_states`` (the same candidates encoded by another model), on those into OUT/proxy; then
     writes OUT/summary.json and OUT/report.md (own, proxy, own - proxy). ``settings``: further
     ``CrossvalSettings`` fields (``n_folds``, ``n_draws``, ``n_boot``, ``seed``, ``scorer_epochs``, ...).
@@ -34,7 +35,8 @@ def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_sta
     out = Path(out)
     trajs = load_jsonl(pools)
     use_ks = premise_ks([len(p.candidates) for p in group_pools(trajs)], ks)
-    kw = {"group_by": "instance", "agent_transfer": False, "target_recalls": PREMISE_RECALLS} | settings
+    kw = {"group_by": "instance", "agent_transfer": False, "target_recalls": PREMISE_RECALLS,
+          "gen_test_key": EXAMPLES_KEY} | settings
     kw |= {"ks": use_ks, "premise": True}
     runs = {"own": states} | ({"proxy": proxy_states} if proxy_states is not None else {})
     for name, st in runs.items():  # both stores hold every candidate: checked before any run starts

@@ -102,7 +102,8 @@ class ReproduceSettings(ProtocolSettings):
     key_order = ("data", "out", "runs", "include_leaky", "instances", "n_unresolved", "max_instances",
                  "max_span_tokens", "max_prompt_tokens", "verifier_max_tokens", "model", "dtype", "n_folds", "ks",
                  "n_draws", "n_boot", "seed", "scorer_epochs", "variants", "curve_fractions", "sweep",
-                 "sweep_span_tokens", "sweep_patch_tokens", "full", "group_by", "agent_transfer", "guard_false_alarm", "target_recalls")
+                 "sweep_span_tokens", "sweep_patch_tokens", "full", "group_by", "agent_transfer", "guard_false_alarm", "target_recalls",
+                 "gen_test_key", "testgen_tokens")
 
     def __post_init__(self):
         super().__post_init__()

@@ -5,7 +5,7 @@ Output folder (format ``latentsift-rollout`` version 1)::
 
     manifest.json              model file and fingerprint, the rollout settings, run name, threads
     tasks/<task>.jsonl.gz      one task's K trajectories (the resume unit; written atomically)
-    trajectories.jsonl.gz      the finished tasks of the call's task list, in task order (rewritten at the end)
+    trajectories.jsonl.gz      the finished tasks of the call's task list, in task order (rewritten after every task)
     states/                    the state store (one shard per task) that extract, fit, crossval,
                                filter and reproduce read
 
@@ -15,6 +15,7 @@ bytes. gzip files are written with a zero timestamp and no name, so they are byt
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -39,7 +40,8 @@ from ..trajectories.sandbox import SandboxLimits
 from ..trajectories.tasks import humaneval_path, load_tasks
 from ..trajectories.trajectory import Trajectory, dumps
 
-__all__ = ["ROLLOUT_FORMAT", "RolloutProgress", "RolloutReport", "run_rollouts", "sandbox_env"]
+__all__ = ["ROLLOUT_FORMAT", "RolloutProgress", "RolloutReport", "assemble_trajectories", "export_dataset",
+           "run_rollouts", "sandbox_env"]
 
 ROLLOUT_FORMAT = "latentsift-rollout"
 ROLLOUT_VERSION = 1
@@ -104,6 +106,77 @@ def task_file(task_id: str) -> str:
 def _read_part(path: Path) -> list[Trajectory]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return [Trajectory.from_dict(json.loads(line), where=str(path)) for line in f if line.strip()]
+
+
+def assemble_trajectories(out: str | os.PathLike, task_ids: Sequence[str], dest: str | os.PathLike) -> int:
+    """Write the finished tasks' trajectories of the rollout folder ``out`` (its ``tasks/`` files), in the
+    order of ``task_ids``, to ``dest`` as one gzipped canonical JSONL file (atomically); returns the number
+    of trajectories. ``run_rollouts`` calls it after every task, so a killed run's file holds every task
+    it finished."""
+    parts = [Path(out) / TASKS_DIR / task_file(t) for t in task_ids]
+    trajs = [tr for p in parts if p.is_file() for tr in _read_part(p)]
+    atomic_write_bytes(Path(dest), gzip_bytes("".join(dumps(tr) + "\n" for tr in trajs)))
+    return len(trajs)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> (I, N) with 1 <= I <= N (``--shard``); anything else is refused in one line."""
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not m or not 1 <= int(m[1]) <= int(m[2]):
+        raise LatentSiftError(f"--shard must be I/N with 1 <= I <= N (e.g. 1/2). Got {text!r} instead.")
+    return int(m[1]), int(m[2])
+
+
+def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: str | os.PathLike) -> dict:
+    """The shareable part of one rollout folder, or of several that ran the same model and settings on
+    other tasks (``--shard``), with no states: ``dest/trajectories.jsonl.gz`` (every finished task, in
+    task order) and ``dest/manifest.json`` (the rollout's manifest and the dataset's counts). Anyone
+    rebuilds the states from it by replay (``latentsift extract --model``). ``dest`` must be a new folder
+    or one this function wrote; returns the manifest written."""
+    outs = [Path(outs)] if isinstance(outs, (str, os.PathLike)) else [Path(o) for o in outs]
+    dest = Path(dest)
+    mans = []
+    for out in outs:
+        if not (out / MANIFEST).is_file():
+            raise LatentSiftError(f"{str(out)!r} is not a rollout folder (no {MANIFEST}).")
+        mans.append(read_json(out / MANIFEST))
+        if mans[-1].get("format") != ROLLOUT_FORMAT:
+            raise LatentSiftError(f"{str(out / MANIFEST)!r} is not a {ROLLOUT_FORMAT} manifest.")
+        other = [k for k in MATCHED + ("model", "tasks") if mans[-1].get(k) != mans[0].get(k)]
+        if other:
+            raise LatentSiftError(f"{str(out)!r} ran with another {other[0]} than {str(outs[0])!r}: its samples "
+                                  "cannot join the same dataset.")
+    with owned_output(dest, outs, kind="rollout-dataset"), contextlib.ExitStack() as locks:
+        dest.mkdir(parents=True, exist_ok=True)
+        for out in outs:  # the rollouts read are not written meanwhile
+            locks.enter_context(WriterLock(out / LOCK, what=out))
+        by_task: dict[str, list[Trajectory]] = {}
+        for out in outs:
+            for p in sorted((out / TASKS_DIR).glob("*.jsonl.gz")):
+                part = _read_part(p)
+                if not part:
+                    continue
+                seen = by_task.get(part[0].instance_id)
+                if seen is not None and [dumps(t) for t in seen] != [dumps(t) for t in part]:
+                    raise LatentSiftError(f"The task {part[0].instance_id!r} is in two of the folders with different "
+                                          "samples (other code, machine or dtype?): they cannot join one dataset.")
+                by_task[part[0].instance_id] = part   # a task run twice alike (a shard that redid it) counts once
+        trajs = [t for tid in _task_order(mans[0], by_task) for t in by_task[tid]]
+        atomic_write_bytes(dest / TRAJECTORIES, gzip_bytes("".join(dumps(tr) + "\n" for tr in trajs)))
+        labels = {tid: [t.label for t in part] for tid, part in by_task.items()}
+        man = mans[0] | {"format": ROLLOUT_FORMAT + "-dataset", "n_tasks": len(labels), "n_samples": len(trajs),
+                         "n_passed": int(sum(t.label for t in trajs)),
+                         "n_mixed_tasks": sum(0 < sum(v) < len(v) for v in labels.values())}
+        atomic_write_json(dest / MANIFEST, man)
+    return man
+
+
+def _task_order(man: dict, task_ids) -> list[str]:
+    """The run's task order: HumanEval's file order for HumanEval, else by id."""
+    ids = set(task_ids)
+    if man.get("tasks") == Path(humaneval_path()).name:
+        return [t.task_id for t in load_tasks() if t.task_id in ids]
+    return sorted(ids)
 
 
 def sandbox_env(limits: SandboxLimits | None = None, workers: int = 2) -> tuple[ExampleRunner, Judge]:
@@ -205,22 +278,24 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
                     progress(RolloutProgress(report.n_run, len(todo), report.n_skipped, report.n_generated,
                                              time.perf_counter() - t0, task.task_id, report.n_passed,
                                              report.n_samples))
+                assemble_trajectories(out, ids, out / TRAJECTORIES)
                 if on_task:
                     on_task(task.task_id)
-        parts = [out / TASKS_DIR / task_file(t) for t in ids]
-        lines = "".join(dumps(tr) + "\n" for p in parts if p.is_file() for tr in _read_part(p))
-        atomic_write_bytes(out / TRAJECTORIES, gzip_bytes(lines))
+        assemble_trajectories(out, ids, out / TRAJECTORIES)
     report.seconds = time.perf_counter() - t0
     return report
 
 
 def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, model=None, dtype: str = AUTO_DTYPE,
-                    settings: RolloutSettings, first: int | None = None, run: str | None = None, threads: int = 1,
+                    settings: RolloutSettings, first: int | None = None, run: str | None = None,
+                    shard: str | None = None, threads: int = 1,
                     timeout: float = 10.0, workers: int = 2, log: Callable[[str], object] = print,
                     progress: Callable | None = None) -> RolloutReport:
     """``latentsift rollout``: every option checked before any work, the tasks read (HumanEval when
     ``tasks`` is None), the policy loaded and the rollouts run into ``out`` (created or resumed)."""
     with owned_output(out, [tasks, model], kind="rollout"):  # a second writer is refused before the model loads
+        if shard is not None:
+            parse_shard(shard)
         for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
                         ("threads", threads), ("workers", workers), ("tasks", first)):
             if v is not None and v < 1:
@@ -232,6 +307,9 @@ def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, 
         path = tasks if tasks is not None else humaneval_path()
         task_list = load_tasks(tasks)
         task_list = task_list[:first] if first else task_list
+        if shard is not None:
+            i, n = parse_shard(shard)
+            task_list = task_list[i - 1::n]
         log(f"{len(task_list)} tasks from {path}; loading the model ...")
         policy = load_policy(model, dtype=dtype, device="cpu")
         log(f"model: {policy.describe()}")

@@ -56,7 +56,7 @@ class CrossvalSettings(ProtocolSettings):
     owner = "crossval"
     key_order = ("pools", "states", "out", "group_by", "n_folds", "ks", "n_draws", "n_boot", "seed", "scorer_epochs",
                  "variants", "curve_fractions", "agent_transfer", "verifier", "first_instances", "on_leak", "sources",
-                 "guard_false_alarm", "target_recalls", "premise")
+                 "guard_false_alarm", "target_recalls", "premise", "gen_test_key", "testgen_tokens")
 
     def __post_init__(self):
         super().__post_init__()

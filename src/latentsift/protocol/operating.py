@@ -30,6 +30,7 @@ from ..metrics.calibrate import ece_ci, fit_calibration, reliability
 from ..metrics.bootstrap import CI_LEVEL, bootstrap_indices, mean_ci
 from ..deploy.operating import PROMISE
 from ..sift.keep import GUARANTEE, PAPER_KEEP, CalibrationPools, RecallKeep
+from ..sift.keep_adaptive import GapRecallKeep
 from ..sift.keep_confident import ConfidentRecallKeep
 from ..sift.rules import REFERENCE, rule_keys
 from ..trajectories.trajectory import Pool, group_pools
@@ -54,6 +55,24 @@ def filter_table(filt: Any, pools) -> dict[str, dict[str, float]]:
     return out
 
 
+def filter_values(filt: Any, pools) -> dict[str, dict[str, float]] | None:
+    """instance -> traj_id -> the filter's *value* on full pools: its score before the within-pool ranking (a
+    rule's raw score, else the learned logit q_lin), comparable across pools; None when the filter has none
+    (an EF table's scores are values already, and a distance-only filter ranks per channel)."""
+    table = getattr(filt, "table", None)
+    if table is None:
+        return None
+    out = {}
+    for p in pools:
+        ids = sorted(c.traj_id for c in p.candidates)
+        _, prep = table[p.instance_id]
+        v = prep.raw if prep.raw is not None else prep.q_lin
+        if v is None:
+            return None
+        out[p.instance_id] = dict(zip(ids, np.asarray(v, dtype=np.float64)[prep.positions(ids)].tolist()))
+    return out
+
+
 def _cal_pools(pools, table, labels) -> CalibrationPools:
     ids = [sorted(c.traj_id for c in p.candidates) for p in pools]
     return CalibrationPools([p.instance_id for p in pools], ids,
@@ -69,16 +88,21 @@ class CleanCalibration:
         self.nested = (nested or {}).get("scorers", {})
         self.label_free = set(rule_keys()) | {LABEL_FREE}
 
-    def pools(self, name: str, k: int, pick: Callable | None = None) -> tuple[CalibrationPools | None, str]:
+    def pools(self, name: str, k: int, pick: Callable | None = None,
+              values: bool = False) -> tuple[CalibrationPools | None, str]:
         """The other folds' pools (``pick(pools)``: a part of each, e.g. one agent's candidates) scored
-        for fold k, and how (None: no clean calibration)."""
+        for fold k, and how (None: no clean calibration, or ``values`` and the filter has none).
+        ``values``: the filter's values across pools (``filter_values``) instead of its within-pool ranks."""
         parts = []
         if name in self.label_free:
             how = "label-free scores (no training): the other folds' pools"
             for j, ps in self.fold_pools.items():
                 if j != k:
                     ps = list(ps if pick is None else pick(ps))
-                    parts.append(_cal_pools(ps, filter_table(self.filters[name], ps), self.labels))
+                    table = (filter_values if values else filter_table)(self.filters[name], ps)
+                    if table is None:
+                        return None, "no value across pools"
+                    parts.append(_cal_pools(ps, table, self.labels))
             return _merge(parts), how
         by_inst = self.nested.get(k, {}).get(name)
         if not by_inst:
@@ -87,8 +111,17 @@ class CleanCalibration:
         for j, ps in self.fold_pools.items():
             if j != k:
                 ps = [p for p in (ps if pick is None else pick(ps)) if p.instance_id in by_inst]
-                parts.append(_cal_pools(ps, {p.instance_id: by_inst[p.instance_id](
-                    p.instance_id, sorted(c.traj_id for c in p.candidates)) for p in ps}, self.labels))
+                if values:
+                    table = {}
+                    for p in ps:
+                        v = filter_values(by_inst[p.instance_id], [p])
+                        if v is None:
+                            return None, "no value across pools"
+                        table |= v
+                else:
+                    table = {p.instance_id: by_inst[p.instance_id](p.instance_id, sorted(c.traj_id for c in p.candidates))
+                             for p in ps}
+                parts.append(_cal_pools(ps, table, self.labels))
         return _merge(parts), "nested: the other folds' pools, each scored by the filter fitted without its fold " \
                               "and fold k"
 
@@ -140,7 +173,7 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
                     except LatentSiftError:
                         status = f"calibration too small for R={r:g} ({cal.n_positive()} pools with a " \
                                  f"resolved candidate): keep all"
-                hits = []
+                hits, n0 = [], len(acc["calls"])
                 for t_ids, sc, y in zip(test.traj_ids, test.scores, test.labels):
                     m = np.ones(len(t_ids), dtype=bool) if op is None else op.keep(sc, t_ids)
                     acc["calls"].append(float(m.sum()))
@@ -152,6 +185,9 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
                 acc["folds"].append({"fold": k, "status": status, "calibration": how.split(":")[0],
                                      "n_pools": len(test.scores), "n_pools_with_resolved": len(hits),
                                      "realized_recall": float(np.mean(hits)) if hits else None,
+                                     "verifier_calls": float(np.mean(acc["calls"][n0:])) if test.scores else None,
+                                     "n_candidates": float(np.mean([len(t) for t in test.traj_ids]))
+                                     if test.scores else None,
                                      **({} if op is None else {k2: v for k2, v in op.to_dict().items()
                                                                if k2 in ("threshold", "p_threshold",
                                                                          "n_calibration_pools", "n_lost_allowed")})})
@@ -202,6 +238,7 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
                 entry["targets"][f"{r:g}"] = row
         out["filters"][name] = entry
     out["cheapest"] = {f"{r:g}": _cheapest(per_filter, r, boot, adj) for r in targets}
+    out["adaptive"] = adaptive_points(fold_pools, filters, clean, labels, per_filter, boot, targets, s)
     out["new_agent"] = new_agent_curves(run, trajs, fold_pools, filters, clean, targets=targets)
     return out
 
@@ -266,6 +303,65 @@ def _target_row(acc: dict, boot: np.ndarray, ref: dict | None, with_tokens: bool
             d["realized_recall"] = mean_ci(hit[pos_idx] - np.array(ref["hit"], float)[pos_idx], rb)
         row["difference_vs_reference"] = d
     return row
+
+
+# ---------------------------------------------------------------------- adaptive scores: the value across pools
+ADAPTIVE_MAPS = {"value": RecallKeep, "gap": GapRecallKeep}   # score map -> keep rule on the filter's values
+
+
+def adaptive_points(fold_pools, filters: Mapping[str, Any], clean: CleanCalibration, labels: Mapping[str, int],
+                    per_filter: Mapping[str, dict], boot: np.ndarray, targets: Sequence[float], s) -> dict:
+    """The recall-targeted rule on each filter's value across pools (``filter_values``) instead of its
+    within-pool rank, beside the rank map of the same filter: per score map of ``ADAPTIVE_MAPS`` ("value":
+    keep the values reaching the threshold; "gap": keep those within the threshold of the pool's best,
+    ``sift.keep_adaptive``) and target, the realized recall and verifier calls, and the paired per-pool
+    differences against the rank map (same pools, same resamples; the calls difference also at the Bonferroni
+    level of this section's family). The calibration is clean as for the rank map (``CleanCalibration``). A
+    filter without a value (the EF verifier's scores are values already; a distance-only filter) is left out."""
+    have = {name: {k: filter_values(filt, ps) for k, ps in fold_pools} for name, filt in filters.items()}
+    have = {name: t for name, t in have.items() if all(v is not None for v in t.values())}
+    m_family = max(1, len(have) * len(ADAPTIVE_MAPS) * len(targets))
+    level = 1.0 - (1.0 - CI_LEVEL) / m_family
+    out: dict[str, Any] = {"maps": {m: cls.name for m, cls in ADAPTIVE_MAPS.items()}, "filters": {},
+                           "multiplicity": {"m": m_family, "level": level,
+                                            "rule": "Bonferroni over this section's family: every calls difference "
+                                                    "against the rank map, per filter, map and target"}}
+    for name, tests in have.items():
+        cals = {k: clean.pools(name, k, values=True)[0] for k, _ in fold_pools}
+        entry = {}
+        for mp, cls in ADAPTIVE_MAPS.items():
+            rows = {}
+            for r in targets:
+                calls, hit, pos, keep_all = [], [], [], 0
+                for k, ps in fold_pools:
+                    op = None
+                    if cals[k] is not None and cals[k].scores:
+                        try:
+                            op = cls(r, min_keep=1, seed=s.seed).fit(cals[k])
+                        except LatentSiftError:
+                            op = None
+                    keep_all += op is None
+                    test = _cal_pools(ps, tests[k], labels)
+                    for t_ids, sc, y in zip(test.traj_ids, test.scores, test.labels):
+                        m = np.ones(len(t_ids), dtype=bool) if op is None else op.keep(sc, t_ids)
+                        calls.append(float(m.sum()))
+                        pos.append(bool(y.any()))
+                        hit.append(bool((m & (y == 1)).any()))
+                rank = per_filter[name]["by_target"][r]
+                calls, hit, pos = np.array(calls), np.array(hit, float), np.array(pos)
+                idx = np.flatnonzero(pos)
+                rb = bootstrap_indices(idx.size, s.n_boot, np.random.default_rng(s.seed + 1)) if idx.size else None
+                rows[f"{r:g}"] = {
+                    "realized_recall": mean_ci(hit[idx], rb) if rb is not None else {"mean": None},
+                    "verifier_calls": mean_ci(calls, boot), "n_folds_keep_all": keep_all,
+                    "difference_vs_rank": {
+                        "verifier_calls": mean_ci(calls - np.array(rank["calls"]), boot),
+                        "verifier_calls_adjusted": mean_ci(calls - np.array(rank["calls"]), boot, level),
+                        "realized_recall": mean_ci(hit[idx] - np.array(rank["hit"], float)[idx], rb)
+                        if rb is not None else {"mean": None}}}
+            entry[mp] = rows
+        out["filters"][name] = entry
+    return out
 
 
 # ---------------------------------------------------------------------- a way back for a new agent

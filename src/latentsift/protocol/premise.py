@@ -116,6 +116,7 @@ def premise_section(table: Mapping[str, np.ndarray], scores: Mapping[str, np.nda
             "best_at_k": {f: {str(k): data["best_at_k"]["filters"][f][k] for k in ks} for f in shown}
             | {"oracle Pass@K": {str(k): data["best_at_k"]["oracle_pass"][k] for k in ks}},
             "final_verifier": (data["settings"].get("meta") or {}).get("stage4", "the run's EF verifier results"),
+            "stage3": (data["settings"].get("meta") or {}).get("stage3"),
             "ks": [str(k) for k in ks], "verifier_calls": calls, "target_recalls": [f"{r:g}" for r in PREMISE_RECALLS]}
 
 

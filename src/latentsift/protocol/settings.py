@@ -42,7 +42,10 @@ class ProtocolSettings:
     bank fractions of the training-set size curves (learned branch); ``agent_transfer``: the
     agent-transfer table (banks and scorers from one agent's trajectories); ``guard_false_alarm``:
     the shift guard's stated false-alarm rate (``shift.FALSE_ALARM``); ``target_recalls``: the pool
-    recalls of the operating-points evaluation (``protocol.operating``; the selection stays the paper's).
+    recalls of the operating-points evaluation (``protocol.operating``; the selection stays the paper's);
+    ``gen_test_key``: the trajectories' ``tests`` key of each candidate's generated-test score, the
+    cascade's Stage 3 (rollouts: ``examples_passed``, the docstring's examples; None: no Stage 3 scores);
+    ``testgen_tokens``: the tokens charged per pool when Stage 3 is reached (0 for docstring examples).
     """
 
     group_by: str = "repo"
@@ -57,6 +60,8 @@ class ProtocolSettings:
     agent_transfer: bool = True
     guard_false_alarm: float = FALSE_ALARM
     target_recalls: tuple[float, ...] = (0.90, 0.95, 0.99)
+    gen_test_key: str | None = None
+    testgen_tokens: float = 0.0
 
     owner: ClassVar[str] = "the protocol"     # names the command in error messages
     key_order: ClassVar[tuple[str, ...]] = ()  # to_dict's key order (default: the field order)
@@ -73,6 +78,9 @@ class ProtocolSettings:
             raise LatentSiftError(f"The 'curve_fractions' parameter of {self.owner} must hold fractions in (0, 1]. "
                                   f"Got {list(self.curve_fractions)} instead.")
         check_false_alarm(self.guard_false_alarm, "--guard-false-alarm", self.owner)
+        if not (isinstance(self.testgen_tokens, (int, float)) and self.testgen_tokens >= 0):
+            raise LatentSiftError(f"The 'testgen_tokens' parameter of {self.owner} must be a number >= 0. "
+                                  f"Got {self.testgen_tokens!r} instead.")
         self.target_recalls = tuple(check_target_recall(r, self.owner) for r in self.target_recalls)
         if not self.target_recalls:
             raise LatentSiftError(f"The 'target_recalls' parameter of {self.owner} must name at least one target. "

@@ -28,6 +28,19 @@ class DrawScorer:
         return filt.rank_subset(prep, traj_ids)
 
 
+def rule_scorers(pools, *, seed: int = 0, states=None, fingerprint=None, tokenizer=None) -> dict[str, DrawScorer]:
+    """key -> draw scorer of every registered rule filter on ``pools`` (label-free: no bank, no scorer); a rule
+    that needs a tokenizer is left out when none is given and the states are not either."""
+    out = {}
+    for rule in rules():
+        if rule.tokenizer and tokenizer is None and states is None:
+            continue
+        filt = rule.factory(seed=seed, **({"tokenizer": tokenizer} if rule.tokenizer else {}))
+        out[rule.key] = DrawScorer({i: (filt, p) for i, p in
+                                    filt.prepare_many(pools, states, fingerprint=fingerprint).items()})
+    return out
+
+
 def latentsift_variants(ablations: bool = True) -> dict[str, dict]:
     """The paper's method and its registered ablations (``latentsift.sift.ablations``: all on the paper's banks
     and scorer), name -> the settings it changes."""

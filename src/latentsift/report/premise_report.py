@@ -41,8 +41,11 @@ def premise_markdown(data: Mapping, pre: Mapping | None = None, *, title: str | 
                   for f, r in pre["retention"].items()]
         lines.append("")
     if ks and pre.get("best_at_k"):
-        lines += [f"{level} Best@K through the cascade", "", f"Final verifier: {pre.get('final_verifier')}. Best@K "
-                  "(%, 95% interval over instances).", "",
+        stage3 = (f"the candidates' tests[{pre['stage3']!r}] (highest score kept; where no candidate of a pool has "
+                  "one, skipped)" if pre.get("stage3") else "none (no generated-test scores given)")
+        lines += [f"{level} Best@K through the cascade", "", f"Stage 2 (regression tests): the pools' p2p counts where "
+                  f"present, else skipped. Stage 3 (generated tests): {stage3}. Final verifier: "
+                  f"{pre.get('final_verifier')}. Best@K (%, 95% interval over instances).", "",
                   "| filter | " + " | ".join(f"K={k}" for k in ks) + " |", "| :-- |" + " --: |" * len(ks)]
         lines += [f"| {filter_name(data, f)} | " + " | ".join(_pct_ci(r.get(k)) for k in ks) + " |"
                   for f, r in pre["best_at_k"].items()]

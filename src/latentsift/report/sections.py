@@ -359,6 +359,28 @@ def _operating_markdown(data: dict) -> list[str]:
         lines += [f"- {c['sentence']}"]
     if op.get("cheapest"):
         lines += [""]
+    ad = (op.get("adaptive") or {}).get("filters") or {}
+    if any(f in ad for f in names):
+        lines += ["Adaptive scores: the same rule on each filter's value across pools (value: keep what reaches the "
+                  "threshold; gap: keep what lies within it of the pool's best) beside the within-pool rank, the "
+                  "default. Realized recall / calls per pool; calls against the rank map at the Bonferroni level of "
+                  f"this comparison's family (m = {op['adaptive']['multiplicity']['m']}, "
+                  f"{100 * op['adaptive']['multiplicity']['level']:.2f}%) and recall against it (points, 95%), "
+                  "intervals over pools.", ""]
+        rows = []
+        for f in (f for f in names if f in ad):
+            for r, row in op["filters"][f]["targets"].items():
+                rank = row["realized_recall"]["pooled"].get("mean")
+                cells = [_name(data, f), r, "-" if rank is None else f"{rank:.3f} / {row['verifier_calls']['mean']:.2f}"]
+                for mp in ("value", "gap"):
+                    x = ad[f].get(mp, {}).get(r)
+                    cells += (["-", "-"] if not x or x["realized_recall"].get("mean") is None else
+                              [f"{x['realized_recall']['mean']:.3f} / {x['verifier_calls']['mean']:.2f}",
+                               f"{_ci_num(x['difference_vs_rank']['verifier_calls_adjusted'])}; "
+                               f"{_ci_pct(x['difference_vs_rank']['realized_recall'])}"])
+                rows.append(cells)
+        lines += [_table(["filter", "target R", "rank: recall / calls", "value: recall / calls",
+                          "value vs rank: calls; recall", "gap: recall / calls", "gap vs rank: calls; recall"], rows), ""]
     na = op.get("new_agent") or {}
     if na.get("pairs"):
         r0 = na["targets"][0]

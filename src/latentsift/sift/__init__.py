@@ -1,11 +1,13 @@
 """Stage 1: the filters. The paper's equations, one small pure module each (``margin``, ``rank``,
 ``fuse``, ``retain``), the keep rules (``keep``: the paper's fixed rule and the recall-targeted one; ``keep_confident``: its high-probability form,
+``keep_adaptive``: on the score's value across pools,
 with score calibration in ``calibration``), the learned scorer (``scorer``), the ``LatentSift`` filter (``sift``), the rule
 baselines and the registry of every filter (``rules``), the paper's ablations (``ablations``), the
 beyond-paper variants and the inner-CV default (``variants``) and early pruning on prefixes (``prune``).
 Eq. 3's ``fuse`` stays at ``fuse.fuse`` (re-exported here it would hide its module)."""
 from .calibration import CalibrationMap, fit_calibration
 from .keep import CalibrationPools, FixedKeep, KeepRule, RecallKeep, keep_rule, keep_rules
+from .keep_adaptive import GapRecallKeep
 from .keep_confident import ConfidentRecallKeep
 from .margin import step_margins
 from .prune import PrefixSift, Pruner
@@ -16,7 +18,7 @@ from .scorer import LinearScorer
 from .sift import CandidateScore, FilterRun, LatentSift, PoolResult, Stage1Filter
 from .variants import LogisticProbe, StackedFilter
 
-__all__ = ["CalibrationMap", "CalibrationPools", "CandidateScore", "ConfidentRecallKeep", "FilterRun", "FixedKeep", "KeepRule", "LatentSift",
+__all__ = ["CalibrationMap", "CalibrationPools", "CandidateScore", "ConfidentRecallKeep", "FilterRun", "FixedKeep", "GapRecallKeep", "KeepRule", "LatentSift",
            "LinearScorer", "LogisticProbe", "PoolResult", "PrefixSift", "Pruner", "RecallKeep", "RuleFilter",
            "StackedFilter", "Stage1Filter", "filter_entry", "fit_calibration", "keep_rule", "keep_rules",
            "grouped_normalized_ranks", "min_channel_rank", "normalized_ranks", "order_by_score", "register_filter",

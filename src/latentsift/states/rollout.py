@@ -13,7 +13,8 @@ Scaffold (every string below is a setting of :class:`RolloutSettings`):
 Each turn is one step of the canonical trajectory: ``cot`` = the reply's text outside the block,
 ``fn`` = the code inside it (the fences are markup), ``obs`` = the tool's report shown to the policy
 (empty for the submitting step: nothing more is shown). The label is the hidden tests' verdict on the
-submitted code. So channels, banks and the explorer read these trajectories like any other.
+submitted code (``tests["hidden_passed"]``); ``tests["examples_passed"]`` is the submitted code's share of
+the docstring's examples passed (absent where the task has none). So channels, banks and the explorer read these trajectories like any other.
 
 The environment (running the examples, judging) is passed in as two callables of ``(task, code)``, so
 any sandbox plugs in (``latentsift rollout`` uses ``trajectories.sandbox``).
@@ -43,6 +44,9 @@ FEEDBACK_TEMPLATE = ("Result of running your code on the docstring's examples:\n
                      "write the complete corrected function in one ```python block.")
 NO_CODE_MESSAGE = "No ```python code block found. Write the complete function in one ```python block."
 SCAFFOLD = "latentsift-rollout"
+#: ``tests`` key of the submitted code's share of docstring examples passed (the cascade's Stage 3 score
+#: for rollouts: tests that cost no generation tokens); absent where the task has no examples.
+EXAMPLES_KEY = "examples_passed"
 SOURCE_FORMAT = "latentsift-rollout"
 _BLOCK = re.compile(r"```[ \t]*(?:python3?|py|Python)?[ \t]*\n(.*?)\n?```", re.DOTALL)
 _OPEN = re.compile(r"```[ \t]*(?:python3?|py|Python)?[ \t]*\n", re.DOTALL)
@@ -203,6 +207,7 @@ def rollout_task(policy, task, settings: RolloutSettings, run_examples: ExampleR
                               "max_new_tokens": settings.max_new_tokens, "max_turns": settings.max_turns})
              for i, tid in enumerate(sample_traj_ids(run, task.task_id, settings.k))]
     code = [""] * settings.k
+    code_rep: list[ToolReport | None] = [None] * settings.k   # the examples' result of code[i]
     active = list(range(settings.k))
     for turn in range(settings.max_turns):
         gen = batch.turn(active, [target_of(trajs[i], tok, suffix) for i in active], sampling)
@@ -224,7 +229,7 @@ def rollout_task(policy, task, settings: RolloutSettings, run_examples: ExampleR
         still = []
         for i, (cot, fn, parts), rep, stop, n in zip(active, parsed, reports, stops, map(len, gen)):
             if fn.strip():
-                code[i] = fn
+                code[i], code_rep[i] = fn, rep
             done = last or (rep is not None and rep.passed)
             obs = "" if done else (settings.feedback_template.format(report=rep.text) if rep is not None
                                    else settings.no_code_message)
@@ -255,6 +260,9 @@ def rollout_task(policy, task, settings: RolloutSettings, run_examples: ExampleR
         t.patch = code[i]
         t.reward = float(ok)
         t.tests = {"hidden_passed": int(ok)}
+        rep = code_rep[i]
+        if rep is not None and rep.n_total:   # the submitted code's share of docstring examples passed
+            t.tests[EXAMPLES_KEY] = rep.n_passed / rep.n_total
         t.meta["turns"] = t.n_steps
         out.append(Rollout(t, batch.states(i, finals[i], t.traj_id) if capture else None))
     stats.forward = batch.n_forward_tokens
