@@ -1,7 +1,7 @@
 """Every command that writes takes its output one way (``latentsift._core.outputs.owned_output``): the output
 checked, then its writer lock. Tried on the command line, command by command: while another process writes
 the same --out, the command is refused at once (one ``error:`` line, nothing written, no model loaded), and a
-file of the user's at --out is refused, untouched. The table of commands is checked against the command
+file or folder of the user's at --out is refused, untouched. The table of commands is checked against the command
 line itself, so a new command that writes an --out must join it."""
 from __future__ import annotations
 
@@ -63,6 +63,12 @@ def test_a_second_writer_and_a_file_of_the_user_are_refused(path, canonical, tmp
     out.write_text("the user's notes")
     refused(cli(*args), str(out))
     assert out.read_text() == "the user's notes" and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+    if path not in FILE_OUTPUTS:  # a folder of the user's
+        out.unlink()
+        out.mkdir()
+        (out / "notes.txt").write_text("the user's notes")
+        refused(cli(*args), str(out), "non-empty folder")
+        assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
 def test_owned_output_checks_then_locks_and_writes_atomically(tmp_path):

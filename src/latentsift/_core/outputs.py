@@ -32,7 +32,9 @@ SITE_MANIFEST = ".latentsift-site.json"
 KIND_NAMES = {"store": "a state store", "bank": "a bank", "scorer": "a scorer", "sifter": "a sifter",
               "verifier": "verifier results", "run": "a run folder", "report": "a report folder",
               "site": "an explorer site", "rollout": "a rollout folder",
-              "rollout-dataset": "a rollout dataset"}
+              "rollout-dataset": "a rollout dataset", "premise": "a premise run folder"}
+#: The run folder a premise run writes first, inside its own folder (``latentsift premise``: OUT/own).
+PREMISE_OWN = "own"
 
 
 #: The single files the commands write: kind -> (how the file begins, readable name).
@@ -73,6 +75,8 @@ def artefact_kind(path: str | os.PathLike) -> str | None:
         return "scorer"
     if (p / "bank.safetensors").is_file():
         return "bank"
+    if artefact_kind(p / PREMISE_OWN) == "run":  # (its finished report is also summary.json + report.md)
+        return "premise"
     if (p / "summary.json").is_file() and (p / "report.md").is_file():
         return "report"  # (reproduce also writes its explorer site there)
     if (p / SITE_MANIFEST).is_file():
