@@ -18,10 +18,6 @@ from ..deploy.sifter import distance_auc, fold_distance
 from ..sift.variants import DEFAULT, LogisticProbe, fit_stack, pool_rank_features, trajectory_signals, variant_setting
 from .curves import learning_curves
 
-def trajs_of(bank_trajs, eval_pools):
-    return list(bank_trajs) + [c for p in eval_pools for c in p.candidates]
-
-
 def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer, per_instance, put, *,
                     curves: bool = True) -> dict:
     """Beyond-paper variants of one outer fold, the registered filters of kind "variant"
@@ -59,10 +55,9 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
 
 
 def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, probe_eval, per_instance,
-                     put, stacks=None) -> dict:
-    """Stacked fusions (``stacks``: their registered entries; default every registered variant with signals)
-    with weights fitted on cross-fitted bank signals, and the inner-CV choice among them."""
-    stacks = [e for e in filters("variant") if e.signals is not None] if stacks is None else stacks
+                     put, stacks) -> dict:
+    """Stacked fusions (``stacks``: the registered variants with ``signals``) with weights fitted on
+    cross-fitted bank signals, and the inner-CV choice among them."""
     names = {variant_setting(e.key): e for e in stacks}
     seed = run.settings.seed
     # cross-fitted bank signals for the stacked fusion and the choice: inner folds of the bank split by the
