@@ -15,7 +15,6 @@ bytes. gzip files are written with a zero timestamp and no name, so they are byt
 """
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import io
@@ -146,10 +145,10 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
         if other:
             raise LatentSiftError(f"{str(out)!r} ran with another {other[0]} than {str(outs[0])!r}: its samples "
                                   "cannot join the same dataset.")
-    with owned_output(dest, outs, kind="rollout-dataset"), contextlib.ExitStack() as locks:
+    # the rollout folders are only read (each task file was written whole, atomically): a running rollout
+    # can be exported, and the dataset holds the tasks it had finished
+    with owned_output(dest, outs, kind="rollout-dataset"):
         dest.mkdir(parents=True, exist_ok=True)
-        for out in outs:  # the rollouts read are not written meanwhile
-            locks.enter_context(WriterLock(out / LOCK, what=out))
         by_task: dict[str, list[Trajectory]] = {}
         for out in outs:
             for p in sorted((out / TASKS_DIR).glob("*.jsonl.gz")):

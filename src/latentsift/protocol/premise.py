@@ -149,7 +149,7 @@ def own_vs_proxy(own_dir: str | Path, proxy_dir: str | Path, *, n_boot: int = 10
     names = [n for n in PREMISE_SCORES if n in own["scores"] and n in proxy["scores"]]
     adjusted = 1.0 - (1.0 - level) / max(len(names), 1)
     out = {"rule": "AUC(own) - AUC(proxy) for the same filter on the same candidates, paired bootstrap over "
-                   f"instances ({n_boot} resamples); Bonferroni level over the {len(names)} filters compared",
+                   f"instances ({n_boot} resamples); the Bonferroni level is over the {len(names)} filters compared",
            "bonferroni_level": adjusted, "n_candidates": len(own["traj_id"]),
            "n_instances": len(set(own["instance_id"])), "filters": {},
            "not_compared": sorted(set(PREMISE_SCORES) - set(names))}

@@ -15,15 +15,16 @@ def _calls(c: Mapping | None) -> str:
 
 
 def premise_markdown(data: Mapping, pre: Mapping | None = None, *, title: str | None = "## The premise: own "
-                     "states against length", level: str = "###") -> list[str]:
-    """A run's premise section: the rules, the AUC table (Bonferroni level), retention@K and verifier calls."""
+                     "states against length", level: str = "###", whose: str = "Own") -> list[str]:
+    """A run's premise section: the rules, the AUC table (Bonferroni level), retention@K and verifier calls.
+    ``whose``: whose states the run read ("Own"; "Proxy" for the proxy encoder's run)."""
     pre = pre if pre is not None else data.get("premise")
     if not pre:
         return []
     m = pre["multiplicity"]
     lines = ([title, ""] if title else []) + ["Rules (stated before the numbers):", ""]
     lines += [f"- {k}: {v}." for k, v in pre["rules"].items()]
-    lines += ["", f"Own states beat length: **{pre['own_states_beat_length']}** (the paper's method by the rule above; "
+    lines += ["", f"{whose} states beat length: **{pre['own_states_beat_length']}** (the paper's method by the rule above; "
                   "per score: " + ", ".join(f"{filter_name(data, n)} {v}" for n, v in pre["beats_length"].items())
               + ").", ""]
     for n, why in pre.get("missing_scores", {}).items():
@@ -69,7 +70,7 @@ def premise_markdown(data: Mapping, pre: Mapping | None = None, *, title: str | 
 def own_vs_proxy_markdown(cmp: Mapping, names: Mapping[str, str] | None = None) -> list[str]:
     """AUC(own) - AUC(proxy) per filter, with its 95% and Bonferroni intervals."""
     names = names or {}
-    lines = ["## Own states against the proxy encoder", "", f"Rule: {cmp['rule']}; Bonferroni level "
+    lines = ["## Own states against the proxy encoder", "", f"Rule: {cmp['rule']}: "
              f"{cmp['bonferroni_level']:.4f}. {cmp['n_candidates']} candidates of {cmp['n_instances']} tasks.", "",
              "| filter | AUC own | AUC proxy | own - proxy [95%] | outcome | adj. interval | adj. outcome |",
              "| :-- | --: | --: | --: | :-- | --: | :-- |"]
@@ -97,8 +98,8 @@ def premise_report_markdown(summary: Mapping) -> str:
                   f"Encoder: {fp.get('architecture', 'n/a')} ({fp.get('n_layers', '?')} layers, "
                   f"d = {fp.get('d_model', '?')}); "
                   f"agents: {who}; {comp.get('n_instances', '?')} tasks, {comp.get('n_repositories', '?')} "
-                  f"repositories; folds by {comp.get('group_by', '?')}. Full run: `{name}/report/report.md`.", ""]
-        lines += premise_markdown({"settings": {}}, r["premise"], title=None)
+                  f"{'repository' if comp.get('n_repositories') == 1 else 'repositories'}; folds by {comp.get('group_by', '?')}. Full run: `{name}/report/report.md`.", ""]
+        lines += premise_markdown({"settings": {}}, r["premise"], title=None, whose=name.capitalize())
     if summary.get("own_vs_proxy"):
         lines += own_vs_proxy_markdown(summary["own_vs_proxy"])
     return "\n".join(lines) + "\n"
