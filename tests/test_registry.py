@@ -176,30 +176,24 @@ def _home(obj) -> str:
 
 
 def _name_literals() -> dict[str, set[str]]:
-    """string literal -> the source files that spell it as a name: every string constant but the value of a
-    module-level constant marked ``# homonym:`` (a different concept spelled the same, e.g. the cascade's
-    tie rule "random", which is not the random filter)."""
+    """string literal -> the source files that spell it (every string constant, none exempt)."""
     out: dict[str, set[str]] = {}
     for f in sorted((SRC / "latentsift").rglob("*.py")):
-        text = f.read_text()
-        lines = text.splitlines()
-        tree = ast.parse(text)
-        marked = [node for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-                  and "# homonym:" in lines[node.end_lineno - 1]]
-        for node in marked:  # only a named module-level constant may say it is a homonym
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            assert all(isinstance(t, ast.Name) and t.id.isupper() for t in targets), f"{f}:{node.lineno}"
-        homonym = {id(c) for node in marked for c in ast.walk(node)}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in homonym:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 out.setdefault(node.value, set()).add(str(f.relative_to(SRC)))
     return out
 
 
-def test_every_registered_name_is_spelled_in_the_module_that_registers_it():
-    """A registered name (a filter's results key too), as a string literal, is in one source file: the module
-    of the registered object; a name that two kinds register (an importer and a verifier backend both
-    "openai") is in those two modules only."""
+WORDS = "latentsift/_core/words.py"
+
+
+def test_every_registered_name_is_spelled_in_one_source_file():
+    """A registered name (a filter's results key too), as a string literal, is in exactly one source file: the
+    module of the registered object, or, for a word that names more than one thing (registered in two kinds, as
+    "local" and "openai", or also another concept, as the cascade's tie rule "random"), the words module
+    ``latentsift._core.words``, which holds such words only."""
+    from latentsift._core import words
     _package_modules()
     literals = _name_literals()
     homes: dict[str, set[str]] = {}
@@ -207,7 +201,44 @@ def test_every_registered_name_is_spelled_in_the_module_that_registers_it():
         for e in registry_entries(kind):
             for word in {e.name, e.info.get("key", e.name)}:
                 homes.setdefault(word, set()).add(_home(e.obj))
-    assert {"random", "latentsift", "local", "torch", "sweagent", "branch:distance"} <= set(homes)  # none exempt
+    assert {"random", "latentsift", "local", "openai", "torch", "sweagent", "branch:distance", "variant:stack:length",
+            "variant:scaffold-bank", "sweep:*", "default", "ef_verifier"} <= set(homes)  # none exempt
     stray = {w: sorted(literals.get(w, set())) for w, home in homes.items()
-             if not literals.get(w, set()) <= home or len(literals.get(w, set())) > len(home)}
+             if not (literals.get(w, set()) <= home and len(literals.get(w, set())) <= 1)
+             and literals.get(w) != {WORDS}}
     assert stray == {}
+    held = {v for k, v in vars(words).items() if k.isupper() and isinstance(v, str)}
+    assert held and held <= set(homes) and all(literals[w] == {WORDS} for w in held)
+    assert len(homes["local"]) == 2 and len(homes["openai"]) == 2  # registered in two kinds: one spelling
+
+
+def test_the_variants_and_the_sweep_are_registered_filters():
+    """The beyond-paper variants (stacks included) and the sweep's family are registered filters: the protocol
+    builds the variants in registration order, its tables and the report find them by kind, and a post-hoc
+    filter is one registered as such."""
+    from latentsift.protocol.decide import REF_LENGTH_STACK, is_post_hoc
+    from latentsift.protocol.tables import ablation_tables
+    from latentsift.sift.rules import PAPER, filters, find_filter
+    from latentsift.sift.variants import (DEFAULT, PROBE, STACK_CONFIGS, SWEEP, StackedFilter, sweep_filter, sweep_name,
+                                          variant_setting)
+    variants = filters("variant")
+    assert [variant_setting(e.key) for e in variants if e.signals] == list(STACK_CONFIGS)
+    assert len(variants) == 10 and all(e.key == e.name for e in variants)
+    stack = filter_entry(REF_LENGTH_STACK)
+    assert stack.factory is StackedFilter and stack.signals == ("neg_chars", "neg_steps") and stack.post_hoc
+    assert filter_entry(PROBE).signals == ("probe",) and not filter_entry(PROBE).post_hoc
+    assert sweep_name("gemma", PAPER) == "sweep:gemma" and sweep_name("gemma", DEFAULT) == "sweep:gemma:default"
+    assert sweep_filter(sweep_name("gemma", DEFAULT)) == DEFAULT and sweep_filter(sweep_name("gemma", PAPER)) == PAPER
+    assert find_filter(sweep_name("gemma", DEFAULT)).name == SWEEP and find_filter("_components") is None
+    assert is_post_hoc(REF_LENGTH_STACK) and is_post_hoc(sweep_name("gemma", DEFAULT)) and is_post_hoc(DEFAULT)
+    assert not is_post_hoc(PROBE) and not is_post_hoc(sweep_name("gemma", PAPER)) and not is_post_hoc(PAPER)
+    names = [PAPER, DEFAULT, "shortest_chars", "_components", sweep_name("g", PAPER), REF_LENGTH_STACK, PROBE]
+    assert ablation_tables(names)["variants"]["filters"] == [PAPER, DEFAULT, sweep_name("g", PAPER), PROBE,
+                                                             REF_LENGTH_STACK, "shortest_chars"]
+    # a plugin's variant is a stack like the built-ins: registered post hoc, it is one
+    register_filter("variant:stack:plugin", key="variant:stack:plugin", kind="variant", signals=("neg_steps",),
+                    post_hoc=True)(type("PluginStack", (StackedFilter,), {"__module__": "my_plugin"}))
+    try:
+        assert is_post_hoc("variant:stack:plugin") and filters("variant")[-1].signals == ("neg_steps",)
+    finally:
+        unregister_filter("variant:stack:plugin")

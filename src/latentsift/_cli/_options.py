@@ -16,6 +16,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from .._jobs.extract import AUTO_DTYPE, DTYPES
+from .._jobs.filter import calibration_methods
 
 # --- inputs -------------------------------------------------------------------------------------
 StatesDirs = Annotated[List[Path], typer.Option(
@@ -44,6 +45,20 @@ GenTestKey = Annotated[Optional[str], typer.Option(
                            "generation tokens). Default: no Stage 3 scores.")]
 TestgenTokens = Annotated[float, typer.Option(
     "--testgen-tokens", help="Tokens charged per pool when Stage 3 is reached (writing its tests).")]
+
+# --- the calibration of a recall-targeted keep rule (filter and fit --target-recall) --------------
+CalibrationStates = Annotated[Optional[Path], typer.Option(
+    "--calibration-states", help="States of the calibration candidates (default: the --states store).")]
+Confidence = Annotated[Optional[float], typer.Option(
+    "--confidence", help="With --target-recall: the high-probability mode, P(pool recall >= R) >= this (1 - delta; "
+                         "Learn then Test), instead of expected pool recall >= R. Needs more calibration pools "
+                         "(printed).")]
+CalibrationMethod = Annotated[str, typer.Option(
+    "--calibration-method", help="Score -> P(resolved) map, a registered calibration method: "
+                                 + " or ".join(calibration_methods()) + ".")]
+CalibrationEpochs = Annotated[int, typer.Option(
+    "--calibration-epochs", help="Scorer epochs per half when the calibration pools are in the bank (cross-fitted "
+                                 "over two repository halves).")]
 
 # --- the policy model ---------------------------------------------------------------------------
 Model = Annotated[Optional[Path], typer.Option(

@@ -14,8 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .._core.validation import LatentSiftError
-from .._jobs.filter import DEFAULT_CALIBRATION, calibration_methods, filter_to_file, keep_rules, method_names
-from ._options import Seed, StatesDir, csv_list
+from .._jobs.filter import DEFAULT_CALIBRATION, filter_to_file, keep_rules, method_names
+from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, Seed, StatesDir,
+                       csv_list)
 from ._text import cell, markup
 
 
@@ -78,16 +79,10 @@ def filter_cmd(
                                            "(the best of those the rule keeps; a capped pool is not guaranteed)."),
     cost: str = typer.Option("calls", "--cost", help="What the rule saves: calls (candidates kept). tokens is "
                              "refused: no filter input holds the verifier's tokens per candidate."),
-    confidence: Optional[float] = typer.Option(None, "--confidence", help="With --target-recall: the high-probability "
-                                              "mode, P(pool recall >= R) >= this (1 - delta; Learn then Test), instead "
-                                              "of expected pool recall >= R. Needs more calibration pools (printed)."),
-    calibration_states: Optional[Path] = typer.Option(None, "--calibration-states", help="States of the calibration "
-                                                      "candidates (default: --states)."),
-    calibration_method: str = typer.Option(DEFAULT_CALIBRATION, "--calibration-method", help="Score -> "
-                                           "P(resolved) map, a registered calibration method: "
-                                           + " or ".join(calibration_methods()) + "."),
-    calibration_epochs: int = typer.Option(40, "--calibration-epochs", help="Scorer epochs per half when the "
-                                           "calibration pools are cross-fitted."),
+    confidence: Confidence = None,
+    calibration_states: CalibrationStates = None,
+    calibration_method: CalibrationMethod = DEFAULT_CALIBRATION,
+    calibration_epochs: CalibrationEpochs = 40,
     keep_rule: str = typer.Option(keep_rules()[0], "--keep-rule", help="Which candidates Stage 1 keeps: a "
                                   "registered keep rule, " + ", ".join(keep_rules()) + " (the first is the "
                                   "paper's max(min_keep, floor(frac K)); with --calibration a rule is fitted on it; "

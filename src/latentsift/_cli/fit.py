@@ -7,10 +7,11 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .._jobs.filter import DEFAULT_CALIBRATION, calibration_methods
+from .._jobs.filter import DEFAULT_CALIBRATION
 from .._jobs.operating import fit_sifter_with_operating_point
 from .._jobs.sifter import FALSE_ALARM
-from ._options import FirstInstances, ScorerEpochs, Seed, StatesDirs
+from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, FirstInstances, ScorerEpochs,
+                       Seed, StatesDirs)
 
 
 def register(app: typer.Typer) -> None:
@@ -35,15 +36,10 @@ def fit_cmd(
                                                   "rule for pool recall R on --calibration and save it as "
                                                   "SIFTER_DIR/operating_point.json (docs/operating.md)."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Labelled pools JSONL for --target-recall."),
-    calibration_states: Optional[Path] = typer.Option(None, "--calibration-states", help="Their states (default: the "
-                                                      "one --states store)."),
-    confidence: Optional[float] = typer.Option(None, "--confidence", help="With --target-recall: the high-probability "
-                                              "mode, P(pool recall >= R) >= this."),
-    calibration_method: str = typer.Option(DEFAULT_CALIBRATION, "--calibration-method", help="Score -> P(resolved) "
-                                           "map, a registered calibration method: " + " or ".join(calibration_methods())
-                                           + "."),
-    calibration_epochs: int = typer.Option(40, "--calibration-epochs", help="Scorer epochs per half when the "
-                                           "calibration pools are in the sifter's bank (cross-fitted)."),
+    calibration_states: CalibrationStates = None,
+    confidence: Confidence = None,
+    calibration_method: CalibrationMethod = DEFAULT_CALIBRATION,
+    calibration_epochs: CalibrationEpochs = 40,
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
     console = Console(stderr=True)

@@ -7,16 +7,22 @@ manifest or format files (``artefact_kind``). An output of the command's own kin
 resumed or replaced as the command documents. Anything else that exists at the output is refused: a
 non-empty folder that is not of the command's kind, and a file that is not the command's own earlier
 output (``file_kind``: recognised by its first bytes; an empty file holds nothing to lose).
+
+``owned_output(out, inputs, kind=...)`` is the one way a command takes its output: that check, then the
+writer lock beside the output (a second writer to the same output is refused at once), held while the
+command works; it yields an ``OwnedOutput`` whose files are written atomically.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
+from .io import atomic_write_json, atomic_write_text, output_lock
 from .validation import PACKAGE, LatentSiftError
 
 #: The explorer's list of the files it wrote (it deletes only those on a rerun).
@@ -26,7 +32,9 @@ SITE_MANIFEST = ".latentsift-site.json"
 KIND_NAMES = {"store": "a state store", "bank": "a bank", "scorer": "a scorer", "sifter": "a sifter",
               "verifier": "verifier results", "run": "a run folder", "report": "a report folder",
               "site": "an explorer site", "rollout": "a rollout folder",
-              "rollout-dataset": "a rollout dataset"}
+              "rollout-dataset": "a rollout dataset", "premise": "a premise run folder"}
+#: The run folder a premise run writes first, inside its own folder (``latentsift premise``: OUT/own).
+PREMISE_OWN = "own"
 
 
 #: The single files the commands write: kind -> (how the file begins, readable name).
@@ -67,6 +75,8 @@ def artefact_kind(path: str | os.PathLike) -> str | None:
         return "scorer"
     if (p / "bank.safetensors").is_file():
         return "bank"
+    if artefact_kind(p / PREMISE_OWN) == "run":  # (its finished report is also summary.json + report.md)
+        return "premise"
     if (p / "summary.json").is_file() and (p / "report.md").is_file():
         return "report"  # (reproduce also writes its explorer site there)
     if (p / SITE_MANIFEST).is_file():
@@ -103,7 +113,8 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
     ``inputs``: every path the command reads (``None`` entries are skipped). ``kind``: the artefact
     folder the command writes at ``out`` (an existing one of that kind may be resumed or replaced; an
     existing non-empty folder of another kind is refused). ``file``: the kind of single file it writes
-    there (``FILE_KINDS``; an existing file is replaced only if it is one). Returns the resolved path.
+    there (``FILE_KINDS``; an existing file is replaced only if it is one). Without ``file`` the command
+    writes a folder: a file at ``out`` is refused. Returns the resolved path.
     """
     o = _resolved(out)
     flat = []
@@ -138,7 +149,7 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
     if not os.access(existing if existing.is_dir() else existing.parent, os.W_OK):
         raise LatentSiftError(f"{option} {out}: {existing} is read-only (a read-only file system or no write "
                               f"permission); choose another {option}.")
-    if o.exists() and kind is not None and not o.is_dir():
+    if o.exists() and file is None and not o.is_dir():  # a folder of some kind, or a folder without one (premise)
         raise LatentSiftError(f"{option} {out} is a file, but this command writes a folder there: "
                               f"choose another {option}.")
     if file is not None and o.is_dir():
@@ -148,3 +159,43 @@ def check_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | No
         raise LatentSiftError(f"{option} {out} exists and is not {FILE_KINDS[file][1]} written by this command; "
                               f"replacing it would lose its contents: choose another {option} or remove the file.")
     return o
+
+
+class OwnedOutput:
+    """A command's output while the command holds it (``owned_output``): ``path`` (resolved), and the atomic
+    writes of the files the command writes itself (``name``: a file inside the output folder; None: the
+    output file itself). A reader never sees a half-written file; a kill leaves the old or the new one."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def file(self, name: str | None = None) -> Path:
+        return self.path if name is None else self.path / name
+
+    def write_text(self, text: str, name: str | None = None) -> Path:
+        atomic_write_text(self.file(name), text)
+        return self.file(name)
+
+    def write_json(self, obj: Any, name: str | None = None, **kw: Any) -> Path:
+        atomic_write_json(self.file(name), obj, **kw)
+        return self.file(name)
+
+
+@contextlib.contextmanager
+def owned_output(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), *,
+                 kind: str | None = None, file: str | None = None, option: str = "--out",
+                 lock: bool = True) -> Iterator[OwnedOutput]:
+    """``with owned_output(out, inputs, kind=...) as o:``: the one way a command takes its output, before any work.
+
+    ``check_output`` first (``out`` is not an input and holds no other artefact and nothing of the user's: at
+    most the command's own earlier output of ``kind`` / ``file``), then the writer lock beside ``out``
+    (``output_lock``: a second writer to the same output is refused at once with one line), held until the
+    block ends; ``lock=False``: the caller already holds it (one lock over two things written together).
+    Yields the ``OwnedOutput``; the command's own files are written through it (atomically), the library's
+    artefacts by their atomic writers (``io.replaced_folder``, ``io.write_artefact``)."""
+    o = check_output(out, inputs, kind=kind, file=file, option=option)
+    with output_lock(out) if lock else contextlib.nullcontext():
+        yield OwnedOutput(o)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from .._core.outputs import check_output
-from .._core.io import output_lock
+from .._core.outputs import owned_output
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, select_by_repo
@@ -60,8 +59,7 @@ def build_bank_to_file(states_dir: str | Path, pools: str | Path, out: str | Pat
     touch an input; ``repos`` and ``exclude_repos`` exclude each other)."""
     if repos is not None and exclude_repos is not None:
         raise LatentSiftError("Pass either --repos or --exclude-repos, not both.")
-    check_output(out, [states_dir, pools], kind="bank")
-    with output_lock(out):  # one writer per --out: a second 'bank build' to it is refused, not lost
+    with owned_output(out, [states_dir, pools], kind="bank"):  # a second 'bank build' to it is refused, not lost
         bank = build_bank(states_dir, pools, repos=repos, exclude_repos=exclude_repos, **params)
         bank.save(out)
     return bank

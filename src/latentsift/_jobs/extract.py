@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from .._core.outputs import check_output
+from .._core.outputs import owned_output
 from .._core.validation import LatentSiftError
 from ..scale.backends import check_backend_options, open_backend
 from ..states.extract import ExtractReport, extract_pools
@@ -44,20 +44,21 @@ def run_extract(pools: str | Path, out: str | Path, *, model=None, dtype: str = 
     """``latentsift extract``: every option checked, the backend opened, the trajectories of ``pools``
     replayed into the store ``out`` (created or resumed). ``log``: one line per step; ``progress``:
     called with the extraction's progress."""
-    check_output(out, [pools, model], kind="store")
-    _check_positive(max_tokens=max_tokens, instances=instances, max_span_tokens=max_span_tokens,
-                    max_prompt_tokens=max_prompt_tokens, chunk_tokens=chunk_tokens, shard_size=shard_size,
-                    threads=threads, patch_step_tokens=patch_step_tokens, workers=workers)
-    layer_sel = parse_layers(layers)
-    check_backend_options(model, dtype, device, layer_sel)
-    trajs = load_jsonl(pools)
-    if not trajs:  # said before the model loads; no empty store is made
-        raise LatentSiftError(f"{pools} holds no trajectory: nothing to extract (write it with 'latentsift import').")
-    log(f"{len(trajs)} trajectories from {pools}; loading the model ...")
-    backend = open_backend(model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
-                           gpus_per_worker=gpus_per_worker)
-    log(backend.describe())
-    return extract_pools(backend, trajs, out, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
-                         max_tokens=max_tokens, instances=instances, layers=layer_sel, chunk_tokens=chunk_tokens,
-                         shard_size=shard_size, renderer="render_per_step" if per_step else "render",
-                         patch_step_tokens=patch_step_tokens, progress=progress)
+    with owned_output(out, [pools, model], kind="store"):  # a second writer is refused before the model loads
+        _check_positive(max_tokens=max_tokens, instances=instances, max_span_tokens=max_span_tokens,
+                        max_prompt_tokens=max_prompt_tokens, chunk_tokens=chunk_tokens, shard_size=shard_size,
+                        threads=threads, patch_step_tokens=patch_step_tokens, workers=workers)
+        layer_sel = parse_layers(layers)
+        check_backend_options(model, dtype, device, layer_sel)
+        trajs = load_jsonl(pools)
+        if not trajs:  # said before the model loads; no empty store is made
+            raise LatentSiftError(f"{pools} holds no trajectory: nothing to extract (write it with "
+                                  "'latentsift import').")
+        log(f"{len(trajs)} trajectories from {pools}; loading the model ...")
+        backend = open_backend(model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
+                               gpus_per_worker=gpus_per_worker)
+        log(backend.describe())
+        return extract_pools(backend, trajs, out, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
+                             max_tokens=max_tokens, instances=instances, layers=layer_sel, chunk_tokens=chunk_tokens,
+                             shard_size=shard_size, renderer="render_per_step" if per_step else "render",
+                             patch_step_tokens=patch_step_tokens, progress=progress)

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
-from .._core.outputs import check_output
-from .._core.io import output_lock
+from .._core.outputs import owned_output
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, check_choice
 from ..bank.bank import Bank
@@ -202,16 +201,16 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
     target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
     if saved is not None:
         target_recall, min_keep = saved[0].target_recall, saved[0].min_keep
-    out = check_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states, operating_point],
-                       file="filter")
-    if saved is not None:
-        log(f"operating point {saved[1]['path']} (fitted on {saved[0].n_calibration_pools_} calibration pools with a "
-            "resolved candidate): applied without refitting.")
-    elif target_recall is not None:  # before any work: what the bound needs and what the calibration file has
-        log(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
-            + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {calibration} "
-            f"has {target['have']}.")
-    with output_lock(out):  # a second filter to this --out is refused while this one runs
+    with owned_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states, operating_point],
+                      file="filter") as owned:  # a second filter to this --out is refused while this one runs
+        out = owned.path
+        if saved is not None:
+            log(f"operating point {saved[1]['path']} (fitted on {saved[0].n_calibration_pools_} calibration pools "
+                "with a resolved candidate): applied without refitting.")
+        elif target_recall is not None:  # before any work: what the bound needs and what the calibration file has
+            log(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
+                + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {calibration} "
+                f"has {target['have']}.")
         settings: dict = {"min_keep": min_keep, "frac": frac, "seed": seed}
         stateful = sifter is not None or filter_entry(method).kind == "state"
         if sifter is None and stateful:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .._core.io import output_lock
-from .._core.outputs import check_output
+from .._core.outputs import owned_output
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
 from ..deploy.operating import calibration_pools_for_filter, check_calibration_disjoint_ids, target_recall_options
@@ -35,8 +34,8 @@ def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, c
             f"has {target['have']}.")
     if target_recall is None:
         return fit_sifter(pools, states, out, log=log, **fit_kw), None
-    check_output(out, [pools, states, calibration, calibration_states], kind="sifter")
-    with output_lock(out):  # one writer lock over the sifter and its operating point: no second 'fit' between
+    # one writer lock over the sifter and its operating point: no second 'fit' between the two
+    with owned_output(out, [pools, states, calibration, calibration_states], kind="sifter"):
         sifter = fit_sifter(pools, states, out, log=log, locked=True, **fit_kw)
         cal_states = calibration_states or (states if isinstance(states, (str, Path)) else list(states)[0])
         return sifter, fit_operating_point_file(out, calibration, cal_states, target_recall, confidence=confidence,

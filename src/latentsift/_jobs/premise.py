@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .._core.io import atomic_write_json, atomic_write_text
-from .._core.outputs import check_output
+from .._core.outputs import PREMISE_OWN, owned_output
 from .._core.validation import LatentSiftError, check_states_present
 from ..protocol.crossval import CrossvalSettings, crossval
 from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, own_vs_proxy, premise_ks
@@ -38,7 +38,7 @@ def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_sta
     kw = {"group_by": "instance", "agent_transfer": False, "target_recalls": PREMISE_RECALLS,
           "gen_test_key": EXAMPLES_KEY} | settings
     kw |= {"ks": use_ks, "premise": True}
-    runs = {"own": states} | ({"proxy": proxy_states} if proxy_states is not None else {})
+    runs = {PREMISE_OWN: states} | ({"proxy": proxy_states} if proxy_states is not None else {})
     for name, st in runs.items():  # both stores hold every candidate: checked before any run starts
         if not Path(st).is_dir():
             raise LatentSiftError(f"premise: no state store at {str(st)!r} ({name} states).")
@@ -56,7 +56,7 @@ def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_sta
         summary["runs"][name] = {"composition": s.get("composition"), "premise": s["premise"],
                                  "fingerprint": s["settings"]["meta"].get("fingerprint")}
     if proxy_states is not None:
-        summary["own_vs_proxy"] = own_vs_proxy(out / "own", out / "proxy", n_boot=kw.get("n_boot", 1000),
+        summary["own_vs_proxy"] = own_vs_proxy(out / PREMISE_OWN, out / "proxy", n_boot=kw.get("n_boot", 1000),
                                                seed=kw.get("seed", 0))
     atomic_write_json(out / "summary.json", summary)
     atomic_write_text(out / "report.md", premise_report_markdown(summary))
@@ -66,6 +66,7 @@ def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_sta
 
 def run_premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_states: str | Path | None = None,
                 verifier: str | Path | None = None, **kwargs) -> Path:
-    """``latentsift premise``: ``premise`` into ``out``, refused before any work when it would touch an input."""
-    check_output(out, [pools, states, proxy_states, verifier])
-    return premise(pools, states, out, proxy_states=proxy_states, verifier=verifier, **kwargs)
+    """``latentsift premise``: ``premise`` into ``out``, refused before any work when it would touch an input (a
+    second writer to it is refused)."""
+    with owned_output(out, [pools, states, proxy_states, verifier], kind="premise"):
+        return premise(pools, states, out, proxy_states=proxy_states, verifier=verifier, **kwargs)

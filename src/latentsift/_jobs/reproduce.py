@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .._core.outputs import check_output
+from .._core.outputs import owned_output
 from .._core.threads import blas_fixed
+from .._core import words
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError, check_positive_int
 from ..cascade.verifier import EFVerifier, LocalVerifierBackend, save_results
@@ -47,10 +48,10 @@ from ..protocol.stage1 import stage1_filters
 CLEAN_RUNS = ("acr-run-1", "acr-run-2", "acr-run-3", "cost_2_1", "cost_2_2", "cost_2_3")
 LEAKY_RUNS = ("acr-val-only", "acr-val-sbfl")
 #: Which instances a run selects: the default rule (``ReproduceSettings``) or all of them.
-INSTANCES_DEFAULT = "default"  # homonym: the instance-selection rule, not the default filter
+INSTANCES_DEFAULT = words.DEFAULT  # the instance-selection rule, not the default filter
 INSTANCES = (INSTANCES_DEFAULT, "all")
 #: The dataset's folders of trajectories: R2E-Gym's JSONL files and SWE-agent's archives.
-DATA_DIRS = ("r2egym", "sweagent")  # homonym: the shared dataset's folders, not the importers' names
+DATA_DIRS = (words.R2EGYM, words.SWEAGENT)  # the shared dataset's folders, not the importers' names
 SWEEP = ("gemma", "patch", "span")  # representations with states of their own (ReproduceSettings.sweep)
 
 
@@ -293,30 +294,30 @@ def prepare_run(settings: ReproduceSettings, log: Callable[[str], None] = print)
 def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print,
               progress: Callable[[str, int, int, str], None] | None = None) -> Path:
     """Run the whole job; returns the report folder. Reruns reuse every cached stage."""
-    check_output(settings.out, [settings.data, settings.model], kind="run")
-    check_data_dir(settings.data)  # before anything is written
-    run = ReproduceRun(settings, log=log, progress=progress)
-    out = run.out
-    out.mkdir(parents=True, exist_ok=True)
-    report_dir = out / "report"
-    if (report_dir / "summary.json").exists():
-        (report_dir / "summary.json").unlink()  # presence of summary.json = this run finished
-    atomic_write_json(out / "manifest.json", run.manifest())
-    t_all = time.perf_counter()
+    with owned_output(settings.out, [settings.data, settings.model], kind="run"):  # a second writer is refused
+        check_data_dir(settings.data)  # before anything is written
+        run = ReproduceRun(settings, log=log, progress=progress)
+        out = run.out
+        out.mkdir(parents=True, exist_ok=True)
+        report_dir = out / "report"
+        if (report_dir / "summary.json").exists():
+            (report_dir / "summary.json").unlink()  # presence of summary.json = this run finished
+        atomic_write_json(out / "manifest.json", run.manifest())
+        t_all = time.perf_counter()
 
-    trajs, import_meta = run.import_pools()
-    if not trajs:
-        raise LatentSiftError("No trajectories were selected: check --data and the run names.")
-    # before the extraction: a fold whose bank lacks a class would fail deep in Bank.fit
-    check_folds(trajs, run.folds(trajs), run.group, "reproduce",
-                fix="Use fewer --folds or more instances (a larger --max-instances, or none).")
-    policy, store = run.extract(trajs)
-    meta = {"reproduce": settings.to_dict(), "selection": import_meta.get("selection"),
-            "stage3": "absent in this data (no generated tests): Stage 3 is skipped and never charged",
-            "stage2": "regression = PASS_TO_PASS passed count (ACR candidates only); rule 'skip-stage'",
-            "leaky_runs": "acr-val-only and acr-val-sbfl are left out (their trajectories contain the "
-                          "test outcome)" if not settings.include_leaky else "INCLUDED on request"}
-    # one code path with 'latentsift crossval': folds, Stage 1, cascade, diagnostics and report
-    return evaluate_protocol(run, trajs, store, tokenizer=policy.tokenizer, verifier=lambda: run.verify(policy, trajs),
-                             extra_stage1=(lambda folds: run.sweep(trajs, folds)) if settings.sweep else None,
-                             meta=meta, t_all=t_all)
+        trajs, import_meta = run.import_pools()
+        if not trajs:
+            raise LatentSiftError("No trajectories were selected: check --data and the run names.")
+        # before the extraction: a fold whose bank lacks a class would fail deep in Bank.fit
+        check_folds(trajs, run.folds(trajs), run.group, "reproduce",
+                    fix="Use fewer --folds or more instances (a larger --max-instances, or none).")
+        policy, store = run.extract(trajs)
+        meta = {"reproduce": settings.to_dict(), "selection": import_meta.get("selection"),
+                "stage3": "absent in this data (no generated tests): Stage 3 is skipped and never charged",
+                "stage2": "regression = PASS_TO_PASS passed count (ACR candidates only); rule 'skip-stage'",
+                "leaky_runs": "acr-val-only and acr-val-sbfl are left out (their trajectories contain the "
+                              "test outcome)" if not settings.include_leaky else "INCLUDED on request"}
+        # one code path with 'latentsift crossval': folds, Stage 1, cascade, diagnostics and report
+        return evaluate_protocol(run, trajs, store, tokenizer=policy.tokenizer,
+                                 verifier=lambda: run.verify(policy, trajs), extra_stage1=(lambda folds: run.sweep(trajs, folds)) if settings.sweep else None,
+                                 meta=meta, t_all=t_all)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .._core.io import WriterLock, atomic_write_bytes, atomic_write_json, read_json
-from .._core.outputs import check_output
+from .._core.outputs import owned_output
 from .._core.threads import fixed_threads
 from .._core.validation import LatentSiftError
 from ..states.extract import extract_settings
@@ -145,11 +145,10 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
         if other:
             raise LatentSiftError(f"{str(out)!r} ran with another {other[0]} than {str(outs[0])!r}: its samples "
                                   "cannot join the same dataset.")
-    check_output(dest, outs, kind="rollout-dataset")
-    dest.mkdir(parents=True, exist_ok=True)
     # the rollout folders are only read (each task file was written whole, atomically): a running rollout
     # can be exported, and the dataset holds the tasks it had finished
-    with WriterLock(dest / LOCK, what=dest):
+    with owned_output(dest, outs, kind="rollout-dataset"):
+        dest.mkdir(parents=True, exist_ok=True)
         by_task: dict[str, list[Trajectory]] = {}
         for out in outs:
             for p in sorted((out / TASKS_DIR).glob("*.jsonl.gz")):
@@ -168,7 +167,6 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
                          "n_passed": int(sum(t.label for t in trajs)),
                          "n_mixed_tasks": sum(0 < sum(v) < len(v) for v in labels.values())}
         atomic_write_json(dest / MANIFEST, man)
-    (dest / LOCK).unlink(missing_ok=True)
     return man
 
 
@@ -294,26 +292,26 @@ def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, 
                     progress: Callable | None = None) -> RolloutReport:
     """``latentsift rollout``: every option checked before any work, the tasks read (HumanEval when
     ``tasks`` is None), the policy loaded and the rollouts run into ``out`` (created or resumed)."""
-    check_output(out, [tasks, model], kind="rollout")
-    if shard is not None:
-        parse_shard(shard)
-    for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
-                    ("threads", threads), ("workers", workers), ("tasks", first)):
-        if v is not None and v < 1:
-            raise LatentSiftError(f"--{name} must be a positive number. Got {v} instead.")
-    if model is not None and not Path(model).exists():
-        raise LatentSiftError(f"The model path {str(model)!r} does not exist. Pass a local Hugging Face model "
-                              "directory or a .gguf file (no hub downloads are made).")
-    settings.check()
-    path = tasks if tasks is not None else humaneval_path()
-    task_list = load_tasks(tasks)
-    task_list = task_list[:first] if first else task_list
-    if shard is not None:
-        i, n = parse_shard(shard)
-        task_list = task_list[i - 1::n]
-    log(f"{len(task_list)} tasks from {path}; loading the model ...")
-    policy = load_policy(model, dtype=dtype, device="cpu")
-    log(f"model: {policy.describe()}")
-    run_examples, judge = sandbox_env(SandboxLimits(timeout_s=timeout), workers=workers)
-    return run_rollouts(policy, task_list, out, settings, run_examples=run_examples, judge=judge, run=run,
-                        threads=threads, tasks_source=Path(path).name, progress=progress)
+    with owned_output(out, [tasks, model], kind="rollout"):  # a second writer is refused before the model loads
+        if shard is not None:
+            parse_shard(shard)
+        for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
+                        ("threads", threads), ("workers", workers), ("tasks", first)):
+            if v is not None and v < 1:
+                raise LatentSiftError(f"--{name} must be a positive number. Got {v} instead.")
+        if model is not None and not Path(model).exists():
+            raise LatentSiftError(f"The model path {str(model)!r} does not exist. Pass a local Hugging Face model "
+                                  "directory or a .gguf file (no hub downloads are made).")
+        settings.check()
+        path = tasks if tasks is not None else humaneval_path()
+        task_list = load_tasks(tasks)
+        task_list = task_list[:first] if first else task_list
+        if shard is not None:
+            i, n = parse_shard(shard)
+            task_list = task_list[i - 1::n]
+        log(f"{len(task_list)} tasks from {path}; loading the model ...")
+        policy = load_policy(model, dtype=dtype, device="cpu")
+        log(f"model: {policy.describe()}")
+        run_examples, judge = sandbox_env(SandboxLimits(timeout_s=timeout), workers=workers)
+        return run_rollouts(policy, task_list, out, settings, run_examples=run_examples, judge=judge, run=run,
+                            threads=threads, tasks_source=Path(path).name, progress=progress)

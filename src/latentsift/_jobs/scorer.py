@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .._core.outputs import check_output
-from .._core.io import output_lock
+from .._core.outputs import owned_output
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank
 from ..sift.scorer import CURVE_PNG, LinearScorer, check_split
@@ -49,14 +48,13 @@ def train_scorer_to_file(bank_dir: str | Path, out: str | Path, *, states_dir: s
     """``latentsift scorer train``: ``train_scorer`` with a ``LinearScorer(**params)``, saved to ``out``
     (refused before any work when it would touch an input; every setting checked before the bank and the
     states load; a second writer to the same ``out`` is refused, not lost)."""
-    check_output(out, [bank_dir, states_dir], kind="scorer")
-    val_frac = params.get("val_frac", LinearScorer().val_frac)
-    if not 0.0 <= val_frac < 1.0:
-        raise LatentSiftError(f"--val-frac is the share of bank trajectories held out for validation and must "
-                              f"lie in [0, 1) (the paper: 0.2). Got {val_frac:g} instead.")
-    scorer = LinearScorer(**params)
-    scorer._check_params()  # every option refused before the bank and the states load
-    with output_lock(out):  # a second 'scorer train' to the same --out is refused, not lost
+    with owned_output(out, [bank_dir, states_dir], kind="scorer"):  # a second 'scorer train' to it is refused
+        val_frac = params.get("val_frac", LinearScorer().val_frac)
+        if not 0.0 <= val_frac < 1.0:
+            raise LatentSiftError(f"--val-frac is the share of bank trajectories held out for validation and must "
+                                  f"lie in [0, 1) (the paper: 0.2). Got {val_frac:g} instead.")
+        scorer = LinearScorer(**params)
+        scorer._check_params()  # every option refused before the bank and the states load
         scorer = train_scorer(bank_dir, states_dir=states_dir, scorer=scorer, callback=callback, log=log)
         scorer.save(out)
     return scorer

@@ -4,14 +4,11 @@ and leak guards (``--bank-choice nearest``: each pool with its nearest sub-bank)
 ``latentsift.deploy.Sifter``; these are its file drivers."""
 from __future__ import annotations
 
-import contextlib
-
 from pathlib import Path
 from typing import Sequence
 
 from .._core.threads import blas_fixed
-from .._core.outputs import check_output
-from .._core.io import output_lock
+from .._core.outputs import owned_output
 from .._core.validation import LatentSiftError, check_choice
 from ..deploy.leak import ON_LEAK, apply_on_leak
 from ..deploy.library import BANK_CHOICES, load_runs, nearest_choice, pool_distances
@@ -36,21 +33,20 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     also a sub-bank and scorer per agent (``Sifter.fit``). ``locked``: the caller already holds ``out``'s
     writer lock (``fit --target-recall`` holds it over the sifter and its operating point).
     """
-    check_output(out, [pools_path, states_dir], kind="sifter")
-    if reference_kind is not None:
-        check_choice(reference_kind, "reference", "fit", REFERENCE_KINDS)
-    if false_alarm is not None:
-        check_false_alarm(false_alarm, "--false-alarm", "fit")
-    pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
-    states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
-    with contextlib.nullcontext() if locked else output_lock(out):  # a second 'fit' to one --out is refused
+    with owned_output(out, [pools_path, states_dir], kind="sifter", lock=not locked):  # a second 'fit' is refused
+        if reference_kind is not None:
+            check_choice(reference_kind, "reference", "fit", REFERENCE_KINDS)
+        if false_alarm is not None:
+            check_false_alarm(false_alarm, "--false-alarm", "fit")
+        pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
+        states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
         trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)
         sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, per_agent=per_agent, log=log,
                                                                     false_alarm=false_alarm,
                                                                     reference_kind=reference_kind)
         sifter.store_settings_ = store.settings
         sifter.save(out)
-    return sifter
+        return sifter
 
 
 def _pool_states(store: StateStore, states_dir, pools) -> dict:

@@ -29,6 +29,7 @@ import threading
 import numpy as np
 
 from .._core.threads import fixed_threads, one_thread_pool
+from .._core import words
 from .._core.registry import registry_add, registry_lookup, registry_names
 from .._core.validation import LatentSiftError, check_choice, check_positive_int, check_states
 RERANK = 4  # rows per query that the expansion ranks first and the exact distance then decides between
@@ -140,7 +141,7 @@ def _nearest_faiss(q: np.ndarray, b: np.ndarray, **_):
 
 # the kNN backends (kind "knn_backend"): (queries, bank, **search settings) -> (distance, row) per query
 #: The exact kNN backend of torch (the default; the one a sharded bank runs).
-TORCH_KNN = "torch"
+TORCH_KNN = words.TORCH
 registry_add("knn_backend", TORCH_KNN, _nearest_torch)
 registry_add("knn_backend", "faiss", _nearest_faiss)
 

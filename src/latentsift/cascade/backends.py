@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .._core.registry import registry_add, registry_lookup, registry_names
+from .._core import words
 from .._core.threads import NUMERIC_THREADS, fixed_threads
 from .._core.validation import LatentSiftError, check_positive_int, param_error
 from ..states.model import load_policy
@@ -243,7 +244,7 @@ class LocalVerifierBackend(VerifierBackend):
 
     def describe(self) -> dict:
         yes_id, no_id = self.answer_ids()
-        return {"backend": "local", "model": self.policy.path, "fingerprint": self.policy.fingerprint.to_dict(),
+        return {"backend": words.LOCAL, "model": self.policy.path, "fingerprint": self.policy.fingerprint.to_dict(),
                 "yes_token_id": yes_id, "no_token_id": no_id}
 
 
@@ -396,7 +397,7 @@ class OpenAIBackend(VerifierBackend):
         raise CallFailed(f"{last} (after {self.max_retries + 1} attempts)", self.max_retries + 1, n_in, n_out)
 
     def describe(self) -> dict:
-        return {"backend": "openai", "url": self.url, "model": self.model, "top_logprobs": self.top_logprobs,
+        return {"backend": words.OPENAI, "url": self.url, "model": self.model, "top_logprobs": self.top_logprobs,
                 "prefill_params": self.prefill_params, "max_retries": self.max_retries, "timeout": self.timeout}
 
 
@@ -410,9 +411,9 @@ def _first_top_logprobs(payload: Any) -> list | None:
 
 
 #: The default verifier backend (``latentsift verify --backend``).
-DEFAULT_BACKEND = "local"
+DEFAULT_BACKEND = words.LOCAL
 registry_add("verifier_backend", DEFAULT_BACKEND, LocalVerifierBackend)
-registry_add("verifier_backend", "openai", OpenAIBackend)
+registry_add("verifier_backend", words.OPENAI, OpenAIBackend)
 
 
 def verifier_backends() -> tuple[str, ...]:

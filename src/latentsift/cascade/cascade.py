@@ -50,13 +50,14 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, Union
 import numpy as np
 
 from .._core.validation import LatentSiftError, check_choice
+from .._core import words
 from ..sift.keep import FixedKeep, KeepRule
 from ..sift.retain import KEEP_FRAC, MIN_KEEP, order_by_score, tie_key
 
 MISSING_RULES = ("skip-stage", "keep")
 #: The tie rules: the mean label of the tied set, or one of them drawn (seeded).
 TIE_MEAN = "mean"
-TIE_RANDOM = "random"  # homonym: a tie rule (a seeded draw among the tied), not the random filter
+TIE_RANDOM = words.RANDOM  # a tie rule (a seeded draw among the tied), not the random filter
 TIE_RULES = (TIE_MEAN, TIE_RANDOM)
 
 

@@ -40,6 +40,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .._core.threads import blas_fixed
+from .._core import words
 from .._core.io import jsonable
 from .._core.validation import LatentSiftError, check_choice, check_positive_int, param_error
 from ..cascade.cascade import (MISSING_RULES, TIE_MEAN, TIE_RULES, CandidateRecord, Filter, PoolSpec, VerifierTable,
@@ -49,7 +50,7 @@ from ..sift.retain import KEEP_FRAC, MIN_KEEP
 from .bootstrap import CI_LEVEL, N_BOOT, bootstrap_indices, draw_subsets, instance_seed, mean_ci, ratio_ci
 
 #: best_at_k's key of the expected pass of one candidate picked at random among k.
-RANDOM_PICK = "random"  # homonym: a random pick among k (a summary key), not the random filter
+RANDOM_PICK = words.RANDOM  # a random pick among k (a summary key), not the random filter
 
 N_DRAWS = 200       # paper: 200 seeded draws per K
 SMALL_POOL_RULES = ("error", "drop")

@@ -22,7 +22,7 @@ from .shift_eval import fold_rows, summarise_rows
 from .tables import ablation_tables, candidate_table, per_agent_retention, retention_differences
 from .transfer import TransferSettings, transfer_summary
 from .transfer_agents import agent_transfer
-from .variants import STACK_CONFIGS
+from ..sift.variants import STACK_CONFIGS
 
 # ``reproduce.reproduce`` and ``reproduce.ReproduceSettings`` stay at their module: a re-exported
 # ``reproduce`` would hide the module of that name.

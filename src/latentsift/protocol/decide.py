@@ -18,8 +18,8 @@ Decision rules (stated before any number; docs/evaluation.md repeats them):
 - **Tokens**: filter F saves more than the reference rule when the paired interval of
   saving(F) - saving(reference rule) lies above 0 (savings against the run's reference workflow,
   the EF verifier on every candidate); both arms use the same resampled instances.
-- **Chosen after the folds were seen**: the stacked fusions (``STACK_CONFIGS``) and the inner-CV
-  default (which chooses among them) were added after the evaluation folds had been seen; their
+- **Chosen after the folds were seen**: the stacked fusions (``STACK_CONFIGS``, registered ``post_hoc``) and
+  the inner-CV default (which chooses among them) were added after the evaluation folds had been seen; their
   rows say ``post_hoc: true``. The paper's method (``PAPER``) was fixed before.
 - **Multiplicity**: every AUC comparison is also given at the Bonferroni level 1 - 0.05 / m, m the
   number of AUC intervals of this section (``multiplicity``); a claim that survives only at 95%
@@ -34,15 +34,13 @@ import numpy as np
 from ..metrics.diagnostics import CI_LEVEL, interval_outcome, paired_bootstrap
 from ..metrics.score_table import diagnostics_table
 from ..cascade.verifier import EF
-from ..sift.variants import DEFAULT
-from ..sift.rules import PAPER, RANDOM, REFERENCE, rule_keys
-from .variants import STACK_CONFIGS
+from ..sift.variants import STACK_LENGTH, sweep_filter
+from ..sift.rules import PAPER, RANDOM, REFERENCE, find_filter, rule_keys
 
 REF_LENGTH_RULE = REFERENCE
-REF_LENGTH_STACK = "variant:stack:length"
+REF_LENGTH_STACK = STACK_LENGTH
 REF_RANDOM = RANDOM
 REFERENCES = (REF_LENGTH_RULE, REF_LENGTH_STACK, REF_RANDOM)
-POST_HOC = tuple(f"variant:{k}" for k in STACK_CONFIGS if k.startswith("stack:")) + (DEFAULT,)
 LENGTH_REMOVED = "_length_removed"   # the all-ties score a length-removed AUC is compared with (AUC 1/2)
 METHOD = ("within-pool fixed-effects regression of the score on log(n_chars): both centred on their pool "
           "means, one least-squares slope over all pools, the residual s - beta*log(n_chars) scored; "
@@ -50,8 +48,12 @@ METHOD = ("within-pool fixed-effects regression of the score on log(n_chars): bo
 
 
 def is_post_hoc(name: str) -> bool:
-    """Chosen after the folds were seen: a stacked fusion, or an inner-CV default (it chooses among them)."""
-    return name in POST_HOC or name.endswith(":" + DEFAULT)
+    """Chosen after the folds were seen: a stacked fusion, or an inner-CV default (it chooses among them), on the
+    paper's representation or one of the sweep's (registered ``post_hoc``)."""
+    e = find_filter(name)
+    if e is not None and e.kind == "sweep":
+        e = find_filter(sweep_filter(name))
+    return e is not None and e.post_hoc
 
 
 def outcome(d: Mapping | None) -> str:

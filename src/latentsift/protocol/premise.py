@@ -40,9 +40,10 @@ from .._core.validation import LatentSiftError
 from ..metrics.diagnostics import CI_LEVEL, auc_difference_ci, interval_outcome
 from ..sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
 from ..sift.rules import FEWEST_STEPS, RANDOM, REFERENCE
+from ..sift.variants import PROBE
 from .decide import PAPER, REF_LENGTH_STACK, auc_comparisons, n_auc_intervals
 
-PREMISE_SCORES = (PAPER, BRANCH_DISTANCE, BRANCH_LEARNED, "variant:probe")
+PREMISE_SCORES = (PAPER, BRANCH_DISTANCE, BRANCH_LEARNED, PROBE)
 LENGTH_REFERENCES = (REFERENCE, FEWEST_STEPS, REF_LENGTH_STACK)
 PREMISE_REFERENCES = LENGTH_REFERENCES + (RANDOM,)
 PREMISE_KS = (4, 8, 16)

@@ -9,8 +9,8 @@ import time
 from typing import Sequence
 
 from .._core.validation import LatentSiftError
-from ..sift.variants import DEFAULT
-from ..sift.rules import PAPER, filters, rules
+from ..sift.variants import DEFAULT, SWEEP, sweep_name
+from ..sift.rules import PAPER, filter_entry, filters, rules
 from ..sift.sift import LatentSift
 from ..trajectories.trajectory import group_pools
 from .variants import variant_filters
@@ -56,9 +56,10 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
     ``missing``: filter -> why it could not be fitted in every fold; such a filter is left out, never replaced).
 
     ``run``: the ``protocol.Run``; ``sweep``: a representation of the sweep (states of its own): only
-    the paper's method and the inner-CV default are built, named ``sweep:<name>`` and
-    ``sweep:<name>:default``; ``trained_only``: only the filters fitted on labels (no rule filters, no
-    training-size curves: the nested calibration of ``protocol.nested``).
+    the paper's method (the registered family ``SWEEP``'s factory) and the inner-CV default are built, named
+    ``sweep_name(<name>, key)`` ("sweep:<name>" and "sweep:<name>:default"); ``trained_only``: only the
+    filters fitted on labels (no rule filters, no training-size curves: the nested calibration of
+    ``protocol.nested``).
     """
     s = run.settings
     t0 = time.perf_counter()
@@ -78,8 +79,9 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
                 "n_eval_instances": len(eval_pools)}
         bank, scorer = run.fit_fold(k, bank_trajs, states, fingerprint, {},
                                     "paper" if sweep is None else f"sweep-{sweep}")
+        make = LatentSift if sweep is None else filter_entry(SWEEP).factory
         for name, params in latentsift_variants(ablations=sweep is None).items():
-            filt = LatentSift(bank, scorer, seed=s.seed, **params)
+            filt = make(bank, scorer, seed=s.seed, **params)
             put(name, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
         for rule in rules() if sweep is None and not trained_only else ():  # the registry's rule filters (baselines)
             filt = rule.factory(seed=s.seed, **({"tokenizer": tokenizer} if rule.tokenizer else {}))
@@ -90,7 +92,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
         fold_info.append(info)
     missing = _drop_incomplete(per_instance, fold_info, evaluated)
     if sweep is not None:
-        per_instance = {f"sweep:{sweep}" + ("" if n == PAPER else f":{n}"): per_instance[n]
+        per_instance = {sweep_name(sweep, n): per_instance[n]
                         for n in (PAPER, DEFAULT) if n in per_instance}
     draw_scorers = {name: DrawScorer(table) for name, table in per_instance.items()}
     full = {name: {t: v for i, (f, p) in table.items() for t, v in f.rank_subset(p, p.traj_ids).items()}

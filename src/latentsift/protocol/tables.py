@@ -8,7 +8,7 @@ import numpy as np
 
 from ..metrics.diagnostics import paired_bootstrap
 from ..sift.variants import DEFAULT
-from ..sift.rules import PAPER, filters as registered, rule_keys, rules
+from ..sift.rules import PAPER, filters as registered, find_filter, rule_keys, rules
 from ..trajectories.trajectory import Trajectory
 
 
@@ -33,8 +33,8 @@ def ablation_tables(filters: Sequence[str]) -> dict[str, dict]:
                   "labels": {PAPER: "LatentSift (paper)"} | named("naive")},
     }
     plain = {e.key for e in rules() if not e.tokenizer}  # the rules computed from the trajectories alone
-    variants = [PAPER, DEFAULT] + sorted(f for f in filters if f.startswith(("variant:", "sweep:"))) + [
-        k for k in rule_keys() if k in plain]
+    beyond = sorted(f for f in filters if getattr(find_filter(f), "kind", None) in ("variant", "sweep"))
+    variants = [PAPER, DEFAULT] + beyond + [k for k in rule_keys() if k in plain]
     tables["variants"] = {"title": "Beyond the paper: variants (default chosen by cross-validation inside the "
                                    "bank folds only)", "filters": variants,
                           "labels": {PAPER: "LatentSift (paper reference)",

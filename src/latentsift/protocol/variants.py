@@ -3,72 +3,36 @@
 Representation variants of the distance branch (middle layer, l2, whitening, scaffold centering),
 scaffold-conditioned banks, the logistic probe, and stacked fusions whose weights are fitted on
 cross-fitted bank signals; the default is the stack with the best cross-fitted within-pool AUC on
-the bank (``STACK_CONFIGS``). The estimators themselves live in ``latentsift.sift.variants``.
+the bank. Every variant is a filter registered (kind "variant") in ``latentsift.sift.variants``, with the
+estimators; this module builds them per fold, in registration order.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .._core.validation import LatentSiftError
-from ..bank.bank import Bank, inner_folds
+from ..bank.bank import inner_folds
 from ..metrics.diagnostics import within_pool_auc
-from ..sift.rules import PAPER
-from ..sift.sift import LatentSift, Prepared
+from ..sift.rules import PAPER, filters
 from ..deploy.sifter import distance_auc, fold_distance
-from ..sift.variants import (DEFAULT, LogisticProbe, StackedFilter, center_by_group, fit_stack, merge_prepared,
-                             pool_rank_features, split_pools_by_group, trajectory_signals)
+from ..sift.variants import DEFAULT, LogisticProbe, fit_stack, pool_rank_features, trajectory_signals, variant_setting
 from .curves import learning_curves
-
-_STATES = ["q_cot", "q_obs", "q_fn", "probe"]
-# Candidates of the inner-CV default choice: signals of a stacked fusion (weights learned on the bank).
-# 'stack:length' uses no state: it is there so that the choice can say when states add nothing.
-STACK_CONFIGS: dict[str, list[str]] = {
-    "probe": ["probe"],
-    "stack:states": _STATES,
-    "stack:length": ["neg_chars", "neg_steps"],
-    "stack:states+length": _STATES + ["neg_chars", "neg_steps"],
-    "stack:states+length+patch": _STATES + ["neg_chars", "neg_steps", "patch_lines", "no_patch"],
-}
-
-
-def trajs_of(bank_trajs, eval_pools):
-    return list(bank_trajs) + [c for p in eval_pools for c in p.candidates]
-
 
 def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer, per_instance, put, *,
                     curves: bool = True) -> dict:
-    """Beyond-paper variants of one outer fold (``latentsift.sift.variants``); returns what was chosen (and,
-    when the inner cross-validation is impossible in this fold, ``missing``: variant name -> reason)."""
+    """Beyond-paper variants of one outer fold, the registered filters of kind "variant"
+    (``latentsift.sift.variants``) in registration order; returns what was chosen (and, when the inner
+    cross-validation is impossible in this fold, ``missing``: variant name -> reason)."""
     seed = run.settings.seed
     bank_ids = sorted(t.traj_id for t in bank_trajs)
     labels = {t.traj_id: int(t.label) for t in bank_trajs}
-    agent = {t.traj_id: t.agent for t in trajs_of(bank_trajs, eval_pools)}
     eval_ids = sorted(c.traj_id for p in eval_pools for c in p.candidates)
-    # representation variants of the distance branch, fused with the paper's learned branch
-    reps = {"layer:middle": ({"layer": (states[bank_ids[0]].n_layers // 2) - 1}, states),
-            "norm:l2": ({"normalize": "l2"}, states), "norm:whiten": ({"normalize": "whiten"}, states)}
-    centered = center_by_group(states, agent, bank_ids, layers=[-1])
-    reps["center:scaffold"] = ({}, centered)
-    for name, (params, sts) in reps.items():
-        bank_v = Bank.from_trajectories(bank_trajs, sts, fingerprint, **params)
-        # the distance branch on this representation; the learned branch keeps the paper's q_lin
-        dist = LatentSift(bank_v, None, branches="distance", seed=seed)
-        raw = per_instance[PAPER]
-        prep = {i: Prepared(i, p.traj_ids, p.channels, p.q, raw[i][1].q_lin, None, p.evidence)
-                for i, p in dist.prepare_many(eval_pools, sts, fingerprint=fingerprint).items()}
-        put(f"variant:{name}", LatentSift(bank_v, scorer, seed=seed), prep)
-    # scaffold-conditioned banks: retrieve only among bank trajectories of the candidate's scaffold
-    base = LatentSift(Bank.from_trajectories(bank_trajs, states, fingerprint), scorer, seed=seed)
-    parts: dict[str, list] = {}
-    for g, sub in split_pools_by_group(eval_pools, lambda c: c.agent).items():
-        g_trajs = [t for t in bank_trajs if agent[t.traj_id] == g]
-        if len({labels[t.traj_id] for t in g_trajs}) < 2:  # no bank of both classes for this scaffold: shared bank
-            filt_g = base
-        else:
-            filt_g = LatentSift(Bank.from_trajectories(g_trajs, states, fingerprint), scorer, seed=seed)
-        for i, p in filt_g.prepare_many(sub, states, fingerprint=fingerprint).items():
-            parts.setdefault(i, []).append(p)
-    put("variant:scaffold-bank", base, {i: merge_prepared(ps) for i, ps in parts.items()})
+    variants = filters("variant")
+    paper = {i: prep for i, (_, prep) in per_instance[PAPER].items()}
+    for e in variants:  # representation variants and scaffold-conditioned banks: built on the fold's bank
+        if e.signals is None:
+            put(e.key, *e.factory(bank_trajs, eval_pools, states, fingerprint, scorer, seed=seed, paper=paper))
+    stacks = [e for e in variants if e.signals is not None]
     try:
         # the learned branch: regularised logistic probe vs the paper's gated head
         probe = LogisticProbe(seed=seed).fit([states[i] for i in bank_ids], [labels[i] for i in bank_ids])
@@ -76,7 +40,7 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
         if curves:
             learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance)
         return stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, probe_eval,
-                                per_instance, put)
+                                per_instance, put, stacks)
     except LatentSiftError as e:  # e.g. a bank with too few resolved trajectories (tiny runs)
         # the stacked variants (stack:length, a reference, among them) cannot be fitted in this fold: they are
         # missing from the run (``stage1_filters`` drops them, with this reason), never replaced by another
@@ -87,12 +51,14 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
                 "from this run and the default falls back to the paper's method in this fold")
         why = f"fold {k}: inner cross-validation impossible ({e})"
         return {"chosen_default": "latentsift (fallback)", "reason": str(e),
-                "missing": {f"variant:{n}": why for n in STACK_CONFIGS}}
+                "missing": {s.key: why for s in stacks}}
 
 
 def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, probe_eval, per_instance,
-                     put) -> dict:
-    """Stacked fusions with weights fitted on cross-fitted bank signals, and the inner-CV choice."""
+                     put, stacks) -> dict:
+    """Stacked fusions (``stacks``: the registered variants with ``signals``) with weights fitted on
+    cross-fitted bank signals, and the inner-CV choice among them."""
+    names = {variant_setting(e.key): e for e in stacks}
     seed = run.settings.seed
     # cross-fitted bank signals for the stacked fusion and the choice: inner folds of the bank split by the
     # run's own fold groups (repository, agent or instance: ``run.group``), as the outer folds are
@@ -125,7 +91,8 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
     fold_b = np.array([inner_fold_of[t] for t in ids_b])
     choice_evidence = {}
     chosen_weights = {}
-    for name, sig in STACK_CONFIGS.items():
+    for name, entry in names.items():
+        sig = list(entry.signals)
         raw_b = {s_: np.array([bank_raw[t][s_] for t in ids_b]) for s_ in sig}
         # cross-fitted within-pool AUC on the bank: weights from one inner fold, scored on the other
         pred = np.full(len(ids_b), np.nan)
@@ -140,13 +107,13 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
         choice_evidence[name] = within_pool_auc(inst_b, y_b, pred).auc
         chosen_weights[name] = fit_stack(raw_b, inst_b, y_b)
         flat = {s_: {t: eval_raw[t][s_] for t in eval_raw} for s_ in sig}
-        filt = StackedFilter(flat, chosen_weights[name], seed=seed)
-        put(f"variant:{name}", filt, filt.prepare_many(eval_pools))
+        filt = entry.factory(flat, chosen_weights[name], seed=seed)
+        put(entry.key, filt, filt.prepare_many(eval_pools))
     # the paper's distance branch, judged the same way on the bank (cross-fitted)
     choice_evidence["paper-distance"] = distance_auc({t: {c: bank_raw[t][f"q_{c}"] for c in ("cot", "obs", "fn")}
                                                       for t in ids_b}, bank_trajs)
-    best = max(STACK_CONFIGS, key=lambda n: (np.nan_to_num(choice_evidence[n], nan=-1.0), n))
-    for i, (f, p) in per_instance[f"variant:{best}"].items():
+    best = max(names, key=lambda n: (np.nan_to_num(choice_evidence[n], nan=-1.0), n))
+    for i, (f, p) in per_instance[names[best].key].items():
         if i in {pp.instance_id for pp in eval_pools}:
             per_instance.setdefault(DEFAULT, {})[i] = (f, p)
     return {"chosen_default": best, "inner_cv_within_pool_auc": choice_evidence,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .decision_report import _diff, auc_table
+from .decision_report import _diff, _pct_ci, auc_table
 from .figures import filter_name
 
 
@@ -12,12 +12,6 @@ def _calls(c: Mapping | None) -> str:
     if not c or c.get("mean") is None:
         return "n/a"
     return f"{c['mean']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]"
-
-
-def _pct(c: Mapping | None) -> str:
-    if not c or c.get("mean") is None:
-        return "n/a"
-    return f"{100 * c['mean']:.1f} [{100 * c['lo']:.1f}, {100 * c['hi']:.1f}]"
 
 
 def premise_markdown(data: Mapping, pre: Mapping | None = None, *, title: str | None = "## The premise: own "
@@ -44,7 +38,7 @@ def premise_markdown(data: Mapping, pre: Mapping | None = None, *, title: str | 
         lines += [f"{level} Retention@K", "", "A resolved candidate survives Stage 1 among seeded draws of K that hold "
                   "one (%, 95% interval over instances).", "",
                   "| filter | " + " | ".join(f"K={k}" for k in ks) + " |", "| :-- |" + " --: |" * len(ks)]
-        lines += [f"| {filter_name(data, f)} | " + " | ".join(_pct(r.get(k)) for k in ks) + " |"
+        lines += [f"| {filter_name(data, f)} | " + " | ".join(_pct_ci(r.get(k)) for k in ks) + " |"
                   for f, r in pre["retention"].items()]
         lines.append("")
     if ks and pre.get("best_at_k"):
@@ -54,7 +48,7 @@ def premise_markdown(data: Mapping, pre: Mapping | None = None, *, title: str | 
                   f"present, else skipped. Stage 3 (generated tests): {stage3}. Final verifier: "
                   f"{pre.get('final_verifier')}. Best@K (%, 95% interval over instances).", "",
                   "| filter | " + " | ".join(f"K={k}" for k in ks) + " |", "| :-- |" + " --: |" * len(ks)]
-        lines += [f"| {filter_name(data, f)} | " + " | ".join(_pct(r.get(k)) for k in ks) + " |"
+        lines += [f"| {filter_name(data, f)} | " + " | ".join(_pct_ci(r.get(k)) for k in ks) + " |"
                   for f, r in pre["best_at_k"].items()]
         lines.append("")
     rs = pre.get("target_recalls") or []
@@ -66,8 +60,9 @@ def premise_markdown(data: Mapping, pre: Mapping | None = None, *, title: str | 
                   "| :-- |" + " --: | --: | --: |" * len(rs)]
         for f, by in pre["verifier_calls"].items():
             lines.append(f"| {filter_name(data, f)} | " + " | ".join(
-                f"{_calls((by.get(r) or {}).get('verifier_calls'))} | {_pct((by.get(r) or {}).get('realized_recall'))}"
-                f" | {(by.get(r) or {}).get('n_folds_keep_all', 'n/a')}" for r in rs) + " |")
+                f"{_calls((by.get(r) or {}).get('verifier_calls'))} | "
+                f"{_pct_ci((by.get(r) or {}).get('realized_recall'))} | "
+                f"{(by.get(r) or {}).get('n_folds_keep_all', 'n/a')}" for r in rs) + " |")
         lines.append("")
     return lines
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from ..cascade.verifier import EF
 from ..sift.keep import PAPER_KEEP
 from ..sift.variants import DEFAULT
-from ..sift.rules import PAPER, REFERENCE, filter_entry, rule_keys
+from ..sift.rules import PAPER, REFERENCE, filter_entry, find_filter, rule_keys
 from ._format import _ci_num, _ci_pct, _diff_pct, _ks, _name, _num, _pct, _rate, _table
 
 
@@ -115,7 +115,8 @@ def _selection_markdown(data: dict) -> list[str]:
     ref = sel["reference"]
     diag = sel["diagnostics"]["scores"]
     order = [f for f in (PAPER, DEFAULT) if f in ret]
-    order += sorted(f for f in ret if f.startswith("variant:")) + sorted(f for f in ret if f.startswith("sweep:"))
+    kind = {f: getattr(find_filter(f), "kind", None) for f in ret}  # the registry's: "variant", "sweep", ...
+    order += sorted(f for f in ret if kind[f] == "variant") + sorted(f for f in ret if kind[f] == "sweep")
     order += [f for f in (*rule_keys(), EF) if f in ret]  # the registry's rules, in the tables' order
     lines = ["## Selection quality beyond length", "",
              f"Every score against the rule 'keep the shortest trajectories in characters' (`{ref}`). Retention "

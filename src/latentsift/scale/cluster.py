@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 from .._core.validation import LatentSiftError
+from .._core import words
 
 INSTALL_HINT = 'pip install -e ".[ray]"'
 PROBE_TIMEOUT_S = 5.0
@@ -39,7 +40,7 @@ def _probe(address: str) -> None:
 
 
 #: Ray's addresses of a cluster this process starts on this machine, and of one already running here.
-RAY_LOCAL = "local"  # homonym: a Ray address, not the local extraction or verifier backend
+RAY_LOCAL = words.LOCAL  # a Ray address, not the local extraction or verifier backend
 RAY_AUTO = "auto"
 
 

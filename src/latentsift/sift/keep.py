@@ -66,7 +66,7 @@ import numpy as np
 from .._core.registry import registry_add, registry_lookup, registry_names
 from .._core.validation import LatentSiftError, NotFittedError, check_choice, check_positive_int
 from .calibration import DEFAULT_CALIBRATION, calibration_methods, fit_calibration
-from .retain import KEEP_FRAC, MIN_KEEP, check_retention, order_by_score, retain_count, select_retained
+from .retain import KEEP_FRAC, MIN_KEEP, check_retention, retain_count, select_retained
 
 GUARANTEE = ("conformal risk control (Angelopoulos et al., Conformal Risk Control, Theorem 1): "
              "E[1 - pool recall] <= 1 - R for a new pool holding a resolved candidate, when it and the "
@@ -173,10 +173,10 @@ def check_calibration_size(n: int, target: float, owner: str = "filter") -> None
 
 
 def top_mask(scores: np.ndarray, traj_ids: Sequence[str], n: int, seed: int = 0) -> np.ndarray:
-    """The ``n`` best candidates under the retention tie rule (``retain.order_by_score``)."""
-    mask = np.zeros(len(traj_ids), dtype=bool)
-    mask[order_by_score(scores, traj_ids, seed=seed)[:max(0, n)]] = True
-    return mask
+    """The ``n`` best candidates under the retention tie rule (``retain.select_retained``; none when n < 1)."""
+    if n < 1:
+        return np.zeros(len(traj_ids), dtype=bool)
+    return select_retained(scores, traj_ids, n_keep=n, seed=seed)
 
 
 def keep_mask(scores: Any, traj_ids: Sequence[str], threshold: float, min_keep: int = 1, seed: int = 0) -> np.ndarray:

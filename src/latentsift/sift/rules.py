@@ -13,7 +13,8 @@ A Stage-1 filter is one class plus one registration (in the style of inspect_ai'
 Everything that lists filters reads this registry: ``latentsift filter --method`` (its help and
 choices), the protocol's baselines (``latentsift crossval`` / ``reproduce``), its tables, labels
 and headline, the report's order, pruning's length policies, the transfer matrix's baselines and
-the diagnostics' built-in references. The names of the built-in rules appear in this file only.
+the diagnostics' built-in references. The names of the built-in rules appear in this file only (``random``,
+which names other things too, in ``latentsift._core.words``).
 
 Each filter has a command-line ``name`` ("shortest-chars"), the ``key`` under which results are
 written ("shortest_chars" in summary.json; default: the name with '_' for '-') and a display
@@ -27,6 +28,7 @@ lookup, so their filters show everywhere, the command line included.
 """
 from __future__ import annotations
 
+from .._core import words
 import hashlib
 import math
 import re
@@ -44,11 +46,15 @@ from ..trajectories.trajectory import Trajectory
 
 #: The kinds of filter: the two a command line can run (``method_names``), then the protocol's own: an
 #: ablation of the paper's method (``latentsift.sift.ablations``), the default, chosen by inner
-#: cross-validation (``latentsift.sift.variants``) and the EF verifier (``latentsift.cascade.verifier``).
-KINDS = ("state", "rule", "ablation", "choice", "verifier")
+#: cross-validation (``latentsift.sift.variants``), the EF verifier (``latentsift.cascade.verifier``), a
+#: beyond-paper variant and the filters of a representation of the sweep (``latentsift.sift.variants``).
+KINDS = ("state", "rule", "ablation", "choice", "verifier", "variant", "sweep")
 METHOD_KINDS = KINDS[:2]
 _NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
-_PROTOCOL_NAME = re.compile(r"^[a-z][a-z0-9_]*(:[a-z0-9+-]+)?$")  # e.g. "channels:cot+obs", "ef_verifier"
+# e.g. "channels:cot+obs", "ef_verifier", "variant:stack:length"; a family of names ends with ":*"
+_PROTOCOL_NAME = re.compile(r"^[a-z][a-z0-9_]*(:[a-z0-9+-]+)*(:\*)?$")
+#: The end of a registered family's name: "sweep:*" names every "sweep:<setting>..." filter.
+FAMILY = ":*"
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,8 @@ class FilterEntry:
     the name of the early-stopping policy that applies it to prefixes (``latentsift.sift.prune``);
     ``color``: its colour in every chart of the report and the explorer (``latentsift.report.colors``;
     None: the next free colour of the run); ``params`` (an ablation): the paper's method's settings it changes;
-    ``group`` (an ablation): the ablation table it belongs to.
+    ``group`` (an ablation): the ablation table it belongs to; ``signals`` (a stacked variant): the per-candidate
+    signals it fuses; ``post_hoc``: added after the evaluation folds had been seen (``protocol.decide``).
     """
 
     name: str
@@ -82,14 +89,18 @@ class FilterEntry:
     color: str | None = None
     params: dict | None = None
     group: str | None = None
+    signals: tuple[str, ...] | None = None
+    post_hoc: bool = False
 
 
 def register_filter(name: str, *, key: str | None = None, label: str | None = None, kind: str = "rule",
                     table_rank: float = math.inf, headline_rank: float = math.inf, tokenizer: bool = False,
                     column: tuple[str, float] | None = None, prune_policy: str | None = None,
-                    color: str | None = None, params: dict | None = None, group: str | None = None):
+                    color: str | None = None, params: dict | None = None, group: str | None = None,
+                    signals: tuple[str, ...] | None = None, post_hoc: bool = False):
     """Decorator: register a ``Stage1Filter`` subclass under ``name`` (see ``FilterEntry``); a filter of the
-    protocol's own kinds ("ablation", "choice", "verifier") may be any factory, and its name may hold one ':'."""
+    protocol's own kinds ("ablation", "choice", "verifier", "variant", "sweep") may be any factory, its name
+    may hold ':' and, ending with ``FAMILY`` (":*"), names a family of filters (``find_filter``)."""
     check_choice(kind, "kind", "register_filter", KINDS)
     method = kind in METHOD_KINDS
     if not isinstance(name, str) or not (_NAME if method else _PROTOCOL_NAME).match(name):
@@ -110,7 +121,7 @@ def register_filter(name: str, *, key: str | None = None, label: str | None = No
             cls.name = name
         registry_add("filter", name, cls, key=key, label=label or name, kind=kind, table_rank=table_rank,
                      headline_rank=headline_rank, tokenizer=tokenizer, column=column, prune_policy=prune_policy,
-                     color=color, params=params, group=group)
+                     color=color, params=params, group=group, signals=signals, post_hoc=post_hoc)
         return cls
 
     return register
@@ -149,6 +160,16 @@ def filter_entry(name: str) -> FilterEntry:
         if name in (e.name, e.key) or (hit is not None and e.name == hit.name):
             return e
     raise LatentSiftError(f"Unknown Stage-1 filter {name!r}; registered: {', '.join(method_names())}.")
+
+
+def find_filter(name: str) -> FilterEntry | None:
+    """The entry of a command-line name or results key, else of the registered family the name belongs to
+    (``"sweep:*"`` for ``"sweep:gemma:default"``), else None."""
+    try:
+        return filter_entry(name)
+    except LatentSiftError:
+        pass
+    return next((e for e in filters() if e.name.endswith(FAMILY) and name.startswith(e.name[:-1])), None)
 
 
 def rule_keys(view: str = "table") -> list[str]:
@@ -210,7 +231,8 @@ class RuleFilter(Stage1Filter):
         return {"s": normalized_ranks(prepared.raw[idx])}
 
 
-@register_filter("random", label="random", table_rank=3, headline_rank=0, prune_policy="random", color="#7f7f7f")
+@register_filter(words.RANDOM, label=words.RANDOM, table_rank=3, headline_rank=0, prune_policy=words.RANDOM,
+                 color="#7f7f7f")
 class RandomFilter(RuleFilter):
     """Random Stage 1: raw = a uniform number in [0, 1) from sha256("random:{seed}:{traj_id}").
 

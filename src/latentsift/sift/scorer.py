@@ -50,6 +50,7 @@ from .._core.validation import LatentSiftError, NotFittedError, param_error, che
 from .._core.io import ArtefactKind, atomic_path, read_artefact, replaced_folder, write_artefact
 from .._core.manifests import ScorerManifest, manifest_values
 from .._core.threads import fixed_threads, one_thread_workers
+from .._core import words
 from ..bank.bank import as_fingerprint
 from ..states.model import Fingerprint
 from ..states.states import TrajectoryStates
@@ -62,7 +63,7 @@ CURVE_PNG = "training_curve.png"
 SCORER_ARTEFACT = ArtefactKind(SCORER_FORMAT, SCORER_VERSION, SCORER_JSON, noun="a scorer directory",
                                make="train one with 'latentsift scorer train'", redo="retrain the scorer",
                                schema=ScorerManifest)
-INITS = ("zeros", "torch")  # homonym: the initialisations; "torch" as torch.nn.Linear does, not the kNN backend
+INITS = ("zeros", words.TORCH)  # the initialisations; "torch" as torch.nn.Linear does, not the kNN backend
 GATE_EPS = 1e-8  # Eq. (linear-scorer): max(sum_j sigmoid(g_j), 1e-8)
 
 

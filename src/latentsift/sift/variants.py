@@ -27,10 +27,12 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .._core.threads import blas_fixed
+from .._core import words
 from .._core.validation import LatentSiftError, NotFittedError
+from ..bank.bank import Bank
 from .rank import grouped_normalized_ranks, normalized_ranks
-from .rules import register_filter
-from .sift import Prepared, Stage1Filter
+from .rules import PAPER, register_filter
+from .sift import LatentSift, Prepared, Stage1Filter
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNELS, Pool, Trajectory
 
@@ -252,7 +254,110 @@ def merge_prepared(parts: Sequence[Prepared]) -> Prepared:
                     q=cat("q"), q_lin=cat("q_lin"), raw=cat("raw"), evidence=ev)
 
 
+# ------------------------------------------------------------------------ the registered variants
+# Every beyond-paper variant is a registered filter of kind "variant" whose name ("variant:<setting>") is spelled
+# here only; the protocol builds them in registration order (``latentsift.protocol.variants``). A variant
+# without ``signals`` is a factory ``make(bank_trajs, eval_pools, states, fingerprint, scorer, *, seed, paper)``
+# -> (filter, instance -> Prepared), ``paper`` the paper's method's Prepared per instance of the fold; a
+# stacked fusion (``signals``: the per-candidate signals it fuses) is ``StackedFilter``, built from the
+# cross-fitted bank signals and their fitted weights.
+_VARIANT = "variant:"
+#: The stacked fusions among which the inner-CV default is chosen: setting -> the signals they fuse.
+STACK_CONFIGS: dict[str, list[str]] = {}
+_STATES = ["q_cot", "q_obs", "q_fn", "probe"]
+_LENGTH = ["neg_chars", "neg_steps"]
+
+
+def variant_setting(name: str) -> str:
+    """The setting a variant's name states ("variant:stack:length" -> "stack:length")."""
+    return name.removeprefix(_VARIANT)
+
+
+def _variant(name: str, make, **info) -> str:
+    register_filter(name, key=name, kind="variant", **info)(make)
+    return name
+
+
+def _representation(name: str, params_of, *, center: bool = False) -> str:
+    """Register a representation variant of the distance branch, fused with the paper's learned branch: its
+    bank holds the states (centred per scaffold on the bank's means when ``center``) built with the settings
+    ``params_of(states, bank_ids)``."""
+    def make(bank_trajs, eval_pools, states, fingerprint, scorer, *, seed: int, paper: Mapping[str, Prepared]):
+        bank_ids = sorted(t.traj_id for t in bank_trajs)
+        if center:
+            agent = {t.traj_id: t.agent for t in [*bank_trajs, *(c for p in eval_pools for c in p.candidates)]}
+            states = center_by_group(states, agent, bank_ids, layers=[-1])
+        bank_v = Bank.from_trajectories(bank_trajs, states, fingerprint, **params_of(states, bank_ids))
+        # the distance branch on this representation; the learned branch keeps the paper's q_lin
+        dist = LatentSift(bank_v, None, branches="distance", seed=seed)
+        prep = {i: Prepared(i, p.traj_ids, p.channels, p.q, paper[i].q_lin, None, p.evidence)
+                for i, p in dist.prepare_many(eval_pools, states, fingerprint=fingerprint).items()}
+        return LatentSift(bank_v, scorer, seed=seed), prep
+
+    make.__qualname__ = make.__name__ = f"variant[{name}]"
+    return _variant(name, make)
+
+
+def _scaffold_bank(bank_trajs, eval_pools, states, fingerprint, scorer, *, seed: int, paper=None):
+    """Scaffold-conditioned banks: a candidate is compared only with bank trajectories of its scaffold (the
+    shared bank where the scaffold's bank lacks a class)."""
+    base = LatentSift(Bank.from_trajectories(bank_trajs, states, fingerprint), scorer, seed=seed)
+    parts: dict[str, list] = {}
+    for g, sub in split_pools_by_group(eval_pools, lambda c: c.agent).items():
+        g_trajs = [t for t in bank_trajs if t.agent == g]
+        if len({int(t.label) for t in g_trajs}) < 2:  # no bank of both classes for this scaffold: shared bank
+            filt_g = base
+        else:
+            filt_g = LatentSift(Bank.from_trajectories(g_trajs, states, fingerprint), scorer, seed=seed)
+        for i, p in filt_g.prepare_many(sub, states, fingerprint=fingerprint).items():
+            parts.setdefault(i, []).append(p)
+    return base, {i: merge_prepared(ps) for i, ps in parts.items()}
+
+
+def _stack(name: str, signals: Sequence[str], *, post_hoc: bool = True) -> str:
+    STACK_CONFIGS[variant_setting(name)] = list(signals)
+    return _variant(name, StackedFilter, signals=tuple(signals), post_hoc=post_hoc)
+
+
+_representation("variant:layer:middle", lambda states, ids: {"layer": (states[ids[0]].n_layers // 2) - 1})
+_representation("variant:norm:l2", lambda states, ids: {"normalize": "l2"})
+_representation("variant:norm:whiten", lambda states, ids: {"normalize": "whiten"})
+_representation("variant:center:scaffold", lambda states, ids: {}, center=True)
+_variant("variant:scaffold-bank", _scaffold_bank)
+#: The logistic probe alone (the learned branch's alternative), chosen before the folds were seen.
+PROBE = _stack("variant:probe", ["probe"], post_hoc=False)
+_stack("variant:stack:states", _STATES)
+#: The learned length stack (shortest chars and fewest steps fused with weights fitted on the bank): it uses no
+#: state, so that the choice can say when states add nothing; a reference of the decision (``protocol.decide``).
+STACK_LENGTH = _stack("variant:stack:length", _LENGTH)
+_stack("variant:stack:states+length", _STATES + _LENGTH)
+_stack("variant:stack:states+length+patch", _STATES + _LENGTH + ["patch_lines", "no_patch"])
+
 #: The default's name among the filters: per outer fold, the stacked fusion that the inner cross-validation on
 #: the bank chose (the paper's method where that is impossible); the protocol builds it (``protocol.variants``).
-DEFAULT = "default"
-register_filter(DEFAULT, kind="choice", label="LatentSift default (inner-CV choice)", color="#17becf")(StackedFilter)
+DEFAULT = words.DEFAULT
+register_filter(DEFAULT, kind="choice", label="LatentSift default (inner-CV choice)", color="#17becf",
+                post_hoc=True)(StackedFilter)
+
+
+# ------------------------------------------------------------------------ the sweep's filters
+def _sweep(bank: Bank, scorer=None, **settings) -> LatentSift:
+    """The paper's method on a representation of the sweep (fitted on the states of its own extraction)."""
+    return LatentSift(bank, scorer, **settings)
+
+
+#: The family of a sweep representation's filters: "sweep:<representation>" (the paper's method on its states)
+#: and "sweep:<representation>:<filter key>" (another filter on them, e.g. the default).
+SWEEP = "sweep:*"
+register_filter(SWEEP, kind="sweep", label="a representation of the sweep")(_sweep)
+
+
+def sweep_name(representation: str, key: str) -> str:
+    """The name of the filter ``key`` on the sweep's ``representation`` (see ``SWEEP``)."""
+    return SWEEP.removesuffix("*") + representation + ("" if key == PAPER else f":{key}")
+
+
+def sweep_filter(name: str) -> str:
+    """The filter key a sweep filter's name states (``sweep_name``'s inverse): the paper's method or another."""
+    rest = name.removeprefix(SWEEP.removesuffix("*"))
+    return rest.split(":", 1)[1] if ":" in rest else PAPER

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from .._core.registry import registry_add
+from .._core import words
 from .._core.threads import one_thread_pool, ordered_map
 from .._core.validation import LatentSiftError, check_positive_int, param_error
 from .channel import render, render_per_step
@@ -118,7 +119,7 @@ class LocalExtractionBackend(ExtractionBackend):
     """This process: ``policy`` replays the trajectories (:func:`extract_many`), one shard per ``shard_size``
     in input order."""
 
-    name = "local"
+    name = words.LOCAL
 
     def __init__(self, policy):
         self.policy = policy

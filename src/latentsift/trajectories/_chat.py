@@ -26,6 +26,7 @@ import json
 import re
 from typing import Any
 
+from .._core import words
 from .trajectory import Step, Trajectory
 from ._common import Where, repo_from_instance
 from ._registry import register_importer
@@ -119,14 +120,14 @@ def _looks_mini(record: Any) -> bool:
 _NO_MESSAGES = ("messages", "is missing (not a chat-message trajectory)")
 
 
-@register_importer("minisweagent", detect=_looks_mini, accepts=_has_messages, missing=_NO_MESSAGES,
+@register_importer(words.MINISWEAGENT, detect=_looks_mini, accepts=_has_messages, missing=_NO_MESSAGES,
                    describe="a mini-swe-agent", priority=30)
 def read_mini(record: Any, where: Where, src: Source) -> Trajectory:
     """A mini-swe-agent trajectory (one fenced bash block per reply); agent from the record or file."""
     return _read(record, where, src, mini=True)
 
 
-@register_importer("openai", detect=_has_messages, missing=_NO_MESSAGES, describe="an OpenAI-chat", priority=40)
+@register_importer(words.OPENAI, detect=_has_messages, missing=_NO_MESSAGES, describe="an OpenAI-chat", priority=40)
 def read_openai(record: Any, where: Where, src: Source) -> Trajectory:
     """OpenAI chat messages with tool calls (OpenHands, vLLM); agent from the record or file."""
     return _read(record, where, src, mini=False)
@@ -167,7 +168,7 @@ def parse(record: Any, msgs: list, where: Where, *, mini: bool, instance_id: str
                               (rec.get("test_result") or {}).get("git_patch") if isinstance(rec.get("test_result"), dict) else None)
                   if isinstance(v, str)), "")
     system_prompt = next((c["content"] for c in context if c["role"] == "system"), None)
-    fmt = "minisweagent" if mini else "openai"
+    fmt = words.MINISWEAGENT if mini else words.OPENAI
     agent = rec.get("agent") if isinstance(rec.get("agent"), str) else \
         OPENHANDS if not mini and _is_completion_log(rec) else fmt
     return Trajectory(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core import words
 from .trajectory import Step, Trajectory
 from ._common import Where, repo_from_instance
 from ._registry import register_importer
@@ -19,9 +20,9 @@ from ._sources import Source
 NO_CALL = "<function=>\n</function>"  # R2E-Gym's Action("", {}).to_xml_string()
 ACR_SCAFFOLD = "acr"
 # agent_args.scaffold -> the agent name used in candidates.csv (this agent is also the shift guard's scaffold)
-SCAFFOLD_NAMES = {"autocoderover": "acr", "acr": "acr", "swe-agent": "sweagent", "sweagent": "sweagent",
-                  "r2e-gym": "r2egym", "r2egym": "r2egym", "openhands": "openhands",
-                  "mini-swe-agent": "minisweagent", "minisweagent": "minisweagent"}  # homonym: agent names, not formats
+SCAFFOLD_NAMES = {"autocoderover": "acr", "acr": "acr", "swe-agent": words.SWEAGENT, words.SWEAGENT: words.SWEAGENT,
+                  "r2e-gym": words.R2EGYM, words.R2EGYM: words.R2EGYM, "openhands": "openhands",
+                  "mini-swe-agent": words.MINISWEAGENT, words.MINISWEAGENT: words.MINISWEAGENT}  # agent names
 
 
 def looks_like(record: Any) -> bool:
@@ -32,7 +33,7 @@ def agent_name(scaffold: str) -> str:
     return SCAFFOLD_NAMES.get(scaffold.strip().lower(), scaffold.strip().lower())
 
 
-@register_importer("r2egym", detect=looks_like, missing=("trajectory_steps", "is missing (not an R2E-Gym trajectory)"),
+@register_importer(words.R2EGYM, detect=looks_like, missing=("trajectory_steps", "is missing (not an R2E-Gym trajectory)"),
                    describe="an R2E-Gym", priority=10)
 def read(record: dict, where: Where, src: Source) -> Trajectory:
     """One R2E-Gym record; run = ``exp_name``, else the file name; agent = ``agent_args.scaffold``."""
@@ -53,7 +54,7 @@ def parse(record: dict, where: Where, *, default_run: str) -> Trajectory:
     run = g(record, "exp_name", str, optional=True, default="") or default_run
     reward = g(record, "reward", (int, float), optional=True)
     scaffold = g(agent_args, "scaffold", str, prefix="agent_args.", optional=True, default="")
-    agent = agent_name(scaffold) if scaffold else "r2egym"
+    agent = agent_name(scaffold) if scaffold else words.R2EGYM
     is_acr = agent == ACR_SCAFFOLD
 
     context: list[dict[str, Any]] = []
@@ -95,7 +96,7 @@ def parse(record: dict, where: Where, *, default_run: str) -> Trajectory:
         task_prompt=problem, steps=steps,
         patch=g(record, "output_patch", str, optional=True, default=""),
         reward=None if reward is None else float(reward), system_prompt=system_prompt,
-        agent=agent, run=run, source_format="r2egym", source_id=f"{where.source}:{where.line}",
+        agent=agent, run=run, source_format=words.R2EGYM, source_id=f"{where.source}:{where.line}",
         meta=meta, context=context)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .._core import words
 from .trajectory import Step, Trajectory
 from ._common import Where, repo_from_instance
 from ._registry import register_importer
@@ -49,7 +50,7 @@ def issue_text(first_user: str) -> str:
     return first_user[a + len("ISSUE:\n"):b] if a >= 0 and b > a else first_user
 
 
-@register_importer("sweagent", detect=looks_like, missing=("trajectory", "is missing (not a SWE-agent .traj file)"),
+@register_importer(words.SWEAGENT, detect=looks_like, missing=("trajectory", "is missing (not a SWE-agent .traj file)"),
                    describe="a SWE-agent", priority=20)
 def read(record: dict, where: Where, src: Source) -> Trajectory:
     """One ``.traj`` file: instance and run from the record, else the file and folder names; agent ``sweagent``."""
@@ -102,7 +103,7 @@ def parse(record: dict, where: Where, *, instance_id: str, run: str) -> Trajecto
     return Trajectory(
         traj_id=f"{run}/{instance_id}", instance_id=instance_id, repo=repo_from_instance(instance_id),
         task_prompt=task, steps=steps, patch=submission if isinstance(submission, str) else "",
-        reward=None, system_prompt=system_prompt, agent="sweagent", run=run, source_format="sweagent",
+        reward=None, system_prompt=system_prompt, agent=words.SWEAGENT, run=run, source_format=words.SWEAGENT,
         source_id=where.source, meta=meta, context=context)
 
 
