@@ -216,9 +216,10 @@ def test_shard_folders_export_as_one_dataset(full_run, tasks, tmp_path):
     assert (tmp_path / "overlap" / TRAJECTORIES).read_bytes() == (tmp_path / "whole" / TRAJECTORIES).read_bytes()
     part = shards[0] / TASKS_DIR / task_file(tasks[0].task_id)
     with gzip.open(part, "rt") as f:
-        lines = f.read().replace('"reward": 1.0', '"reward": 0.0').replace('"reward": 0.0', '"reward": 1.0', 1)
+        rows = [json.loads(line) for line in f]
+    rows[0]["reward"] = 1.0 - rows[0]["reward"]          # one sample labelled otherwise
     with gzip.open(part, "wt") as f:
-        f.write(lines)
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(LatentSiftError, match="different samples"):
         export_dataset([shards[0], ref], tmp_path / "differ")
     man = json.loads((shards[1] / MANIFEST).read_text())
