@@ -100,6 +100,28 @@ def test_premise_refuses_stores_of_other_candidates_and_pools_smaller_than_every
     assert not (tmp_path / "out2").exists()
 
 
+def test_premise_reads_the_stores_of_several_rollout_shards_as_one(synthetic_premise, tmp_path):
+    """The own states split over two stores (two rollout shards) give the same premise numbers as one store."""
+    from latentsift.states.store import StateStore
+
+    d, s, _ = synthetic_premise
+    whole = StateStore(d / "own" / "states").open()
+    states = whole.load()
+    trajs = load_jsonl(d / "own" / "pools.jsonl")
+    shards = []
+    for i in range(2):
+        part = [t for t in trajs if int(t.instance_id.rsplit("/", 1)[1]) % 2 == i]
+        store = StateStore(tmp_path / f"shard{i}").create(whole.fingerprint, whole.settings)
+        store.write([states[t.traj_id] for t in part], [t.instance_id for t in part])
+        shards.append(tmp_path / f"shard{i}")
+    r = _cli("premise", d / "own" / "pools.jsonl", "--states", shards[0], "--states", shards[1], "--out",
+             tmp_path / "out", *FAST)
+    assert r.exit_code == 0, r.output
+    got = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert got["runs"]["own"]["premise"]["auc"] == s["runs"]["own"]["premise"]["auc"]
+    assert got["inputs"]["own_states"] == f"{shards[0]}, {shards[1]}"
+
+
 def test_transfer_between_two_policies_on_the_same_tasks_reports_the_guard_flags(tmp_path):
     pa, sa = write_single_policy(tmp_path / "a", agent="policy-a")
     pb, sb = write_single_policy(tmp_path / "b", agent="policy-b", seed=3)

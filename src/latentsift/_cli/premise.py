@@ -20,9 +20,11 @@ def register(app: typer.Typer) -> None:
 
 def premise_cmd(
     pools: Path = typer.Argument(..., help="Canonical JSONL of one policy's labelled candidate pools."),
-    states: Path = typer.Option(..., "--states", help="STATES_DIR of the policy's own states of these candidates."),
-    proxy_states: Optional[Path] = typer.Option(None, "--proxy-states", help="STATES_DIR of the SAME candidates "
-                                                "encoded by another model (e.g. SmolLM2 replay): adds own - proxy."),
+    states: List[Path] = typer.Option(..., "--states", help="STATES_DIR of the policy's own states of these "
+                                      "candidates (repeat for the stores of several rollout shards)."),
+    proxy_states: Optional[List[Path]] = typer.Option(None, "--proxy-states", help="STATES_DIR of the SAME "
+                                                      "candidates encoded by another model (e.g. SmolLM2 replay): "
+                                                      "adds own - proxy (repeat for several stores)."),
     out: Path = typer.Option(..., "--out", help="Folder for own/ and proxy/ (crossval runs), summary.json and "
                              "report.md."),
     group_by: str = typer.Option("instance", "--group-by", help="Disjoint folds by instance (task; the premise's "
@@ -42,7 +44,7 @@ def premise_cmd(
     against the length rules, stack:length and random; retention@K; verifier calls at R = 0.9, 0.95; own - proxy."""
     console = Console(stderr=True)
     with StageProgress(console) as bar:
-        report = run_premise(pools, states, out, proxy_states=proxy_states, ks=tuple(k), group_by=group_by,
+        report = run_premise(pools, states, out, proxy_states=proxy_states or None, ks=tuple(k), group_by=group_by,
                              n_folds=folds, n_draws=draws, n_boot=boot, scorer_epochs=scorer_epochs, seed=seed,
                              verifier=verifier, gen_test_key=gen_test_key, testgen_tokens=testgen_tokens,
                              log=bar.print, progress=bar.update)

@@ -4,33 +4,39 @@ against proxy, written as OUT/summary.json and OUT/report.md."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 from .._core.io import atomic_write_json, atomic_write_text
 from .._core.outputs import PREMISE_OWN, owned_output
 from .._core.validation import LatentSiftError, check_states_present
+from ..deploy.library import open_stores
 from ..protocol.crossval import CrossvalSettings, crossval
 from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, own_vs_proxy, premise_ks
 from ..report.premise_report import premise_report_markdown
 from ..states.rollout import EXAMPLES_KEY
-from ..states.store import StateStore
 from ..trajectories.trajectory import group_pools, load_jsonl
+
+#: A state store folder, or several of the same model and settings read as one.
+StoreArg = Union[str, Path, Sequence[Union[str, Path]]]
 
 __all__ = ["CrossvalSettings", "EXAMPLES_KEY", "PREMISE_KS", "premise", "run_premise"]
 
 
-def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_states: str | Path | None = None,
+def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_states: StoreArg | None = None,
             ks: Sequence[int] = PREMISE_KS, log: Callable[[str], None] = print,
             progress: Callable[[str, int, int, str], None] | None = None, **settings) -> Path:
     """``latentsift premise``: the premise test on one policy's pools.
 
     Runs ``crossval`` (folds by task unless ``group_by`` says otherwise, the operating points at R = 0.9
-    and 0.95, Stage 3 scored by ``tests[gen_test_key]`` (default: the rollouts' docstring examples), retention@K for ``ks`` up to the pool size) on the policy's own ``states`` into OUT/own and,
-    with ``proxy_states`` (the same candidates encoded by another model), on those into OUT/proxy; then
+    and 0.95, Stage 3 scored by ``tests[gen_test_key]`` (default: the rollouts' docstring examples),
+    retention@K for ``ks`` up to the pool size) on the policy's own ``states`` into OUT/own and, with
+    ``proxy_states`` (the same candidates encoded by another model), on those into OUT/proxy; then
     writes OUT/summary.json and OUT/report.md (own, proxy, own - proxy). ``settings``: further
     ``CrossvalSettings`` fields (``n_folds``, ``n_draws``, ``n_boot``, ``seed``, ``scorer_epochs``, ...).
-    Reruns reuse each run's cached folds. Returns OUT.
+    Reruns reuse each run's cached folds. ``states`` / ``proxy_states``: a store, or several of the same
+    model and settings (rollout shards) read as one. Returns OUT.
     """
     out = Path(out)
     trajs = load_jsonl(pools)
@@ -39,16 +45,18 @@ def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_sta
           "gen_test_key": EXAMPLES_KEY} | settings
     kw |= {"ks": use_ks, "premise": True}
     runs = {PREMISE_OWN: states} | ({"proxy": proxy_states} if proxy_states is not None else {})
-    for name, st in runs.items():  # both stores hold every candidate: checked before any run starts
-        if not Path(st).is_dir():
-            raise LatentSiftError(f"premise: no state store at {str(st)!r} ({name} states).")
-        check_states_present(StateStore(st).open(), trajs, f"premise ({name} states)")
+    runs = {name: [st] if isinstance(st, (str, os.PathLike)) else list(st) for name, st in runs.items()}
+    for name, st in runs.items():  # both hold every candidate: checked before any run starts
+        for d in st:
+            if not Path(d).is_dir():
+                raise LatentSiftError(f"premise: no state store at {str(d)!r} ({name} states).")
+        check_states_present(open_stores(st, "premise"), trajs, f"premise ({name} states)")
     (out / "summary.json").unlink(missing_ok=True)  # presence of summary.json = this premise run finished
     for name, st in runs.items():
         log(f"[premise] {name} states: {st}")
-        crossval(pools, st, out / name, log=log, progress=progress, **kw)
+        crossval(pools, st[0] if len(st) == 1 else st, out / name, log=log, progress=progress, **kw)
     summary = {"format": "latentsift-premise", "version": 1,
-               "inputs": {"pools": str(pools), **{f"{n}_states": str(s) for n, s in runs.items()}},
+               "inputs": {"pools": str(pools), **{f"{n}_states": ", ".join(map(str, s)) for n, s in runs.items()}},
                "settings": {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v)
                             for k, v in kw.items()}, "runs": {}}
     for name in runs:
@@ -64,9 +72,9 @@ def premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_sta
     return out
 
 
-def run_premise(pools: str | Path, states: str | Path, out: str | Path, *, proxy_states: str | Path | None = None,
+def run_premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_states: StoreArg | None = None,
                 verifier: str | Path | None = None, **kwargs) -> Path:
     """``latentsift premise``: ``premise`` into ``out``, refused before any work when it would touch an input (a
     second writer to it is refused)."""
-    with owned_output(out, [pools, states, proxy_states, verifier], kind="premise"):
+    with owned_output(out, [pools, states, proxy_states, verifier], kind="premise"):   # (lists of stores too)
         return premise(pools, states, out, proxy_states=proxy_states, verifier=verifier, **kwargs)
