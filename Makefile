@@ -69,10 +69,11 @@ own-%: policy-%
 	$(BIN)/latentsift premise runs/own-$*/trajectories.jsonl.gz --states runs/own-$*/states \
 		--proxy-states runs/own-$*-proxy --out runs/premise-$*
 
-# The shareable dataset of a rollout folder (trajectories, labels, seeds, fingerprint; no states) into data/.
+# The shareable dataset of a rollout folder and its shards' folders runs/own-<size>-s* (`rollout --shard`;
+# trajectories, labels, seeds, fingerprint; no states) into data/.
 own-data-%: $(STAMP)
-	$(BIN)/python -c "from latentsift._jobs.rollout import export_dataset as e; \
-		print(e('runs/own-$*', 'data/own-policy/qwen2.5-coder-$*'))"
+	$(BIN)/python -c "import glob; from latentsift._jobs.rollout import export_dataset as e; \
+		print(e(sorted(glob.glob('runs/own-$*') + glob.glob('runs/own-$*-s*')), 'data/own-policy/qwen2.5-coder-$*'))"
 
 # The explorer's browser test drives Debian's chromium (a browser build that
 # `playwright install` downloads cannot be fetched on the test machines).
