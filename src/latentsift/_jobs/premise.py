@@ -53,7 +53,7 @@ def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_state
         check_states_present(open_stores(st, "premise"), trajs, f"premise ({name} states)")
     (out / "summary.json").unlink(missing_ok=True)  # presence of summary.json = this premise run finished
     for name, st in runs.items():
-        log(f"[premise] {name} states: {st}")
+        log(f"[premise] {name} states: {', '.join(map(str, st))}")
         crossval(pools, st[0] if len(st) == 1 else st, out / name, log=log, progress=progress, **kw)
     summary = {"format": "latentsift-premise", "version": 1,
                "inputs": {"pools": str(pools), **{f"{n}_states": ", ".join(map(str, s)) for n, s in runs.items()}},
