@@ -293,8 +293,7 @@ def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, 
     """``latentsift rollout``: every option checked before any work, the tasks read (HumanEval when
     ``tasks`` is None), the policy loaded and the rollouts run into ``out`` (created or resumed)."""
     with owned_output(out, [tasks, model], kind="rollout"):  # a second writer is refused before the model loads
-        if shard is not None:
-            parse_shard(shard)
+        part = parse_shard(shard) if shard is not None else (1, 1)   # (I, N): refused before the model loads
         for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
                         ("threads", threads), ("workers", workers), ("tasks", first)):
             if v is not None and v < 1:
@@ -306,9 +305,7 @@ def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, 
         path = tasks if tasks is not None else humaneval_path()
         task_list = load_tasks(tasks)
         task_list = task_list[:first] if first else task_list
-        if shard is not None:
-            i, n = parse_shard(shard)
-            task_list = task_list[i - 1::n]
+        task_list = task_list[part[0] - 1::part[1]]
         log(f"{len(task_list)} tasks from {path}; loading the model ...")
         policy = load_policy(model, dtype=dtype, device="cpu")
         log(f"model: {policy.describe()}")

@@ -310,9 +310,9 @@ def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | N
     (summary, its data, pools, records, filters, full-pool score arrays, candidate table)."""
     settings, ef, full_scores, fold_info = run.settings, st.ef, st.full_scores, st.fold_info
     t0 = time.perf_counter()
-    pools, records = pools_from_trajectories(
-        trajs, regression_key="p2p_passed", gen_test_key=settings.gen_test_key,
-        testgen_tokens=None if settings.gen_test_key is None else {t.instance_id: settings.testgen_tokens for t in trajs})
+    testgen = None if settings.gen_test_key is None else {t.instance_id: settings.testgen_tokens for t in trajs}
+    pools, records = pools_from_trajectories(trajs, regression_key="p2p_passed", gen_test_key=settings.gen_test_key,
+                                             testgen_tokens=testgen)
     filters: dict[str, Any] = {EF: ef} if ef is not None else {}
     filters.update(st.draw_scorers)
     components = full_scores.pop("_components")

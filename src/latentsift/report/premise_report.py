@@ -93,12 +93,13 @@ def premise_report_markdown(summary: Mapping) -> str:
     for name, r in runs.items():
         comp = r.get("composition") or {}
         fp = r.get("fingerprint") or {}
+        repos = "repository" if comp.get("n_repositories") == 1 else "repositories"
         who = ", ".join(comp.get("agents") or []) or "n/a"
         lines += [f"## {name.capitalize()} states", "",
                   f"Encoder: {fp.get('architecture', 'n/a')} ({fp.get('n_layers', '?')} layers, "
                   f"d = {fp.get('d_model', '?')}); "
                   f"agents: {who}; {comp.get('n_instances', '?')} tasks, {comp.get('n_repositories', '?')} "
-                  f"{'repository' if comp.get('n_repositories') == 1 else 'repositories'}; folds by {comp.get('group_by', '?')}. Full run: `{name}/report/report.md`.", ""]
+                  f"{repos}; folds by {comp.get('group_by', '?')}. Full run: `{name}/report/report.md`.", ""]
         lines += premise_markdown({"settings": {}}, r["premise"], title=None, whose=name.capitalize())
     if summary.get("own_vs_proxy"):
         lines += own_vs_proxy_markdown(summary["own_vs_proxy"])

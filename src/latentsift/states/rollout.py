@@ -13,8 +13,9 @@ Scaffold (every string below is a setting of :class:`RolloutSettings`):
 Each turn is one step of the canonical trajectory: ``cot`` = the reply's text outside the block,
 ``fn`` = the code inside it (the fences are markup), ``obs`` = the tool's report shown to the policy
 (empty for the submitting step: nothing more is shown). The label is the hidden tests' verdict on the
-submitted code (``tests["hidden_passed"]``); ``tests["examples_passed"]`` is the submitted code's share of
-the docstring's examples passed (absent where the task has none). So channels, banks and the explorer read these trajectories like any other.
+submitted code (``tests["hidden_passed"]``); ``tests["examples_passed"]`` is the submitted code's share
+of the docstring's examples passed (absent where the task has none). So channels, banks and the explorer
+read these trajectories like any other.
 
 The environment (running the examples, judging) is passed in as two callables of ``(task, code)``, so
 any sandbox plugs in (``latentsift rollout`` uses ``trajectories.sandbox``).
