@@ -51,12 +51,13 @@ def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_state
             if not Path(d).is_dir():
                 raise LatentSiftError(f"premise: no state store at {str(d)!r} ({name} states).")
         check_states_present(open_stores(st, "premise"), trajs, f"premise ({name} states)")
+    shown = {name: ", ".join(map(str, st)) for name, st in runs.items()}   # each run's stores, as logged and recorded
     (out / "summary.json").unlink(missing_ok=True)  # presence of summary.json = this premise run finished
     for name, st in runs.items():
-        log(f"[premise] {name} states: {', '.join(map(str, st))}")
+        log(f"[premise] {name} states: {shown[name]}")
         crossval(pools, st[0] if len(st) == 1 else st, out / name, log=log, progress=progress, **kw)
     summary = {"format": "latentsift-premise", "version": 1,
-               "inputs": {"pools": str(pools), **{f"{n}_states": ", ".join(map(str, s)) for n, s in runs.items()}},
+               "inputs": {"pools": str(pools), **{f"{n}_states": s for n, s in shown.items()}},
                "settings": {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v)
                             for k, v in kw.items()}, "runs": {}}
     for name in runs:
