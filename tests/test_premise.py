@@ -95,6 +95,10 @@ def test_premise_refuses_stores_of_other_candidates_and_pools_smaller_than_every
              tmp_path / "other" / "states", "--out", tmp_path / "out", *FAST)
     refused(r, "proxy states", "has no states")
     assert not (tmp_path / "out").exists()  # refused before any run started
+    r = _cli("premise", d / "own" / "pools.jsonl", "--states", d / "own" / "states", "--proxy-states",
+             tmp_path / "nowhere", "--out", tmp_path / "out", *FAST)
+    refused(r, "premise (proxy states): no state store at", "nowhere")
+    assert not (tmp_path / "out").exists()
     small, states = write_single_policy(tmp_path / "small", n_instances=8, k=3)
     refused(_cli("premise", small, "--states", states, "--out", tmp_path / "out2", *FAST), "at most 3 candidates")
     assert not (tmp_path / "out2").exists()

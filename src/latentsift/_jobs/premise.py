@@ -10,7 +10,7 @@ from typing import Callable, Sequence, Union
 
 from .._core.io import atomic_write_json, atomic_write_text
 from .._core.outputs import PREMISE_OWN, owned_output
-from .._core.validation import LatentSiftError, check_states_present
+from .._core.validation import check_states_present
 from ..deploy.library import open_stores
 from ..protocol.crossval import CrossvalSettings, crossval
 from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, own_vs_proxy, premise_ks
@@ -47,10 +47,7 @@ def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_state
     runs = {PREMISE_OWN: states} | ({"proxy": proxy_states} if proxy_states is not None else {})
     runs = {name: [st] if isinstance(st, (str, os.PathLike)) else list(st) for name, st in runs.items()}
     for name, st in runs.items():  # both hold every candidate: checked before any run starts
-        for d in st:
-            if not Path(d).is_dir():
-                raise LatentSiftError(f"premise: no state store at {str(d)!r} ({name} states).")
-        check_states_present(open_stores(st, "premise"), trajs, f"premise ({name} states)")
+        check_states_present(open_stores(st, f"premise ({name} states)"), trajs, f"premise ({name} states)")
     shown = {name: ", ".join(map(str, st)) for name, st in runs.items()}   # each run's stores, as logged and recorded
     (out / "summary.json").unlink(missing_ok=True)  # presence of summary.json = this premise run finished
     for name, st in runs.items():
