@@ -47,7 +47,8 @@ def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_state
     runs = {PREMISE_OWN: states} | ({"proxy": proxy_states} if proxy_states is not None else {})
     runs = {name: [st] if isinstance(st, (str, os.PathLike)) else list(st) for name, st in runs.items()}
     for name, st in runs.items():  # both hold every candidate: checked before any run starts
-        check_states_present(open_stores(st, f"premise ({name} states)"), trajs, f"premise ({name} states)")
+        who = f"premise ({name} states)"
+        check_states_present(open_stores(st, who), trajs, who)
     shown = {name: ", ".join(map(str, st)) for name, st in runs.items()}   # each run's stores, as logged and recorded
     (out / "summary.json").unlink(missing_ok=True)  # presence of summary.json = this premise run finished
     for name, st in runs.items():
