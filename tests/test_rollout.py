@@ -211,6 +211,14 @@ def test_shard_folders_export_as_one_dataset(full_run, tasks, tmp_path):
     export_dataset(shards[::-1], tmp_path / "merged")
     for name in (TRAJECTORIES, MANIFEST):
         assert (tmp_path / "merged" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    # a folder that ran another's remaining tasks from a task file of another name joins too (tasks are
+    # matched by their samples, ordered by id, not by the file's name); the dataset names both files
+    man = json.loads((shards[0] / MANIFEST).read_text())
+    (shards[0] / MANIFEST).write_text(json.dumps(man | {"tasks": "rest.jsonl"}))
+    tail = export_dataset(shards[::-1], tmp_path / "tail")
+    assert (tmp_path / "tail" / TRAJECTORIES).read_bytes() == (tmp_path / "whole" / TRAJECTORIES).read_bytes()
+    assert tail["tasks"] == sorted([man["tasks"], "rest.jsonl"]) and tail["n_samples"] == whole["n_samples"]
+    (shards[0] / MANIFEST).write_text(json.dumps(man))
     # a task run in two folders alike counts once; run differently, it is refused
     export_dataset([shards[0], ref], tmp_path / "overlap")
     assert (tmp_path / "overlap" / TRAJECTORIES).read_bytes() == (tmp_path / "whole" / TRAJECTORIES).read_bytes()
@@ -264,3 +272,11 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_bytes(full_run, tasks, tm
     assert load_jsonl(out / TRAJECTORIES) == load_jsonl(ref / TRAJECTORIES)
     ids = StateStore(out / STATES_DIR).open().traj_ids()
     assert sorted(ids) == sorted(set(ids)) == sorted(t.traj_id for t in load_jsonl(ref / TRAJECTORIES))
+
+
+def test_task_ids_sort_with_numbers_as_numbers():
+    from latentsift._jobs.rollout import natural_key
+
+    ids = ["HumanEval/10", "HumanEval/2", "Mbpp/1", "HumanEval/100", "b", "a10", "a9", "HumanEval/0"]
+    assert sorted(ids, key=natural_key) == ["HumanEval/0", "HumanEval/2", "HumanEval/10", "HumanEval/100",
+                                            "Mbpp/1", "a9", "a10", "b"]

@@ -128,10 +128,13 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: str | os.PathLike) -> dict:
     """The shareable part of one rollout folder, or of several that ran the same model and settings on
-    other tasks (``--shard``), with no states: ``dest/trajectories.jsonl.gz`` (every finished task, in
-    task order) and ``dest/manifest.json`` (the rollout's manifest and the dataset's counts). Anyone
-    rebuilds the states from it by replay (``latentsift extract --model``). ``dest`` must be a new folder
-    or one this function wrote; returns the manifest written."""
+    other tasks (``--shard``, or a task file of another's remaining tasks), with no states:
+    ``dest/trajectories.jsonl.gz`` (every finished task, in the natural order of the task ids: numbers
+    compared as numbers, HumanEval's file order) and ``dest/manifest.json`` (the rollout's manifest, the
+    task files' names and the dataset's counts). Tasks are matched by what was run, not by the task
+    file's name: a task in two folders must have the same samples. Anyone rebuilds the states from it
+    by replay (``latentsift extract --model``). ``dest`` must be a new folder or one this function
+    wrote; returns the manifest written."""
     outs = [Path(outs)] if isinstance(outs, (str, os.PathLike)) else [Path(o) for o in outs]
     dest = Path(dest)
     mans = []
@@ -141,7 +144,7 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
         mans.append(read_json(out / MANIFEST))
         if mans[-1].get("format") != ROLLOUT_FORMAT:
             raise LatentSiftError(f"{str(out / MANIFEST)!r} is not a {ROLLOUT_FORMAT} manifest.")
-        other = [k for k in MATCHED + ("model", "tasks") if mans[-1].get(k) != mans[0].get(k)]
+        other = [k for k in MATCHED + ("model",) if mans[-1].get(k) != mans[0].get(k)]
         if other:
             raise LatentSiftError(f"{str(out)!r} ran with another {other[0]} than {str(outs[0])!r}: its samples "
                                   "cannot join the same dataset.")
@@ -158,24 +161,24 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
                 seen = by_task.get(part[0].instance_id)
                 if seen is not None and [dumps(t) for t in seen] != [dumps(t) for t in part]:
                     raise LatentSiftError(f"The task {part[0].instance_id!r} is in two of the folders with different "
-                                          "samples (other code, machine or dtype?): they cannot join one dataset.")
+                                          "samples (another task text, code, machine or dtype?): they cannot join "
+                                          "one dataset.")
                 by_task[part[0].instance_id] = part   # a task run twice alike (a shard that redid it) counts once
-        trajs = [t for tid in _task_order(mans[0], by_task) for t in by_task[tid]]
+        trajs = [t for tid in sorted(by_task, key=natural_key) for t in by_task[tid]]
         atomic_write_bytes(dest / TRAJECTORIES, gzip_bytes("".join(dumps(tr) + "\n" for tr in trajs)))
         labels = {tid: [t.label for t in part] for tid, part in by_task.items()}
-        man = mans[0] | {"format": ROLLOUT_FORMAT + "-dataset", "n_tasks": len(labels), "n_samples": len(trajs),
+        names = sorted({m.get("tasks") for m in mans}, key=str)
+        man = mans[0] | {"format": ROLLOUT_FORMAT + "-dataset", "tasks": names[0] if len(names) == 1 else names,
+                         "n_tasks": len(labels), "n_samples": len(trajs),
                          "n_passed": int(sum(t.label for t in trajs)),
                          "n_mixed_tasks": sum(0 < sum(v) < len(v) for v in labels.values())}
         atomic_write_json(dest / MANIFEST, man)
     return man
 
 
-def _task_order(man: dict, task_ids) -> list[str]:
-    """The run's task order: HumanEval's file order for HumanEval, else by id."""
-    ids = set(task_ids)
-    if man.get("tasks") == Path(humaneval_path()).name:
-        return [t.task_id for t in load_tasks() if t.task_id in ids]
-    return sorted(ids)
+def natural_key(task_id: str) -> tuple:
+    """Sort key of a task id with its digit runs compared as numbers (``HumanEval/2`` before ``/10``)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", task_id))
 
 
 def sandbox_env(limits: SandboxLimits | None = None, workers: int = 2) -> tuple[ExampleRunner, Judge]:
