@@ -531,3 +531,14 @@ def test_a_damaged_shard_says_a_rerun_repairs_it_and_fit_keeps_the_umask(tiny, t
     store = StateStore(copy).open()
     with pytest.raises(Exception, match="re-run the same 'latentsift extract' command on this store"):
         store.load(store.traj_ids())
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA device")
+@pytest.mark.parametrize("command", ["extract", "rollout"])
+def test_a_device_this_machine_lacks_or_does_not_know_is_one_line(command, canonical, tmp_path):
+    """``--device cuda`` without a GPU (and an unknown device) is refused before the model loads, by both
+    commands that run the policy, and nothing is written."""
+    head = ["extract", canonical] if command == "extract" else ["rollout", "--tasks", "1"]
+    refused(cli(*head, "--out", tmp_path / "cuda", "--device", "cuda"), "--device cuda", "no CUDA device")
+    refused(cli(*head, "--out", tmp_path / "tpu", "--device", "tpu"), "--device must be cpu or cuda", "'tpu'")
+    assert not any(tmp_path.iterdir())

@@ -25,8 +25,8 @@ from latentsift._core.validation import LatentSiftError
 from latentsift.states.channel import Rendering, render
 from latentsift.states.extract import extract_many, extract_settings
 from latentsift.states.hardware import cpu_facts, usable_bf16_units
-from latentsift.states.states import (StateRecorder, TrajectoryStates, has_hooks, layer_hooks, replay, replay_many,
-                                      window_plan)
+from latentsift.states.states import (StateRecorder, TrajectoryStates, add_span_sums, has_hooks, layer_hooks, replay,
+                                      replay_many, window_plan)
 from latentsift.trajectories.trajectory import CHANNEL_ID
 
 F32_TOL = 1e-4
@@ -83,6 +83,75 @@ def test_window_plan_pools_every_token_once_with_half_context(n, context):
             assert pool_from - start == context - context // 2 >= context // 2
     assert (pooled == 1).all()
     assert plan[-1][1] == n
+
+
+@given(n=st.integers(1, 400), spans=st.integers(1, 40), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=40, deadline=None)
+def test_span_sums_off_a_cpu_are_each_spans_exact_sum_rounded_once(n, spans, seed):
+    """The GPU's order-free pooling (one float64 product per span, forced here on a CPU) gives each
+    span's float64 sum rounded once to float32, added to what the span held; the CPU's ordered
+    index_add_ agrees with it to float32 rounding. Both leave the other spans alone."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((3, n, 8)).astype(np.float32)
+    tgt = rng.integers(0, spans, n)
+    held = rng.standard_normal((3, spans + 2, 8)).astype(np.float32)
+    want = held.astype(np.float64)
+    np.add.at(want, (slice(None), tgt), x.astype(np.float64))
+    free, ordered = torch.tensor(held), torch.tensor(held)
+    add_span_sums(free, 1, torch.as_tensor(tgt), torch.tensor(x), ordered=False)
+    add_span_sums(ordered, 1, torch.as_tensor(tgt), torch.tensor(x))
+    part = np.zeros_like(want)
+    np.add.at(part, (slice(None), tgt), x.astype(np.float64))
+    exact = (held + part.astype(np.float32)).astype(np.float32)    # the span's sum rounded, then added
+    np.testing.assert_array_equal(free.numpy(), exact)
+    np.testing.assert_allclose(ordered.numpy(), want, rtol=1e-5, atol=1e-4)
+    untouched = np.setdiff1d(np.arange(spans + 2), tgt)
+    np.testing.assert_array_equal(free.numpy()[:, untouched], held[:, untouched])
+
+
+def test_exact_attention_is_one_setting_shared_by_threads_on_a_gpu_and_nothing_on_a_cpu(monkeypatch):
+    """On CUDA our forwards run with FlashAttention or the math kernel only (the memory-efficient and cuDNN
+    kernels gave other tokens from run to run on an H100: bench/cuda.py). The setting is process-wide, so
+    blocks in several threads share one: made by the first to enter, undone by the last to leave."""
+    import threading
+    import torch.nn.attention as attention
+    from latentsift._core.attention import exact_attention
+
+    log = []
+
+    class Recording:
+        def __init__(self, backends):
+            self.backends = backends
+
+        def __enter__(self):
+            log.append(("on", tuple(self.backends)))
+
+        def __exit__(self, *exc):
+            log.append(("off",))
+
+    monkeypatch.setattr(attention, "sdpa_kernel", Recording)
+    with exact_attention("cpu"):
+        pass
+    assert log == []
+    inside, leave = threading.Barrier(3), threading.Event()
+
+    def block():
+        with exact_attention("cuda:0"):
+            inside.wait()
+            leave.wait()
+
+    workers = [threading.Thread(target=block) for _ in range(2)]
+    for w in workers:
+        w.start()
+    inside.wait()                    # both threads inside their blocks
+    assert log == [("on", (attention.SDPBackend.FLASH_ATTENTION, attention.SDPBackend.MATH))]
+    leave.set()
+    for w in workers:
+        w.join()
+    assert log[1:] == [("off",)]     # undone once, by the last to leave
+    with pytest.raises(RuntimeError), exact_attention("cuda"):
+        raise RuntimeError("a failing forward")
+    assert log[-2:] == [("on", log[0][1]), ("off",)]
 
 
 def test_window_plan_short_sequence_is_one_window():

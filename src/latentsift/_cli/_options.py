@@ -66,6 +66,8 @@ Model = Annotated[Optional[Path], typer.Option(
 Dtype = Annotated[str, typer.Option(
     "--dtype", help=f"Model dtype: {AUTO_DTYPE} (bfloat16 on CUDA and on CPUs with native bf16, else float32), "
                     + ", ".join(DTYPES) + ".")]
+Device = Annotated[Optional[str], typer.Option(
+    "--device", help="cpu or cuda (default: cuda when present).")]
 Threads = Annotated[Optional[int], typer.Option(
     "--threads", help="torch CPU threads (default: torch's choice): the model runs that many trajectories or "
                       "prompts at once, each at one thread, so results do not depend on it; 1 is faster on a "

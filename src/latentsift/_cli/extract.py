@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from .._jobs.extract import AUTO_DTYPE, run_extract
-from ._options import Dtype, FirstInstances, Model, Threads
+from ._options import Device, Dtype, FirstInstances, Model, Threads
 from ._progress import StageProgress
 
 
@@ -24,7 +24,7 @@ def extract_cmd(
     out: Path = typer.Option(..., "--out", help="STATES_DIR: the state store (created, or resumed)."),
     model: Model = None,
     dtype: Dtype = AUTO_DTYPE,
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
+    device: Device = None,
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Keep the first N tokens of each "
                                              "rendered trajectory (later spans get no state)."),
     instances: FirstInstances = None,

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from .._jobs.rollout import AUTO_DTYPE, RolloutSettings, rollout_command
-from ._options import Dtype, Model
+from ._options import Device, Dtype, Model
 from ._progress import StageProgress
 
 _D = RolloutSettings()
@@ -26,6 +26,7 @@ def rollout_cmd(
                                                 "(created, or resumed)."),
     model: Model = None,
     dtype: Dtype = AUTO_DTYPE,
+    device: Device = None,
     k: int = typer.Option(_D.k, "--k", help="Samples (rollouts) per task, generated as one batch."),
     turns: int = typer.Option(_D.max_turns, "--turns", help="Most turns per sample (each runs the docstring's "
                                                             "examples; the last one submits)."),
@@ -55,7 +56,7 @@ def rollout_cmd(
             passed = f"{p.passed}/{p.samples} pass" if p.samples else ""
             bar.update("rollout", p.done, p.total, "  ".join(x for x in (rate, passed) if x))
 
-        report = rollout_command(tasks, out, model=model, dtype=dtype, settings=settings, first=first, run=run,
+        report = rollout_command(tasks, out, model=model, dtype=dtype, device=device, settings=settings, first=first, run=run,
                                  shard=shard, threads=threads, timeout=timeout, workers=workers, log=console.print,
                                  progress=progress)
     console.print(f"{report.n_run} tasks run, {report.n_skipped} already done; {report.n_passed}/{report.n_samples} "

@@ -31,7 +31,7 @@ from .._core.outputs import owned_output
 from .._core.threads import fixed_threads
 from .._core.validation import LatentSiftError
 from ..states.extract import extract_settings
-from ..states.model import AUTO_DTYPE, load_policy
+from ..states.model import AUTO_DTYPE, check_device, load_policy
 from ..states.rollout import ExampleRunner, Judge, RolloutSettings, ToolReport, rollout_task, sample_traj_ids
 from ..states.store import StateStore
 from ..trajectories.execution import label_many, run_examples_many
@@ -289,7 +289,7 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
 
 
 def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, model=None, dtype: str = AUTO_DTYPE,
-                    settings: RolloutSettings, first: int | None = None, run: str | None = None,
+                    device: str | None = None, settings: RolloutSettings, first: int | None = None, run: str | None = None,
                     shard: str | None = None, threads: int = 1,
                     timeout: float = 10.0, workers: int = 2, log: Callable[[str], object] = print,
                     progress: Callable | None = None) -> RolloutReport:
@@ -304,13 +304,14 @@ def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, 
         if model is not None and not Path(model).exists():
             raise LatentSiftError(f"The model path {str(model)!r} does not exist. Pass a local Hugging Face model "
                                   "directory or a .gguf file (no hub downloads are made).")
+        check_device(device)
         settings.check()
         path = tasks if tasks is not None else humaneval_path()
         task_list = load_tasks(tasks)
         task_list = task_list[:first] if first else task_list
         task_list = task_list[part[0] - 1::part[1]]
         log(f"{len(task_list)} tasks from {path}; loading the model ...")
-        policy = load_policy(model, dtype=dtype, device="cpu")
+        policy = load_policy(model, dtype=dtype, device=device)
         log(f"model: {policy.describe()}")
         run_examples, judge = sandbox_env(SandboxLimits(timeout_s=timeout), workers=workers)
         return run_rollouts(policy, task_list, out, settings, run_examples=run_examples, judge=judge, run=run,

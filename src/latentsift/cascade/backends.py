@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from .._core.registry import registry_add, registry_lookup, registry_names
 from .._core import words
+from .._core.attention import exact_attention
 from .._core.threads import NUMERIC_THREADS, fixed_threads
 from .._core.validation import LatentSiftError, check_positive_int, param_error
 from ..states.model import load_policy
@@ -203,7 +204,7 @@ class LocalVerifierBackend(VerifierBackend):
         yes_id, no_id = self.answer_ids(yes, no)
         head, cache = self._shared_head(system) if self.reuse_head else ([], None)
         dev = self.policy.device
-        with torch.inference_mode(), fixed_threads(NUMERIC_THREADS):
+        with torch.inference_mode(), fixed_threads(NUMERIC_THREADS), exact_attention(dev):
             if cache is not None and len(ids) > len(head) and ids[:len(head)] == head:
                 out = self.policy.model(input_ids=torch.tensor([ids[len(head):]], device=dev), logits_to_keep=1,
                                         past_key_values=copy.deepcopy(cache), use_cache=True)
@@ -235,7 +236,7 @@ class LocalVerifierBackend(VerifierBackend):
         if not n:
             return system, [], None
         try:
-            with torch.inference_mode(), fixed_threads(NUMERIC_THREADS):
+            with torch.inference_mode(), fixed_threads(NUMERIC_THREADS), exact_attention(self.policy.device):
                 out = self.policy.model(input_ids=torch.tensor([a[:n]], device=self.policy.device),
                                         logits_to_keep=1, use_cache=True)
         except (TypeError, ValueError):  # a model without a KV cache: full passes

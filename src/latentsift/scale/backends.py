@@ -15,7 +15,7 @@ from typing import Sequence
 from .._core.registry import registry_lookup
 from .._core.validation import LatentSiftError
 from ..states.extract import ExtractionBackend, LocalExtractionBackend, resolve_layers
-from ..states.model import AUTO_DTYPE, DTYPES, n_layers_of
+from ..states.model import AUTO_DTYPE, DTYPES, check_device, n_layers_of
 from .extract import RayBackend
 
 
@@ -25,8 +25,7 @@ def check_backend_options(model: str | os.PathLike | None, dtype: str, device: s
     ``layers`` is checked against the model's layer count, read from its config."""
     if dtype != AUTO_DTYPE and dtype not in DTYPES:
         raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
-    if device is not None and device.split(":")[0] not in ("cpu", "cuda"):
-        raise LatentSiftError(f"--device must be cpu or cuda. Got {device!r} instead.")
+    check_device(device, here=False)   # Ray workers may hold the GPUs; the policy's load checks its own
     if model is not None and not Path(model).exists():
         raise LatentSiftError(f"--model {model} does not exist; pass a local Hugging Face model folder or a .gguf file.")
     if not isinstance(layers, str):

@@ -141,6 +141,21 @@ class Policy:
 _CACHE: dict[tuple, Policy] = {}
 
 
+def check_device(device: str | None, *, here: bool = True) -> None:
+    """``device`` (``--device``): None (CUDA when present), ``cpu`` or ``cuda[:N]``; with ``here``, a CUDA
+    device must be one this process can use (Ray workers on other machines are checked there)."""
+    if device is None:
+        return
+    if not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda"):
+        raise LatentSiftError(f"--device must be cpu or cuda. Got {device!r} instead.")
+    if here and device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise LatentSiftError(f"--device {device}: torch {torch.__version__} sees no CUDA device on this "
+                                  "machine. Use --device cpu, or leave --device out.")
+
+
 def resolve_dtype(dtype: str, device: str,
                   shape: tuple[int, int, int] | Callable[[], tuple[int, int, int]] = DEFAULT_PROBE_SHAPE
                   ) -> DtypeChoice:
@@ -308,6 +323,7 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     if dtype != AUTO_DTYPE and dtype not in DTYPES:
         raise LatentSiftError(f"The 'dtype' parameter of load_policy must be one of "
                               f"{[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
+    check_device(device)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     choice = resolve_dtype(dtype, dev, lambda: probe_shape(p))
     dtype = choice.dtype

@@ -37,9 +37,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._core.attention import exact_attention
 from .._core.validation import LatentSiftError, check_positive_int, param_error
 from .channel import Rendering
-from .states import TrajectoryStates, _SpanSums, layer_hooks
+from .states import TrajectoryStates, _SpanSums, add_span_sums, layer_hooks
 
 OWNER = "OnlineBatch"
 
@@ -170,9 +171,10 @@ class OnlineBatch:
             lab = pos[target.step[pos] >= 0] if len(pos) else pos
             if len(lab):
                 tgt = [self._span(row, target.step[p], target.channel[p]) for p in lab]
-                t = self._torch.as_tensor
+                t, dev = self._torch.as_tensor, s.buf.device
                 # sum_p h_l[p] over the span's tokens (numerator of the span mean), all layers at once
-                self.acc.sums.index_add_(1, t(tgt, dtype=self._torch.long), s.buf.index_select(1, t(lab - a)))
+                add_span_sums(self.acc.sums, 1, t(tgt, dtype=self._torch.long, device=dev),
+                              s.buf.index_select(1, t(lab - a, device=dev)))
                 np.add.at(self.acc.counts, tgt, 1)
                 for p in lab:
                     s.pooled[p] = True
@@ -197,6 +199,7 @@ class OnlineBatch:
         B, P, M = len(rows), max(past), max(len(n) for n in new)
         # the first turn of K samples of one task: one prompt, run once and its cache repeated
         shared = B > 1 and P == 0 and all(n == new[0] for n in new)
+        dev = pol.device
         ids = torch.full((B, M), self.pad_id, dtype=torch.long)
         mask = torch.zeros(B, P + M, dtype=torch.long)
         posn = torch.zeros(B, M, dtype=torch.long)
@@ -213,11 +216,12 @@ class OnlineBatch:
                     if st >= 0:
                         src.append(b * M + off + j)
                         tgt.append(self._span(rows[b], st, int(t.channel[p + j])))
+        ids, mask, posn = ids.to(dev), mask.to(dev), posn.to(dev)
         cache = DynamicCache(config=pol.model.config)
         if P:
             for layer in range(len(samples[0].kv)):
                 h, d = samples[0].kv[layer][0].shape[0], samples[0].kv[layer][0].shape[2]
-                k = torch.zeros(B, h, P, d, dtype=samples[0].kv[layer][0].dtype)
+                k = torch.zeros(B, h, P, d, dtype=samples[0].kv[layer][0].dtype, device=dev)
                 v = torch.zeros_like(k)
                 for b, (s, p) in enumerate(zip(samples, past)):
                     if p:
@@ -264,25 +268,26 @@ class OnlineBatch:
                                   f"{self.policy.context_length}; use fewer turns or a lower max_new_tokens.")
         for r, t in zip(rows, targets):
             self._settle(r, t)
-        n = sampling.max_new_tokens
+        n, dev = sampling.max_new_tokens, self.policy.device
         if self.capture and (self._bufs is None or self._bufs.shape[2] < n):
             self._bufs = torch.empty(self.policy.n_layers, len(self.samples), n, self.policy.d_model,
-                                     dtype=torch.float32)
+                                     dtype=torch.float32, device=dev)
         out: dict[int, list[int]] = {r: [] for r in rows}
         hooks = layer_hooks(self.policy, self._on_layer) if self.capture else contextlib.nullcontext()
-        with torch.inference_mode(), hooks:
+        with torch.inference_mode(), exact_attention(dev), hooks:
             cache, mask, logits = self._prefill(rows, targets, [t.n_tokens for t in targets])
             starts = {r: len(self.samples[r].ids) for r in rows}
             active = list(range(len(rows)))              # batch row -> index into rows
             stopped: set[int] = set()                    # batch rows that finished but stay (leave=False)
             for col in range(sampling.max_new_tokens):
                 toks, still = [], []
+                drawn = logits.cpu()   # each sample's generator is a CPU one (the same draws on any device)
                 for b, a in enumerate(active):
                     if b in stopped:
                         toks.append(self.pad_id)
                         continue
                     r = rows[a]
-                    tok = sample_token(logits[b], sampling, self.samples[r].generator)
+                    tok = sample_token(drawn[b], sampling, self.samples[r].generator)
                     toks.append(tok)
                     out[r].append(tok)
                     self.n_generated += 1
@@ -295,16 +300,17 @@ class OnlineBatch:
                 if not still:
                     break
                 if self.leave and len(still) < len(active):   # finished samples leave the batch
-                    sel = torch.as_tensor(still)
+                    sel = torch.as_tensor(still, device=dev)
                     for layer in cache.layers:
                         layer.batch_select_indices(sel)
                     mask, logits = mask[sel], logits[sel]
                     toks = [toks[b] for b in still]
                     active = [active[b] for b in still]
-                feed = torch.as_tensor(toks, dtype=torch.long)[:, None]
-                pos = torch.as_tensor([len(self.samples[rows[a]].ids) for a in active], dtype=torch.long)[:, None]
-                mask = torch.cat([mask, torch.ones(len(active), 1, dtype=torch.bool)], 1)
-                self._grab = (torch.as_tensor([rows[a] for a in active]), col) if self.capture else None
+                feed = torch.as_tensor(toks, dtype=torch.long, device=dev)[:, None]
+                pos = torch.as_tensor([len(self.samples[rows[a]].ids) for a in active], dtype=torch.long,
+                                      device=dev)[:, None]
+                mask = torch.cat([mask, torch.ones(len(active), 1, dtype=torch.bool, device=dev)], 1)
+                self._grab = (torch.as_tensor([rows[a] for a in active], device=dev), col) if self.capture else None
                 res = self.policy.base(input_ids=feed, attention_mask=mask.long(), position_ids=pos,
                                        past_key_values=cache, use_cache=True)
                 self._grab = None
@@ -341,7 +347,8 @@ class OnlineBatch:
                 tails.append(t)
                 upto.append(last)
         if need and self.capture:
-            with self._torch.inference_mode(), layer_hooks(self.policy, self._on_layer):
+            with self._torch.inference_mode(), exact_attention(self.policy.device), \
+                    layer_hooks(self.policy, self._on_layer):
                 self._prefill(need, tails, upto)
             for r in need:   # the cache of a finished sample is no longer needed
                 self.samples[r].kv = []

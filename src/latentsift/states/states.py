@@ -13,8 +13,8 @@ Two ways to obtain states, which agree to bf16 noise (``tests/test_states.py``):
 - :class:`StateRecorder` captures them while an agent loop generates with transformers
   ``generate`` (observations arrive as prefill, the policy's own tokens as decode steps).
 
-Both pool inside forward hooks (:func:`layer_hooks`): per-span float32 sums are accumulated with
-``index_add_`` chunk by chunk, so no ``(L, seq, d_model)`` tensor is ever held.
+Both pool inside forward hooks (:func:`layer_hooks`): per-span float32 sums are accumulated chunk by
+chunk (:func:`add_span_sums`), so no ``(L, seq, d_model)`` tensor is ever held.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from .._core.attention import exact_attention
 from .._core.threads import NUMERIC_THREADS, fixed_threads
 from .._core.validation import LatentSiftError, check_positive_int, param_error
 from .channel import Rendering
@@ -158,6 +159,37 @@ def has_hooks(policy) -> bool:
                for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()))
 
 
+def span_matrix(tgt):
+    """``(rows, M)`` for :func:`add_span_sums` on a GPU: the distinct span numbers of ``tgt`` (sorted)
+    and the float64 0/1 matrix ``M[r, p] = [tgt[p] == rows[r]]``."""
+    import torch
+
+    rows, inv = torch.unique(tgt, return_inverse=True)
+    m = torch.zeros(len(rows), len(tgt), dtype=torch.float64, device=tgt.device)
+    m[inv, torch.arange(len(tgt), device=tgt.device)] = 1.0
+    return rows, m
+
+
+def add_span_sums(sums, dim: int, tgt, x, plan=None, *, ordered: bool | None = None) -> None:
+    """``sums[.., tgt[p], ..] += x[.., p, ..]`` along ``dim`` (in place), in an order fixed by the inputs.
+
+    On a CPU (``ordered`` None there): ``index_add_``, one token after the other. Elsewhere a GPU's
+    ``index_add_`` adds a span's tokens with atomics, in whatever order its threads arrive, so the same
+    inputs would give other float32 bits from run to run; there each span's tokens are summed as one
+    float64 product ``M @ x`` (``plan`` = :func:`span_matrix` of ``tgt``, made once for many calls) and
+    added once per span, which no thread order changes."""
+    if ordered is None:
+        ordered = sums.device.type == "cpu"
+    if ordered:
+        sums.index_add_(dim, tgt, x)
+        return
+    import torch
+
+    rows, m = plan if plan is not None else span_matrix(tgt)
+    # sum_p h_l[p] over the span's tokens (numerator of the span mean), one row per distinct span
+    sums.index_add_(dim, rows, torch.matmul(m, x.double()).to(sums.dtype))
+
+
 class _SpanSums:
     """Float32 per-span sums ``(L, capacity, d_model)`` and token counts, filled by hooks."""
 
@@ -169,6 +201,7 @@ class _SpanSums:
         self.counts = np.zeros(max(capacity, 1), dtype=np.int64)
         self.src = None  # flat token positions of the current forward to pool
         self.tgt = None  # their span numbers
+        self.plan = None  # span_matrix(tgt) off a CPU
 
     def reserve(self, n: int) -> None:
         import torch
@@ -187,6 +220,7 @@ class _SpanSums:
 
         self.src = torch.as_tensor(src, dtype=torch.long, device=self.device) if len(src) else None
         self.tgt = torch.as_tensor(tgt, dtype=torch.long, device=self.device) if len(src) else None
+        self.plan = span_matrix(self.tgt) if len(src) and torch.device(self.device).type != "cpu" else None
         np.add.at(self.counts, tgt, 1)
 
     def __call__(self, i: int, hidden) -> None:
@@ -194,7 +228,7 @@ class _SpanSums:
             return
         flat = hidden.reshape(-1, hidden.shape[-1])
         # sum_p h_l[p] over the span's tokens (numerator of the span mean)
-        self.sums[i].index_add_(0, self.tgt, flat.index_select(0, self.src).float())
+        add_span_sums(self.sums[i], 0, self.tgt, flat.index_select(0, self.src).float(), self.plan)
 
     def means(self, n_spans: int) -> np.ndarray:
         """(n_spans, L, d_model) float32: u[j][l] = sums / counts (the span mean)."""
@@ -284,7 +318,7 @@ def replay_many(policy, renderings: Sequence, *, chunk_tokens: int = DEFAULT_CHU
         ids = torch.as_tensor(np.asarray(r.input_ids[:n], dtype=np.int64), device=dev)[None]
         pooled = np.flatnonzero(span_of >= 0)
         last = int(pooled[-1]) + 1 if len(pooled) else 0  # tokens after the last span need no forward
-        with torch.inference_mode(), fixed_threads(NUMERIC_THREADS), layer_hooks(policy, acc):
+        with torch.inference_mode(), fixed_threads(NUMERIC_THREADS), exact_attention(dev), layer_hooks(policy, acc):
             for start, end, pool_from in window_plan(n, ctx):
                 end = min(end, last)
                 if end <= pool_from:
@@ -480,7 +514,7 @@ class StateRecorder:
                 src = torch.as_tensor(ok + (lo - first), device=buf.device)
                 tgt = torch.as_tensor(span[ok], device=buf.device)
                 # sum_p h_l[p] over the span's tokens, all layers at once
-                self._acc.sums.index_add_(1, tgt, buf.index_select(1, src))
+                add_span_sums(self._acc.sums, 1, tgt, buf.index_select(1, src))
                 np.add.at(self._acc.counts, span[ok], 1)
             if hi == first + m:  # every token of the block is labelled and pooled: drop it
                 del self._pending[first]
