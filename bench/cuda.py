@@ -182,8 +182,8 @@ def rate(args, policies, trajs) -> None:
             torch.cuda.synchronize()
     bare = time.perf_counter() - t0
     n_tok = sum(r.n_tokens for r in renders)
-    print(f"extract_pools on the GPU ({pol.fingerprint.dtype}): {rep.n_extracted} trajectories, {rep.n_tokens:,} tokens "
-          f"in {dt:.1f} s = {rep.n_tokens / dt:,.0f} tok/s; a bare forward of the same {n_tok:,} tokens "
+    print(f"extract_pools on the GPU ({pol.fingerprint.dtype}): {rep.n_extracted} trajectories, "
+          f"{rep.n_tokens:,} tokens in {dt:.1f} s = {rep.n_tokens / dt:,.0f} tok/s; a bare forward of the same {n_tok:,} tokens "
           f"{n_tok / bare:,.0f} tok/s (one trajectory per forward)")
 
 
@@ -276,7 +276,8 @@ def rollout_repeat(args) -> None:
     for name, pre in VARIANTS.items():
         for i in range(2):
             out = tmp / f"{name.replace(' ', '-')}-{i}"
-            code = pre + f"import sys; from latentsift.cli import main; sys.argv = {['latentsift', *argv, '--out', str(out)]!r}; main()"
+            cli = ["latentsift", *argv, "--out", str(out)]
+            code = pre + f"import sys; from latentsift.cli import main; sys.argv = {cli!r}; main()"
             env = os.environ | ({"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if name == "deterministic" else {})
             procs[(name, i)] = (out, subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                                       stderr=subprocess.PIPE, text=True, env=env))

@@ -56,9 +56,9 @@ def rollout_cmd(
             passed = f"{p.passed}/{p.samples} pass" if p.samples else ""
             bar.update("rollout", p.done, p.total, "  ".join(x for x in (rate, passed) if x))
 
-        report = rollout_command(tasks, out, model=model, dtype=dtype, device=device, settings=settings, first=first, run=run,
-                                 shard=shard, threads=threads, timeout=timeout, workers=workers, log=console.print,
-                                 progress=progress)
+        report = rollout_command(tasks, out, model=model, dtype=dtype, device=device, settings=settings, first=first,
+                                 run=run, shard=shard, threads=threads, timeout=timeout, workers=workers,
+                                 log=console.print, progress=progress)
     console.print(f"{report.n_run} tasks run, {report.n_skipped} already done; {report.n_passed}/{report.n_samples} "
                   f"samples pass, {report.mixed_tasks} tasks mixed; {report.n_generated:,} tokens in "
                   f"{report.seconds:.1f} s ({report.tokens_per_s:,.1f} tok/s). Trajectories in "

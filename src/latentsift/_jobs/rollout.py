@@ -289,8 +289,8 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
 
 
 def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, model=None, dtype: str = AUTO_DTYPE,
-                    device: str | None = None, settings: RolloutSettings, first: int | None = None, run: str | None = None,
-                    shard: str | None = None, threads: int = 1,
+                    device: str | None = None, settings: RolloutSettings, first: int | None = None,
+                    run: str | None = None, shard: str | None = None, threads: int = 1,
                     timeout: float = 10.0, workers: int = 2, log: Callable[[str], object] = print,
                     progress: Callable | None = None) -> RolloutReport:
     """``latentsift rollout``: every option checked before any work, the tasks read (HumanEval when
