@@ -6,9 +6,9 @@ from .channel import Rendering, render
 from .extract import ExtractionBackend, LocalExtractionBackend, extract_pools
 from .model import Fingerprint, Policy, load_policy
 from .policies import POLICY_PINS, PolicyPin, fetch_policy, verify_model_file
-from .states import TrajectoryStates, replay, replay_many
+from .states import TrajectoryStates, exact_attention, replay, replay_many
 from .store import StateStore
 
 __all__ = ["ExtractionBackend", "Fingerprint", "LocalExtractionBackend", "POLICY_PINS", "Policy", "PolicyPin",
-           "Rendering", "StateStore", "TrajectoryStates", "extract_pools", "fetch_policy", "load_policy", "render",
-           "replay", "replay_many", "verify_model_file"]
+           "Rendering", "StateStore", "TrajectoryStates", "exact_attention", "extract_pools", "fetch_policy",
+           "load_policy", "render", "replay", "replay_many", "verify_model_file"]
