@@ -542,3 +542,15 @@ def test_a_device_this_machine_lacks_or_does_not_know_is_one_line(command, canon
     refused(cli(*head, "--out", tmp_path / "cuda", "--device", "cuda"), "--device cuda", "no CUDA device")
     refused(cli(*head, "--out", tmp_path / "tpu", "--device", "tpu"), "--device must be cpu or cuda", "'tpu'")
     assert not any(tmp_path.iterdir())
+
+
+def test_several_values_after_one_repeatable_flag_are_one_line(canonical, tmp_path):
+    """``--k 4 8`` (a list option given its values once) used to read the 8 as a file to open; it is now
+    refused before anything runs, saying how to write it. One value per flag still runs."""
+    r = cli("transfer", canonical, "--states", tmp_path / "none", "--k", "4", "8", "--out", tmp_path / "t")
+    refused(r, "--k takes one value per flag", "--k 4 --k 8")
+    r = cli("crossval", canonical, "--states", tmp_path / "none", "--target-recall", "0.9", "0.95", "--out", tmp_path / "c")
+    refused(r, "--target-recall 0.9 --target-recall 0.95")
+    r = cli("transfer", canonical, "--states", tmp_path / "none", "--k", "4", "--k", "8", "--out", tmp_path / "t")
+    refused(r, "no state store")     # parsed as before: the next check is the command's own
+    assert not any(tmp_path.iterdir())

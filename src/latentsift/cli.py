@@ -14,11 +14,26 @@ from ._cli import (bank, crossval, evaluate, explore, extract, fit, import_, pol
                    transfer)
 from ._cli import filter as filter_
 from ._core.errors import user_message
+from ._core.validation import LatentSiftError
 
 
 class _Commands(TyperGroup):
     """The top-level group: an error the user can fix (``_core.errors.user_message``) becomes one line on
     stderr and exit code 2, for every command (also under ``CliRunner``); a bug keeps its traceback."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Refuse ``--k 4 8`` in one line: an option given once per value (``--k 4 --k 8``) would take the
+        4, and the command would read the 8 as one of its files (any repeatable option followed by two
+        numbers: none of ours takes a number and then a positional one)."""
+        command = self.get_command(ctx, args[0]) if args else None
+        if command is not None:
+            repeat = {o for p in command.params if getattr(p, "multiple", False) for o in getattr(p, "opts", ())}
+            for i, a in enumerate(args[:-2]):
+                if a in repeat and _number(args[i + 1]) and _number(args[i + 2]):
+                    _report(LatentSiftError(f"{a} takes one value per flag: write {a} {args[i + 1]} {a} {args[i + 2]}, "
+                                            f"not {a} {args[i + 1]} {args[i + 2]}."))
+                    ctx.exit(2)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -29,6 +44,14 @@ class _Commands(TyperGroup):
             if not _report(e):
                 raise
             ctx.exit(2)
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _report(e: BaseException) -> bool:
