@@ -266,3 +266,22 @@ def test_cli_verify_writes_results_keyed_by_traj_id(stub_url, tmp_path):
     name, results, man = load_results(tmp_path / "ef")
     assert name == "stub-judge" and man["n_failed"] == 1 and man["backend"]["backend"] == "openai"
     assert results["r/a"].score > 0.5 and results["r/b"].score is None and results["r/b"].attempts == 2
+
+
+def test_a_stop_from_progress_starts_no_further_prompt(stub_url, tmp_path):
+    """Scoring that is stopped (an error in progress: Ctrl-C, or the run it ran beside failed) cancels the
+    prompts not started; the finished ones stay in the cache and a rerun asks only for the others."""
+    cands = [traj(f"r/s{i}", task=f"MODE=ok P=0.{i + 1} D=0.05") for i in range(24)]
+    _Stub.requests.clear()
+    ver = EFVerifier(_remote(stub_url), max_prompt_tokens=100_000, cache_dir=tmp_path / "c")
+
+    def progress(i, n):
+        if i == 2:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        ver.score(cands, progress=progress)
+    asked = len(_Stub.requests)
+    assert asked < 12                         # 4 at a time: those under way finish, none is started after
+    again = ver.score(cands)
+    assert sum(r.cached for r in again.values()) == asked     # every prompt asked was finished and kept
+    assert len(_Stub.requests) == 24                          # the rerun asked for the others only

@@ -464,10 +464,15 @@ class EFVerifier:
         else:
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 futures = {t.traj_id: pool.submit(self.score_one, t) for t in trajs}
-                for i, (tid, fut) in enumerate(futures.items()):
-                    results[tid] = fut.result()
-                    if progress:
-                        progress(i + 1, len(trajs))
+                try:
+                    for i, (tid, fut) in enumerate(futures.items()):
+                        results[tid] = fut.result()
+                        if progress:
+                            progress(i + 1, len(trajs))
+                except BaseException:  # an error, Ctrl-C or a stop from progress: no prompt is started after it
+                    for fut in futures.values():
+                        fut.cancel()
+                    raise
         return {t: results[t] for t in ids}
 
     def manifest(self) -> dict:
