@@ -2,9 +2,7 @@
 
     .venv/bin/python bench/timings.py [RUN ...]      (default: runs/demo, the folder `make demo` writes)
 
-A stage run in a thread beside others (the EF verifier, beside Stage 1's fits) is shown with its own
-seconds, marked "(beside)", and the main line's wait for it (``verify_wait``) is what counts in the
-total. Reads RUN/timings.json, which `latentsift reproduce` (and `crossval`) write when the protocol ends
+Reads RUN/timings.json, which `latentsift reproduce` (and `crossval`) write when the protocol ends
 (seconds per stage, in the order they ran, and ``total``: from the start of the command to the report;
 the report's figures and the explorer come after it and are not counted). Prints one table: a row
 per stage, seconds and share of the total per run, and the time outside the named stages. Nothing is
@@ -35,28 +33,17 @@ def read(run: Path) -> dict[str, float]:
     return {str(k): float(v) for k, v in data.items()}
 
 
-#: stages that run in a thread beside others, and the stage that is their wait on the main line: the wait
-#: counts towards the total, the stage itself is shown ("beside") but not added
-BESIDE = {"verify": "verify_wait"}
-
-
-def _serial(t: dict[str, float]) -> float:
-    """The seconds of a run's stages on its main line (a stage run beside others counts by its wait)."""
-    return sum(v for k, v in t.items() if k != "total" and not (k in BESIDE and BESIDE[k] in t))
-
-
 def table(runs: dict[str, dict[str, float]]) -> list[str]:
     stages: list[str] = []
     for t in runs.values():
         stages += [s for s in t if s != "total" and s not in stages]
-    totals = {name: t.get("total", _serial(t)) for name, t in runs.items()}
+    totals = {name: t.get("total", sum(v for k, v in t.items() if k != "total")) for name, t in runs.items()}
     head = "| stage | " + " | ".join(f"{name} s | share" for name in runs) + " |"
     lines = [head, "| --- |" + " ---: | ---: |" * len(runs)]
     for s in stages:
-        cells = [("- | -" if s not in t else f"{t[s]:,.1f} | (beside)" if s in BESIDE and BESIDE[s] in t
-                  else f"{t[s]:,.1f} | {t[s] / totals[n]:.1%}") for n, t in runs.items()]
+        cells = [f"{t[s]:,.1f} | {t[s] / totals[n]:.1%}" if s in t else "- | -" for n, t in runs.items()]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    other = [totals[n] - _serial(t) for n, t in runs.items()]
+    other = [totals[n] - sum(v for k, v in t.items() if k != "total") for n, t in runs.items()]
     lines.append("| (outside the stages) | " + " | ".join(f"{o:,.1f} | {o / totals[n]:.1%}"
                                                        for o, n in zip(other, runs)) + " |")
     lines.append("| total | " + " | ".join(f"{totals[n]:,.1f} | 100.0%" for n in runs) + " |")
@@ -71,8 +58,8 @@ def main() -> None:
     runs = {str(r): read(r) for r in a.runs}
     print("\n".join(table(runs)))
     for name, t in runs.items():
-        top = sorted((v, k) for k, v in t.items() if k != "total" and not (k in BESIDE and BESIDE[k] in t))[::-1][:2]
-        total = t.get("total") or _serial(t)
+        top = sorted((v, k) for k, v in t.items() if k != "total")[::-1][:2]
+        total = t.get("total") or sum(v for k, v in t.items() if k != "total")
         print(f"{name}: {' and '.join(k for _, k in top)} take {sum(v for v, _ in top) / total:.0%} of the total")
 
 

@@ -190,34 +190,3 @@ def test_local_verifier_scores_do_not_depend_on_threads_or_concurrency(threads, 
     # four may round to one float in bfloat16 (they do on a Zen 4), so distinct is not asked of all
     assert scores[0] == scores[1] and len(set(scores[0])) > 1
     assert workers == [1, 2]
-
-
-def test_work_beside_a_block_returns_its_value_its_error_or_stops_with_the_block():
-    """``beside``: the block gets the side work's value (or its error); a failing block sets ``stop`` and
-    waits for the side work to end before its own error goes on."""
-    import threading
-    import time
-
-    from latentsift._core.threads import Stopped, beside
-
-    with beside(lambda stop: 41 + 1) as result:
-        assert result() == 42
-
-    def fails(stop):
-        raise ValueError("side")
-    with pytest.raises(ValueError, match="side"), beside(fails) as result:
-        result()
-
-    ended = threading.Event()
-
-    def until_stopped(stop):
-        try:
-            while not stop.wait(0.01):
-                pass
-            raise Stopped("stopped")
-        finally:
-            ended.set()
-    t0 = time.perf_counter()
-    with pytest.raises(RuntimeError, match="block"), beside(until_stopped):
-        raise RuntimeError("the block failed")
-    assert ended.is_set() and time.perf_counter() - t0 < 5

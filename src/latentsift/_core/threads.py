@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
@@ -98,24 +97,3 @@ def ordered_map(pool: Executor, fn: Callable[[Any], Any], items: Iterable, ahead
     finally:
         for f in waiting:
             f.cancel()
-
-
-class Stopped(Exception):
-    """Raised inside work run :func:`beside` a block that failed: its ``stop`` was set."""
-
-
-@contextlib.contextmanager
-def beside(fn: Callable[[threading.Event], Any]) -> Iterator[Callable[[], Any]]:
-    """Run ``fn(stop)`` in a thread of its own while the block runs; the block gets ``result()``, which
-    waits for ``fn`` and returns its value (or raises its error). Work that leaves a core idle (one-thread
-    steps) and work that fills both can so share the machine. If the block raises, ``stop`` is set and
-    ``fn``'s thread waited for (``fn`` checks ``stop`` between its pieces and raises :class:`Stopped`)
-    before the block's error goes on; what ``fn`` finished before is kept by ``fn`` itself."""
-    stop = threading.Event()
-    with ThreadPoolExecutor(1, thread_name_prefix="beside") as pool:
-        job = pool.submit(fn, stop)
-        try:
-            yield job.result
-        except BaseException:
-            stop.set()
-            raise

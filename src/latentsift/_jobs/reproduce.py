@@ -23,14 +23,13 @@ experiment unless ``include_leaky=True``. Stage 3 (generated tests) does not exi
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from .._core.outputs import owned_output
-from .._core.threads import Stopped, blas_fixed
+from .._core.threads import blas_fixed
 from .._core import words
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError, check_positive_int
@@ -231,19 +230,12 @@ class ReproduceRun(Run):
         return policy, StateStore(out).open()
 
     # -- 3. EF verifier on every evaluated candidate (cached by prompt hash)
-    def verify(self, policy, trajs: Sequence[Trajectory], stop: threading.Event | None = None) -> dict:
-        """The EF verifier's results (cached per prompt); ``stop`` set: :class:`Stopped` after the prompts
-        under way (the run runs this beside Stage 1, ``protocol.run``)."""
+    def verify(self, policy, trajs: Sequence[Trajectory]) -> dict:
         s = self.settings
         t0 = time.perf_counter()
         ef = EFVerifier(LocalVerifierBackend(policy=policy), max_prompt_tokens=s.verifier_max_tokens,
                         cache_dir=self.out / "verifier" / "cache")
-
-        def progress(i: int, n: int) -> None:
-            if stop is not None and stop.is_set():
-                raise Stopped("the EF verifier was stopped: the run it ran beside failed")
-            self.progress("EF verifier", i, n, "")
-        results = ef.score(trajs, progress=progress)
+        results = ef.score(trajs, progress=lambda i, n: self.progress("EF verifier", i, n, ""))
         save_results(results, self.out / "verifier", name="ef", manifest=ef.manifest())
         failed = [t for t, r in results.items() if r.score is None]
         if failed and len(failed) == len(results):
@@ -327,6 +319,5 @@ def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print
                               "test outcome)" if not settings.include_leaky else "INCLUDED on request"}
         # one code path with 'latentsift crossval': folds, Stage 1, cascade, diagnostics and report
         return evaluate_protocol(run, trajs, store, tokenizer=policy.tokenizer,
-                                 verifier=lambda stop: run.verify(policy, trajs, stop),
-                                 extra_stage1=(lambda folds: run.sweep(trajs, folds)) if settings.sweep else None,
+                                 verifier=lambda: run.verify(policy, trajs), extra_stage1=(lambda folds: run.sweep(trajs, folds)) if settings.sweep else None,
                                  meta=meta, t_all=t_all)

@@ -19,7 +19,6 @@ import numpy as np
 
 from .._core.io import atomic_write_json, read_json
 from .._core.manifests import RunManifest, check_manifest
-from .._core.threads import beside
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, Fold, iter_folds
 from ..metrics.score_table import diagnostics_table
@@ -192,9 +191,8 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     """Everything after the states exist: folds -> Stage-1 filters -> cascade -> report.
 
     ``run``: a ``Run`` (settings, cached folds, timings, log); ``store``: the opened state store of
-    ``trajs``; ``verifier``: EF results (dict traj_id -> result), a callable ``verifier(stop)`` giving
-    them (run in a thread beside Stage 1's fits, ``_core.threads.beside``: it should raise ``Stopped``
-    soon after ``stop`` is set), or None (no Stage-4 verifier, see ``NO_VERIFIER``);
+    ``trajs``; ``verifier``: EF results (dict traj_id -> result), a callable giving them (called
+    after Stage 1, e.g. to run the verifier), or None (no Stage-4 verifier, see ``NO_VERIFIER``);
     ``extra_stage1(folds)``: more Stage-1 filters on states of their own (the sweep): returns (draw
     scorers, full-pool scores, report info). Returns the report folder.
     """
@@ -270,9 +268,8 @@ class _Stage1:
 
 
 def _stage1(run: Run, trajs: Sequence[Trajectory], store, tokenizer, verifier, extra_stage1) -> _Stage1:
-    """The folds' Stage-1 filters, agent transfer, the shift guard's error rates and the nested fits on the
-    stored states, with the EF results (``verifier``) made beside them; then the sweep's filters
-    (``extra_stage1``)."""
+    """The folds' Stage-1 filters, agent transfer and the shift guard's error rates on the stored states;
+    then the EF results (``verifier``) and the sweep's filters (``extra_stage1``)."""
     settings = run.settings
     t0 = time.perf_counter()
     states = store.load([t.traj_id for t in trajs])
@@ -280,41 +277,6 @@ def _stage1(run: Run, trajs: Sequence[Trajectory], store, tokenizer, verifier, e
     run.timed("load_states", t0)
 
     folds = run.folds(trajs)
-    # the EF verifier (both cores, one prompt per thread) runs beside Stage 1, the shift guard and the nested
-    # fits, which leave about 0.8 of 2 cores idle; neither's numbers depend on the other (one-thread pieces)
-    with beside(verifier if callable(verifier) else lambda stop: verifier) as ef_result:
-        st = _stage1_fits(run, trajs, folds, states, fingerprint, tokenizer)
-        t0 = time.perf_counter()
-        ef = ef_result()
-        if callable(verifier):
-            run.timed("verify_wait", t0)
-    del states
-    sweep_info = {}
-    if extra_stage1 is not None:
-        ds, fs, sweep_info = extra_stage1(folds)
-        st.draw_scorers |= ds
-        st.full_scores |= fs
-    st.draw_scorers |= st.transfer_scorers
-    return _Stage1(folds, fingerprint, st.draw_scorers, st.full_scores, st.fold_info, st.transfer_info, st.guard_info,
-                   st.single_guard, ef, sweep_info, st.nested)
-
-
-@dataclasses.dataclass
-class _Fits:
-    draw_scorers: dict
-    full_scores: dict
-    fold_info: dict
-    transfer_scorers: dict
-    transfer_info: dict
-    guard_info: dict
-    single_guard: dict | None
-    nested: dict
-
-
-def _stage1_fits(run: Run, trajs: Sequence[Trajectory], folds, states, fingerprint, tokenizer) -> _Fits:
-    """Everything of Stage 1 that fits on the folds' labels: the filters, agent transfer, the shift guard's
-    error rates and the nested calibration fits."""
-    settings = run.settings
     draw_scorers, full_scores, fold_info = stage1_filters(run, trajs, folds, states, fingerprint, tokenizer)
     transfer_scorers, transfer_info = ({}, {})
     if settings.agent_transfer:
@@ -331,7 +293,16 @@ def _stage1_fits(run: Run, trajs: Sequence[Trajectory], folds, states, fingerpri
     run.timed("shift_guard", t0)
     # the trained filters refitted on each pair of folds: clean calibration for the operating points
     nested = nested_calibration(run, trajs, folds, states, fingerprint, tokenizer, transfer=settings.agent_transfer)
-    return _Fits(draw_scorers, full_scores, fold_info, transfer_scorers, transfer_info, guard_info, single_guard, nested)
+    ef = verifier() if callable(verifier) else verifier
+    del states
+    sweep_info = {}
+    if extra_stage1 is not None:
+        ds, fs, sweep_info = extra_stage1(folds)
+        draw_scorers |= ds
+        full_scores |= fs
+    draw_scorers |= transfer_scorers
+    return _Stage1(folds, fingerprint, draw_scorers, full_scores, fold_info, transfer_info, guard_info, single_guard,
+                   ef, sweep_info, nested)
 
 
 def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | None):
