@@ -549,7 +549,8 @@ def test_several_values_after_one_repeatable_flag_are_one_line(canonical, tmp_pa
     refused before anything runs, saying how to write it. One value per flag still runs."""
     r = cli("transfer", canonical, "--states", tmp_path / "none", "--k", "4", "8", "--out", tmp_path / "t")
     refused(r, "--k takes one value per flag", "--k 4 --k 8")
-    r = cli("crossval", canonical, "--states", tmp_path / "none", "--target-recall", "0.9", "0.95", "--out", tmp_path / "c")
+    r = cli("crossval", canonical, "--states", tmp_path / "none", "--target-recall", "0.9", "0.95",
+            "--out", tmp_path / "c")
     refused(r, "--target-recall 0.9 --target-recall 0.95")
     r = cli("transfer", canonical, "--states", tmp_path / "none", "--k", "4", "--k", "8", "--out", tmp_path / "t")
     refused(r, "no state store")     # parsed as before: the next check is the command's own

@@ -269,8 +269,8 @@ def test_cli_verify_writes_results_keyed_by_traj_id(stub_url, tmp_path):
 
 
 def test_a_stop_from_progress_starts_no_further_prompt(stub_url, tmp_path):
-    """Scoring that is stopped (an error in progress: Ctrl-C, or the run it ran beside failed) cancels the
-    prompts not started; the finished ones stay in the cache and a rerun asks only for the others."""
+    """Scoring that is stopped (an error or Ctrl-C while it waits) cancels the prompts not started (it
+    used to run every queued one first); the finished ones stay in the cache, a rerun asks for the others."""
     cands = [traj(f"r/s{i}", task=f"MODE=ok P=0.{i + 1} D=0.05") for i in range(24)]
     _Stub.requests.clear()
     ver = EFVerifier(_remote(stub_url), max_prompt_tokens=100_000, cache_dir=tmp_path / "c")

@@ -30,8 +30,8 @@ class _Commands(TyperGroup):
             repeat = {o for p in command.params if getattr(p, "multiple", False) for o in getattr(p, "opts", ())}
             for i, a in enumerate(args[:-2]):
                 if a in repeat and _number(args[i + 1]) and _number(args[i + 2]):
-                    _report(LatentSiftError(f"{a} takes one value per flag: write {a} {args[i + 1]} {a} {args[i + 2]}, "
-                                            f"not {a} {args[i + 1]} {args[i + 2]}."))
+                    x, y = args[i + 1], args[i + 2]
+                    _report(LatentSiftError(f"{a} takes one value per flag: write {a} {x} {a} {y}, not {a} {x} {y}."))
                     ctx.exit(2)
         return super().parse_args(ctx, args)
 
