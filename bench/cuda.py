@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from forward import rel_err  # bench/forward.py, beside this script: ||a - ref|| / ||ref|| per span and layer
+
 ROOT = Path(__file__).resolve().parents[1]
 POOLS = ROOT / "data" / "own-policy" / "qwen2.5-coder-0.5b" / "trajectories.jsonl.gz"
 SAME_BYTES = {"max_span_tokens": 64, "max_prompt_tokens": 128}
@@ -57,10 +59,6 @@ def child(args) -> None:
 
     trajs = load_jsonl(args.pools)[:args.check]
     print(json.dumps({d: _shas(load_policy(args.model, dtype=d, device=DEV), trajs) for d in ("auto", "float32")}))
-
-
-def _rel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.linalg.norm(a - b, axis=-1) / np.maximum(np.linalg.norm(b, axis=-1), 1e-12)
 
 
 def part(name: str):
@@ -154,7 +152,7 @@ def agreement(args, policies, trajs) -> None:
     except Exception as e:  # pragma: no cover - a CPU without bf16 kernels
         print(f"CPU bfloat16: {e}")
     for name, got in rows.items():
-        rel = np.concatenate([_rel(got[t], ref[t]).ravel() for t in ref])
+        rel = np.concatenate([rel_err(got[t], ref[t]).ravel() for t in ref])
         print(f"{name:13s} vs CPU float32: |a-b|/|b| per span and layer: median {np.median(rel):.2e}, "
               f"99th pct {np.percentile(rel, 99):.2e}, max {rel.max():.2e} ({len(rel)} spans x layers)")
 
@@ -183,8 +181,8 @@ def rate(args, policies, trajs) -> None:
     bare = time.perf_counter() - t0
     n_tok = sum(r.n_tokens for r in renders)
     print(f"extract_pools on the GPU ({pol.fingerprint.dtype}): {rep.n_extracted} trajectories, "
-          f"{rep.n_tokens:,} tokens in {dt:.1f} s = {rep.n_tokens / dt:,.0f} tok/s; a bare forward of the same {n_tok:,} tokens "
-          f"{n_tok / bare:,.0f} tok/s (one trajectory per forward)")
+          f"{rep.n_tokens:,} tokens in {dt:.1f} s = {rep.n_tokens / dt:,.0f} tok/s; a bare forward of the same "
+          f"{n_tok:,} tokens {n_tok / bare:,.0f} tok/s (one trajectory per forward)")
 
 
 @part("rollout on the GPU")
@@ -220,7 +218,7 @@ def rollout(args) -> None:
     pol = load_policy(args.model, dtype="float32", device=DEV)
     trajs = load_jsonl(tmp / "fp32" / TRAJECTORIES)
     online = StateStore(tmp / "fp32" / STATES_DIR).load(dtype="float32")
-    rel = np.concatenate([_rel(online[t.traj_id].layers, replay(pol, render(t, pol.tokenizer)).layers).ravel()
+    rel = np.concatenate([rel_err(online[t.traj_id].layers, replay(pol, render(t, pol.tokenizer)).layers).ravel()
                           for t in trajs])
     print(f"float32 online capture vs a float32 replay on the GPU, {len(trajs)} trajectories: |a-b|/|b| "
           f"median {np.median(rel):.2e}, max {rel.max():.2e} (the store keeps float16: about 5e-4)")
