@@ -13,7 +13,13 @@ import contextlib
 import threading
 
 _LOCK = threading.Lock()
-_OPEN: list = []   # the one sdpa_kernel context open while any block runs (the flags are process-wide)
+
+
+class _Shared:
+    """The one sdpa_kernel context open while any block runs (its flags are process-wide) and how many
+    blocks are inside it."""
+    ctx = None
+    users = 0
 
 
 @contextlib.contextmanager
@@ -28,15 +34,15 @@ def exact_attention(device):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with _LOCK:
-        if not _OPEN:
-            ctx = sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
-            ctx.__enter__()
-            _OPEN.append([ctx, 0])
-        _OPEN[0][1] += 1
+        if not _Shared.users:
+            _Shared.ctx = sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+            _Shared.ctx.__enter__()
+        _Shared.users += 1
     try:
         yield
     finally:
         with _LOCK:
-            _OPEN[0][1] -= 1
-            if not _OPEN[0][1]:
-                _OPEN.pop()[0].__exit__(None, None, None)
+            _Shared.users -= 1
+            if not _Shared.users:
+                ctx, _Shared.ctx = _Shared.ctx, None
+                ctx.__exit__(None, None, None)
