@@ -15,6 +15,15 @@ from typing import Callable, TextIO
 PLAIN_INTERVAL_S = 30.0
 
 
+def messages():
+    """A command's console for its messages (stderr). Lines are written whole (soft wrap) and the terminal
+    folds them: rich would break a long path at 80 columns when the output is a log or a pipe, and a
+    path cut in two cannot be copied."""
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True)
+
+
 def _clock(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     h, rest = divmod(seconds, 3600)
@@ -75,9 +84,7 @@ class StageProgress:
     and ``p.print(message)``; a rich bar when stdout is a terminal, :class:`PlainProgress` otherwise."""
 
     def __init__(self, console=None, *, transient: bool = False, plain: bool | None = None):
-        from rich.console import Console
-
-        self.console = console or Console(stderr=True)
+        self.console = console or messages()
         self.plain = (not sys.stdout.isatty()) if plain is None else plain
         self.transient = transient
         self._bar = None

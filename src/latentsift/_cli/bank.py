@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from .._jobs.bank import build_bank_to_file, knn_backends
 from .._jobs.scorer import CURVE_PNG, train_scorer_to_file
 from ._options import Channels, Seed, csv_list
-from ._progress import StageProgress
+from ._progress import StageProgress, messages
 
 bank_app = typer.Typer(add_completion=False, no_args_is_help=True,
                        help="Positive/negative banks of distance states.")
@@ -47,7 +46,7 @@ def build_cmd(
                                 + " or ".join(knn_backends()) + "."),
 ) -> None:
     """Build positive and negative banks from stored states and outcome labels."""
-    console = Console(stderr=True)
+    console = messages()
     params = dict(layer=layer, normalize=_opt_choice(normalize), center=_opt_choice(center),
                   channels=tuple(csv_list(channels) or ()), backend=backend)
     with console.status("loading states and building the banks ..."):
@@ -76,7 +75,7 @@ def train_cmd(
                                            "validation loss (default: never)."),
 ) -> None:
     """Train the gated linear scorer on the bank trajectories; keep the best validation checkpoint."""
-    console = Console(stderr=True)
+    console = messages()
     with StageProgress(console) as bar:
         bar.update("train", 0, max_epochs, "loading states ...")
 

@@ -5,12 +5,11 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from .._jobs.crossval import CrossvalSettings, run_crossval
 from ._options import (Boot, Draws, FirstInstances, Folds, GenTestKey, Ks, ScorerEpochs, Seed, StatesDirs,
                        TestgenTokens, Variants)
-from ._progress import StageProgress
+from ._progress import StageProgress, messages
 
 _DEFAULT = CrossvalSettings.defaults()
 
@@ -52,7 +51,7 @@ def crossval_cmd(
     testgen_tokens: TestgenTokens = _DEFAULT["testgen_tokens"],
 ) -> None:
     """Cross-validate LatentSift, its variants and the baselines on your own labelled pools; write the report."""
-    console = Console(stderr=True)
+    console = messages()
     with StageProgress(console) as bar:
         report = run_crossval(pools[0] if len(pools) == 1 else pools,
                           states[0] if len(states) == 1 else states, out, group_by=group_by, n_folds=folds, ks=tuple(k),

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from .._jobs.explore import write_explorer
+from ._progress import messages
 
 
 def register(app: typer.Typer) -> None:
@@ -25,7 +25,7 @@ def explore_cmd(
     out: Path = typer.Option(..., "--out", help="SITE_DIR to write (index.html, instances.html, instances/)."),
 ) -> None:
     """Write a static HTML site: pools, candidates side by side, trajectories with their evidence."""
-    console = Console(stderr=True)
+    console = messages()
     with console.status("writing pages ..."):
         index = write_explorer(filter_json, pools, out, bank)
     size = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())

@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from .._jobs.extract import AUTO_DTYPE, run_extract
 from ._options import Device, Dtype, FirstInstances, Model, Threads
-from ._progress import StageProgress
+from ._progress import StageProgress, messages
 
 
 def register(app: typer.Typer) -> None:
@@ -48,7 +47,7 @@ def extract_cmd(
     gpus_per_worker: float = typer.Option(0, "--gpus-per-worker", help="GPUs each Ray worker claims."),
 ) -> None:
     """Replay trajectories through the policy and store their pooled hidden states (resumable)."""
-    console = Console(stderr=True)
+    console = messages()
     with StageProgress(console) as bar:
         def progress(p) -> None:
             rate = f"{p.tokens / p.elapsed:,.0f} tok/s" if p.elapsed > 0 and p.done else ""

@@ -18,6 +18,7 @@ from .._jobs.filter import DEFAULT_CALIBRATION, filter_to_file, keep_rules, meth
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, Seed, StatesDir,
                        csv_list)
 from ._text import cell, markup
+from ._progress import messages
 
 
 def register(app: typer.Typer) -> None:
@@ -114,7 +115,7 @@ def filter_cmd(
                           calibration_method=calibration_method, calibration_epochs=calibration_epochs,
                           keep_rule=keep_rule, confidence=confidence, operating_point=operating_point,
                           max_keep=max_keep, cost=cost, log=console.print,
-                          status=lambda m: Console(stderr=True).status(m))
+                          status=lambda m: messages().status(m))
     run, warnings, settings, op = done.run, done.warnings, done.settings, done.operating_point
     on_shift, target_recall = done.on_shift, done.target_recall
     for res in run.pools[:show]:

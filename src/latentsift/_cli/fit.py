@@ -5,13 +5,13 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from .._jobs.filter import DEFAULT_CALIBRATION
 from .._jobs.operating import fit_sifter_with_operating_point
 from .._jobs.sifter import FALSE_ALARM
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, FirstInstances, ScorerEpochs,
                        Seed, StatesDirs)
+from ._progress import messages
 
 
 def register(app: typer.Typer) -> None:
@@ -42,7 +42,7 @@ def fit_cmd(
     calibration_epochs: CalibrationEpochs = 40,
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
-    console = Console(stderr=True)
+    console = messages()
     sifter, rec = fit_sifter_with_operating_point(
         pools, states, out, target_recall=target_recall, calibration=calibration,
         calibration_states=calibration_states, confidence=confidence, calibration_method=calibration_method,

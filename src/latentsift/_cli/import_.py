@@ -5,9 +5,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from .._jobs.imports import format_names, run_import
+from ._progress import messages
 
 
 def register(app: typer.Typer) -> None:
@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
                                                "file format)."),
     ) -> None:
         """Import trajectories into canonical JSONL (one trajectory per line) and print a summary."""
-        with Console(stderr=True).status("importing ..."):
+        with messages().status("importing ..."):
             result, n = run_import(inputs, out, format=format, labels=labels, skip_bad=skip_bad,
                                    summary_json=summary_json, scaffold=scaffold)
         typer.echo(result.summary.to_text())

