@@ -81,14 +81,18 @@ CHROMIUM ?= /usr/bin/chromium
 browser:
 	test -x $(CHROMIUM) || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), a test file per process at a time: its forwards run
+# at one thread each, so two workers use both of CI's two cores (one process kept about 1.1 busy).
+TEST_WORKERS ?= 2
+PYTEST   := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(PYTEST)
 
 # An AVX2-only CPU, emulated on a newer one: ATen, oneDNN and MKL (float32 GEMM) all limited to AVX2.
 # Without MKL_ENABLE_INSTRUCTIONS, MKL's GEMM stays on AVX-512 and the emulation runs ~2x too fast.
 AVX2_ENV := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 test-avx2: $(STAMP) browser
-	$(AVX2_ENV) $(BIN)/python -m pytest -q --durations=15 tests
+	$(AVX2_ENV) $(PYTEST)
 
 demo-avx2: $(STAMP)
 	$(AVX2_ENV) $(BIN)/latentsift reproduce --data $(DATA) --out $(OUT)

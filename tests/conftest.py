@@ -13,16 +13,23 @@ DATA = Path(os.environ.get("LATENTSIFT_DATA", ROOT.parent / "shared" / "datasets
 
 def pytest_configure(config):
     """The converted-model cache of this session: a fresh folder (the first load converts the GGUF
-    file, later loads and the subprocesses the tests start read the copy), removed at the end."""
+    file, later loads and the subprocesses the tests start read the copy), removed at the end. The
+    workers of ``pytest -n`` (pytest-xdist) share their controller's: they inherit its environment,
+    and a copy is written to a temporary folder and renamed, so two workers converting at once is safe."""
     import tempfile
     from latentsift.states.model import CACHE_ENV
+    if hasattr(config, "workerinput") and os.environ.get(CACHE_ENV):
+        config._latentsift_cache = os.environ[CACHE_ENV]
+        return
     config._latentsift_cache = tempfile.mkdtemp(prefix="latentsift-test-cache-")
+    config._latentsift_cache_owned = True
     os.environ[CACHE_ENV] = config._latentsift_cache
 
 
 def pytest_unconfigure(config):
     import shutil
-    shutil.rmtree(getattr(config, "_latentsift_cache", ""), ignore_errors=True)
+    if getattr(config, "_latentsift_cache_owned", False):
+        shutil.rmtree(config._latentsift_cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
