@@ -17,8 +17,8 @@ from .._core.validation import LatentSiftError
 from .._jobs.filter import DEFAULT_CALIBRATION, filter_to_file, keep_rules, method_names
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, Seed, StatesDir,
                        csv_list)
-from ._text import cell, markup
 from ._progress import messages
+from ._text import cell, markup
 
 
 def register(app: typer.Typer) -> None:
