@@ -171,16 +171,19 @@ def test_explore_cli_on_a_filter_output(tiny_run, tmp_path):
     bank = Bank.load(fold / "bank")
     trajs = load_jsonl(run / "pools.jsonl")
     inst = sorted({t.instance_id for t in trajs if t.repo not in set(bank.repo_names_)})
-    out_json = tmp_path / "filter.json"
+    long = tmp_path / ("a-folder-name-long-enough-to-pass-eighty-columns-" * 4)   # and the tables' 160
+    long.mkdir()
+    out_json = long / "filter.json"
     r = CliRunner().invoke(app, ["filter", str(run / "pools.jsonl"), "--states", str(run / "states"), "--bank",
                                  str(fold / "bank"), "--scorer", str(fold / "scorer"), "--out", str(out_json),
                                  "--instances", ",".join(inst), "--show", "0"])
     assert r.exit_code == 0, r.output
-    site = tmp_path / ("a-folder-name-long-enough-to-pass-eighty-columns-" * 2) / "site"
+    # the paths are printed whole, to be copied, however narrow the console (rich breaks lines at its width)
+    assert f"Written to {out_json}." in r.output
+    site = long / "site"
     r = CliRunner().invoke(app, ["explore", str(out_json), "--pools", str(run / "pools.jsonl"),
                                  "--bank", str(fold / "bank"), "--out", str(site)])
     assert r.exit_code == 0, r.output
-    # the path is printed whole, to be copied, however narrow the console (rich breaks lines at 80 columns)
     assert f"Explorer: {site / 'index.html'} (" in r.output
     detail = json.loads(out_json.read_text())
     assert {p.stem for p in (site / "instances").glob("*.html")} == {re.sub(r"[^A-Za-z0-9_.-]+", "_", i)

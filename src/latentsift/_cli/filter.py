@@ -4,6 +4,7 @@ Parsing and printing only; the logic is ``latentsift._jobs.filter.run_filter``.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from collections import Counter
 from pathlib import Path
@@ -104,7 +105,8 @@ def filter_cmd(
     # docstring in the command list, '' included.)
     if show < 0:
         raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = Console(width=None if sys.stdout.isatty() else 160)   # the tables' width
+    say = functools.partial(console.print, soft_wrap=True)           # a message: one line, never broken
     done = filter_to_file(pools, out, states=states, bank=bank, scorer=scorer, sifter=sifter, method=method,
                           bank_choice=bank_choice, on_shift=on_shift, on_leak=on_leak, ray=ray, bank_shards=bank_shards,
                           approx=approx, distance_only=distance_only, learned_only=learned_only, channels=channels,
@@ -114,39 +116,39 @@ def filter_cmd(
                           calibration=calibration, calibration_states=calibration_states,
                           calibration_method=calibration_method, calibration_epochs=calibration_epochs,
                           keep_rule=keep_rule, confidence=confidence, operating_point=operating_point,
-                          max_keep=max_keep, cost=cost, log=console.print,
+                          max_keep=max_keep, cost=cost, log=say,
                           status=lambda m: messages().status(m))
     run, warnings, settings, op = done.run, done.warnings, done.settings, done.operating_point
     on_shift, target_recall = done.on_shift, done.target_recall
     for res in run.pools[:show]:
         console.print(_pool_table(res, settings))
     if 0 < show < len(run.pools):
-        console.print(f"... {len(run.pools) - show} more pools in {out}")
+        say(f"... {len(run.pools) - show} more pools in {out}")
     for c in run.extra.get("bank_choice", {}).get("pools", [])[:show]:
-        console.print(f"bank for {markup(c['instance_id'])}: {markup(c['chosen'])} (median nearest-bank distances "
-                      + ", ".join(f"{markup(k)} {_fmt(v)}" for k, v in c["distances"].items()) + ")")
+        say(f"bank for {markup(c['instance_id'])}: {markup(c['chosen'])} (median nearest-bank distances "
+            + ", ".join(f"{markup(k)} {_fmt(v)}" for k, v in c["distances"].items()) + ")")
     leak = run.extra.get("leak", {})
     for w in leak.get("warnings", []):
-        console.print(f"[yellow]leak ({leak['on_leak']}): {markup(w)}[/yellow]")
+        say(f"[yellow]leak ({leak['on_leak']}): {markup(w)}[/yellow]")
     for w in warnings:
-        console.print(f"[yellow]shift ({on_shift}): {markup(w)}[/yellow]")
+        say(f"[yellow]shift ({on_shift}): {markup(w)}[/yellow]")
     shared = run.inputs.get("repos_shared_with_bank")
     if shared:
-        console.print(f"[yellow]note: the bank and the pools share repositories {markup(shared)}; the paper's protocol "
-                      "keeps them disjoint.[/yellow]")
+        say(f"[yellow]note: the bank and the pools share repositories {markup(shared)}; the paper's protocol "
+            "keeps them disjoint.[/yellow]")
     if target_recall is not None:
-        console.print(f"target pool recall {target_recall:g}: threshold {_fmt(op['threshold'])} "
-                      f"({op['threshold_meaning']}; P(resolved) there {_fmt(op['p_threshold'])}), chosen on "
-                      f"{op['n_calibration_pools']} calibration pools with a resolved candidate "
-                      f"({op['calibration_pools']['how'].split(':')[0]}); "
-                      f"{sum(not p['guaranteed'] for p in op['pools'])} pools without the guarantee"
-                      + "".join(f"; {n} {w}" for w, n in _reasons(op['pools']).items()) + ".")
+        say(f"target pool recall {target_recall:g}: threshold {_fmt(op['threshold'])} "
+            f"({op['threshold_meaning']}; P(resolved) there {_fmt(op['p_threshold'])}), chosen on "
+            f"{op['n_calibration_pools']} calibration pools with a resolved candidate "
+            f"({op['calibration_pools']['how'].split(':')[0]}); "
+            f"{sum(not p['guaranteed'] for p in op['pools'])} pools without the guarantee"
+            + "".join(f"; {n} {w}" for w, n in _reasons(op['pools']).items()) + ".")
     if done.keep_rule is not None:
-        console.print(f"keep rule {done.keep_rule['rule']}"
-                      + (" (fitted on the calibration pools)" if done.keep_rule["calibration_pools"] else ""))
-    console.print(f"{run.method}: {sum(p.n_keep for p in run.pools)} of "
-                  f"{sum(len(p.candidates) for p in run.pools)} candidates retained over {len(run.pools)} pools. "
-                  f"Written to {out}.")
+        say(f"keep rule {done.keep_rule['rule']}"
+            + (" (fitted on the calibration pools)" if done.keep_rule["calibration_pools"] else ""))
+    say(f"{run.method}: {sum(p.n_keep for p in run.pools)} of "
+        f"{sum(len(p.candidates) for p in run.pools)} candidates retained over {len(run.pools)} pools. "
+        f"Written to {out}.")
 
 
 def _reasons(rows) -> dict[str, int]:
