@@ -77,17 +77,14 @@ def part(name: str):
 
 @part("facts")
 def facts() -> None:
-    import platform
-
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    flags = set(next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), []))
+    from latentsift.states.hardware import cpu_facts
+
+    host = cpu_facts()
     gpu = torch.cuda.get_device_name(0) if DEV == "cuda" else "none used"
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, GPU {gpu}; "
-          f"host {cpu}, {os.cpu_count()} cores, amx_tile {'amx_tile' in flags}, avx512_bf16 {'avx512_bf16' in flags}")
+          f"host {host.model}, {os.cpu_count()} cores, AMX {host.amx}, AVX512-BF16 {host.avx512_bf16}")
 
 
 @part("pooling")
@@ -198,9 +195,8 @@ def rollout(args) -> None:
     base = [sys.executable, "-m", "latentsift.cli", "rollout", "--model", str(args.model), "--device", DEV,
             "--tasks", str(args.rollout_tasks), "--k", "4", "--max-new-tokens", "96", "--turns", "2"]
     runs = {"bf16-a": [], "bf16-b": [], "fp32": ["--dtype", "float32"]}
-    env = os.environ | {"COLUMNS": "400"}   # the summary on one line
     procs = {n: subprocess.Popen(base + ["--out", str(tmp / n)] + extra, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=env) for n, extra in runs.items()}
+                                 stderr=subprocess.PIPE, text=True) for n, extra in runs.items()}
     for n, p in procs.items():
         out, err = p.communicate(timeout=900)
         if p.returncode:
@@ -276,9 +272,8 @@ def rollout_repeat(args) -> None:
             out = tmp / f"{name.replace(' ', '-')}-{i}"
             cli = ["latentsift", *argv, "--out", str(out)]
             code = pre + f"import sys; from latentsift.cli import main; sys.argv = {cli!r}; main()"
-            env = os.environ | ({"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if name == "deterministic" else {})
             procs[(name, i)] = (out, subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                                      stderr=subprocess.PIPE, text=True, env=env))
+                                                      stderr=subprocess.PIPE, text=True))
     for (name, i), (out, p) in procs.items():
         _, err = p.communicate(timeout=900)
         if p.returncode:
