@@ -95,13 +95,12 @@ def test_span_sums_off_a_cpu_are_each_spans_exact_sum_rounded_once(n, spans, see
     x = rng.standard_normal((3, n, 8)).astype(np.float32)
     tgt = rng.integers(0, spans, n)
     held = rng.standard_normal((3, spans + 2, 8)).astype(np.float32)
-    want = held.astype(np.float64)
-    np.add.at(want, (slice(None), tgt), x.astype(np.float64))
+    part = np.zeros(held.shape)     # each span's float64 sum
+    np.add.at(part, (slice(None), tgt), x.astype(np.float64))
+    want = held + part
     free, ordered = torch.tensor(held), torch.tensor(held)
     add_span_sums(free, 1, torch.as_tensor(tgt), torch.tensor(x), ordered=False)
     add_span_sums(ordered, 1, torch.as_tensor(tgt), torch.tensor(x))
-    part = np.zeros_like(want)
-    np.add.at(part, (slice(None), tgt), x.astype(np.float64))
     exact = (held + part.astype(np.float32)).astype(np.float32)    # the span's sum rounded, then added
     np.testing.assert_array_equal(free.numpy(), exact)
     np.testing.assert_allclose(ordered.numpy(), want, rtol=1e-5, atol=1e-4)
