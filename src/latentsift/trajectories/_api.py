@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 from .._core.validation import LatentSiftError, check_choice
 from .trajectory import Pool, Trajectory, group_pools
-from . import _canonical, _chat, _r2egym, _sweagent  # noqa: F401 (each registers its format)
+from . import _canonical, _chat, _openhands, _r2egym, _sweagent, _sweagent1  # noqa: F401 (each registers its format)
 from ._common import RecordError, Where
 from ._labels import LabelRow, Report, is_candidates_csv, parse_report, read_candidates_csv
 from ._registry import described, format_names, importers

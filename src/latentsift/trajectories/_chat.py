@@ -12,7 +12,9 @@ Shapes read (one trajectory per JSON file, or one per JSONL line):
   ``openhands`` unless the record names one.
 - mini-swe-agent trajectories (``trajectory_format`` ``mini-swe-agent-1`` / ``-1.1``): the same
   ``messages`` list; an assistant action is the single fenced ``bash`` (v1) or
-  ``mswea_bash_command`` (v2) block; zero or several blocks are a format error and no call.
+  ``mswea_bash_command`` (v2 text-based) block; zero or several blocks are a format error and no call.
+  mini-swe-agent 2.x's default (``LitellmModel``) calls a ``bash`` tool instead (``tool_calls``,
+  ``tool`` replies) and ends with a ``role: "exit"`` message, which is dropped (never sent).
 
 Each assistant message opens a step: ``cot`` = its text outside the call (``reasoning_content``
 first, wrapped as ``<think>\\n...\\n</think>\\n\\n`` with the tags as markup), ``fn`` = the call
@@ -134,6 +136,9 @@ def read_openai(record: Any, where: Where, src: Source) -> Trajectory:
 
 
 def parse(record: Any, msgs: list, where: Where, *, mini: bool, instance_id: str, run: str) -> Trajectory:
+    # mini-swe-agent 2.x ends a run with a role "exit" message (``extra.exit_status``, ``extra.submission``):
+    # written by the scaffold, never sent to the model
+    msgs = [m for m in msgs if not (isinstance(m, dict) and m.get("role") == "exit")]
     roles = []
     for i, m in enumerate(msgs):
         roles.append(where.get(m, "role", str, prefix=f"messages[{i}]."))

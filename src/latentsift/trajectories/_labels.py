@@ -6,10 +6,14 @@
 - Run-level reports, applied to the trajectories in the same folder: SWE-agent's
   ``final_report.json`` / AutoCodeRover's ``report.json`` (``{"resolved": [ids], ...}``) and the
   SWE-bench harness summary ``<model>.<run_id>.json`` (``{"resolved_ids": [...],
-  "completed_ids": [...]}``). An instance not in the resolved list is unresolved (reward 0).
+  "unresolved_ids": [...], "completed_ids": [...], "empty_patch_ids": [...], "error_ids": [...]}``,
+  ``swebench/harness/reporting.py``). An instance not in the resolved list is unresolved (reward 0);
+  of a harness summary, only the instances it evaluated (completed, unresolved, empty patch) are
+  labelled, ``error_ids`` (no usable report) stay unknown.
 - Per-instance harness reports (``logs/run_evaluation/<run>/<model>/<id>/report.json``:
   ``{id: {"resolved": bool, "tests_status": {"FAIL_TO_PASS": {"success": [...], "failure": [...]},
-  "PASS_TO_PASS": {...}}}}``): reward and the four test counts.
+  "PASS_TO_PASS": {...}}}}``, ``get_eval_report`` of ``swebench/harness/grading.py``): reward and the
+  four test counts; an entry with ``"infra_failure": true`` (the environment failed) stays unknown.
 """
 from __future__ import annotations
 
@@ -82,16 +86,19 @@ def parse_report(obj: Any, source: str, group: str) -> Report | None:
         return None
     for key in ("resolved_ids", "resolved"):
         if isinstance(obj.get(key), list):
-            ids = obj[key]
-            if not all(isinstance(i, str) for i in ids):
-                raise RecordError(source, None, key, "must be a list of instance ids (strings)")
+            ids = _id_set(obj, key, source)
             covered = None
-            if isinstance(obj.get("completed_ids"), list):
-                covered = {i for i in obj["completed_ids"] if isinstance(i, str)}
-            return Report(source, group, resolved=set(ids), covered=covered)
+            if "completed_ids" in obj or "unresolved_ids" in obj:
+                # the harness: completed (its resolved and unresolved, and those whose report was
+                # empty or broken: error_ids) and empty patches (counted unresolved); errors unknown
+                covered = (_id_set(obj, "completed_ids", source) | _id_set(obj, "unresolved_ids", source) | ids
+                           | _id_set(obj, "empty_patch_ids", source)) - _id_set(obj, "error_ids", source)
+            return Report(source, group, resolved=ids, covered=covered)
     if all(isinstance(v, dict) and "resolved" in v for v in obj.values()):
         per: dict[str, tuple[float, dict[str, int]]] = {}
         for iid, v in obj.items():
+            if v.get("infra_failure") is True:
+                continue   # the harness blames the environment, not the patch: unknown
             if not isinstance(v["resolved"], bool):
                 raise RecordError(source, None, f"{iid}.resolved", "must be true or false")
             tests: dict[str, int] = {}
@@ -111,3 +118,11 @@ def parse_report(obj: Any, source: str, group: str) -> Report | None:
             per[iid] = (float(v["resolved"]), tests)
         return Report(source, group, per_instance=per)
     return None
+
+
+def _id_set(obj: dict, key: str, source: str) -> set[str]:
+    """``obj[key]`` as a set of instance ids (empty when absent)."""
+    ids = obj.get(key, [])
+    if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+        raise RecordError(source, None, key, "must be a list of instance ids (strings)")
+    return set(ids)

@@ -1,0 +1,225 @@
+"""OpenHands SWE-bench ``output.jsonl`` (one ``EvalOutput`` per line: ``instance_id``, ``instruction``,
+``instance``, ``test_result`` with ``git_patch``, ``metadata``, ``history``, ``metrics``, ``error``).
+
+Followed: ``EvalOutput`` of ``evaluation/utils/shared.py`` and ``process_instance`` of
+``evaluation/benchmarks/swe_bench/run_infer.py`` (``history`` = ``event_to_dict`` of every event);
+``event_to_dict`` of ``openhands/events/serialization/event.py`` (an action: ``id``, ``source``,
+``action``, ``args``, ``tool_call_metadata``; an observation: ``observation``, ``content``,
+``extras``, ``cause``, ``tool_call_metadata``); ``ToolCallMetadata`` of ``openhands/events/tool.py``
+(``tool_call_id``, ``function_name``, ``model_response`` = the LLM reply); how ``ConversationMemory``
+(``openhands/memory/conversation_memory.py``) turns events into messages: one assistant message per
+LLM reply (``model_response.choices[0].message``: its text and all its ``tool_calls``), then one
+``tool`` message per call in the calls' order; a command's output as
+``CmdOutputObservation.to_agent_observation`` (``openhands/events/observation/commands.py``).
+Histories of 2024 versions (a list of ``[action, observation]`` pairs) are read the same way.
+
+Mapping: the ``system`` action and the task (``instruction``) are the excluded context; each LLM
+reply is a step: its text (and ``reasoning_content``) -> cot, its tool calls -> fn, the observations
+answering them -> obs. An agent action without ``tool_call_metadata`` (non-function-calling runs) is
+one step whose call is ``{"name": action, "arguments": args}``, answered by the observation whose
+``cause`` is the action. Messages from the user after the task are observations (``user``).
+Recall, state-change and condensation events reach the model other ways or not at all: they are
+counted in ``meta["events_not_rendered"]``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from .trajectory import Trajectory
+from ._chat import OPENHANDS, _reward, parse as _chat_parse
+from ._common import Where, repo_from_instance
+from ._registry import register_importer
+from ._sources import Source
+
+_CONTEXT_ACTIONS = ("system",)
+_NOT_RENDERED = ("recall", "change_agent_state", "agent_state_changed", "condensation", "condensation_request",
+                 "null", "pause", "resume", "stop")
+
+
+def looks_like(record: Any) -> bool:
+    return isinstance(record, dict) and isinstance(record.get("history"), list) and \
+        isinstance(record.get("instance_id"), str) and isinstance(record.get("test_result"), dict) and \
+        "trajectory" not in record
+
+
+@register_importer(OPENHANDS, detect=looks_like, missing=("history", "is missing (not an OpenHands output.jsonl record)"),
+                   describe="an OpenHands output.jsonl", priority=12)
+def read(record: dict, where: Where, src: Source) -> Trajectory:
+    """One ``output.jsonl`` line; run = the record's ``run``, else the folder holding the file."""
+    run = record.get("run") if isinstance(record.get("run"), str) else \
+        src.folder or src.basename.rsplit(".jsonl", 1)[0]
+    return parse(record, where, run=run)
+
+
+def events_of(history: list, where: Where) -> list[dict]:
+    """The event dicts of ``history``: a flat list, or the 2024 list of ``[action, observation]`` pairs."""
+    events = []
+    for i, h in enumerate(history):
+        if isinstance(h, list):
+            events += [e for e in h if isinstance(e, dict) and e]
+        elif isinstance(h, dict):
+            events.append(h)
+        else:
+            raise where.error(f"history[{i}]", f"must be an event object or an [action, observation] pair, "
+                                               f"got {type(h).__name__}")
+    return events
+
+
+def observation_text(ev: dict) -> str:
+    """What the model read of an observation: a command's output with OpenHands' working-directory
+    and exit-code lines (``to_agent_observation``), any other observation's ``content``."""
+    content = ev.get("content") if isinstance(ev.get("content"), str) else ""
+    md = (ev.get("extras") or {}).get("metadata") if isinstance(ev.get("extras"), dict) else None
+    if ev.get("observation") != "run" or not isinstance(md, dict):
+        return content
+    text = f"{md.get('prefix') or ''}{content}{md.get('suffix') or ''}"
+    if md.get("working_dir"):
+        text += f"\n[Current working directory: {md['working_dir']}]"
+    if md.get("py_interpreter_path"):
+        text += f"\n[Python interpreter: {md['py_interpreter_path']}]"
+    if md.get("exit_code", -1) != -1:
+        text += f"\n[Command finished with exit code {md['exit_code']}]"
+    return text
+
+
+def _reply_of(ev: dict, where: Where, p: str) -> tuple[str, dict] | None:
+    """(response id, assistant message) of an action's ``tool_call_metadata``, or None."""
+    tcm = ev.get("tool_call_metadata")
+    if tcm is None:
+        return None
+    resp = where.get(tcm, "model_response", dict, prefix=f"{p}tool_call_metadata.")
+    choices = where.get(resp, "choices", list, prefix=f"{p}tool_call_metadata.model_response.")
+    if not choices:
+        raise where.error(f"{p}tool_call_metadata.model_response.choices", "is empty")
+    msg = where.get(choices[0], "message", dict, prefix=f"{p}tool_call_metadata.model_response.choices[0].")
+    rid = resp.get("id") if isinstance(resp.get("id"), str) else f"{p}reply"
+    return rid, msg
+
+
+def messages_of(events: list[dict], where: Where) -> tuple[list[dict], int]:
+    """The chat messages the events become after the context, and how many events were not rendered."""
+    msgs: list[dict] = []
+    by_call: dict[str, dict] = {}      # tool_call_id -> tool message
+    by_cause: dict[int, dict] = {}     # action id -> tool message (non-function-calling actions)
+    pending: list[tuple[dict, list[str]]] = []   # assistant message, its call ids in order
+    seen_replies: set[str] = set()
+    skipped = 0
+    for n, ev in enumerate(events):
+        p = f"history[{n}]."
+        if "action" in ev:
+            kind, source = ev["action"], ev.get("source")
+            if kind in _NOT_RENDERED:
+                skipped += 1
+                continue
+            if source == "user" or source == "environment":
+                if kind == "message":
+                    args = where.get(ev, "args", dict, prefix=p)
+                    msgs.append({"role": "user", "content": where.get(args, "content", str, prefix=f"{p}args.")})
+                else:
+                    skipped += 1
+                continue
+            reply = _reply_of(ev, where, p)
+            if reply is not None:
+                rid, msg = reply
+                if rid in seen_replies:
+                    continue   # another call of a reply already turned into a message
+                seen_replies.add(rid)
+                calls = msg.get("tool_calls") or []
+                am = {"role": "assistant", "content": msg.get("content"), "tool_calls": calls}
+                if isinstance(msg.get("reasoning_content"), str):
+                    am["reasoning_content"] = msg["reasoning_content"]
+                msgs.append(am)
+                pending.append((am, [c.get("id") for c in calls if isinstance(c, dict)]))
+                continue
+            args = where.get(ev, "args", dict, prefix=p)
+            if kind == "message":      # the agent talking without a tool (a final answer)
+                msgs.append({"role": "assistant", "content": where.get(args, "content", str, prefix=f"{p}args.")})
+                continue
+            thought = args.get("thought") if isinstance(args.get("thought"), str) else ""
+            call_id = f"event_{ev.get('id', n)}"
+            arguments = {k: v for k, v in args.items() if k != "thought"}
+            am = {"role": "assistant", "content": thought, "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": kind, "arguments": json.dumps(arguments)}}]}
+            msgs.append(am)
+            pending.append((am, [call_id]))
+            if isinstance(ev.get("id"), int):
+                by_cause[ev["id"]] = am
+        elif "observation" in ev:
+            if ev["observation"] in _NOT_RENDERED or ev.get("source") == "environment":
+                skipped += 1
+                continue
+            tcm = ev.get("tool_call_metadata")
+            if isinstance(tcm, dict) and isinstance(tcm.get("tool_call_id"), str):
+                cid = tcm["tool_call_id"]
+                tm = {"role": "tool", "content": observation_text(ev), "tool_call_id": cid}
+                if isinstance(tcm.get("function_name"), str):
+                    tm["name"] = tcm["function_name"]
+                by_call[cid] = tm
+            elif isinstance(ev.get("cause"), int) and ev["cause"] in by_cause:
+                am = by_cause[ev["cause"]]
+                cid = am["tool_calls"][0]["id"]
+                by_call[cid] = {"role": "tool", "content": observation_text(ev), "tool_call_id": cid}
+            else:
+                skipped += 1
+        else:
+            raise where.error(f"history[{n}]", "is neither an action nor an observation")
+    # each assistant message is followed by the answers to its calls, in the calls' order
+    out: list[dict] = []
+    answers = {id(am): ids for am, ids in pending}
+    for m in msgs:
+        out.append(m)
+        for cid in answers.get(id(m), []):
+            if cid in by_call:
+                out.append(by_call.pop(cid))
+    return out, skipped + len(by_call)
+
+
+def parse(record: dict, where: Where, *, run: str) -> Trajectory:
+    g = where.get
+    instance_id = g(record, "instance_id", str)
+    events = events_of(g(record, "history", list), where)
+    instance = g(record, "instance", dict, optional=True, default={})
+    test_result = g(record, "test_result", dict)
+    context: list[dict[str, Any]] = []
+    start = before = 0    # the first event of a step; events before it that are not rendered
+    for n, ev in enumerate(events):   # the system prompt and the task, up to the first agent reply
+        if ev.get("source") == "agent" and "action" in ev and ev["action"] not in _CONTEXT_ACTIONS:
+            break
+        if ev.get("action") in _CONTEXT_ACTIONS:
+            context.append({"role": "system", "content": g(g(ev, "args", dict, prefix=f"history[{n}]."), "content",
+                                                               str, prefix=f"history[{n}].args.")})
+        elif ev.get("action") == "message" and ev.get("source") == "user" and \
+                not any(c["role"] == "user" for c in context):
+            context.append({"role": "user", "content": g(g(ev, "args", dict, prefix=f"history[{n}]."), "content",
+                                                             str, prefix=f"history[{n}].args.")})
+        else:
+            before += 1
+        start = n + 1
+    instruction = g(record, "instruction", str, optional=True)
+    if not any(c["role"] == "user" for c in context):
+        if instruction is None:
+            raise where.error("instruction", "is missing and the history has no user message (no task prompt)")
+        context.append({"role": "user", "content": instruction})
+    msgs, not_rendered = messages_of(events[start:], where)
+    if not any(m["role"] == "assistant" for m in msgs):
+        raise where.error("history", "has no agent action (nothing to import)")
+    base = _chat_parse({}, context + msgs, where, mini=False, instance_id=instance_id, run=run)
+    problem = instance.get("problem_statement")
+    meta: dict[str, Any] = {"events_not_rendered": before + not_rendered}
+    md = record.get("metadata")
+    if isinstance(md, dict):
+        for key in ("agent_class", "git_commit", "max_iterations", "dataset"):
+            if key in md:
+                meta[key] = md[key]
+        if isinstance(md.get("llm_config"), dict) and "model" in md["llm_config"]:
+            meta["model"] = md["llm_config"]["model"]
+    if record.get("error"):
+        meta["error"] = record["error"]
+    patch = g(test_result, "git_patch", str, prefix="test_result.", optional=True, default="")
+    return replace(base, repo=instance.get("repo") if isinstance(instance.get("repo"), str)
+                   else repo_from_instance(instance_id),
+                   task_prompt=problem if isinstance(problem, str) else base.task_prompt, patch=patch,
+                   reward=_reward(record, where), agent=OPENHANDS, source_format=OPENHANDS,
+                   source_id=f"{where.source}:{where.line}" if where.line is not None else where.source, meta=meta)
