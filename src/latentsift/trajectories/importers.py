@@ -1,10 +1,11 @@
 """Import agent trajectories from several scaffolds into canonical ``Trajectory`` records.
 
 Supported inputs (auto-detected from the content; files, folders, ``.gz`` and ``.tar.gz``):
-R2E-Gym / DeepSWE trajectory JSONL (incl. AutoCodeRover runs converted to it), SWE-agent ``.traj``
-files, OpenAI-style chat messages with ``tool_calls`` (OpenHands function calling, vLLM / OpenAI
-tool use), mini-swe-agent trajectories, and canonical JSONL; labels from ``candidates.csv`` and
-SWE-bench harness reports. See docs/trajectories.md for the shapes and versions followed.
+R2E-Gym / DeepSWE trajectory JSONL (incl. AutoCodeRover runs converted to it), SWE-agent 0.x and
+1.x ``.traj`` files, OpenHands' SWE-bench ``output.jsonl``, OpenAI-style chat messages with
+``tool_calls`` (OpenHands completion logs, vLLM / OpenAI tool use), mini-swe-agent 1.x and 2.x
+trajectories, and canonical JSONL; labels from ``candidates.csv`` and SWE-bench harness reports
+(the run report and the per-instance ``report.json``). See docs/trajectories.md for the shapes and versions followed.
 
 A new format is one module with one ``@register_importer`` registration on its ``read(obj, where,
 src)``: ``--format``, auto-detection and the error messages read the registry.
