@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from latentsift.cli import app
 from latentsift.states.channel import render
-from latentsift.trajectories.importers import import_paths, load_pools
+from latentsift.trajectories.importers import RecordError, import_paths, load_pools
 from latentsift.trajectories.trajectory import CHANNEL_ID
 
 FIX = Path(__file__).parent / "fixtures" / "formats"
@@ -207,3 +207,29 @@ def test_every_new_fixture_renders_with_its_channels(tokenizer):
                 assert (len(ids) > 0) == bool(text.strip()), (t.traj_id, k, ch)
                 assert tokenizer.decode(ids).strip()[:20] in text
             assert np.any((R.step == k) & (R.channel == CHANNEL_ID["fn"])) == bool(s.fn)
+
+
+def test_a_broken_record_names_its_file_line_and_field(tmp_path):
+    """Strict parsing: the error names the field of the user's file (not an internal message list);
+    --skip-bad keeps the other records and lists the broken one."""
+    lines = _lines(OH_RUN / "output.jsonl")
+    del lines[0]["history"][4]["tool_call_metadata"]["model_response"]["choices"][0]["message"]["tool_calls"][0][
+        "function"]["name"]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "output.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    res = import_paths([tmp_path / "run"], skip_bad=True)
+    assert sorted(t.instance_id for t in res.trajectories) == ["astropy__astropy-12907", "sympy__sympy-20590"]
+    (bad,) = res.skipped
+    assert (bad.line, bad.field) == (1, "history[4].tool_call_metadata.model_response.choices[0].message."
+                                        "tool_calls[0].function.name")
+    traj = json.loads((SWE1_FC / "django__django-11099" / "django__django-11099.traj").read_text())
+    traj["history"][4]["tool_calls"] = [{"id": "toolu_02", "type": "function"}]
+    one = tmp_path / "swe" / "django__django-11099"
+    one.mkdir(parents=True)
+    (one / "django__django-11099.traj").write_text(json.dumps(traj))
+    with pytest.raises(RecordError, match=r"field 'history\[4\]\.tool_calls\[0\]\.function': is missing"):
+        import_paths([tmp_path / "swe"])
+    del traj["trajectory"][-1]
+    (one / "django__django-11099.traj").write_text(json.dumps(traj))
+    with pytest.raises(RecordError, match="has 3 assistant messages for 2 trajectory steps"):
+        import_paths([tmp_path / "swe"])

@@ -211,8 +211,10 @@ def _reward(rec: dict, where: Where) -> float | None:
     return None
 
 
-def _step(m: dict, replies: list[tuple[str, dict, int]], where: Where, i: int, mini: bool) -> Step:
-    p = f"messages[{i}]."
+def _step(m: dict, replies: list[tuple[str, dict, int]], where: Where, i: int, mini: bool,
+          field: str = "messages") -> Step:
+    """Step of the assistant message ``m`` (``{field}[i]`` in errors) and the messages that answer it."""
+    p = f"{field}[{i}]."
     content = _content(m, where, p)
     parts: list[list] = []
     cot = ""
@@ -261,7 +263,7 @@ def _step(m: dict, replies: list[tuple[str, dict, int]], where: Where, i: int, m
     obs_texts: list[str] = []
     obs_role = "user"
     for k, (role, rm, idx) in enumerate(replies):
-        text = _content(rm, where, f"messages[{idx}].")
+        text = _content(rm, where, f"{field}[{idx}].")
         if k == 0:
             obs_role = role
         om: dict[str, Any] = {"role": role, "parts": ([["skip", "obs", len(OBS_SEP)]] if k else []) + [["obs", len(text)]]}

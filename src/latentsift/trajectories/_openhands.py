@@ -53,14 +53,15 @@ def read(record: dict, where: Where, src: Source) -> Trajectory:
     return parse(record, where, run=run)
 
 
-def events_of(history: list, where: Where) -> list[dict]:
-    """The event dicts of ``history``: a flat list, or the 2024 list of ``[action, observation]`` pairs."""
+def events_of(history: list, where: Where) -> list[tuple[str, dict]]:
+    """(name in errors, event) of ``history``: a flat list, or the 2024 list of ``[action, observation]``
+    pairs."""
     events = []
     for i, h in enumerate(history):
         if isinstance(h, list):
-            events += [e for e in h if isinstance(e, dict) and e]
+            events += [(f"history[{i}][{j}]", e) for j, e in enumerate(h) if isinstance(e, dict) and e]
         elif isinstance(h, dict):
-            events.append(h)
+            events.append((f"history[{i}]", h))
         else:
             raise where.error(f"history[{i}]", f"must be an event object or an [action, observation] pair, "
                                                f"got {type(h).__name__}")
@@ -69,8 +70,11 @@ def events_of(history: list, where: Where) -> list[dict]:
 
 def observation_text(ev: dict) -> str:
     """What the model read of an observation: a command's output with OpenHands' working-directory
-    and exit-code lines (``to_agent_observation``), any other observation's ``content``."""
+    and exit-code lines (``to_agent_observation``), an error with the line ``ConversationMemory``
+    appends, any other observation's ``content``."""
     content = ev.get("content") if isinstance(ev.get("content"), str) else ""
+    if ev.get("observation") == "error":
+        return content + "\n[Error occurred in processing last action]"
     md = (ev.get("extras") or {}).get("metadata") if isinstance(ev.get("extras"), dict) else None
     if ev.get("observation") != "run" or not isinstance(md, dict):
         return content
@@ -93,12 +97,17 @@ def _reply_of(ev: dict, where: Where, p: str) -> tuple[str, dict] | None:
     choices = where.get(resp, "choices", list, prefix=f"{p}tool_call_metadata.model_response.")
     if not choices:
         raise where.error(f"{p}tool_call_metadata.model_response.choices", "is empty")
-    msg = where.get(choices[0], "message", dict, prefix=f"{p}tool_call_metadata.model_response.choices[0].")
+    q = f"{p}tool_call_metadata.model_response.choices[0].message."
+    msg = where.get(choices[0], "message", dict, prefix=q[:-len("message.")])
+    calls = where.get(msg, "tool_calls", list, prefix=q, optional=True, default=[])
+    for k, c in enumerate(calls):
+        where.get(where.get(c, "function", dict, prefix=f"{q}tool_calls[{k}]."), "name", str,
+                  prefix=f"{q}tool_calls[{k}].function.")
     rid = resp.get("id") if isinstance(resp.get("id"), str) else f"{p}reply"
     return rid, msg
 
 
-def messages_of(events: list[dict], where: Where) -> tuple[list[dict], int]:
+def messages_of(events: list[tuple[str, dict]], where: Where) -> tuple[list[dict], int]:
     """The chat messages the events become after the context, and how many events were not rendered."""
     msgs: list[dict] = []
     by_call: dict[str, dict] = {}      # tool_call_id -> tool message
@@ -106,8 +115,8 @@ def messages_of(events: list[dict], where: Where) -> tuple[list[dict], int]:
     pending: list[tuple[dict, list[str]]] = []   # assistant message, its call ids in order
     seen_replies: set[str] = set()
     skipped = 0
-    for n, ev in enumerate(events):
-        p = f"history[{n}]."
+    for name, ev in events:
+        p = f"{name}."
         if "action" in ev:
             kind, source = ev["action"], ev.get("source")
             if kind in _NOT_RENDERED:
@@ -138,7 +147,7 @@ def messages_of(events: list[dict], where: Where) -> tuple[list[dict], int]:
                 msgs.append({"role": "assistant", "content": where.get(args, "content", str, prefix=f"{p}args.")})
                 continue
             thought = args.get("thought") if isinstance(args.get("thought"), str) else ""
-            call_id = f"event_{ev.get('id', n)}"
+            call_id = f"event_{ev.get('id', name)}"
             arguments = {k: v for k, v in args.items() if k != "thought"}
             am = {"role": "assistant", "content": thought, "tool_calls": [
                 {"id": call_id, "type": "function", "function": {"name": kind, "arguments": json.dumps(arguments)}}]}
@@ -161,10 +170,10 @@ def messages_of(events: list[dict], where: Where) -> tuple[list[dict], int]:
                 am = by_cause[ev["cause"]]
                 cid = am["tool_calls"][0]["id"]
                 by_call[cid] = {"role": "tool", "content": observation_text(ev), "tool_call_id": cid}
-            else:
-                skipped += 1
+            else:   # e.g. an error of a reply that could not be run: sent as a user message
+                msgs.append({"role": "user", "content": observation_text(ev)})
         else:
-            raise where.error(f"history[{n}]", "is neither an action nor an observation")
+            raise where.error(name, "is neither an action nor an observation")
     # each assistant message is followed by the answers to its calls, in the calls' order
     out: list[dict] = []
     answers = {id(am): ids for am, ids in pending}
@@ -184,16 +193,16 @@ def parse(record: dict, where: Where, *, run: str) -> Trajectory:
     test_result = g(record, "test_result", dict)
     context: list[dict[str, Any]] = []
     start = before = 0    # the first event of a step; events before it that are not rendered
-    for n, ev in enumerate(events):   # the system prompt and the task, up to the first agent reply
+    for n, (name, ev) in enumerate(events):   # the system prompt and the task, up to the first agent reply
         if ev.get("source") == "agent" and "action" in ev and ev["action"] not in _CONTEXT_ACTIONS:
             break
         if ev.get("action") in _CONTEXT_ACTIONS:
-            context.append({"role": "system", "content": g(g(ev, "args", dict, prefix=f"history[{n}]."), "content",
-                                                               str, prefix=f"history[{n}].args.")})
+            context.append({"role": "system", "content": g(g(ev, "args", dict, prefix=f"{name}."), "content",
+                                                               str, prefix=f"{name}.args.")})
         elif ev.get("action") == "message" and ev.get("source") == "user" and \
                 not any(c["role"] == "user" for c in context):
-            context.append({"role": "user", "content": g(g(ev, "args", dict, prefix=f"history[{n}]."), "content",
-                                                             str, prefix=f"history[{n}].args.")})
+            context.append({"role": "user", "content": g(g(ev, "args", dict, prefix=f"{name}."), "content",
+                                                             str, prefix=f"{name}.args.")})
         else:
             before += 1
         start = n + 1

@@ -125,7 +125,7 @@ def _one_step(s: Any, i: int, m: dict[str, Any], replies: list[tuple[int, dict[s
     action = where.get(s, "action", str, prefix=p)
     observation = where.get(s, "observation", str, prefix=p)
     if m.get("tool_calls"):
-        step = _chat_step(m, [(r["role"], r, j) for j, r in replies], where, i, False)
+        step = _chat_step(m, [(r["role"], r, j) for j, r in replies], where, i, False, field="history")
     else:
         if m.get("reasoning_content"):
             raise where.error(f"history[{i}].thinking_blocks", "thinking blocks without a tool call cannot be imported")
