@@ -1,4 +1,5 @@
-"""Today's agent logs: OpenHands' SWE-bench ``output.jsonl`` (current events and the 2024 pairs),
+"""Today's agent logs: OpenHands' SWE-bench ``output.jsonl`` (V0 events, the 2024 pairs, the V1 SDK's
+typed events),
 SWE-agent 1.x ``.traj`` (function calling and fenced commands), mini-swe-agent 2.x (tool calls and
 text), each from a hand-written fixture, into the right channels, ids and patch; labels from the
 SWE-bench harness's run report and per-instance ``report.json`` joined to them; auto-detection by
@@ -87,6 +88,25 @@ def test_openhands_2024_history_pairs():
     assert s1.cot == "The regexes are fixed." and json.loads(s1.fn)["name"] == "finish"
 
 
+def test_openhands_sdk_v1_typed_events():
+    """OpenHands V1 (the SDK's typed events): actions of one reply share ``llm_response_id``; a terminal's
+    output as the SDK shows it; an agent error answers its call; state updates are not rendered."""
+    (t,) = import_paths([FIX / "openhands_v1"]).trajectories
+    assert (t.traj_id, t.source_format, t.reward) == ("claude-sonnet-4-5_sdk_v1.11/django__django-11099", "openhands", None)
+    assert t.patch.startswith("diff --git") and t.meta["attempt"] == 1
+    assert t.meta["model"] == "litellm_proxy/claude-sonnet-4-5-20250929" and t.meta["events_not_rendered"] == 3
+    assert [m["role"] for m in t.context] == ["system", "user"]
+    assert t.context[0]["content"].endswith("</RUNTIME_INFORMATION>")     # system prompt + dynamic context
+    s0, s1, s2 = t.steps
+    assert s0.cot == "The issue names the validators module.Let me find the two validators."   # reasoning, then thought
+    assert json.loads(s0.fn)["arguments"]["command"] == "grep -n regex django/contrib/auth/validators.py"
+    assert s0.obs.endswith("\n[Current working directory: /workspace/django]\n[Python interpreter: /usr/bin/python]"
+                           "\n[Command finished with exit code 0]")
+    assert len(s1.fn.split("\n")) == 2 and [m.get("tool_call_id") for m in s1.layout[1:]] == ["call_a2", "call_a3"]
+    assert s1.obs.endswith("\n\nCommand timed out after 120 seconds.")        # the AgentErrorEvent
+    assert json.loads(s2.fn)["name"] == "finish" and s2.obs == "Both validators now use \\A and \\Z."
+
+
 def test_sweagent1_function_calling_and_the_per_instance_report():
     raw = json.loads((SWE1_FC / "django__django-11099" / "django__django-11099.traj").read_text())
     (t,) = import_paths([SWE1_FC], labels=[INSTANCE_REPORT]).trajectories
@@ -147,11 +167,11 @@ def test_minisweagent2_text_based():
 
 def test_cli_detects_every_new_format_and_joins_a_per_instance_report(tmp_path):
     out = tmp_path / "pools.jsonl"
-    res = CliRunner().invoke(app, ["import", str(OH_RUN), str(FIX / "openhands_2024"), str(FIX / "sweagent1"),
-                                   str(MINI_TC), str(MINI_TX), "--out", str(out)])
+    res = CliRunner().invoke(app, ["import", str(OH_RUN), str(FIX / "openhands_2024"), str(FIX / "openhands_v1"),
+                                   str(FIX / "sweagent1"), str(MINI_TC), str(MINI_TX), "--out", str(out)])
     assert res.exit_code == 0, res.output
     got = {(t.source_format, t.run, t.instance_id) for p in load_pools(out) for t in p.candidates}
-    assert {f for f, _, _ in got} == {"openhands", "sweagent1", "minisweagent"} and len(got) == 8
+    assert {f for f, _, _ in got} == {"openhands", "sweagent1", "minisweagent"} and len(got) == 9
     # --labels with the harness's per-instance report.json on a run without labels of its own
     res = CliRunner().invoke(app, ["import", str(MINI_TC), "--out", str(tmp_path / "m.jsonl"),
                                    "--labels", str(INSTANCE_REPORT)])
@@ -195,8 +215,9 @@ def tokenizer():
 
 
 def test_every_new_fixture_renders_with_its_channels(tokenizer):
-    trajs = import_paths([OH_RUN, FIX / "openhands_2024", FIX / "sweagent1", MINI_TC, MINI_TX]).trajectories
-    assert len(trajs) == 8
+    trajs = import_paths([OH_RUN, FIX / "openhands_2024", FIX / "openhands_v1", FIX / "sweagent1", MINI_TC,
+                          MINI_TX]).trajectories
+    assert len(trajs) == 9
     for t in trajs:
         R = render(t, tokenizer)
         assert R.n_steps == t.n_steps

@@ -12,6 +12,13 @@ LLM reply (``model_response.choices[0].message``: its text and all its ``tool_ca
 ``tool`` message per call in the calls' order; a command's output as
 ``CmdOutputObservation.to_agent_observation`` (``openhands/events/observation/commands.py``).
 Histories of 2024 versions (a list of ``[action, observation]`` pairs) are read the same way.
+The OpenHands SDK (V1; ``OpenHands/benchmarks``, ``benchmarks/swebench/run_infer.py``) writes the
+same ``EvalOutput`` with typed events (``kind``): ``SystemPromptEvent``, ``MessageEvent``,
+``ActionEvent`` (``thought``, ``reasoning_content``, ``tool_call``, ``llm_response_id``),
+``ObservationEvent``, ``AgentErrorEvent``, ``UserRejectObservation``
+(``openhands-sdk/openhands/sdk/event/`` of ``OpenHands/software-agent-sdk``); they become messages
+as ``LLMConvertibleEvent.events_to_messages`` builds them (text parts joined by ``"\\n"``, as
+``Message._string_serializer`` sends them; a terminal's output as ``TerminalObservation.to_llm_content``).
 
 Mapping: the ``system`` action and the task (``instruction``) are the excluded context; each LLM
 reply is a step: its text (and ``reasoning_content``) -> cot, its tool calls -> fn, the observations
@@ -76,7 +83,14 @@ def observation_text(ev: dict) -> str:
     if ev.get("observation") == "error":
         return content + "\n[Error occurred in processing last action]"
     md = (ev.get("extras") or {}).get("metadata") if isinstance(ev.get("extras"), dict) else None
-    if ev.get("observation") != "run" or not isinstance(md, dict):
+    return command_text(content, md) if ev.get("observation") == "run" else content
+
+
+def command_text(content: str, md: Any) -> str:
+    """A command's output as the model reads it (``to_agent_observation`` of OpenHands, and of the
+    SDK's ``TerminalObservation``): prefix, output, suffix, then the directory, interpreter and exit-code
+    lines its ``metadata`` gives."""
+    if not isinstance(md, dict):
         return content
     text = f"{md.get('prefix') or ''}{content}{md.get('suffix') or ''}"
     if md.get("working_dir"):
@@ -174,7 +188,12 @@ def messages_of(events: list[tuple[str, dict]], where: Where) -> tuple[list[dict
                 msgs.append({"role": "user", "content": observation_text(ev)})
         else:
             raise where.error(name, "is neither an action nor an observation")
-    # each assistant message is followed by the answers to its calls, in the calls' order
+    return _answered(msgs, pending, by_call), skipped + len(by_call)
+
+
+def _answered(msgs: list[dict], pending: list[tuple[dict, list[str]]], by_call: dict[str, dict]) -> list[dict]:
+    """``msgs`` with each assistant message followed by the answers to its calls in the calls' order
+    (``by_call`` keeps the answers no call asked for)."""
     out: list[dict] = []
     answers = {id(am): ids for am, ids in pending}
     for m in msgs:
@@ -182,15 +201,97 @@ def messages_of(events: list[tuple[str, dict]], where: Where) -> tuple[list[dict
         for cid in answers.get(id(m), []):
             if cid in by_call:
                 out.append(by_call.pop(cid))
-    return out, skipped + len(by_call)
+    return out
 
 
-def parse(record: dict, where: Where, *, run: str) -> Trajectory:
+_V1_ANSWERS = ("ObservationEvent", "AgentErrorEvent", "UserRejectObservation")
+_ERROR_HEADER = "[An error occurred during execution.]\n"   # the SDK's Observation.ERROR_MESSAGE_HEADER
+
+
+def _texts(parts: Any, where: Where, p: str) -> str:
+    """Text parts joined as the SDK sends a message as one string (``"\\n"``)."""
+    if parts is None:
+        return ""
+    if not isinstance(parts, list):
+        raise where.error(p.rstrip("."), "must be a list of content parts")
+    out = []
+    for k, part in enumerate(parts):
+        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            raise where.error(f"{p}[{k}]", "only text content parts can be imported")
+        out.append(part["text"])
+    return "\n".join(out)
+
+
+def _v1_answer(ev: dict, where: Where, p: str) -> str:
+    """The tool message of an SDK observation, error or rejection (their ``to_llm_message``)."""
+    kind = ev["kind"]
+    if kind == "AgentErrorEvent":
+        return where.get(ev, "error", str, prefix=p)
+    if kind == "UserRejectObservation":
+        return f"Action rejected: {where.get(ev, 'rejection_reason', str, prefix=p)}"
+    obs = where.get(ev, "observation", dict, prefix=p)
+    text = _texts(obs.get("content"), where, f"{p}observation.content")
+    if isinstance(obs.get("metadata"), dict):          # a terminal's output
+        text = command_text(text, obs["metadata"])
+    parts = ([_ERROR_HEADER] if obs.get("is_error") else []) + [text]
+    extended = _texts(ev.get("extended_content"), where, f"{p}extended_content")
+    return "\n".join(parts + ([extended] if extended else []))
+
+
+def v1_messages(events: list[tuple[str, dict]], where: Where) -> tuple[list[dict], int]:
+    """The chat messages of an OpenHands SDK (V1) event list, as ``LLMConvertibleEvent.events_to_messages``
+    builds them, and how many events were not rendered."""
+    msgs: list[dict] = []
+    by_reply: dict[str, tuple[dict, list[str]]] = {}
+    by_call: dict[str, dict] = {}
+    skipped = 0
+    for name, ev in events:
+        p = f"{name}."
+        kind = where.get(ev, "kind", str, prefix=p)
+        if kind == "SystemPromptEvent":
+            sp = where.get(ev, "system_prompt", dict, prefix=p)
+            text = "\n".join(x for x in (_texts([sp], where, f"{p}system_prompt"),
+                                         _texts([ev["dynamic_context"]] if ev.get("dynamic_context") else [],
+                                                where, f"{p}dynamic_context")) if x)
+            msgs.append({"role": "system", "content": text})
+        elif kind == "MessageEvent":
+            lm = where.get(ev, "llm_message", dict, prefix=p)
+            text = "\n".join(x for x in (_texts(lm.get("content"), where, f"{p}llm_message.content"),
+                                         _texts(ev.get("extended_content"), where, f"{p}extended_content")) if x)
+            m = {"role": "assistant" if ev.get("source") == "agent" else "user", "content": text}
+            if isinstance(lm.get("reasoning_content"), str):
+                m["reasoning_content"] = lm["reasoning_content"]
+            msgs.append(m)
+        elif kind == "ActionEvent":
+            tc = where.get(ev, "tool_call", dict, prefix=p)
+            call = {"id": where.get(tc, "id", str, prefix=f"{p}tool_call."), "type": "function",
+                    "function": {"name": where.get(tc, "name", str, prefix=f"{p}tool_call."),
+                                 "arguments": where.get(tc, "arguments", (str, dict), prefix=f"{p}tool_call.")}}
+            rid = ev.get("llm_response_id") if isinstance(ev.get("llm_response_id"), str) else name
+            if rid not in by_reply:
+                am = {"role": "assistant", "content": _texts(ev.get("thought"), where, f"{p}thought"), "tool_calls": []}
+                if isinstance(ev.get("reasoning_content"), str):
+                    am["reasoning_content"] = ev["reasoning_content"]
+                by_reply[rid] = (am, [])
+                msgs.append(am)
+            am, ids = by_reply[rid]
+            am["tool_calls"].append(call)
+            ids.append(call["id"])
+        elif kind in _V1_ANSWERS:
+            cid = where.get(ev, "tool_call_id", str, prefix=p)
+            tm = {"role": "tool", "content": _v1_answer(ev, where, p), "tool_call_id": cid}
+            if isinstance(ev.get("tool_name"), str):
+                tm["name"] = ev["tool_name"]
+            by_call[cid] = tm
+        else:   # state updates, condensations, pauses, hook and log events
+            skipped += 1
+    return _answered(msgs, list(by_reply.values()), by_call), skipped + len(by_call)
+
+
+def _v0_messages(events: list[tuple[str, dict]], where: Where) -> tuple[list[dict], list[dict], int, int]:
+    """(context, messages, events before the first reply not rendered, events after it not rendered) of
+    a history of OpenHands V0 events."""
     g = where.get
-    instance_id = g(record, "instance_id", str)
-    events = events_of(g(record, "history", list), where)
-    instance = g(record, "instance", dict, optional=True, default={})
-    test_result = g(record, "test_result", dict)
     context: list[dict[str, Any]] = []
     start = before = 0    # the first event of a step; events before it that are not rendered
     for n, (name, ev) in enumerate(events):   # the system prompt and the task, up to the first agent reply
@@ -206,12 +307,28 @@ def parse(record: dict, where: Where, *, run: str) -> Trajectory:
         else:
             before += 1
         start = n + 1
+    msgs, not_rendered = messages_of(events[start:], where)
+    return context, msgs, before, not_rendered
+
+
+def parse(record: dict, where: Where, *, run: str) -> Trajectory:
+    g = where.get
+    instance_id = g(record, "instance_id", str)
+    events = events_of(g(record, "history", list), where)
+    instance = g(record, "instance", dict, optional=True, default={})
+    test_result = g(record, "test_result", dict)
+    if any("kind" in ev for _, ev in events):   # the OpenHands SDK (V1) writes typed events
+        msgs, not_rendered = v1_messages(events, where)
+        first_ai = next((k for k, m in enumerate(msgs) if m["role"] == "assistant"), len(msgs))
+        context, msgs = msgs[:first_ai], msgs[first_ai:]
+        before = 0
+    else:
+        context, msgs, before, not_rendered = _v0_messages(events, where)
     instruction = g(record, "instruction", str, optional=True)
     if not any(c["role"] == "user" for c in context):
         if instruction is None:
             raise where.error("instruction", "is missing and the history has no user message (no task prompt)")
         context.append({"role": "user", "content": instruction})
-    msgs, not_rendered = messages_of(events[start:], where)
     if not any(m["role"] == "assistant" for m in msgs):
         raise where.error("history", "has no agent action (nothing to import)")
     base = _chat_parse({}, context + msgs, where, mini=False, instance_id=instance_id, run=run)
@@ -222,8 +339,11 @@ def parse(record: dict, where: Where, *, run: str) -> Trajectory:
         for key in ("agent_class", "git_commit", "max_iterations", "dataset"):
             if key in md:
                 meta[key] = md[key]
-        if isinstance(md.get("llm_config"), dict) and "model" in md["llm_config"]:
-            meta["model"] = md["llm_config"]["model"]
+        for key in ("llm_config", "llm"):     # V0, V1
+            if isinstance(md.get(key), dict) and "model" in md[key]:
+                meta["model"] = md[key]["model"]
+    if isinstance(record.get("attempt"), int):
+        meta["attempt"] = record["attempt"]
     if record.get("error"):
         meta["error"] = record["error"]
     patch = g(test_result, "git_patch", str, prefix="test_result.", optional=True, default="")
