@@ -1,7 +1,7 @@
 """Today's agent logs: OpenHands' SWE-bench ``output.jsonl`` (V0 events, the 2024 pairs, the V1 SDK's
 typed events),
-SWE-agent 1.x ``.traj`` (function calling and fenced commands), mini-swe-agent 2.x (tool calls and
-text), each from a hand-written fixture, into the right channels, ids and patch; labels from the
+SWE-agent 1.x ``.traj`` (function calling and fenced commands), mini-swe-agent 2.x (tool calls,
+Responses API items and text), each from a hand-written fixture, into the right channels, ids and patch; labels from the
 SWE-bench harness's run report and per-instance ``report.json`` joined to them; auto-detection by
 ``latentsift import`` and one line for a file of no known format."""
 from __future__ import annotations
@@ -158,6 +158,18 @@ def test_minisweagent2_tool_calls_drop_the_exit_message():
     assert s2.obs == "" and all(m["role"] != "exit" for s in t.steps for m in s.layout)
 
 
+def test_minisweagent2_responses_api_items():
+    """A Responses API model (litellm_response): whole replies and function_call_output items."""
+    (t,) = import_paths([FIX / "mini2" / "gpt-5-mini_responses"]).trajectories
+    s0, s1 = t.steps
+    assert s0.cot == "The validators live in django/contrib/auth/validators.py."      # the reasoning summary
+    assert s0.layout[0]["parts"][0] == ["markup", "<think>\n"]
+    assert json.loads(s0.fn) == {"name": "bash", "arguments": {"command": "grep -n regex django/contrib/auth/validators.py"}}
+    assert [m["role"] for m in s0.layout] == ["assistant", "tool", "user"] and s0.layout[1]["tool_call_id"] == "call_1"
+    assert s0.obs.endswith("Every response MUST include at least one tool call.")
+    assert s1.cot == "Submitting." and s1.obs == "" and t.n_steps == 2
+
+
 def test_minisweagent2_text_based():
     (t,) = import_paths([MINI_TX]).trajectories
     s0, s1 = t.steps
@@ -215,9 +227,9 @@ def tokenizer():
 
 
 def test_every_new_fixture_renders_with_its_channels(tokenizer):
-    trajs = import_paths([OH_RUN, FIX / "openhands_2024", FIX / "openhands_v1", FIX / "sweagent1", MINI_TC,
-                          MINI_TX]).trajectories
-    assert len(trajs) == 9
+    trajs = import_paths([OH_RUN, FIX / "openhands_2024", FIX / "openhands_v1", FIX / "sweagent1",
+                          FIX / "mini2"]).trajectories
+    assert len(trajs) == 10
     for t in trajs:
         R = render(t, tokenizer)
         assert R.n_steps == t.n_steps

@@ -14,7 +14,8 @@ Shapes read (one trajectory per JSON file, or one per JSONL line):
   ``messages`` list; an assistant action is the single fenced ``bash`` (v1) or
   ``mswea_bash_command`` (v2 text-based) block; zero or several blocks are a format error and no call.
   mini-swe-agent 2.x's default (``LitellmModel``) calls a ``bash`` tool instead (``tool_calls``,
-  ``tool`` replies) and ends with a ``role: "exit"`` message, which is dropped (never sent).
+  ``tool`` replies) and ends with a ``role: "exit"`` message, which is dropped (never sent); with a
+  Responses API model its items are read as these messages first (``_responses``).
 
 Each assistant message opens a step: ``cot`` = its text outside the call (``reasoning_content``
 first, wrapped as ``<think>\\n...\\n</think>\\n\\n`` with the tags as markup), ``fn`` = the call
@@ -32,6 +33,7 @@ from .._core import words
 from .trajectory import Step, Trajectory
 from ._common import Where, repo_from_instance
 from ._registry import register_importer
+from ._responses import is_responses, responses_to_chat
 from ._sources import Source, names_of
 
 MINI_FENCE = re.compile(r"```(?:bash|mswea_bash_command)\s*\n(.*?)\n```", re.DOTALL)
@@ -49,6 +51,8 @@ def messages_of(record: Any) -> list | None:
         return record
     if isinstance(record, dict) and isinstance(record.get("messages"), list):
         msgs = list(record["messages"])
+        if is_responses(msgs):    # mini-swe-agent 2.x with a Responses API model
+            msgs = responses_to_chat(msgs)
         resp = record.get("response")
         if isinstance(resp, dict) and isinstance(resp.get("choices"), list) and resp["choices"]:
             msg = resp["choices"][0].get("message") if isinstance(resp["choices"][0], dict) else None
