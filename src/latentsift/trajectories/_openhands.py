@@ -125,7 +125,7 @@ def messages_of(events: list[tuple[str, dict]], where: Where) -> tuple[list[dict
     """The chat messages the events become after the context, and how many events were not rendered."""
     msgs: list[dict] = []
     by_call: dict[str, dict] = {}      # tool_call_id -> tool message
-    by_cause: dict[int, dict] = {}     # action id -> tool message (non-function-calling actions)
+    by_cause: dict[int, dict] = {}     # action id -> its assistant message (non-function-calling actions)
     pending: list[tuple[dict, list[str]]] = []   # assistant message, its call ids in order
     seen_replies: set[str] = set()
     skipped = 0
