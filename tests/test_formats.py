@@ -7,7 +7,6 @@ SWE-bench harness's run report and per-instance ``report.json`` joined to them; 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -216,17 +215,10 @@ def test_harness_entries_without_a_verdict_stay_unknown(tmp_path):
     assert summary["error_ids"] == ["astropy__astropy-12907"] and summary["empty_patch_ids"] == ["sympy__sympy-20590"]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
-
-    from latentsift.states.model import default_model_path
-    p = default_model_path()
-    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True)
-
-
-def test_every_new_fixture_renders_with_its_channels(tokenizer):
+def test_every_new_fixture_renders_with_its_channels(policy):
+    """Each imported step renders under the packaged policy's chat template (the session's model,
+    loaded once for the suite), with tokens in exactly the channels that have text."""
+    tokenizer = policy.tokenizer
     trajs = import_paths([OH_RUN, FIX / "openhands_2024", FIX / "openhands_v1", FIX / "sweagent1",
                           FIX / "mini2"]).trajectories
     assert len(trajs) == 10
