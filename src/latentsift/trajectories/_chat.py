@@ -79,13 +79,19 @@ def _content(m: dict, where: Where, p: str) -> str:
     if isinstance(c, str):
         return c
     if isinstance(c, list):
-        out = []
-        for k, part in enumerate(c):
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise where.error(f"{p}content[{k}]", "only text content parts can be imported")
-            out.append(part["text"])
-        return "".join(out)
+        return join_text_parts(c, where, f"{p}content")
     raise where.error(f"{p}content", f"must be a string, null or a list of text parts, got {type(c).__name__}")
+
+
+def join_text_parts(parts: list, where: Where, field: str, sep: str = "") -> str:
+    """The texts of ``[{"type": "text", "text": ...}, ...]`` joined by ``sep``; any other part is an
+    error naming ``field[k]``."""
+    out = []
+    for k, part in enumerate(parts):
+        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            raise where.error(f"{field}[{k}]", "only text content parts can be imported")
+        out.append(part["text"])
+    return sep.join(out)
 
 
 def _call_json(call: Any, where: Where, p: str) -> str:

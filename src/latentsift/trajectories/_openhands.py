@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import Any
 
 from .trajectory import Trajectory
-from ._chat import OPENHANDS, _reward, parse as _chat_parse
+from ._chat import OPENHANDS, _reward, join_text_parts, parse as _chat_parse
 from ._common import Where, repo_from_instance
 from ._registry import register_importer
 from ._sources import Source
@@ -213,13 +213,8 @@ def _texts(parts: Any, where: Where, p: str) -> str:
     if parts is None:
         return ""
     if not isinstance(parts, list):
-        raise where.error(p.rstrip("."), "must be a list of content parts")
-    out = []
-    for k, part in enumerate(parts):
-        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-            raise where.error(f"{p}[{k}]", "only text content parts can be imported")
-        out.append(part["text"])
-    return "\n".join(out)
+        raise where.error(p, "must be a list of content parts")
+    return join_text_parts(parts, where, p, "\n")
 
 
 def _v1_answer(ev: dict, where: Where, p: str) -> str:
