@@ -234,10 +234,10 @@ def _decided(summary_auc: dict, calls: dict | None = None, winner: str | None = 
         return d | {"outcome": interval_outcome(d)}
     scores = {n: {"auc": {"auc": a}, "post_hoc": n.startswith("stack"), "vs": {r: vs(*iv) for r, iv in v.items()}}
               for n, (a, v) in summary_auc.items()}
+    refs = [r for r in ("shortest_chars", "stack:length", "random") if r not in (missing or {})]
     data = {"settings": {"names": {"shortest_chars": "shortest-in-characters", "latentsift": "LatentSift (paper)"}},
             "decision": {"winner": winner, "auc": {"scores": scores, "missing_references": missing or {},
-                                                   "references": [r for r in ("shortest_chars", "stack:length", "random")
-                                                                  if r not in (missing or {})]}}}
+                                                   "references": refs}}}
     if calls:
         data["operating_points"] = {"reference": "shortest_chars", "filters": {f: {"targets": {
             r: {"difference_vs_reference": {"verifier_calls_adjusted": {"mean": m, "lo": lo, "hi": hi},
@@ -251,7 +251,8 @@ def test_the_opening_sentence_says_whether_states_beat_length_and_what_they_save
     length rules, do not, or undetermined; then the calls saved at each stated target recall."""
     from latentsift.report.decision_report import headline
 
-    beat = _decided({"latentsift": (0.70, {"shortest_chars": (-0.01, 0.1), "stack:length": (0.0, 0.1), "random": (0.1, 0.3)}),
+    beat = _decided({"latentsift": (0.70, {"shortest_chars": (-0.01, 0.1), "stack:length": (0.0, 0.1),
+                                           "random": (0.1, 0.3)}),
                      "stack:states+length": (0.78, {"shortest_chars": (0.02, 0.13), "stack:length": (0.004, 0.11),
                                                     "random": (0.2, 0.4)})},
                     calls={"stack:states+length": {"0.9": (-0.37, -0.55, -0.18), "0.95": (0.13, -0.04, 0.32)}},

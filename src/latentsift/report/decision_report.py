@@ -38,7 +38,10 @@ def _auc(a: Mapping | None) -> str:
 
 def _best(auc: Mapping, names: list[str]) -> str:
     """The highest-AUC score among ``names`` (a score without an AUC counts as lowest)."""
-    return max(names, key=lambda n: -1.0 if auc["scores"][n]["auc"]["auc"] is None else auc["scores"][n]["auc"]["auc"])
+    def value(n):
+        a = auc["scores"][n]["auc"]["auc"]
+        return -1.0 if a is None else a
+    return max(names, key=value)
 
 
 def _and(items: list[str]) -> str:
@@ -66,7 +69,8 @@ def _ranking_clause(data: Mapping) -> tuple[str, str | None]:
         f = data["decision"].get("winner") if data["decision"].get("winner") in above else _best(auc, above)
         post = " (chosen after the folds were seen)" if scores[f]["post_hoc"] else ""
         return (f"Here a state score beats the length rules: {filter_name(data, f)}{post} ranks a pool's resolved "
-                f"candidates above its unresolved ones better than {ref_words}, every paired 95% interval above 0"), f
+                f"candidates above its unresolved ones better than {ref_words}, every paired 95% interval "
+                "above 0"), f
     f = _best(auc, list(scores))
     if all("lower" in outcomes(n) for n in scores):
         return (f"Here no state score beats the length rules: each ranks a pool's candidates below "
