@@ -267,11 +267,16 @@ def test_the_opening_sentence_says_whether_states_beat_length_and_what_they_save
 
     below = _decided({"latentsift": (0.51, {"shortest_chars": (-0.36, -0.2), "stack:length": (-0.3, 0.1),
                                             "random": (-0.04, 0.1)})},
-                     calls={"latentsift": {"0.9": (0.95, 0.78, 1.11)}})
+                     calls={"latentsift": {"0.9": (0.95, 0.78, 1.11), "0.95": (1.13, 0.97, 1.31), "0.99": (0, 0, 0)}})
     assert headline(below) == ("Here no state score beats the length rules: each ranks a pool's candidates below at "
                                "least one of shortest-in-characters and stack:length, with a paired 95% interval "
                                "below 0; at a target pool recall of 0.9 LatentSift (paper) needs 0.95 more verifier "
-                               "calls per pool than shortest-in-characters (decided).")
+                               "calls per pool than shortest-in-characters (decided), at 0.95 1.13 more (decided), at "
+                               "0.99 as many (not decided).")
+    same = _decided({"latentsift": (0.51, {"shortest_chars": (-0.36, -0.2)})},
+                    calls={"latentsift": {"0.9": (0.0, -0.1, 0.1), "0.95": (0.0, -0.1, 0.1)}})
+    assert headline(same).endswith("; at a target pool recall of 0.9 and 0.95 LatentSift (paper) needs as many "
+                                   "verifier calls per pool as shortest-in-characters (not decided).")
 
     open_ = _decided({"latentsift": (0.758, {"shortest_chars": (-0.007, 0.111), "stack:length": (-0.017, 0.085),
                                              "random": (0.2, 0.4)}),

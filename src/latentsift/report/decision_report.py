@@ -94,20 +94,24 @@ def _savings_clause(data: Mapping, f: str | None) -> str:
         return "."
     name = filter_name(data, f)
     if f in ops and op.get("reference") and f != op["reference"]:
-        ref, parts = filter_name(data, op["reference"]), []
+        ref, found = filter_name(data, op["reference"]), []
         for r, row in ops[f]["targets"].items():
             d = row.get("difference_vs_reference") or {}
             c = d.get("verifier_calls_adjusted") or d.get("verifier_calls")
             if not c or c.get("mean") is None:
                 continue
             rec = (d.get("realized_recall") or {}).get("mean")
-            same = round(c["mean"], 2) == 0
-            how = "as many" if same else f"{abs(c['mean']):.2f} {'fewer' if c['mean'] < 0 else 'more'}"
+            how = "as many" if round(c["mean"], 2) == 0 else \
+                f"{abs(c['mean']):.2f} {'fewer' if c['mean'] < 0 else 'more'}"
             low = " at a lower realized recall" if c["mean"] < 0 and rec is not None and rec < 0 else ""
             decided = "decided" if c["hi"] < 0 or c["lo"] > 0 else "not decided"
-            parts.append(f"at a target pool recall of {r} {name} needs {how} verifier calls per pool "
-                         f"{'as' if same else 'than'} {ref}{low} ({decided})" if not parts else
-                         f"at {r} {how}{low} ({decided})")
+            if found and found[-1][1:] == (how, low, decided):
+                found[-1][0].append(r)   # targets with the same outcome are said once
+            else:
+                found.append(([r], how, low, decided))
+        parts = [f"at a target pool recall of {_and(rs)} {name} needs {how} verifier calls per pool "
+                 f"{'as' if how == 'as many' else 'than'} {ref}{low} ({decided})" if i == 0 else
+                 f"at {_and(rs)} {how}{low} ({decided})" for i, (rs, how, low, decided) in enumerate(found)]
         if parts:
             return "; " + ", ".join(parts) + "."
     tok = (data["decision"].get(f"token_savings_vs_{REFERENCE}") or {}).get(f)
