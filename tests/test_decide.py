@@ -2,7 +2,7 @@
 
 Small synthetic cases with known answers, then the tiny end-to-end run (conftest ``tiny_run``): its
 summary.json holds the new sections, the old sections are those of a run without them, and report.md
-opens with the verdict.
+opens with one plain sentence, then the verdict.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from markupsafe import escape
 
 from latentsift.cascade.cascade import CandidateRecord, PoolSpec
 from latentsift.metrics.diagnostics import within_pool_auc
@@ -18,6 +19,7 @@ from latentsift.protocol.decide import (REF_LENGTH_RULE, REF_RANDOM, auc_compari
                                         token_savings_difference, winner, within_pool_slope)
 from latentsift.protocol.single_agent import SubPoolScorer, split_pools_by_agent, sub_pool_id
 from latentsift.protocol.verdict import MAX_LINES
+from latentsift.report.decision_report import headline
 
 
 def _table(n_pools=30, k=4, seed=0):
@@ -151,10 +153,15 @@ def test_tiny_run_holds_the_decision_and_single_agent_sections(tiny_run):
 def test_tiny_report_opens_with_the_verdict(tiny_run):
     s = json.loads(tiny_run["summary"])
     assert 2 <= len(s["verdict"]) <= MAX_LINES
-    head = (tiny_run["report"] / "report.md").read_text().splitlines()[:15]
-    assert head[0] == "# LatentSift evaluation report" and head[2].startswith("**Verdict.**")
-    assert head[2:2 + len(s["verdict"])] == s["verdict"]
-    assert not any(l.startswith("Settings:") for l in head[:2 + len(s["verdict"])])
+    head = (tiny_run["report"] / "report.md").read_text().splitlines()[:17]
+    # one plain sentence first (read from the run's numbers), then the verdict's numbers
+    assert head[0] == "# LatentSift evaluation report" and head[2] == headline(s) and head[3] == ""
+    assert head[2].startswith("Here ") and "verifier calls per pool" in head[2]
+    assert head[4].startswith("**Verdict.**") and head[4:4 + len(s["verdict"])] == s["verdict"]
+    assert not any(l.startswith("Settings:") for l in head[:4 + len(s["verdict"])])
+    # the explorer's summary page opens the same way: the sentence, then the verdict
+    page = (tiny_run["report"] / "index.html").read_text()
+    assert 0 < page.index(f'<p id="headline" class="headline">{escape(headline(s))}</p>') < page.index('id="verdict"')
     text = (tiny_run["report"] / "report.md").read_text()
     assert "## The comparisons that decide" in text and "## Single-agent pools" in text
 

@@ -16,6 +16,7 @@ import pytest
 from markupsafe import escape
 
 from latentsift._core.validation import LatentSiftError
+from latentsift.report.decision_report import headline
 from latentsift.report.explore import Limits, cut, write_run_site, write_site
 from latentsift.trajectories.trajectory import load_jsonl
 
@@ -73,8 +74,13 @@ def test_site_of_the_tiny_run_in_chromium(browser, tiny_run, tmp_path):  # brows
     assert page.locator("h2", has_text="Oracle retention after Stage 1").count() == 1
     for cid in ("chart-best", "chart-retention", "chart-diff"):
         assert page.evaluate(f"Chart.getChart('{cid}') !== undefined"), cid
-    # the page opens with report.md's verdict (summary.json 'verdict'), before any table or figure
-    verdict = json.loads((report / "summary.json").read_text())["verdict"]
+    # the page opens as report.md does: its plain sentence, then the verdict (summary.json 'verdict'), before any
+    # table or figure
+    summary = json.loads((report / "summary.json").read_text())
+    assert " ".join(page.locator("#headline").inner_text().split()) == headline(summary)
+    assert page.evaluate("document.querySelector('#headline').compareDocumentPosition("
+                         "document.querySelector('#verdict')) & Node.DOCUMENT_POSITION_FOLLOWING")
+    verdict = summary["verdict"]
     shown = page.locator("#verdict li").all_inner_texts()
     assert [" ".join(x.split()) for x in shown] == [" ".join(v[2:].split()) for v in verdict[1:]]
     assert page.evaluate("document.querySelector('#verdict').compareDocumentPosition("

@@ -222,3 +222,72 @@ def test_a_registered_filter_is_drawn_in_the_colour_it_was_registered_with():
     finally:
         unregister_filter("test-coloured")
         unregister_filter("test-plain")
+
+
+def _decided(summary_auc: dict, calls: dict | None = None, winner: str | None = None, missing=None) -> dict:
+    """A summary holding only what the opening sentence reads: ``summary_auc`` maps each state score to
+    (AUC, {reference: (lo, hi)}); ``calls`` maps a filter to {target: (mean, lo, hi)} against shortest-in-characters."""
+    from latentsift.metrics.diagnostics import interval_outcome
+
+    def vs(lo, hi):
+        d = {"estimate": (lo + hi) / 2, "lo": lo, "hi": hi}
+        return d | {"outcome": interval_outcome(d)}
+    scores = {n: {"auc": {"auc": a}, "post_hoc": n.startswith("stack"), "vs": {r: vs(*iv) for r, iv in v.items()}}
+              for n, (a, v) in summary_auc.items()}
+    refs = [r for r in ("shortest_chars", "stack:length", "random") if r not in (missing or {})]
+    data = {"settings": {"names": {"shortest_chars": "shortest-in-characters", "latentsift": "LatentSift (paper)"}},
+            "decision": {"winner": winner, "auc": {"scores": scores, "missing_references": missing or {},
+                                                   "references": refs}}}
+    if calls:
+        data["operating_points"] = {"reference": "shortest_chars", "filters": {f: {"targets": {
+            r: {"difference_vs_reference": {"verifier_calls_adjusted": {"mean": m, "lo": lo, "hi": hi},
+                                            "realized_recall": {"mean": 0.0}}} for r, (m, lo, hi) in t.items()}}
+            for f, t in calls.items()}}
+    return data
+
+
+def test_the_opening_sentence_says_whether_states_beat_length_and_what_they_save():
+    """report.md and the explorer open with one sentence read from the run's own numbers: states beat the
+    length rules, do not, or undetermined; then the calls saved at each stated target recall."""
+    from latentsift.report.decision_report import headline
+
+    beat = _decided({"latentsift": (0.70, {"shortest_chars": (-0.01, 0.1), "stack:length": (0.0, 0.1),
+                                           "random": (0.1, 0.3)}),
+                     "stack:states+length": (0.78, {"shortest_chars": (0.02, 0.13), "stack:length": (0.004, 0.11),
+                                                    "random": (0.2, 0.4)})},
+                    calls={"stack:states+length": {"0.9": (-0.37, -0.55, -0.18), "0.95": (0.13, -0.04, 0.32)}},
+                    winner="stack:states+length")
+    s = headline(beat)
+    assert s.startswith("Here a state score beats the length rules: stack:states+length (chosen after the folds "
+                        "were seen) ranks a pool's resolved candidates above its unresolved ones better than "
+                        "shortest-in-characters and stack:length")
+    assert s.endswith("; at a target pool recall of 0.9 stack:states+length needs 0.37 fewer verifier calls per pool "
+                      "than shortest-in-characters (decided), at 0.95 0.13 more (not decided).")
+    assert ". " not in s and s.endswith(".")  # one sentence
+
+    below = _decided({"latentsift": (0.51, {"shortest_chars": (-0.36, -0.2), "stack:length": (-0.3, 0.1),
+                                            "random": (-0.04, 0.1)})},
+                     calls={"latentsift": {"0.9": (0.95, 0.78, 1.11), "0.95": (1.13, 0.97, 1.31), "0.99": (0, 0, 0)}})
+    assert headline(below) == ("Here no state score beats the length rules: each ranks a pool's candidates below at "
+                               "least one of shortest-in-characters and stack:length, with a paired 95% interval "
+                               "below 0; at a target pool recall of 0.9 LatentSift (paper) needs 0.95 more verifier "
+                               "calls per pool than shortest-in-characters (decided), at 0.95 1.13 more (decided), at "
+                               "0.99 as many (not decided).")
+    same = _decided({"latentsift": (0.51, {"shortest_chars": (-0.36, -0.2)})},
+                    calls={"latentsift": {"0.9": (0.0, -0.1, 0.1), "0.95": (0.0, -0.1, 0.1)}})
+    assert headline(same).endswith("; at a target pool recall of 0.9 and 0.95 LatentSift (paper) needs as many "
+                                   "verifier calls per pool as shortest-in-characters (not decided).")
+
+    open_ = _decided({"latentsift": (0.758, {"shortest_chars": (-0.007, 0.111), "stack:length": (-0.017, 0.085),
+                                             "random": (0.2, 0.4)}),
+                      "probe": (0.747, {"shortest_chars": (-0.027, 0.108), "stack:length": (-0.04, 0.07),
+                                        "random": (0.2, 0.4)})})
+    assert headline(open_) == ("Here no state score is shown to beat the length rules: the best, LatentSift (paper) "
+                               "(AUC 0.758), is undetermined against them (its paired 95% interval against "
+                               "stack:length is [-0.017, +0.085]); no target recall was set, so no saving at a "
+                               "stated recall was measured.")
+    # a length reference that could not be fitted: a score above the others is not said to beat length
+    gone = _decided({"latentsift": (0.8, {"shortest_chars": (0.02, 0.1), "random": (0.2, 0.4)})},
+                    missing={"stack:length": "fold 0: one class"})
+    assert "is undetermined against them (the missing stack:length could not be compared)" in headline(gone)
+    assert headline({"settings": {}}) is None  # a summary without the comparisons that decide: no sentence

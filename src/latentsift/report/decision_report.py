@@ -1,7 +1,9 @@
-"""report.md's verdict and its sections on the comparisons that decide and the single-agent pools.
+"""report.md's opening sentence, its verdict and its sections on the comparisons that decide and the
+single-agent pools.
 
-Pure: summary.json in, markdown lines out (``report.render_markdown`` places them). The numbers
-come from summary.json's ``verdict``, ``decision`` and ``single_agent`` (``protocol.decide``,
+Pure: summary.json in, markdown lines out (``report.render_markdown`` places them; the explorer's
+summary page opens with the same sentence). The numbers come from summary.json's ``verdict``,
+``decision``, ``operating_points`` and ``single_agent`` (``protocol.decide``, ``protocol.operating``,
 ``protocol.single_agent``, ``protocol.verdict``).
 """
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Mapping
 
 from .figures import filter_name
 from ..sift.keep import PAPER_KEEP
-from ..sift.rules import REFERENCE
+from ..sift.rules import PAPER, RANDOM, REFERENCE
 
 
 def _f(x, digits: int = 3, sign: bool = False) -> str:
@@ -32,6 +34,107 @@ def _auc(a: Mapping | None) -> str:
         return "n/a"
     ci = a.get("ci") or [None, None]
     return f"{a['auc']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci[0] is not None else "")
+
+
+def _best(auc: Mapping, names: list[str]) -> str:
+    """The highest-AUC score among ``names`` (a score without an AUC counts as lowest)."""
+    def value(n):
+        a = auc["scores"][n]["auc"]["auc"]
+        return -1.0 if a is None else a
+    return max(names, key=value)
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _ranking_clause(data: Mapping) -> tuple[str, str | None]:
+    """(the clause on whether a state score beats the length rules, the score the savings clause is about).
+
+    A state score beats the length rules when its paired 95% interval of within-pool AUC lies above 0
+    against every length reference (every reference but random); no state score does when each lies
+    below 0 against at least one of them; otherwise, or with a length reference missing, undetermined."""
+    auc = data["decision"]["auc"]
+    scores = auc["scores"]
+    refs = [r for r in auc["references"] if r != RANDOM]
+    ref_words = _and([filter_name(data, r) for r in refs])
+    missing = [r for r in (auc.get("missing_references") or {}) if r != RANDOM]
+    if not scores:
+        return "Here no state score was evaluated against the length rules", None
+
+    def outcomes(n):
+        return [(scores[n]["vs"].get(r) or {}).get("outcome") for r in refs]
+    above = [n for n in scores if not missing and all(o == "higher" for o in outcomes(n))]
+    if above:
+        f = data["decision"].get("winner") if data["decision"].get("winner") in above else _best(auc, above)
+        post = " (chosen after the folds were seen)" if scores[f]["post_hoc"] else ""
+        return (f"Here a state score beats the length rules: {filter_name(data, f)}{post} ranks a pool's resolved "
+                f"candidates above its unresolved ones better than {ref_words}, every paired 95% interval "
+                "above 0"), f
+    f = _best(auc, list(scores))
+    if all("lower" in outcomes(n) for n in scores):
+        return (f"Here no state score beats the length rules: each ranks a pool's candidates below "
+                f"{'at least one of ' if len(refs) > 1 else ''}{ref_words}, with a paired 95% interval below 0"), f
+    weak = min(((r, scores[f]["vs"][r]) for r in refs if (scores[f]["vs"].get(r) or {}).get("lo") is not None),
+               key=lambda rv: rv[1]["lo"], default=None)
+    why = (f"the missing {_and([filter_name(data, r) for r in missing])} could not be compared" if missing else
+           f"its paired 95% interval against {filter_name(data, weak[0])} is "
+           f"[{weak[1]['lo']:+.3f}, {weak[1]['hi']:+.3f}]" if weak else "no interval was available")
+    return (f"Here no state score is shown to beat the length rules: the best, {filter_name(data, f)} "
+            f"(AUC {_f(scores[f]['auc']['auc'])}), is undetermined against them ({why})"), f
+
+
+def _savings_clause(data: Mapping, f: str | None) -> str:
+    """What score ``f`` (else the paper's method) saves against the reference rule at each stated target recall
+    (verifier calls per pool, decided at the family's Bonferroni level), or in verifier tokens without one."""
+    op = data.get("operating_points") or {}
+    ops = op.get("filters") or {}
+    f = f if f in ops or not ops else PAPER if PAPER in ops else f
+    if f is None:
+        return "."
+    name = filter_name(data, f)
+    if f in ops and op.get("reference") and f != op["reference"]:
+        ref, found = filter_name(data, op["reference"]), []
+        for r, row in ops[f]["targets"].items():
+            d = row.get("difference_vs_reference") or {}
+            c = d.get("verifier_calls_adjusted") or d.get("verifier_calls")
+            if not c or c.get("mean") is None:
+                continue
+            rec = (d.get("realized_recall") or {}).get("mean")
+            how = "as many" if round(c["mean"], 2) == 0 else \
+                f"{abs(c['mean']):.2f} {'fewer' if c['mean'] < 0 else 'more'}"
+            low = " at a lower realized recall" if c["mean"] < 0 and rec is not None and rec < 0 else ""
+            decided = "decided" if c["hi"] < 0 or c["lo"] > 0 else "not decided"
+            if found and found[-1][1:] == (how, low, decided):
+                found[-1][0].append(r)   # targets with the same outcome are said once
+            else:
+                found.append(([r], how, low, decided))
+        parts = [f"at a target pool recall of {_and(rs)} {name} needs {how} verifier calls per pool "
+                 f"{'as' if how == 'as many' else 'than'} {ref}{low} ({decided})" if i == 0 else
+                 f"at {_and(rs)} {how}{low} ({decided})" for i, (rs, how, low, decided) in enumerate(found)]
+        if parts:
+            return "; " + ", ".join(parts) + "."
+    tok = (data["decision"].get(f"token_savings_vs_{REFERENCE}") or {}).get(f)
+    if tok:
+        k = max(tok, key=int)
+        d = tok[k]
+        if d.get("estimate") is not None:
+            x = 100 * d["estimate"]
+            how = "as many" if round(x, 1) == 0 else f"{abs(x):.1f} points {'more' if x > 0 else 'fewer'}"
+            decided = "decided" if d.get("outcome") in ("higher", "lower") else "not decided"
+            return (f"; no target recall was set, and at K = {k} {name} saves {how} of the verifier's tokens "
+                    f"{'as' if how == 'as many' else 'than'} {filter_name(data, REFERENCE)} ({decided}).")
+    return "; no target recall was set, so no saving at a stated recall was measured."
+
+
+def headline(data: Mapping) -> str | None:
+    """One plain sentence that opens report.md and the explorer's summary page: does a state score beat the
+    length rules on these pools, and what does it save at the stated target recall. Read from summary.json's
+    ``decision`` and ``operating_points``; None for a summary without the comparisons that decide."""
+    if not data.get("decision"):
+        return None
+    clause, f = _ranking_clause(data)
+    return clause + _savings_clause(data, f)
 
 
 def verdict_markdown(data: Mapping) -> list[str]:

@@ -4,7 +4,8 @@
 
 - ``summary.json``: the summary (every number the report prints is read from it);
 - ``ledger.jsonl``: per (instance, K, filter) means over draws, when the summary carries them;
-- ``report.md``: the verdict of a protocol run (at most 12 lines, ``decision_report``), the run's
+- ``report.md``: one plain sentence (does a state score beat the length rules here, what it saves at
+  the stated recall: ``decision_report.headline``), the verdict of a protocol run (at most 12 lines), the run's
   settings (a name | value table; the folds in a folded section), the paper's tables (main result,
   Best@K by K, oracle retention, token ledger and savings, ablations), diagnostics, and the
   sections of a protocol run (selection, agent transfer, shift guard, the comparisons that decide,
@@ -23,7 +24,7 @@ from typing import Any
 from .._core.io import atomic_write_text
 from ..metrics.evaluate import RANDOM_PICK
 from ._format import _ci_pct, _ks, _ktok, _name, _pct, _table
-from .decision_report import decision_markdown, verdict_markdown
+from .decision_report import decision_markdown, headline, verdict_markdown
 from .figures import write_figures
 from .premise_report import premise_markdown
 from .sections import (_agent_transfer_markdown, _operating_markdown, _pruning_markdown, _run_markdown,
@@ -66,7 +67,9 @@ def render_markdown(data: dict, figures: list[str] | None = None) -> str:
     """The report text; every number comes from ``data`` (summary.json). The cascade's own tables
     come first (``_settings_markdown`` .. ``_diagnostics_markdown``), the protocol's sections after."""
     lines = ["# LatentSift evaluation report", ""]
-    lines += verdict_markdown(data)  # at most 12 lines: the verdict first, the run's settings below
+    first = headline(data)  # one plain sentence: do state scores beat length here, what they save at the target
+    lines += [first, ""] if first else []
+    lines += verdict_markdown(data)  # at most 12 lines: the numbers of that sentence, the run's settings below
     lines += premise_markdown(data)  # the premise test, when the run asked for it (crossval premise=True)
     lines += _settings_markdown(data)
     lines += _best_markdown(data)

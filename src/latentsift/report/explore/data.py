@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from ...metrics.evaluate import RANDOM_PICK
 from ..colors import filter_colors
+from ..decision_report import headline
 from ...trajectories.trajectory import Trajectory
 
 RETAINED_FORMAT = "latentsift-retained"
@@ -158,11 +159,13 @@ def summary_charts(summary: Mapping[str, Any]) -> dict:
 
 
 def summary_verdict(summary: Mapping[str, Any]) -> dict | None:
-    """summary.json's verdict (the lines report.md opens with) as {"head": first line, "items": the bullets}."""
+    """What report.md opens with: its plain sentence (``headline``) and summary.json's verdict, as
+    {"sentence": the sentence or None, "head": the verdict's first line, "items": its bullets}."""
     lines = list(summary.get("verdict") or [])
     if not lines:
         return None
-    return {"head": lines[0].replace("**", ""), "items": [l[2:] if l.startswith("- ") else l for l in lines[1:]]}
+    return {"sentence": headline(summary), "head": lines[0].replace("**", ""),
+            "items": [l[2:] if l.startswith("- ") else l for l in lines[1:]]}
 
 
 def summary_tables(summary: Mapping[str, Any]) -> list[dict]:
