@@ -227,8 +227,9 @@ class _SpanSums:
         if self.src is None:
             return
         flat = hidden.reshape(-1, hidden.shape[-1])
+        src = self.src if flat.device == self.src.device else self.src.to(flat.device)  # a layer of a split model
         # sum_p h_l[p] over the span's tokens (numerator of the span mean)
-        add_span_sums(self.sums[i], 0, self.tgt, flat.index_select(0, self.src).float(), self.plan)
+        add_span_sums(self.sums[i], 0, self.tgt, flat.index_select(0, src).float().to(self.device), self.plan)
 
     def means(self, n_spans: int) -> np.ndarray:
         """(n_spans, L, d_model) float32: u[j][l] = sums / counts (the span mean)."""
