@@ -2,8 +2,10 @@
 
 A doc marks such a block with the line ``<!-- doc-test: runs -->`` right above its ```` ```python ````
 fence (README.md and docs/*.md). Each marked block runs as written, on its own (a fresh namespace), in an
-empty temporary working folder, in this process (so the packaged model loads once). Unmarked blocks are
-API sketches with placeholders; ``tests/test_docs.py`` still checks their imports.
+empty temporary working folder that stands where the checkout does (``../shared`` is the shared data
+beside the checkout, so a block may read it as a user in the project root would; what it writes stays in
+the temporary folder), in this process (so the packaged model loads once). Unmarked blocks are API
+sketches with placeholders; ``tests/test_docs.py`` still checks their imports.
 """
 from __future__ import annotations
 
@@ -41,5 +43,9 @@ def test_the_marker_is_only_used_above_python_blocks():
 @pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("doc,line,code", BLOCKS, ids=[f"{d}:{n}" for d, n, _ in BLOCKS])
 def test_each_marked_block_runs(doc, line, code, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+    shared = ROOT.parent / "shared"
+    if shared.is_dir():
+        (tmp_path / "shared").symlink_to(shared, target_is_directory=True)
+    (tmp_path / "checkout").mkdir()
+    monkeypatch.chdir(tmp_path / "checkout")
     exec(compile(code, f"{doc}:{line}", "exec"), {"__name__": f"doc_block_{line}"})   # raises if it does not run

@@ -371,11 +371,6 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     key = (str(p.resolve()), dtype, dev) + ((repr(device_map), repr(max_memory)) if device_map is not None else ())
     if cache and key in _CACHE:
         return _CACHE[key]
-    if device_map is not None and p.is_file() and disk_cache and converted_cache_root() is not None:
-        # the map is applied to the converted copy: a plain load writes it once (its weights, loaded whole,
-        # are the ones the map places); a load from the GGUF file itself cannot be saved once split
-        if not ((_converted_dir(_sha_file(p), dtype) or Path()) / CONVERTED_MARKER).is_file():
-            load_policy(p, dtype=dtype, device="cpu", cache=False)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     hf_logging.set_verbosity_error()
     kwargs: dict[str, Any] = {"local_files_only": True}
@@ -390,6 +385,10 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
         src = str(p)
         weights_sha = _sha_dir_weights(p)
     converted = _converted_dir(weights_sha, dtype) if disk_cache and p.is_file() else None
+    if device_map is not None and converted is not None and not (converted / CONVERTED_MARKER).is_file():
+        # the map is applied to the converted copy, which a plain load writes (a model loaded split from
+        # the GGUF file cannot be saved: its offloaded weights are not in memory)
+        load_policy(p, dtype=dtype, device="cpu", cache=False)
     model = tokenizer = None
     loaded_from = str(p)
     with _quiet_loading():

@@ -3,7 +3,8 @@ hidden states the policy computes while it writes them are pooled into (step, ch
 
 This is the capture path of ``latentsift rollout`` (``states.rollout``): no second forward pass over
 the finished trajectory. It generalises :class:`~latentsift.states.states.StateRecorder` (one
-sequence, transformers ``generate``) to a batch of samples with their own seeds.
+sequence, transformers ``generate``) to a batch of samples with their own seeds. :class:`BatchRecorder`
+(at the end of this module) is the capture for a batch that transformers ``generate`` itself writes.
 
 How a turn runs (:meth:`OnlineBatch.turn`):
 
@@ -32,7 +33,6 @@ thread count give the same tokens, so the same bytes.
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -43,7 +43,7 @@ from .._core.validation import LatentSiftError, check_positive_int, param_error
 from ..trajectories.trajectory import CHANNEL_ID, CHANNELS
 from .channel import Rendering
 from .extract import extract_settings
-from .states import TrajectoryStates, _SpanSums, add_span_sums, layer_hooks
+from .states import TrajectoryStates, _SpanSums, add_span_sums, layer_hooks, recording_hooks
 from .store import StateStore
 
 OWNER = "OnlineBatch"
@@ -108,6 +108,17 @@ class _Sample:
         self.n_tokens = 0                   # tokens of the final rendering
 
 
+def _span_number(keys: dict, acc: _SpanSums, row: int, step: int, channel: int) -> int:
+    """The span number of sample ``row``'s (step, channel) in ``keys``, a new one (room made in ``acc``)
+    the first time."""
+    key = (int(row), int(step), int(channel))
+    j = keys.get(key)
+    if j is None:
+        j = keys[key] = len(keys)
+        acc.reserve(len(keys))
+    return j
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if n == 0:
@@ -148,12 +159,7 @@ class OnlineBatch:
 
     # ------------------------------------------------------------------ pooling
     def _span(self, row: int, step: int, channel: int) -> int:
-        key = (row, int(step), int(channel))
-        j = self.keys.get(key)
-        if j is None:
-            j = self.keys[key] = len(self.keys)
-            self.acc.reserve(len(self.keys))
-        return j
+        return _span_number(self.keys, self.acc, row, step, channel)
 
     def _on_layer(self, i: int, hidden) -> None:
         self.acc(i, hidden)
@@ -385,9 +391,6 @@ class _Pending:
     def __init__(self):
         self.start, self.n, self.segs = 0, 0, []
 
-    def reset(self, start: int) -> None:
-        self.start, self.n, self.segs = start, 0, []
-
     def add(self, p: int, blk, col: int) -> None:
         """Position ``p`` (the next one) is column ``col`` of ``blk``."""
         if self.n == 0:
@@ -444,8 +447,8 @@ class BatchRecorder:
     What is attributed to a sample is its own tokens only: positions are counted per row from the
     attention mask (left pads have none and are skipped; the ``position_ids`` ``generate`` passes are
     checked against them); a row that stopped goes on being fed pad tokens by ``generate`` until the
-    batch ends: they are run but never labelled, and dropped when the sample's next tokens differ, or
-    when its states are read. Finished samples leave the batch between turns: pass only the samples that
+    batch ends: they are run but never labelled, dropped when the sample's next tokens differ and
+    ignored when its states are read. Finished samples leave the batch between turns: pass only the samples that
     go on to :meth:`inputs`. Tokens the model already ran at the same position (``generate`` re-prefills
     the whole conversation each turn) are checked to be the same and are not pooled twice.
 
@@ -521,7 +524,7 @@ class BatchRecorder:
             lab = s >= 0 and c >= 0
             self._step[r].append(s if lab else -1)
             self._chan[r].append(c if lab else -1)
-            self._span[r].append(self._span_no(r, s, c) if lab else -1)
+            self._span[r].append(_span_number(self._keys, self._acc, r, s, c) if lab else -1)
         self._ids[r].extend(ids)
         seen, pend = self._seen[r], self._pend[r]
         ran = seen[c0:c0 + n]
@@ -531,14 +534,6 @@ class BatchRecorder:
             pend.truncate(c0 + k)
         if k:
             self._pool_pending(r, c0, k)
-
-    def _span_no(self, r: int, step: int, channel: int) -> int:
-        key = (r, int(step), int(channel))
-        j = self._keys.get(key)
-        if j is None:
-            j = self._keys[key] = len(self._keys)
-            self._acc.reserve(len(self._keys))
-        return j
 
     def _pool_pending(self, r: int, c0: int, k: int) -> None:
         """Positions ``[c0, c0 + k)`` of sample ``r`` were run and are now labelled: pool them."""
@@ -592,18 +587,7 @@ class BatchRecorder:
 
     # -- hooks ------------------------------------------------------------------------------
     def __enter__(self) -> "BatchRecorder":
-        from contextlib import ExitStack
-
-        self._stack = ExitStack()
-        self._stack.enter_context(layer_hooks(self.policy, self._on_layer))
-        thread = threading.get_ident()
-
-        def pre_hook(module, args, kwargs):
-            if threading.get_ident() == thread:  # another thread's forwards are not these samples'
-                self._on_forward(args, kwargs)
-        pre_hook._latentsift = True
-        handle = self.policy.base.register_forward_pre_hook(pre_hook, with_kwargs=True)
-        self._stack.callback(handle.remove)
+        self._stack = recording_hooks(self.policy, self._on_layer, self._on_forward)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -633,7 +617,7 @@ class BatchRecorder:
             if got is not None and (got[real] != pos[real]).any():
                 raise LatentSiftError("BatchRecorder: the forward's position_ids are not counted per sample from "
                                       "its attention mask (left padding); let generate make them.")
-        elif given is None and mask is not None and not real.all():
+        elif given is None and mask is not None and not m.bool().all():
             raise LatentSiftError("BatchRecorder: a padded forward without position_ids; pass position_ids "
                                   "counted per row (generate does).")
         return real, pos
