@@ -91,7 +91,8 @@ def test_a_sample_that_stops_is_fed_pads_that_are_never_pooled(policy32):
         out = policy32.model.generate(**batch, max_new_tokens=8, do_sample=False, eos_token_id=stop,
                                       pad_token_id=rec.pad_id)
         new = rec.new_tokens(out)
-        assert len(new[0]) == j + 1 and new[0][-1] == stop and len(new[1]) == out.shape[1] - batch["input_ids"].shape[1] == 8
+        assert len(new[0]) == j + 1 and new[0][-1] == stop
+        assert len(new[1]) == out.shape[1] - batch["input_ids"].shape[1] == 8
         assert len(rec._seen[0]) == len(prompts[0]) + 7                       # pads run after its stop ...
         obs = _enc(policy32, "<|im_end|>\n<|im_start|>user\nok<|im_end|>\n")
         kept = [new[0][:-1], new[1]]       # sample 0's stop token is not kept: it and the pads after it go

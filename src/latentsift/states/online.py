@@ -563,7 +563,8 @@ class BatchRecorder:
             raise param_error("rows", "BatchRecorder.inputs", "one or more distinct sample indices", rows)
         empty = [r for r in rows if not self._ids[r]]
         if empty:
-            raise LatentSiftError(f"BatchRecorder: sample {empty[0]} has no tokens yet; extend() it with its prompt first.")
+            raise LatentSiftError(f"BatchRecorder: sample {empty[0]} has no tokens yet; extend() it with its "
+                                  "prompt first.")
         width = max(len(self._ids[r]) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros(len(rows), width, dtype=torch.long)
