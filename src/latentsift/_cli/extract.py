@@ -45,6 +45,9 @@ def extract_cmd(
                                       "(needs the optional extra: pip install ray==2.60.0; same states as one process)."),
     workers: int = typer.Option(2, "--workers", help="Ray workers (each loads the model once)."),
     gpus_per_worker: float = typer.Option(0, "--gpus-per-worker", help="GPUs each Ray worker claims."),
+    device_map: Optional[str] = typer.Option(None, "--device-map", help="auto: split a policy bigger than one GPU "
+                                             "over this machine's GPUs (then CPU, then disk) with accelerate; "
+                                             "with --ray, over each worker's --gpus-per-worker GPUs."),
 ) -> None:
     """Replay trajectories through the policy and store their pooled hidden states (resumable)."""
     console = messages()
@@ -57,7 +60,8 @@ def extract_cmd(
                              instances=instances, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
                              layers=layers, chunk_tokens=chunk_tokens, shard_size=shard_size, threads=threads,
                              per_step=per_step, patch_step_tokens=patch_step_tokens, ray=ray, workers=workers,
-                             gpus_per_worker=gpus_per_worker, log=bar.print, progress=progress)
+                             gpus_per_worker=gpus_per_worker, device_map=device_map, log=bar.print,
+                             progress=progress)
     if report.redone:
         console.print(f"{len(report.redone)} stored trajectories were in a missing or damaged shard and were "
                       "extracted again.")

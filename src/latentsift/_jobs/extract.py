@@ -39,7 +39,7 @@ def run_extract(pools: str | Path, out: str | Path, *, model=None, dtype: str = 
                 max_prompt_tokens: int | None = None, layers: str = "all", chunk_tokens: int = 2048,
                 shard_size: int = 32, threads: int | None = None, per_step: bool = False,
                 patch_step_tokens: int | None = None, ray: str | None = None, workers: int = 2,
-                gpus_per_worker: float = 0, log: Callable[[str], Any] = print,
+                gpus_per_worker: float = 0, device_map: str | None = None, log: Callable[[str], Any] = print,
                 progress: Callable[[Any], None] | None = None) -> ExtractReport:
     """``latentsift extract``: every option checked, the backend opened, the trajectories of ``pools``
     replayed into the store ``out`` (created or resumed). ``log``: one line per step; ``progress``:
@@ -49,14 +49,14 @@ def run_extract(pools: str | Path, out: str | Path, *, model=None, dtype: str = 
                         max_prompt_tokens=max_prompt_tokens, chunk_tokens=chunk_tokens, shard_size=shard_size,
                         threads=threads, patch_step_tokens=patch_step_tokens, workers=workers)
         layer_sel = parse_layers(layers)
-        check_backend_options(model, dtype, device, layer_sel)
+        check_backend_options(model, dtype, device, layer_sel, device_map=device_map)
         trajs = load_jsonl(pools)
         if not trajs:  # said before the model loads; no empty store is made
             raise LatentSiftError(f"{pools} holds no trajectory: nothing to extract (write it with "
                                   "'latentsift import').")
         log(f"{len(trajs)} trajectories from {pools}; loading the model ...")
         backend = open_backend(model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
-                               gpus_per_worker=gpus_per_worker)
+                               gpus_per_worker=gpus_per_worker, device_map=device_map)
         log(backend.describe())
         return extract_pools(backend, trajs, out, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
                              max_tokens=max_tokens, instances=instances, layers=layer_sel, chunk_tokens=chunk_tokens,

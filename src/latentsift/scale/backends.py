@@ -15,17 +15,18 @@ from typing import Sequence
 from .._core.registry import registry_lookup
 from .._core.validation import LatentSiftError
 from ..states.extract import ExtractionBackend, LocalExtractionBackend, resolve_layers
-from ..states.model import AUTO_DTYPE, DTYPES, check_device, n_layers_of
+from ..states.model import AUTO_DTYPE, DTYPES, check_device, check_device_map, n_layers_of
 from .extract import RayBackend
 
 
 def check_backend_options(model: str | os.PathLike | None, dtype: str, device: str | None,
-                          layers: str | Sequence[int] = "all") -> None:
+                          layers: str | Sequence[int] = "all", device_map: str | None = None) -> None:
     """The model options, checked before anything loads (the model load takes a while); a list of
     ``layers`` is checked against the model's layer count, read from its config."""
     if dtype != AUTO_DTYPE and dtype not in DTYPES:
         raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
     check_device(device, here=False)   # Ray workers may hold the GPUs; the policy's load checks its own
+    check_device_map(device_map, device)
     if model is not None and not Path(model).exists():
         raise LatentSiftError(f"--model {model} does not exist; pass a local Hugging Face model folder or a .gguf file.")
     if not isinstance(layers, str):
@@ -34,13 +35,16 @@ def check_backend_options(model: str | os.PathLike | None, dtype: str, device: s
 
 def open_backend(model: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYPE, device: str | None = None,
                  threads: int | None = None, ray: str | None = None, workers: int = 2,
-                 gpus_per_worker: float = 0, backend: str | None = None) -> ExtractionBackend:
+                 gpus_per_worker: float = 0, backend: str | None = None,
+                 device_map: str | None = None) -> ExtractionBackend:
     """The backend the command-line options name: :class:`LocalExtractionBackend` with the policy loaded here
     (``threads``: torch threads of this process), or, when ``ray`` gives an address (local, auto or
     HOST:PORT), the Ray backend with ``workers`` actors (``threads`` each, default 1); ``backend``: another
-    registered extraction backend by name (``latentsift._core.registry``, kind "extraction_backend")."""
-    check_backend_options(model, dtype, device)
+    registered extraction backend by name (``latentsift._core.registry``, kind "extraction_backend").
+    ``device_map`` (``--device-map``): each policy (here, or each Ray worker's over its GPUs) split by
+    accelerate."""
+    check_backend_options(model, dtype, device, device_map=device_map)
     name = backend or (RayBackend if ray is not None else LocalExtractionBackend).name
     return registry_lookup("extraction_backend", name).from_options(
         model=model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
-        gpus_per_worker=gpus_per_worker)
+        gpus_per_worker=gpus_per_worker, device_map=device_map)

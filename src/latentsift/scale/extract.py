@@ -41,14 +41,14 @@ class ExtractWorker:
     """Ray actor body: one policy per worker process, loaded once."""
 
     def __init__(self, model: str | None, dtype: str, device: str | None, threads: int | None,
-                 settings_kw: dict[str, Any]):
+                 settings_kw: dict[str, Any], device_map: str | None = None):
         self.error = None
         try:
             import torch
 
             if threads:
                 torch.set_num_threads(threads)
-            self.policy = load_policy(model, dtype=dtype, device=device)
+            self.policy = load_policy(model, dtype=dtype, device=device, device_map=device_map)
             self.settings = extract_settings(self.policy, **settings_kw)
         except Exception as e:  # reported by info(): the driver ends with a clear error
             self.error = f"{type(e).__name__}: {e}"
@@ -90,28 +90,30 @@ class RayBackend(ExtractionBackend):
     auto or HOST:PORT (``scale.cluster.connect``). ``threads``: torch threads per worker, which replays
     that many trajectories at once, each at one thread (``states.extract.extract_many``).
     ``gpus_per_worker`` / ``cpus_per_worker`` are the actors' Ray resources (CPU default: a fraction
-    of the cluster so actors never claim every CPU).
+    of the cluster so actors never claim every CPU). ``device_map`` (e.g. "auto"): each worker splits its
+    policy over the GPUs Ray gave it (``gpus_per_worker`` of them: one replica per group of GPUs).
     """
 
     name = "ray"
 
     def __init__(self, model: str | os.PathLike | None = None, *, ray_address: str | None = RAY_LOCAL,
                  workers: int = 2, gpus_per_worker: float = 0, cpus_per_worker: float | None = None,
-                 dtype: str = "auto", device: str | None = None, threads: int | None = 1):
+                 dtype: str = "auto", device: str | None = None, threads: int | None = 1,
+                 device_map: str | None = None):
         self.model = None if model is None else str(Path(model).resolve())
         self.ray_address, self.workers = ray_address, check_positive_int(workers, "workers", OWNER)
         self.gpus_per_worker, self.cpus_per_worker = gpus_per_worker, cpus_per_worker
-        self.dtype, self.device, self.threads = dtype, device, threads
+        self.dtype, self.device, self.threads, self.device_map = dtype, device, threads, device_map
         self.ray, self.pool = None, []
 
     @classmethod
     def from_options(cls, *, model=None, dtype: str = "auto", device: str | None = None, threads: int | None = None,
                      ray: str | None = RAY_LOCAL, workers: int = 2, gpus_per_worker: float = 0,
-                     **_: Any) -> "RayBackend":
+                     device_map: str | None = None, **_: Any) -> "RayBackend":
         """``workers`` actors at the address ``ray`` (``threads`` each, default 1)."""
         require_ray()
         return cls(model, ray_address=ray, workers=workers, gpus_per_worker=gpus_per_worker, dtype=dtype,
-                   device=device, threads=threads or 1)
+                   device=device, threads=threads or 1, device_map=device_map)
 
     def describe(self) -> str:
         return f"{self.workers} Ray workers at {self.ray_address or RAY_LOCAL}"
@@ -125,7 +127,8 @@ class RayBackend(ExtractionBackend):
         tag = uuid.uuid4().hex[:8]
         self.pool = [Actor.options(num_cpus=cpus, num_gpus=self.gpus_per_worker, max_restarts=0,
                                    name=f"{ACTOR_PREFIX}{tag}-{i}").remote(self.model, self.dtype, self.device,
-                                                                           self.threads, dict(settings_kw))
+                                                                           self.threads, dict(settings_kw),
+                                                                           self.device_map)
                      for i in range(self.workers)]
         try:
             infos = ray.get([a.info.remote() for a in self.pool])

@@ -5,10 +5,11 @@ per channel (``channel``), replaying it through the decoder stack (``states``), 
 from .channel import Rendering, render
 from .extract import ExtractionBackend, LocalExtractionBackend, extract_pools
 from .model import Fingerprint, Policy, load_policy
+from .online import BatchRecorder
 from .policies import POLICY_PINS, PolicyPin, fetch_policy, verify_model_file
 from .states import TrajectoryStates, exact_attention, replay, replay_many
 from .store import StateStore
 
-__all__ = ["ExtractionBackend", "Fingerprint", "LocalExtractionBackend", "POLICY_PINS", "Policy", "PolicyPin",
+__all__ = ["BatchRecorder", "ExtractionBackend", "Fingerprint", "LocalExtractionBackend", "POLICY_PINS", "Policy", "PolicyPin",
            "Rendering", "StateStore", "TrajectoryStates", "exact_attention", "extract_pools", "fetch_policy",
            "load_policy", "render", "replay", "replay_many", "verify_model_file"]

@@ -127,13 +127,14 @@ class LocalExtractionBackend(ExtractionBackend):
 
     @classmethod
     def from_options(cls, *, model=None, dtype: str = "auto", device: str | None = None, threads: int | None = None,
-                     **_: Any) -> "LocalExtractionBackend":
-        """The policy loaded here (``threads``: torch threads of this process)."""
+                     device_map: str | None = None, **_: Any) -> "LocalExtractionBackend":
+        """The policy loaded here (``threads``: torch threads of this process; ``device_map``: split by
+        accelerate, see ``load_policy``)."""
         if threads is not None:
             import torch
 
             torch.set_num_threads(threads)
-        return cls(load_policy(model, dtype=dtype, device=device))
+        return cls(load_policy(model, dtype=dtype, device=device, device_map=device_map))
 
     def check(self, settings_kw: Mapping[str, Any]) -> None:
         extract_settings(self.policy, **settings_kw)

@@ -129,6 +129,12 @@ class Policy:
 
     @property
     def device(self):
+        """Where inputs go and pooled sums are kept: the model's device, or for a model split by a device
+        map (``load_policy(device_map=...)``) its first accelerator (the CPU when it has none), as
+        accelerate's ``dispatch_model`` chooses its main device."""
+        dmap = getattr(self.model, "hf_device_map", None)
+        if dmap:
+            return main_device(dmap)
         return next(self.model.parameters()).device
 
     def replay_workers(self) -> int:
@@ -139,6 +145,32 @@ class Policy:
 
 
 _CACHE: dict[tuple, Policy] = {}
+
+#: accelerate's named device maps (``--device-map``); a dict {module name: device} is taken as given.
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def main_device(device_map: dict):
+    """The first accelerator a device map names (an int is a CUDA index), else the CPU ("cpu" and "disk"
+    run on the CPU: disk-offloaded weights are read in when their module runs)."""
+    import torch
+
+    acc = [d for d in device_map.values() if d not in ("cpu", "disk", "meta")]
+    if not acc:
+        return torch.device("cpu")
+    return torch.device(f"cuda:{acc[0]}" if isinstance(acc[0], int) else acc[0])
+
+
+def check_device_map(device_map, device: str | None = None) -> None:
+    """``device_map`` (``--device-map``): None, one of :data:`DEVICE_MAPS`, or a dict of module name ->
+    device; it places the model itself, so it excludes ``--device``."""
+    if device_map is None:
+        return
+    if not isinstance(device_map, dict) and device_map not in DEVICE_MAPS:
+        raise LatentSiftError(f"--device-map must be one of {list(DEVICE_MAPS)}. Got {device_map!r} instead.")
+    if device is not None:
+        raise LatentSiftError(f"--device-map {device_map if isinstance(device_map, str) else '(a dict)'} places the "
+                              f"model itself; leave --device {device} out.")
 
 
 def check_device(device: str | None, *, here: bool = True) -> None:
@@ -297,7 +329,8 @@ def _save_converted(model, tokenizer, target: Path, marker: dict) -> None:
 
 
 def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYPE,
-                device: str | None = None, cache: bool = True, disk_cache: bool = True) -> Policy:
+                device: str | None = None, cache: bool = True, disk_cache: bool = True,
+                device_map: str | dict | None = None, max_memory: dict | None = None) -> Policy:
     """Load a policy from a local HF directory or a ``.gguf`` file; ``None`` = embedded default.
 
     CUDA is used when present unless ``device`` says otherwise. ``dtype``: "auto" (default: bfloat16
@@ -311,6 +344,13 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     2 cores) and kept in :func:`converted_cache_root` as safetensors, keyed by the file's checksum, the
     dtype and the transformers version; later processes load that (a few seconds). The weights, the
     tokenizer and so the fingerprint are the same as a load from the GGUF file (tested).
+
+    ``device_map`` (a policy bigger than one GPU): accelerate places the layers, ``"auto"`` over the GPUs
+    of this machine, then the CPU, then the disk (weights read in as their layer runs), within
+    ``max_memory`` ({device: size}, e.g. ``{0: "70GiB", 1: "70GiB", "cpu": "100GiB"}``); or a dict of
+    module name -> device. The states are those of the unsplit model (tested on a CPU with layers
+    offloaded to the disk: the same float32 bytes). Excludes ``device``. A GGUF file is converted
+    (:func:`converted_cache_root`) by one plain load first, and the map applied to the converted copy.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -324,15 +364,17 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
         raise LatentSiftError(f"The 'dtype' parameter of load_policy must be one of "
                               f"{[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
     check_device(device)
+    check_device_map(device_map, device)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     choice = resolve_dtype(dtype, dev, lambda: probe_shape(p))
     dtype = choice.dtype
-    key = (str(p.resolve()), dtype, dev)
+    key = (str(p.resolve()), dtype, dev) + ((repr(device_map), repr(max_memory)) if device_map is not None else ())
     if cache and key in _CACHE:
         return _CACHE[key]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     hf_logging.set_verbosity_error()
     kwargs: dict[str, Any] = {"local_files_only": True}
+    placed = {} if device_map is None else {"device_map": device_map, "max_memory": max_memory}
     if p.is_file():
         if p.suffix != ".gguf":
             raise LatentSiftError(f"The model file {str(p)!r} is not a .gguf file; pass a GGUF file or "
@@ -343,6 +385,10 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
         src = str(p)
         weights_sha = _sha_dir_weights(p)
     converted = _converted_dir(weights_sha, dtype) if disk_cache and p.is_file() else None
+    if device_map is not None and converted is not None and not (converted / CONVERTED_MARKER).is_file():
+        # the map is applied to the converted copy, which a plain load writes (a model loaded split from
+        # the GGUF file cannot be saved: its offloaded weights are not in memory)
+        load_policy(p, dtype=dtype, device="cpu", cache=False)
     model = tokenizer = None
     loaded_from = str(p)
     with _quiet_loading():
@@ -350,17 +396,19 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
             try:
                 tokenizer = AutoTokenizer.from_pretrained(str(converted), local_files_only=True)
                 model = AutoModelForCausalLM.from_pretrained(str(converted), dtype=getattr(torch, dtype),
-                                                             local_files_only=True)
+                                                             local_files_only=True, **placed)
                 loaded_from = str(converted)
             except Exception:  # a copy this installation cannot read back: the GGUF file, as without a cache
                 model = tokenizer = None
         if model is None:
             tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kwargs)
-            if converted is not None and not (converted / CONVERTED_MARKER).is_file():
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kwargs, **placed)
+            if converted is not None and device_map is None and not (converted / CONVERTED_MARKER).is_file():
                 _save_converted(model, tokenizer, converted, {"gguf": str(p), "weights_sha": weights_sha,
                                                               "dtype": dtype})
-    model.to(dev).eval()
+    if device_map is None:
+        model.to(dev)
+    model.eval()
     cfg = model.config
     template = getattr(tokenizer, "chat_template", None) or ""
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)

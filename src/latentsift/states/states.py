@@ -149,6 +149,24 @@ def layer_hooks(policy, fn: Callable[[int, Any], None]) -> Iterator[None]:
                 del _ROUTERS[key]
 
 
+def recording_hooks(policy, on_layer: Callable[[int, Any], None], on_forward: Callable[[tuple, dict], None]):
+    """The hooks of a recorder, open until the returned ``ExitStack`` is closed: :func:`layer_hooks` with
+    ``on_layer``, and ``on_forward(args, kwargs)`` before each forward of the decoder stack run by this
+    thread (another thread's forwards, e.g. a replay, are not the recorded conversation's)."""
+    from contextlib import ExitStack
+
+    stack = ExitStack()
+    stack.enter_context(layer_hooks(policy, on_layer))
+    thread = threading.get_ident()
+
+    def pre_hook(module, args, kwargs):
+        if threading.get_ident() == thread:
+            on_forward(args, kwargs)
+    pre_hook._latentsift = True
+    stack.callback(policy.base.register_forward_pre_hook(pre_hook, with_kwargs=True).remove)
+    return stack
+
+
 def has_hooks(policy) -> bool:
     """True when a hook of ours is still attached to the model (tests check that none are left).
 
@@ -227,8 +245,9 @@ class _SpanSums:
         if self.src is None:
             return
         flat = hidden.reshape(-1, hidden.shape[-1])
+        src = self.src if flat.device == self.src.device else self.src.to(flat.device)  # a layer of a split model
         # sum_p h_l[p] over the span's tokens (numerator of the span mean)
-        add_span_sums(self.sums[i], 0, self.tgt, flat.index_select(0, self.src).float(), self.plan)
+        add_span_sums(self.sums[i], 0, self.tgt, flat.index_select(0, src).float().to(self.device), self.plan)
 
     def means(self, n_spans: int) -> np.ndarray:
         """(n_spans, L, d_model) float32: u[j][l] = sums / counts (the span mean)."""
@@ -403,25 +422,14 @@ class StateRecorder:
 
     # -- hooks ------------------------------------------------------------------------------
     def __enter__(self) -> "StateRecorder":
-        from contextlib import ExitStack
-
-        self._stack = ExitStack()
-        self._stack.enter_context(layer_hooks(self.policy, self._on_layer))
-        thread = threading.get_ident()
-
-        def pre_hook(module, args, kwargs):
-            if threading.get_ident() == thread:  # another thread's forwards (a replay) are not this conversation
-                self._on_forward(module, args, kwargs)
-        pre_hook._latentsift = True
-        handle = self.policy.base.register_forward_pre_hook(pre_hook, with_kwargs=True)
-        self._stack.callback(handle.remove)
+        self._stack = recording_hooks(self.policy, self._on_layer, self._on_forward)
         return self
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
         self._stack = None
 
-    def _on_forward(self, module, args, kwargs):
+    def _on_forward(self, args, kwargs):
         import torch
 
         ids = kwargs.get("input_ids", args[0] if args else None)
