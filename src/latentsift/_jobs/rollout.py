@@ -307,7 +307,7 @@ def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, 
         check_device(device)
         settings.check()
         path = tasks if tasks is not None else humaneval_path()
-        task_list = load_tasks(tasks)
+        task_list = load_tasks(tasks, limits=SandboxLimits(timeout_s=timeout), workers=workers)
         task_list = task_list[:first] if first else task_list
         task_list = task_list[part[0] - 1::part[1]]
         log(f"{len(task_list)} tasks from {path}; loading the model ...")
