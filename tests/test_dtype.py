@@ -134,9 +134,9 @@ def test_an_explicit_dtype_always_wins(monkeypatch, fresh_choice):
     monkeypatch.setattr(H, "cpu_facts", lambda: pytest.fail("an explicit dtype needs no detection"))
     for d in M.DTYPES:
         assert M.resolve_dtype(d, "cpu") == M.DtypeChoice(d, "set explicitly")
-    with pytest.raises(LatentSiftError, match="'dtype' parameter must be one of"):
+    with pytest.raises(LatentSiftError, match="--dtype must be one of"):
         M.resolve_dtype("int4", "cpu")
-    with pytest.raises(LatentSiftError, match="load_policy must be one of"):
+    with pytest.raises(LatentSiftError, match="--dtype must be one of"):
         M.load_policy(dtype="fp32")
 
 

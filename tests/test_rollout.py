@@ -130,7 +130,7 @@ def test_a_killed_run_resumes_without_duplicates_and_same_bytes(full_run, policy
     # a rerun does nothing; other settings are refused
     assert run_rollouts(policy32, tasks, out, SETTINGS, run_examples=env[0], judge=env[1], run="t",
                         store_dtype="float32").n_run == 0
-    with pytest.raises(LatentSiftError, match="other settings"):
+    with pytest.raises(LatentSiftError, match="made with --seed 3; this call has 4; use the same"):
         run_rollouts(policy32, tasks, out, RolloutSettings(k=2, max_turns=2, max_new_tokens=24, seed=4),
                      run_examples=env[0], judge=env[1], run="t", store_dtype="float32")
 

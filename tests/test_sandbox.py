@@ -3,8 +3,11 @@ labelled not passed, within the limits. Each containment test also checks the ef
 (a file outside the folder, a connection, a surviving process) is absent afterwards."""
 from __future__ import annotations
 
+import ast
 import os
 import socket
+import stat
+import subprocess
 import sys
 import threading
 import time
@@ -117,7 +120,7 @@ def test_writes_outside_the_folder_do_not_land(isolated, tmp_path):
     if os.geteuid() == 0:  # as another user the program keeps that user's rights on its own files
         # a checkout under /tmp (a CI clone may lie there) is hidden behind the sandbox's own /tmp too
         hidden = Path(sys.prefix).resolve().is_relative_to(Path("/tmp").resolve())
-        targets.append((ours, "FileNotFoundError" if hidden else "PermissionError"))
+        targets.append((ours, "FileNotFoundError" if hidden else "Read-only file system"))
     for target, error in targets:
         r = run_program(f"open({str(target)!r}, 'w').write('x')\n", FAST)
         assert r.status == "error" and error in r.detail
@@ -127,6 +130,112 @@ def test_writes_outside_the_folder_do_not_land(isolated, tmp_path):
     assert not public.exists()
     inside = run_program("open('mine.txt', 'w').write('ok')\nprint(open('mine.txt').read())\n", FAST)
     assert inside.passed and inside.stdout == "ok\n"
+
+
+def _world_writable_folders(deadline_s: float = 30.0) -> list[str]:
+    """Every folder anyone may write to on this machine (``o+w``), ``/proc`` and ``/sys`` left out,
+    walked for at most ``deadline_s`` seconds (about 5 s for 40,000 folders here)."""
+    found, stack, t0 = [], ["/"], time.perf_counter()
+    while stack and time.perf_counter() - t0 < deadline_s:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False) and e.path not in ("/proc", "/sys"):
+                    stack.append(e.path)
+                    if e.stat(follow_symlinks=False).st_mode & stat.S_IWOTH:
+                        found.append(e.path)
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def open_folders():
+    """The machine's world-writable folders, and one more the test makes next to itself (outside the
+    sandbox's private mounts, so that the check can fail on any machine)."""
+    own = Path(__file__).resolve().parent / f".latentsift-open-{os.getpid()}"
+    own.mkdir()
+    own.chmod(0o1777)
+    try:
+        yield sorted(set(_world_writable_folders()) | {str(own)})
+    finally:
+        for f in own.iterdir():
+            f.unlink()
+        own.rmdir()
+
+
+def _kinds() -> list[str]:
+    """The isolations this machine gives: as root, both the uid drop and the user-namespace one."""
+    kinds = [sandbox.isolation()] if sandbox.isolation() != "none" else []
+    if sandbox.isolation() == "namespaces" and subprocess.run(
+            sandbox._unshare_argv("user-namespaces") + ["true"], capture_output=True).returncode == 0:
+        kinds.append("user-namespaces")
+    return kinds
+
+
+@pytest.mark.parametrize("kind", ["namespaces", "user-namespaces"])
+def test_the_host_is_read_only_but_for_the_programs_own_folder(isolated, open_folders, kind, monkeypatch):
+    """The rule, not a list: every world-writable folder on this machine refuses a new file (or is
+    the program's private tmpfs, whose file is gone afterwards); the program cannot remount ``/``
+    writable either. Under both isolations the machine gives (as root: the drop to ``nobody``, and
+    the user namespace where the program keeps uid 0 but no capability)."""
+    if kind not in _kinds():
+        pytest.skip(f"this machine gives no {kind!r} isolation")
+    monkeypatch.setattr(sandbox, "_ISOLATION", [kind])
+    name = f"latentsift-escape-{os.getpid()}-{kind}"
+    program = (f"import ctypes, os\nwrote = []\nfor d in {open_folders!r}:\n"
+               f"    try:\n        open(os.path.join(d, {name!r}), 'w').write('x')\n        wrote.append(d)\n"
+               "    except OSError:\n        pass\n"
+               "print(wrote)\n"
+               "libc = ctypes.CDLL(None, use_errno=True)\n"
+               "print(libc.mount(b'none', b'/', None, 32 | 4096, None), ctypes.get_errno())\n"  # MS_REMOUNT|MS_BIND, rw
+               "open('mine.txt', 'w').write('ok')\n")
+    try:
+        r = run_program(program, FAST)
+        landed = [d for d in open_folders if os.path.exists(os.path.join(d, name))]
+    finally:  # what escaped (only with a broken sandbox) is removed again
+        for d in open_folders:
+            Path(d, name).unlink(missing_ok=True)
+    assert r.status == "passed", r
+    wrote, remount = r.stdout.splitlines()
+    private = {os.path.realpath(p) for p in sandbox.WORLD_WRITABLE}
+    assert set(ast.literal_eval(wrote)) <= private
+    assert remount.split()[0] == "-1" and remount.split()[1] in ("1", "13")  # EPERM or EACCES
+    assert landed == []
+
+
+def test_proc_lists_only_the_sandboxs_processes(isolated):
+    """Its own ``/proc``: the harness (PID 1) and the program (PID 2), not the host's command lines."""
+    program = ("import os\n"
+               "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+               "print(pids)\n"
+               "print(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[2].decode())\n")
+    r = run_program(program.replace("print(open(", "if pids:\n    print(open("), FAST)
+    assert r.passed, r
+    if r.stdout == "[]\n":  # a kernel that refuses a fresh proc: an empty one (the module docstring)
+        return
+    pids, init = r.stdout.splitlines()
+    assert (pids, init) == ("[1, 2]", str(sandbox.CHILD))
+
+
+def test_secrets_a_thousand_forks_and_a_sleep_are_contained(isolated):
+    """The issue's hostile programs not tested above: /etc/shadow (as ``nobody``), 1000 sleeping
+    children (stopped at the process limit, none left behind), a sleep forever (a timeout)."""
+    before = _nobody_processes()
+    if os.geteuid() == 0 and Path("/etc/shadow").exists():
+        r = run_program("print(open('/etc/shadow').read())\n", FAST)
+        assert r.status == "error" and "PermissionError" in r.detail and r.stdout == ""
+    r = run_program("import os, time\nfor i in range(1000):\n    if os.fork() == 0:\n        time.sleep(600)\n"
+                    "        os._exit(0)\nprint('forked all')\n", FAST)
+    assert r.status == "error" and "BlockingIOError" in r.detail and "forked all" not in r.stdout
+    t0 = time.perf_counter()
+    r = run_program("import time\ntime.sleep(10 ** 6)\n", SandboxLimits(timeout_s=1.5))
+    assert r.status == "timeout" and time.perf_counter() - t0 < 1.5 + 3.0
+    time.sleep(0.3)
+    assert _nobody_processes() - before == set()
 
 
 def test_the_program_runs_unprivileged_when_we_are_root(isolated):
@@ -194,3 +303,27 @@ def test_limits_are_checked():
         SandboxLimits(timeout_s=0)
     with pytest.raises(LatentSiftError, match="'workers' parameter of run_programs"):
         run_programs(["pass"], workers=0)
+
+
+def test_rollouts_judge_fails_a_candidate_that_writes_on_the_host(isolated, open_folders):
+    """The issue's case through the judge ``rollout`` labels with: a hidden test (or a candidate) that
+    passes only if it could leave a file in a world-writable folder of the host is labelled 0, and no
+    file is left."""
+    from latentsift._jobs.rollout import sandbox_env
+    from latentsift.trajectories.tasks import Task
+
+    name = f"latentsift-label-{os.getpid()}"
+    test = (f"def check(candidate):\n    import os\n    for d in {open_folders!r}:\n"
+            f"        if d not in ('/tmp', '/var/tmp', '/dev/shm'):\n"
+            f"            open(os.path.join(d, {name!r}), 'w').write('x')\n    assert candidate(2) == 4\n")
+    task = Task("T/escape", "def double(x):\n", "double", test)
+    _, judge = sandbox_env(FAST)
+    try:
+        labels = judge(task, ["    return 2 * x\n", "    return x + x\n"])
+        landed = [d for d in open_folders if os.path.exists(os.path.join(d, name))]
+    finally:
+        for d in open_folders:
+            Path(d, name).unlink(missing_ok=True)
+    assert labels == [False, False] and landed == []
+    honest = Task("T/honest", "def double(x):\n", "double", "def check(candidate):\n    assert candidate(2) == 4\n")
+    assert judge(honest, ["    return 2 * x\n"]) == [True]

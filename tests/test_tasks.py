@@ -121,6 +121,10 @@ def test_a_user_task_file_loads_and_a_malformed_one_is_one_line(tmp_path):
     cases = [({k: v for k, v in task.items() if k != "entry_point"}, r"string field 'entry_point' \(missing\)"),
              (task | {"entry_point": "not a name"}, "'entry_point' must be a function name"),
              (task | {"test": "assert True"}, r"'test' must define check\(candidate\)"),
+             (task | {"test": "def check(candidate):\n    assert candidate(3) = 6\n"},
+              r"'test' is not Python \(line 2 of it: invalid syntax"),
+             (task | {"prompt": "Write a function double(x).\n"}, r"'prompt' is not Python \(line 1 of it"),
+             (task | {"prompt": "def twice(x):\n    pass\n"}, r"does not define the entry point double\(\)"),
              ("[1, 2]", "a task is a JSON object"),
              ("{not json", "not valid JSON")]
     for i, (record, message) in enumerate(cases):
@@ -131,3 +135,32 @@ def test_a_user_task_file_loads_and_a_malformed_one_is_one_line(tmp_path):
         load_tasks(_write(tmp_path / "twice.jsonl.gz", [task, task]))
     with pytest.raises(LatentSiftError, match="does not exist"):
         load_tasks(tmp_path / "missing.jsonl")
+
+
+def test_a_reference_solution_must_pass_its_own_test_and_a_passed_one_is_not_run_again(tmp_path, monkeypatch):
+    """The sandbox runs each task's canonical_solution once; a task whose reference fails its own test
+    cannot label anything and is refused (file and line); HumanEval's shipped file runs none."""
+    from latentsift.trajectories import tasks as tasks_module
+
+    monkeypatch.setenv("LATENTSIFT_CACHE", str(tmp_path / "cache"))
+    task = {"task_id": "mine/0", "prompt": "def double(x):\n", "entry_point": "double",
+            "test": "def check(candidate):\n    assert candidate(3) == 6\n", "canonical_solution": "    return 2 * x\n"}
+    wrong = task | {"task_id": "mine/1", "canonical_solution": "    return x + 2\n"}
+    with pytest.raises(LatentSiftError, match="wrong.jsonl.gz:2: the task's canonical_solution fails its own "
+                                              "hidden test in the sandbox \\(failed: AssertionError"):
+        load_tasks(_write(tmp_path / "wrong.jsonl.gz", [task, wrong]), limits=FAST)
+    assert len(load_tasks(_write(tmp_path / "good.jsonl.gz", [task]), limits=FAST)) == 1
+    assert len(list((tmp_path / "cache" / tasks_module.CHECKED_DIR).iterdir())) == 1  # mine/0 passed
+
+    def no_runs(programs, *args, **kwargs):
+        assert programs == [], "a checked task ran again"
+        return []
+
+    monkeypatch.setattr(tasks_module, "run_programs", no_runs)
+    assert len(load_tasks(tmp_path / "good.jsonl.gz", limits=FAST)) == 1  # from the cache
+    assert len(load_tasks()) == 164  # the shipped HumanEval, trusted by its sha256
+    hanging = task | {"canonical_solution": "    while True:\n        pass\n"}
+    monkeypatch.undo()
+    monkeypatch.setenv("LATENTSIFT_CACHE", "off")
+    with pytest.raises(LatentSiftError, match="hang.jsonl.gz:1: .*\\(timeout: killed after the 1.5 s"):
+        load_tasks(_write(tmp_path / "hang.jsonl.gz", [hanging]), limits=SandboxLimits(timeout_s=1.5))

@@ -36,7 +36,8 @@ def rollout_cmd(
     first: Optional[int] = typer.Option(None, "--tasks", help="Only the first N tasks of the file."),
     shard: Optional[str] = typer.Option(None, "--shard", help="I/N: only every N-th of those tasks, from the I-th "
                                         "(1-based), so N processes (each its own --out) share the tasks; a task's "
-                                        "samples do not depend on its shard. export_dataset merges the folders."),
+                                        "samples do not depend on its shard, and the folders merge into one dataset "
+                                        "(docs/own-policy.md)."),
     run: Optional[str] = typer.Option(None, "--run", help="Run name in the trajectory ids (default: the model "
                                                           "file's name)."),
     threads: int = typer.Option(1, "--threads", help="torch threads of the policy (recorded: the sampled tokens "

@@ -30,7 +30,21 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from .manifests import check_manifest
-from .validation import LatentSiftError
+from .validation import PACKAGE, LatentSiftError
+
+#: Environment variable: the folder of LatentSift's caches (default ``$XDG_CACHE_HOME/latentsift``,
+#: else ``~/.cache/latentsift``); ``off`` disables them.
+CACHE_ENV = "LATENTSIFT_CACHE"
+
+
+def cache_root() -> Path | None:
+    """The folder of LatentSift's caches (:data:`CACHE_ENV`), or None when it is ``off``."""
+    root = os.environ.get(CACHE_ENV)
+    if root == "off":
+        return None
+    if not root:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), PACKAGE)
+    return Path(root)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,8 @@ the first problem into one line naming the file and the field, e.g.::
 the state store (``StoreManifest``, and ``StoreIndex`` for its index), the bank (``BankManifest``), the
 scorer (``ScorerManifest``) and the sifter (``SifterManifest``, its bank library included); a run
 folder (``RunManifest``), score and verifier folders (``VerifierManifest``), the explorer's file list
-(``SiteManifest``) and a saved operating point (``OperatingPointManifest``) are read through it too.
+(``SiteManifest``), a saved operating point (``OperatingPointManifest``) and a rollout folder
+(``RolloutManifest``) are read through it too.
 
 Records that describe where an artefact came from (a bank's ``source``, a store's extraction
 ``settings``, a sifter's ``choice`` and ``evidence``) are kept as written: their known entries are
@@ -323,6 +324,36 @@ class OperatingPointManifest(Artefact):
     calibration_instances: list[str]
     not_guaranteed: list[str]
     sifter: OperatingPointSifter
+
+
+# ---------------------------------------------------------------------- rollout folder
+class RolloutSettingsFields(Closed):
+    """``states.rollout.RolloutSettings`` as saved (every field: a resume compares them all)."""
+
+    k: Positive
+    max_turns: Positive
+    seed: Count
+    temperature: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)]
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+    max_new_tokens: Positive
+    system_prompt: str
+    user_template: str
+    feedback_template: str
+    no_code_message: str
+
+
+class RolloutManifest(Artefact):
+    """A rollout folder's ``manifest.json`` (``latentsift._jobs.rollout``); ``task_digests``: the content
+    digest of every task begun (absent in folders written before it was recorded)."""
+
+    model: str
+    fingerprint: FingerprintFields
+    settings: RolloutSettingsFields
+    run: str
+    agent: str
+    threads: Positive
+    tasks: str
+    task_digests: dict[str, str] = Field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- the check

@@ -3,7 +3,8 @@ online into a state store, trajectories labelled by the hidden tests in a sandbo
 
 Output folder (format ``latentsift-rollout`` version 1)::
 
-    manifest.json              model file and fingerprint, the rollout settings, run name, threads
+    manifest.json              model file and fingerprint, the rollout settings, run name, threads, and
+                               the content digest of every task begun (``task_digests``)
     tasks/<task>.jsonl.gz      one task's K trajectories (the resume unit; written atomically)
     trajectories.jsonl.gz      the finished tasks of the call's task list, in task order (rewritten after every task)
     states/                    the state store (one shard per task) that extract, fit, crossval,
@@ -11,7 +12,11 @@ Output folder (format ``latentsift-rollout`` version 1)::
 
 Resumable: a task whose file exists and whose states are stored is skipped; a killed run redoes at
 most the task it was writing, and since sampling is seeded per sample the redone task has the same
-bytes. gzip files are written with a zero timestamp and no name, so they are byte-identical too.
+bytes. gzip files are written with a zero timestamp and no name, so they are byte-identical too. A
+resume is refused, before the model loads where no model is needed, in one line naming what differs:
+a setting (by its option), the model or its dtype, or a finished task whose content (prompt, hidden
+test, reference) is not the one its labels were made with (its digest is recorded before it runs).
+The manifest is read through the schema check of ``_core.manifests`` (``RolloutManifest``).
 """
 from __future__ import annotations
 
@@ -19,24 +24,28 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 from .._core.io import WriterLock, atomic_write_bytes, atomic_write_json, read_json
+from .._core.manifests import RolloutManifest, check_manifest
 from .._core.outputs import owned_output
 from .._core.threads import fixed_threads
 from .._core.validation import LatentSiftError
 from ..states.extract import extract_settings
-from ..states.model import AUTO_DTYPE, check_device, load_policy
+from ..states.model import AUTO_DTYPE, DTYPES, check_device, default_model_path, load_policy
+from ..states.model_files import check_model_path
 from ..states.rollout import ExampleRunner, Judge, RolloutSettings, ToolReport, rollout_task, sample_traj_ids
 from ..states.store import StateStore
 from ..trajectories.execution import label_many, run_examples_many
 from ..trajectories.sandbox import SandboxLimits
-from ..trajectories.tasks import humaneval_path, load_tasks
+from ..trajectories.tasks import humaneval_path, load_tasks, task_digest
 from ..trajectories.trajectory import Trajectory, dumps
 
 __all__ = ["ROLLOUT_FORMAT", "RolloutProgress", "RolloutReport", "assemble_trajectories", "export_dataset",
@@ -51,6 +60,10 @@ STATES_DIR = "states"
 LOCK = ".lock"
 #: Settings that must match when a rollout folder is resumed (any change makes other trajectories).
 MATCHED = ("settings", "run", "agent", "threads", "fingerprint")
+#: The option of each recorded setting (how a refusal names it).
+OPTIONS = {"k": "--k", "max_turns": "--turns", "seed": "--seed", "temperature": "--temperature", "top_p": "--top-p",
+           "max_new_tokens": "--max-new-tokens", "run": "--run", "agent": "--run", "threads": "--threads"}
+_REDO = "run the rollout again into a new --out"
 
 
 @dataclass
@@ -103,8 +116,26 @@ def task_file(task_id: str) -> str:
 
 
 def _read_part(path: Path) -> list[Trajectory]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [Trajectory.from_dict(json.loads(line), where=str(path)) for line in f if line.strip()]
+    """One task's trajectories; a damaged file is named, with what to do (delete it and run the same
+    rollout again: the task is redone to the same bytes, its stored states are kept)."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return [Trajectory.from_dict(json.loads(line), where=str(path)) for line in f if line.strip()]
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError, LatentSiftError) as e:
+        if isinstance(e, OSError) and e.errno is not None:
+            raise
+        why = " ".join(str(e).replace(str(path), "").split()).strip(": ") or type(e).__name__
+        raise LatentSiftError(f"{path}: this task file of the rollout folder is damaged ({why[:120]}); delete it and "
+                              "run the same rollout command again: that task is redone, to the same samples.") from None
+
+
+def read_rollout_manifest(out: Path) -> dict:
+    """The ``manifest.json`` of the rollout folder ``out``, through the schema check."""
+    path = out / MANIFEST
+    man = read_json(path)
+    if isinstance(man, dict) and man.get("format") != ROLLOUT_FORMAT:
+        raise LatentSiftError(f"{path} is not a {ROLLOUT_FORMAT} manifest; choose another --out.")
+    return check_manifest(man, RolloutManifest, path, _REDO)
 
 
 def assemble_trajectories(out: str | os.PathLike, task_ids: Sequence[str], dest: str | os.PathLike) -> int:
@@ -141,9 +172,7 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
     for out in outs:
         if not (out / MANIFEST).is_file():
             raise LatentSiftError(f"{str(out)!r} is not a rollout folder (no {MANIFEST}).")
-        mans.append(read_json(out / MANIFEST))
-        if mans[-1].get("format") != ROLLOUT_FORMAT:
-            raise LatentSiftError(f"{str(out / MANIFEST)!r} is not a {ROLLOUT_FORMAT} manifest.")
+        mans.append(read_rollout_manifest(out))
         other = [k for k in MATCHED + ("model",) if mans[-1].get(k) != mans[0].get(k)]
         if other:
             raise LatentSiftError(f"{str(out)!r} ran with another {other[0]} than {str(outs[0])!r}: its samples "
@@ -151,7 +180,6 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
     # the rollout folders are only read (each task file was written whole, atomically): a running rollout
     # can be exported, and the dataset holds the tasks it had finished
     with owned_output(dest, outs, kind="rollout-dataset"):
-        dest.mkdir(parents=True, exist_ok=True)
         by_task: dict[str, list[Trajectory]] = {}
         for out in outs:
             for p in sorted((out / TASKS_DIR).glob("*.jsonl.gz")):
@@ -165,10 +193,13 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
                                           "one dataset.")
                 by_task[part[0].instance_id] = part   # a task run twice alike (a shard that redid it) counts once
         trajs = [t for tid in sorted(by_task, key=natural_key) for t in by_task[tid]]
+        dest.mkdir(parents=True, exist_ok=True)  # (every task file read: a damaged one leaves nothing)
         atomic_write_bytes(dest / TRAJECTORIES, gzip_bytes("".join(dumps(tr) + "\n" for tr in trajs)))
         labels = {tid: [t.label for t in part] for tid, part in by_task.items()}
         names = sorted({m.get("tasks") for m in mans}, key=str)
+        digests = {tid: d for m in mans for tid, d in m.get("task_digests", {}).items() if tid in by_task}
         man = mans[0] | {"format": ROLLOUT_FORMAT + "-dataset", "tasks": names[0] if len(names) == 1 else names,
+                         "task_digests": {tid: digests[tid] for tid in sorted(digests, key=natural_key)},
                          "n_tasks": len(labels), "n_samples": len(trajs),
                          "n_passed": int(sum(t.label for t in trajs)),
                          "n_mixed_tasks": sum(0 < sum(v) < len(v) for v in labels.values())}
@@ -199,19 +230,70 @@ def sandbox_env(limits: SandboxLimits | None = None, workers: int = 2) -> tuple[
 def _manifest(policy, settings: RolloutSettings, run: str, agent: str, threads: int, tasks_source: str) -> dict:
     return {"format": ROLLOUT_FORMAT, "version": ROLLOUT_VERSION, "model": Path(policy.path).name,
             "fingerprint": policy.fingerprint.to_dict(), "settings": settings.to_dict(), "run": run, "agent": agent,
-            "threads": threads, "tasks": tasks_source}
+            "threads": threads, "tasks": tasks_source, "task_digests": {}}
 
 
-def _check_resume(out: Path, man: dict) -> None:
-    old = read_json(out / MANIFEST)
-    if not isinstance(old, dict) or old.get("format") != ROLLOUT_FORMAT:
-        raise LatentSiftError(f"{out / MANIFEST} is not a {ROLLOUT_FORMAT} manifest; choose another --out.")
-    diff = [k for k in MATCHED if old.get(k) != man.get(k)]
-    if diff:
-        what = {k: (old.get(k), man.get(k)) for k in diff if k != "fingerprint"}
-        raise LatentSiftError(f"{out} holds rollouts made with other " + ", ".join(diff)
-                              + (f" ({what})" if what else " (another model)")
-                              + "; use the same settings or another --out.")
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _resume_refusal(out: Path, old: dict, new: dict, dtype: str | None = None) -> str | None:
+    """The first thing ``new`` (a manifest, or the part known before the model loads: no ``fingerprint``)
+    does differently from the folder's manifest ``old``, as one sentence naming its option; or None.
+    ``dtype``: the one asked for (``--dtype``), compared with the recorded fingerprint's before loading."""
+    tail = "; use the same, or another --out."
+    for key in MATCHED:
+        if key == "fingerprint" or key not in new or old[key] == new[key]:
+            continue
+        if key == "settings":
+            name = next(k for k in new[key] if old[key].get(k) != new[key][k])
+            return (f"{out} holds rollouts made with {OPTIONS.get(name, 'the setting ' + name)} "
+                    f"{_short(old[key].get(name))}; this call has {_short(new[key][name])}{tail}")
+        return f"{out} holds rollouts made with {OPTIONS[key]} {_short(old[key])}; this call has {_short(new[key])}{tail}"
+    recorded = old["fingerprint"]
+    asked = new["fingerprint"]["dtype"] if "fingerprint" in new else dtype
+    if asked in DTYPES and asked != recorded["dtype"]:
+        return (f"{out} holds rollouts made in {recorded['dtype']} (--dtype); this call runs {asked}: pass "
+                f"--dtype {recorded['dtype']}, or another --out.")
+    if "fingerprint" in new and recorded["digest"] != new["fingerprint"]["digest"]:
+        field_ = next(k for k in recorded if k != "digest" and recorded[k] != new["fingerprint"].get(k))
+        return (f"{out} holds rollouts of another model (its fingerprint's {field_} differs: {_short(recorded[field_])} "
+                f"there, {_short(new['fingerprint'][field_])} here); pass the same --model, or another --out.")
+    return None
+
+
+def _stale_task(out: Path, old: dict, tasks: Sequence) -> str | None:
+    """A finished task of ``out`` whose content is not the one its labels were made with, as a sentence."""
+    recorded = old.get("task_digests", {})
+    for task in tasks:
+        if (out / TASKS_DIR / task_file(task.task_id)).is_file() and recorded.get(task.task_id) != task_digest(task):
+            why = ("its prompt, hidden test or reference solution changed since"
+                   if task.task_id in recorded else "the folder records no digest of it")
+            return (f"The task {task.task_id!r} of the task file is not the one {out} labelled ({why}): its labels "
+                    "would be stale; run it into another --out.")
+    return None
+
+
+def _check_resume(out: Path, new: dict, tasks: Sequence, dtype: str | None = None) -> dict | None:
+    """The folder's manifest when ``out`` is resumed, after refusing in one line a resume with other
+    settings (``new``: a manifest, or its part known before the model loads), or with changed tasks;
+    None for a new folder."""
+    if not (out / MANIFEST).is_file():
+        return None
+    old = read_rollout_manifest(out)
+    problem = _resume_refusal(out, old, new, dtype) or _stale_task(out, old, tasks)
+    if problem:
+        raise LatentSiftError(problem)
+    return old
+
+
+def check_resume(out: str | os.PathLike, settings: RolloutSettings, *, run: str, agent: str, threads: int,
+                 dtype: str | None, tasks: Sequence) -> None:
+    """Before the model loads: a resume of ``out`` with other settings, run name, threads, an explicit
+    other dtype or changed tasks is refused in one line (nothing to do when ``out`` has no manifest)."""
+    new = {"settings": settings.to_dict(), "run": run, "agent": agent, "threads": threads}
+    _check_resume(Path(out), new, tasks, dtype)
 
 
 def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: RolloutSettings, *,
@@ -236,12 +318,14 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
         dup = next(i for i in ids if ids.count(i) > 1)
         raise LatentSiftError(f"The task id {dup!r} occurs more than once in the task file.")
     man = _manifest(policy, settings, run, agent, threads, tasks_source)
+    _check_resume(out, man, tasks)  # before the folder or its lock is touched (again under the lock)
     out.mkdir(parents=True, exist_ok=True)
     report = RolloutReport(n_tasks=len(tasks), trajectories=str(out / TRAJECTORIES), states=str(out / STATES_DIR))
     t0 = time.perf_counter()
     with WriterLock(out / LOCK, what=out):
-        if (out / MANIFEST).is_file():
-            _check_resume(out, man)
+        old = _check_resume(out, man, tasks)
+        if old is not None:
+            man = old | {"task_digests": dict(old.get("task_digests", {}))}
         else:
             atomic_write_json(out / MANIFEST, man)
         (out / TASKS_DIR).mkdir(exist_ok=True)
@@ -261,6 +345,9 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
             if progress:
                 progress(RolloutProgress(0, len(todo), report.n_skipped, 0, 0.0))
             for task in todo:
+                if man["task_digests"].get(task.task_id) != task_digest(task):
+                    man["task_digests"][task.task_id] = task_digest(task)   # recorded before its labels
+                    atomic_write_json(out / MANIFEST, man)
                 with fixed_threads(threads):
                     rolls, stats = rollout_task(policy, task, settings, run_examples, judge, run=run, agent=agent,
                                                 fingerprint=policy.fingerprint.digest)
@@ -288,31 +375,57 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
     return report
 
 
+def _check_options(settings: RolloutSettings, *, threads: int, workers: int, first: int | None,
+                   timeout: float) -> SandboxLimits:
+    """Every number of the command line, named by its option (before anything is read or loaded);
+    returns the sandbox limits of ``--timeout``."""
+    for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
+                    ("threads", threads), ("workers", workers), ("tasks", first)):
+        if v is not None and v < 1:
+            raise LatentSiftError(f"--{name} must be a positive number. Got {v} instead.")
+    if settings.seed < 0:
+        raise LatentSiftError(f"--seed must be 0 or more. Got {settings.seed} instead.")
+    if not 0 <= settings.temperature <= 10:  # (NaN fails every comparison)
+        raise LatentSiftError(f"--temperature must be a number from 0 to 10. Got {settings.temperature} instead.")
+    if not 0 < settings.top_p <= 1:
+        raise LatentSiftError(f"--top-p must be a number above 0 and at most 1. Got {settings.top_p} instead.")
+    if not 0 < timeout < math.inf:
+        raise LatentSiftError(f"--timeout must be a positive number of seconds. Got {timeout} instead.")
+    settings.check()
+    return SandboxLimits(timeout_s=timeout)
+
+
 def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, model=None, dtype: str = AUTO_DTYPE,
                     device: str | None = None, settings: RolloutSettings, first: int | None = None,
                     run: str | None = None, shard: str | None = None, threads: int = 1,
                     timeout: float = 10.0, workers: int = 2, log: Callable[[str], object] = print,
                     progress: Callable | None = None) -> RolloutReport:
-    """``latentsift rollout``: every option checked before any work, the tasks read (HumanEval when
-    ``tasks`` is None), the policy loaded and the rollouts run into ``out`` (created or resumed)."""
+    """``latentsift rollout``: every option checked before any work (the numbers, the model path, the
+    tasks, the shard's share of them and a resume's settings: all before the model loads, nothing
+    written on a refusal), the tasks read (HumanEval when ``tasks`` is None), the policy loaded and the
+    rollouts run into ``out`` (created or resumed)."""
     with owned_output(out, [tasks, model], kind="rollout"):  # a second writer is refused before the model loads
         part = parse_shard(shard) if shard is not None else (1, 1)   # (I, N): refused before the model loads
-        for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
-                        ("threads", threads), ("workers", workers), ("tasks", first)):
-            if v is not None and v < 1:
-                raise LatentSiftError(f"--{name} must be a positive number. Got {v} instead.")
-        if model is not None and not Path(model).exists():
-            raise LatentSiftError(f"The model path {str(model)!r} does not exist. Pass a local Hugging Face model "
-                                  "directory or a .gguf file (no hub downloads are made).")
+        limits = _check_options(settings, threads=threads, workers=workers, first=first, timeout=timeout)
+        model_path = check_model_path(model) if model is not None else check_model_path(default_model_path(), None)
         check_device(device)
-        settings.check()
+        if dtype != AUTO_DTYPE and dtype not in DTYPES:
+            raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
         path = tasks if tasks is not None else humaneval_path()
-        task_list = load_tasks(tasks)
+        task_list = load_tasks(tasks, limits=limits, workers=workers)
+        n_file = len(task_list)
         task_list = task_list[:first] if first else task_list
         task_list = task_list[part[0] - 1::part[1]]
+        if not task_list:
+            pool = min(first, n_file) if first else n_file
+            chosen = f"(--tasks {first})" if first else f"in {path}"
+            raise LatentSiftError(f"--shard {part[0]}/{part[1]} selects no task: there are {pool} {chosen}; use "
+                                  f"--shard I/N with I at most {pool}.")
+        stem = model_path.name.removesuffix(".gguf")
+        check_resume(out, settings, run=run or stem, agent=stem, threads=threads, dtype=dtype, tasks=task_list)
         log(f"{len(task_list)} tasks from {path}; loading the model ...")
         policy = load_policy(model, dtype=dtype, device=device)
         log(f"model: {policy.describe()}")
-        run_examples, judge = sandbox_env(SandboxLimits(timeout_s=timeout), workers=workers)
+        run_examples, judge = sandbox_env(limits, workers=workers)
         return run_rollouts(policy, task_list, out, settings, run_examples=run_examples, judge=judge, run=run,
                             threads=threads, tasks_source=Path(path).name, progress=progress)

@@ -9,13 +9,13 @@ maps ``--model``, ``--dtype``, ``--device``, ``--threads``, ``--ray``, ``--worke
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Sequence
 
 from .._core.registry import registry_lookup
 from .._core.validation import LatentSiftError
 from ..states.extract import ExtractionBackend, LocalExtractionBackend, resolve_layers
 from ..states.model import AUTO_DTYPE, DTYPES, check_device, check_device_map, n_layers_of
+from ..states.model_files import check_model_path
 from .extract import RayBackend
 
 
@@ -27,8 +27,8 @@ def check_backend_options(model: str | os.PathLike | None, dtype: str, device: s
         raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
     check_device(device, here=False)   # Ray workers may hold the GPUs; the policy's load checks its own
     check_device_map(device_map, device)
-    if model is not None and not Path(model).exists():
-        raise LatentSiftError(f"--model {model} does not exist; pass a local Hugging Face model folder or a .gguf file.")
+    if model is not None:
+        check_model_path(model)
     if not isinstance(layers, str):
         resolve_layers(layers, n_layers_of(model))
 

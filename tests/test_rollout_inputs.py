@@ -1,0 +1,267 @@
+"""``latentsift rollout`` (and the commands that load a model) on inputs that are not what they claim
+and on settings the command line can check: one line, exit code 2, before any model loads, nothing
+written. No model is loaded here: ``load_policy`` is replaced by a stand-in that fails the test if a
+refusal came after it."""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import math
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import refused  # tests/conftest.py
+from latentsift._core.manifests import RolloutSettingsFields
+from latentsift._core.validation import LatentSiftError
+from latentsift._jobs import rollout as R
+from latentsift.cli import app
+from latentsift.states.model import Fingerprint, default_model_path
+from latentsift.states.rollout import RolloutSettings
+from latentsift.trajectories.tasks import load_tasks
+
+FIX = Path(__file__).parent / "fixtures" / "trajectories"
+TASKS = [{"task_id": f"T/{i}", "prompt": f'def add{i}(x):\n    """\n    >>> add{i}(1)\n    {i + 1}\n    """\n',
+          "entry_point": f"add{i}", "test": f"def check(candidate):\n    assert candidate(2) == {i + 2}\n"}
+         for i in range(3)]
+INTERNALS = ("SandboxLimits", "Sampling", "RolloutSettings", "load_policy", "export_dataset")
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _task_file(path: Path, tasks=TASKS) -> Path:
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return path
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fail if a command gets as far as loading the model."""
+    class Loaded(Exception):
+        pass
+
+    def load(*args, **kwargs):
+        raise Loaded("the model would load here")
+
+    monkeypatch.setattr(R, "load_policy", load)
+    return Loaded
+
+
+def _written(tmp_path: Path, *outs: Path) -> list[str]:
+    """What a refused command left: the outputs themselves, and any lock or temporary beside them."""
+    return [p.name for p in tmp_path.iterdir() if any(p.name in (o.name, f".{o.name}.lock") for o in outs)
+            or ".tmp" in p.name]
+
+
+# --------------------------------------------------------------------------- model paths
+@pytest.fixture(scope="module")
+def not_models(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """Paths that claim to be a model and are not, with the words their refusal must hold."""
+    d = tmp_path_factory.mktemp("models")
+    text = d / "text.gguf"
+    text.write_text("this is not a model\n")
+    real = default_model_path().read_bytes()
+    cut = d / "cut.gguf"
+    cut.write_bytes(real[:3_000_000])  # the header whole, most tensors missing
+    head = d / "head.gguf"
+    head.write_bytes(real[:100_000])   # cut inside the header (its vocabulary)
+    (d / "empty").mkdir()
+    (d / "x.gguf").mkdir()
+    (d / "noweights").mkdir()
+    (d / "noweights" / "config.json").write_text('{"model_type": "llama"}')
+    return {"text": (text, "not a GGUF model"), "cut": (cut, f"the file has 3,000,000"),
+            "head": (head, "cut short inside its GGUF header"), "empty folder": (d / "empty", "without a config.json"),
+            "folder x.gguf": (d / "x.gguf", "without a config.json"),
+            "no weights": (d / "noweights", "without weights")}
+
+
+@pytest.fixture(scope="module")
+def canonical(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("canon")
+    r = cli("import", FIX / "openai_toolcalls.jsonl", "--out", d / "pools.jsonl")
+    assert r.exit_code == 0, r.output
+    return d / "pools.jsonl"
+
+
+@pytest.mark.parametrize("case", ["text", "cut", "head", "empty folder", "folder x.gguf", "no weights"])
+def test_a_model_path_that_is_not_a_model_is_one_line_in_rollout_extract_and_verify(case, not_models, canonical,
+                                                                                     tmp_path):
+    model, words = not_models[case]
+    tasks = _task_file(tmp_path / "tasks.jsonl")
+    for args in (["rollout", tasks, "--out", tmp_path / "o"], ["extract", canonical, "--out", tmp_path / "o"],
+                 ["verify", "--trajectories", canonical, "--out", tmp_path / "o"]):
+        r = cli(*args, "--model", model)
+        refused(r, "--model", str(model), words)
+        assert not (tmp_path / "o").exists(), args[0]
+
+
+def test_the_header_walk_reads_what_the_tensors_need():
+    """The check's arithmetic on the real file: its tensors end exactly at its last byte."""
+    from latentsift.states.model_files import gguf_data_end
+
+    need, size = gguf_data_end(default_model_path())
+    assert need == size == default_model_path().stat().st_size
+
+
+# --------------------------------------------------------------------------- options before the model
+def test_rollout_checks_its_options_before_the_model_loads_and_writes_nothing(tmp_path, no_model):
+    tasks = _task_file(tmp_path / "tasks.jsonl")
+    out = tmp_path / "o"
+    for extra, words in ((["--timeout", "0"], "--timeout must be a positive number"),
+                         (["--timeout", "nan"], "--timeout"), (["--timeout", "inf"], "--timeout"),
+                         (["--temperature", "nan"], "--temperature must be a number from 0 to 10"),
+                         (["--temperature", "11"], "--temperature"), (["--top-p", "0"], "--top-p"),
+                         (["--seed", "-1"], "--seed"), (["--dtype", "fp8"], "--dtype must be one of"),
+                         (["--shard", "2/3", "--tasks", "1"], "--shard 2/3 selects no task: there are 1 (--tasks 1)"),
+                         (["--shard", "3/3", "--tasks", "1"], "--shard 3/3 selects no task")):
+        r = cli("rollout", tasks, "--out", out, *extra)
+        refused(r, *([words] if isinstance(words, str) else words))
+        assert not any(name in r.output for name in INTERNALS), r.output
+        assert _written(tmp_path, out) == [], extra
+    # the same options, valid, get as far as the model
+    r = cli("rollout", tasks, "--out", out, "--shard", "1/3", "--tasks", "1", "--timeout", "2")
+    assert isinstance(r.exception, no_model)
+    assert not out.exists()
+
+
+def test_rollout_help_names_options_and_files_not_functions():
+    r = CliRunner().invoke(app, ["rollout", "--help"], env={"COLUMNS": "400"})
+    assert r.exit_code == 0 and "--shard" in r.output and "docs/own-policy.md" in r.output
+    assert not any(name in r.output for name in INTERNALS if name != "Sampling")  # ("Sampling temperature")
+
+
+# --------------------------------------------------------------------------- resume
+def _fingerprint(dtype: str = "bfloat16") -> Fingerprint:
+    return Fingerprint("LlamaForCausalLM", 30, 576, "a" * 16, "b" * 16, "c" * 64, dtype)
+
+
+def _folder(out: Path, tasks, settings: RolloutSettings, *, dtype: str = "bfloat16", done=("T/0",),
+            digests: bool = True) -> Path:
+    """A rollout folder as ``run_rollouts`` leaves it after the tasks ``done`` (their manifest entry and
+    task file; the states are not needed by what is tested here)."""
+    policy = SimpleNamespace(path=str(default_model_path()), fingerprint=_fingerprint(dtype))
+    stem = default_model_path().name.removesuffix(".gguf")
+    man = R._manifest(policy, settings, stem, stem, 1, "tasks.jsonl")
+    by_id = {t.task_id: t for t in tasks}
+    if digests:
+        man["task_digests"] = {tid: R.task_digest(by_id[tid]) for tid in done}
+    else:
+        del man["task_digests"]
+    (out / R.TASKS_DIR).mkdir(parents=True)
+    (out / R.MANIFEST).write_text(json.dumps(man))
+    for tid in done:
+        (out / R.TASKS_DIR / R.task_file(tid)).write_bytes(R.gzip_bytes(""))
+    return out
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_names_the_one_setting_that_differs_before_the_model_loads(tmp_path, no_model):
+    tasks_path = _task_file(tmp_path / "tasks.jsonl")
+    out = _folder(tmp_path / "o", load_tasks(tasks_path), RolloutSettings())
+    before = _tree(out)
+    for extra, words in ((["--dtype", "float32"], "made in bfloat16 (--dtype); this call runs float32: pass --dtype "
+                                                  "bfloat16, or another --out"),
+                         (["--temperature", "0.5"], "made with --temperature 0.8; this call has 0.5"),
+                         (["--k", "4"], "made with --k 16; this call has 4"),
+                         (["--threads", "2"], "made with --threads 1; this call has 2"),
+                         (["--run", "other"], "made with --run 'SmolLM2-135M-Instruct.Q4_1'; this call has 'other'")):
+        r = cli("rollout", tasks_path, "--out", out, *extra)
+        refused(r, words)
+        line = r.output.strip().replace(str(out), "")
+        assert len(line) < 200 and "{" not in line, line  # the one field, not the settings dumped
+        assert _tree(out) == before
+    r = cli("rollout", tasks_path, "--out", out, "--dtype", "bfloat16")
+    assert isinstance(r.exception, no_model)  # the same settings resume
+
+
+def test_after_the_model_loads_another_model_is_named_by_its_fingerprint_field(tmp_path):
+    tasks = load_tasks(_task_file(tmp_path / "tasks.jsonl"))
+    out = _folder(tmp_path / "o", tasks, RolloutSettings())
+    other = dataclasses.replace(_fingerprint(), weights_sha="d" * 64)
+    policy = SimpleNamespace(path=str(default_model_path()), fingerprint=other)
+    with pytest.raises(LatentSiftError, match="another model \\(its fingerprint's weights_sha differs") as e:
+        R.run_rollouts(policy, tasks, out, RolloutSettings(), run_examples=None, judge=None, threads=1)
+    assert "\n" not in str(e.value) and len(str(e.value).replace(str(out), "")) < 250
+
+
+def test_a_resume_with_a_changed_task_is_refused_naming_the_task(tmp_path, no_model):
+    """Same ids, another hidden test: the finished task's labels would be stale (issue 51)."""
+    tasks_path = _task_file(tmp_path / "tasks.jsonl")
+    out = _folder(tmp_path / "o", load_tasks(tasks_path), RolloutSettings(), done=("T/0", "T/1"))
+    before = _tree(out)
+    changed = [TASKS[0], TASKS[1] | {"test": "def check(candidate):\n    assert candidate(5) == 6\n"}, TASKS[2]]
+    r = cli("rollout", _task_file(tmp_path / "changed.jsonl", changed), "--out", out)
+    refused(r, "The task 'T/1' of the task file is not the one", "changed since", "another --out")
+    assert _tree(out) == before
+    # a task not finished yet may change; the unchanged ones resume
+    r = cli("rollout", _task_file(tmp_path / "t2.jsonl", TASKS[:2] + [TASKS[2] | {"prompt": TASKS[2]["prompt"] + "\n"}]),
+            "--out", out)
+    assert isinstance(r.exception, no_model)
+    # in the library too (run_rollouts checks again under the folder's lock, after the model)
+    policy = SimpleNamespace(path=str(default_model_path()), fingerprint=_fingerprint())
+    with pytest.raises(LatentSiftError, match="The task 'T/1'"):
+        R.run_rollouts(policy, load_tasks(tmp_path / "changed.jsonl"), out, RolloutSettings(), run_examples=None,
+                       judge=None, threads=1)
+    assert _tree(out) == before
+    # a folder that recorded no digests (written before they were): its finished tasks cannot be matched
+    old = _folder(tmp_path / "old", load_tasks(tasks_path), RolloutSettings(), digests=False)
+    refused(cli("rollout", tasks_path, "--out", old), "'T/0'", "records no digest of it")
+
+
+# --------------------------------------------------------------------------- the manifest's schema
+@pytest.mark.parametrize("case", ["a list", "a removed setting", "a NaN temperature", "top_p 0", "a string k"])
+def test_the_rollout_manifest_is_read_through_its_schema(case, tmp_path, no_model):
+    tasks_path = _task_file(tmp_path / "tasks.jsonl")
+    out = _folder(tmp_path / "o", load_tasks(tasks_path), RolloutSettings())
+    man = json.loads((out / R.MANIFEST).read_text())
+    change, words = {
+        "a list": (lambda m: [m], "must hold a JSON object"),
+        "a removed setting": (lambda m: m["settings"].pop("top_p") and m, "field 'settings.top_p' is missing"),
+        "a NaN temperature": (lambda m: m["settings"].update(temperature=math.nan) or m,
+                              "field 'settings.temperature'"),
+        "top_p 0": (lambda m: m["settings"].update(top_p=0) or m, "field 'settings.top_p'"),
+        "a string k": (lambda m: m["settings"].update(k="16") or m, "field 'settings.k'"),
+    }[case]
+    (out / R.MANIFEST).write_text(json.dumps(change(man)))  # json writes NaN as NaN
+    before = _tree(out)
+    r = cli("rollout", tasks_path, "--out", out)
+    if case == "a list":  # no format to read: the folder is not taken for a rollout folder at all
+        refused(r, f"--out {out} is a non-empty folder that is not a rollout folder")
+    else:
+        refused(r, str(out / R.MANIFEST), words, "the file was edited or damaged")
+    with pytest.raises(LatentSiftError, match=words.replace("(", "\\(").replace(")", "\\)")):
+        R.export_dataset(out, tmp_path / "dataset")
+    assert _tree(out) == before and not (tmp_path / "dataset").exists()
+
+
+def test_the_manifest_schema_has_every_rollout_setting():
+    assert set(RolloutSettingsFields.model_fields) == {f.name for f in dataclasses.fields(RolloutSettings)}
+
+
+# --------------------------------------------------------------------------- a damaged task file
+@pytest.mark.parametrize("damage", ["cut", "not gzip", "not json"])
+def test_a_damaged_task_file_in_a_rollout_folder_is_named_with_what_to_do(damage, tmp_path):
+    tasks = load_tasks(_task_file(tmp_path / "tasks.jsonl"))
+    out = _folder(tmp_path / "o", tasks, RolloutSettings())
+    part = out / R.TASKS_DIR / R.task_file("T/0")
+    good = R.gzip_bytes('{"not": "a trajectory"}\n' * 50)
+    part.write_bytes({"cut": good[: len(good) // 2], "not gzip": b"plain text\n",
+                      "not json": R.gzip_bytes("{oops\n")}[damage])
+    for call in (lambda: R.export_dataset(out, tmp_path / "dataset"),
+                 lambda: R.assemble_trajectories(out, ["T/0"], tmp_path / "all.jsonl.gz")):  # what a resume runs
+        with pytest.raises(LatentSiftError) as e:
+            call()
+        message = str(e.value)
+        assert message.startswith(f"{part}: this task file of the rollout folder is damaged (")
+        assert "delete it and run the same rollout command again" in message and "\n" not in message
+    assert not (tmp_path / "dataset").exists() and not (tmp_path / "all.jsonl.gz").exists()
+    shutil.rmtree(out)
