@@ -1,5 +1,5 @@
 """The fitted-fusion variant: Eq. 3's weight chosen on the bank by inner cross-validation by group, never on
-the scored fold (issue 50 §2)."""
+the scored fold."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""The learned branch's early-stopping split by group: no task on both sides (issue 50 §2)."""
+"""The learned branch's early-stopping split by group: no task on both sides."""
 from __future__ import annotations
 
 import numpy as np
