@@ -32,8 +32,8 @@ def premise_markdown(data: Mapping, pre: Mapping | None = None, *, title: str | 
                     ("beats_examples", "the docstring examples' pass share")):
         by = (pre.get("verdicts") or {}).get(v)
         if by:
-            lines.append(f"{whose} states beat {what}: **{by.get(PAPER, 'undetermined')}** (the paper's method; per score: "
-                         + ", ".join(f"{filter_name(data, n)} {x}" for n, x in by.items()) + ").")
+            lines.append(f"{whose} states beat {what}: **{by.get(PAPER, 'undetermined')}** (the paper's method; "
+                         "per score: " + ", ".join(f"{filter_name(data, n)} {x}" for n, x in by.items()) + ").")
     lines.append("")
     for n, why in pre.get("missing_scores", {}).items():
         lines += [f"Missing score: {filter_name(data, n)} ({why}).", ""]

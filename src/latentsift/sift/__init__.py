@@ -21,5 +21,6 @@ from .variants import LogisticProbe, StackedFilter
 __all__ = ["CalibrationMap", "CalibrationPools", "CandidateScore", "ConfidentRecallKeep", "FilterRun", "FixedKeep", "GapRecallKeep", "KeepRule", "LatentSift",
            "LinearScorer", "LogisticProbe", "PoolResult", "PrefixSift", "Pruner", "RecallKeep", "RuleFilter",
            "StackedFilter", "Stage1Filter", "filter_entry", "fit_calibration", "keep_rule", "keep_rules",
-           "channel_ranks", "grouped_channel_ranks", "grouped_normalized_ranks", "min_channel_rank", "normalized_ranks", "order_by_score", "register_filter",
+           "channel_ranks", "grouped_channel_ranks", "grouped_normalized_ranks", "min_channel_rank",
+           "normalized_ranks", "order_by_score", "register_filter",
            "retain_count", "rule_keys", "select_retained", "step_margins", "unregister_filter"]

@@ -85,16 +85,20 @@ def normalized_ranks(scores) -> np.ndarray:
     return _normalized_ranks(check_scores(scores, "scores", "normalized_ranks", allow_nan=True))
 
 
-def grouped_normalized_ranks(scores, groups) -> np.ndarray:
-    """``normalized_ranks`` applied within each group (instance) separately; never pooled across groups."""
-    s = check_scores(scores, "scores", "grouped_normalized_ranks", allow_nan=True)
+def _grouped_inputs(scores, groups, owner: str) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, integer group codes 0..G-1) of a grouped ranking, checked."""
+    s = check_scores(scores, "scores", owner, allow_nan=True)
     g = np.asarray(groups)
     if g.shape != s.shape:
-        raise ValueError(f"The 'groups' parameter of grouped_normalized_ranks must have one entry per "
+        raise ValueError(f"The 'groups' parameter of {owner} must have one entry per "
                          f"score ({s.shape[0]}). Got {g.shape[0] if g.ndim else 0} instead.")
-    if s.size == 0:
-        return np.zeros(0)
-    return grouped_ranks_by_code(s, np.unique(g, return_inverse=True)[1])
+    return s, (np.unique(g, return_inverse=True)[1] if s.size else np.zeros(0, dtype=np.int64))
+
+
+def grouped_normalized_ranks(scores, groups) -> np.ndarray:
+    """``normalized_ranks`` applied within each group (instance) separately; never pooled across groups."""
+    s, code = _grouped_inputs(scores, groups, "grouped_normalized_ranks")
+    return grouped_ranks_by_code(s, code) if s.size else np.zeros(0)
 
 
 def grouped_ranks_by_code(s: np.ndarray, inverse: np.ndarray) -> np.ndarray:
@@ -140,15 +144,10 @@ def channel_ranks(scores) -> np.ndarray:
 
 def grouped_channel_ranks(scores, groups) -> np.ndarray:
     """``channel_ranks`` within each group (instance) separately; never pooled across groups."""
-    s = check_scores(scores, "scores", "grouped_channel_ranks", allow_nan=True)
-    g = np.asarray(groups)
-    if g.shape != s.shape:
-        raise ValueError(f"The 'groups' parameter of grouped_channel_ranks must have one entry per "
-                         f"score ({s.shape[0]}). Got {g.shape[0] if g.ndim else 0} instead.")
+    s, code = _grouped_inputs(scores, groups, "grouped_channel_ranks")
     out = np.full(s.shape[0], np.nan)
     if s.size == 0:
         return out
-    code = np.unique(g, return_inverse=True)[1]
     have = ~np.isnan(s)
     n_have = np.bincount(code[have], minlength=code.max() + 1)
     n_all = np.bincount(code)
