@@ -30,10 +30,11 @@ class DrawScorer:
 
 def rule_scorers(pools, *, seed: int = 0, states=None, fingerprint=None, tokenizer=None) -> dict[str, DrawScorer]:
     """key -> draw scorer of every registered rule filter on ``pools`` (label-free: no bank, no scorer); a rule
-    that needs a tokenizer is left out when none is given and the states are not either."""
+    that needs a tokenizer is left out when none is given and the states are not either, and so are the premise's
+    free references (built in premise runs only)."""
     out = {}
     for rule in rules():
-        if rule.tokenizer and tokenizer is None and states is None:
+        if rule.premise_only or (rule.tokenizer and tokenizer is None and states is None):
             continue
         filt = rule.factory(seed=seed, **({"tokenizer": tokenizer} if rule.tokenizer else {}))
         out[rule.key] = DrawScorer({i: (filt, p) for i, p in
