@@ -24,12 +24,14 @@ def make_states(tid: str, rng, quality: float, n_steps: int, tokens_per_step: in
 
 def write_single_policy(folder, *, n_instances: int = 16, k: int = 4, agent: str = "policy-a",
                         repo: str = "humaneval", mixed: int | None = None, seed: int = 0, prefix: str = "HumanEval",
-                        examples: bool = False):
+                        examples: bool = False, rollout_records: bool = False):
     """A one-agent, one-repository data set as a team has it (HumanEval-like tasks): ``folder/pools.jsonl``
     (canonical labelled pools, K candidates per task) and ``folder/states`` (a state store of synthetic
     states: resolved candidates lean along ``DIRECTION``). ``mixed``: how many tasks have both outcomes
     (default all); the others alternate all-resolved / all-unresolved. ``examples``: each candidate's
-    ``tests["examples_passed"]`` is its label (perfect generated tests). Returns (pools path, states path)."""
+    ``tests["examples_passed"]`` is its label (perfect generated tests). ``rollout_records``: each candidate has
+    the records of ``latentsift rollout`` the premise's free references read (a patch, and the tokens generated
+    per step in ``meta["tokens"]``). Returns (pools path, states path)."""
     from pathlib import Path
 
     from latentsift.states.store import StateStore
@@ -48,10 +50,13 @@ def write_single_policy(folder, *, n_instances: int = 16, k: int = 4, agent: str
             n_steps = 1 + (i + j) % 3
             states[tid] = make_states(tid, rng, (0.6 if label else -0.6) + 0.3 * rng.standard_normal(), n_steps)
             steps = [Step(cot="think " * (1 + (i * 7 + j * 3 + s) % 11), fn=f"run_examples({s})",
-                          obs="ok " * (2 + (i + 5 * j + s) % 7)) for s in range(n_steps)]
+                          obs="ok " * (2 + (i + 5 * j + s) % 7),
+                          meta={"tokens": 3 + (i * 7 + j * 3 + s) % 11} if rollout_records else {})
+                     for s in range(n_steps)]
             trajs.append(Trajectory(traj_id=tid, instance_id=inst, repo=repo, task_prompt=f"Write task {i}.",
                                     steps=steps, reward=float(label), agent=agent, run=agent,
-                                    tests={"examples_passed": float(label)} if examples else {}))
+                                    tests={"examples_passed": float(label)} if examples else {},
+                                    patch="x = 1\n" * (1 + (i + 3 * j) % 5) if rollout_records else ""))
     store = StateStore(folder / "states").create(FP, {"layers": list(range(1, L + 1)), "store_dtype": "float32"})
     ids = sorted(states)
     inst_of = {t.traj_id: t.instance_id for t in trajs}

@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 
 from conftest import refused
 from latentsift.cli import app
+from latentsift.metrics.diagnostics import within_pool_auc
 from latentsift.protocol.premise import PREMISE_REFERENCES, PREMISE_SCORES
+from latentsift.sift.rules import EXAMPLES_PASSED, PURE_LENGTH
 from latentsift._jobs.premise import premise
 from latentsift.states.extract import extract_pools
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
@@ -31,20 +33,20 @@ def _cli(*args):
 def synthetic_premise(tmp_path_factory):
     """K = 8 candidates of 16 tasks, one policy; a proxy store of the same candidates with other states."""
     d = tmp_path_factory.mktemp("premise")
-    pools, own = write_single_policy(d / "own", k=8, examples=True)
+    pools, own = write_single_policy(d / "own", k=8, examples=True, rollout_records=True)
     _, proxy = write_single_policy(d / "proxy", k=8, seed=7)
     r = _cli("premise", pools, "--states", own, "--proxy-states", proxy, "--out", d / "out", *FAST)
     assert r.exit_code == 0, r.output
     return d, json.loads((d / "out" / "summary.json").read_text()), (d / "out" / "report.md").read_text()
 
 
-def test_premise_section_compares_the_four_scores_with_the_four_references(synthetic_premise):
+def test_premise_section_compares_the_four_scores_with_the_seven_references(synthetic_premise):
     d, s, md = synthetic_premise
     pre = s["runs"]["own"]["premise"]
     assert pre["scores"] == list(PREMISE_SCORES) and pre["references"] == list(PREMISE_REFERENCES)
     assert pre["missing_scores"] == {} and pre["auc"]["missing_references"] == {}
     m = pre["multiplicity"]
-    assert m["n_auc_intervals"] == 4 * 5 and m["bonferroni_level"] == pytest.approx(1 - 0.05 / 20)
+    assert m["n_auc_intervals"] == 4 * 8 and m["bonferroni_level"] == pytest.approx(1 - 0.05 / 32)
     for n in PREMISE_SCORES:
         row = pre["auc"]["scores"][n]
         assert set(row["vs"]) == set(PREMISE_REFERENCES)
@@ -69,6 +71,45 @@ def test_premise_section_compares_the_four_scores_with_the_four_references(synth
     # the synthetic states separate the outcomes and length does not: own states beat length by the rule
     assert pre["own_states_beat_length"] == "yes"
     assert s["runs"]["own"]["composition"]["agents"] == ["policy-a"]
+
+
+def test_premise_tables_carry_pure_length_and_the_examples(synthetic_premise):
+    """Length in the rollout scaffold is partly an execution signal: every premise table shows the pure length
+    references (the submitted code's characters, the tokens generated) and the examples' pass share."""
+    d, s, md = synthetic_premise
+    pre = s["runs"]["own"]["premise"]
+    new = [*PURE_LENGTH, EXAMPLES_PASSED]
+    assert set(new) <= set(pre["references"]) and set(new) <= set(pre["retention"]) <= set(pre["best_at_k"])
+    assert set(new) <= set(pre["verifier_calls"])
+    aucs = pre["auc"]["reference_aucs"]
+    assert aucs[EXAMPLES_PASSED]["auc"] == 1.0  # here the examples are the labels
+    trajs = load_jsonl(d / "own" / "pools.jsonl")  # each reference is the rule it names (within-pool AUC)
+    table = {"inst": np.array([t.instance_id for t in trajs]), "y": np.array([int(t.label) for t in trajs])}
+    for key, raw in ((PURE_LENGTH[0], [-len(t.patch) for t in trajs]),
+                     (PURE_LENGTH[1], [-sum(x.meta["tokens"] for x in t.steps) for t in trajs])):
+        assert aucs[key]["auc"] == pytest.approx(within_pool_auc(table["inst"], table["y"], np.array(raw, float)).auc)
+    assert set(pre["verdicts"]) == {"beats_length", "beats_pure_length", "beats_examples"}
+    adj = pre["auc"]["scores"]["latentsift"]["vs"][EXAMPLES_PASSED]["adjusted"]  # a perfect reference: never beaten
+    assert pre["verdicts"]["beats_examples"]["latentsift"] == ("no" if adj["hi"] < 0 else "undetermined")
+    for label in ("shortest code (chars)", "fewest generated tokens", "docstring examples passed (share)"):
+        assert f"minus {label}" in md and f"| {label} |" in md  # the AUC table's column, a retention row
+    assert "Own states beat pure length (shortest code, fewest generated tokens): **" in md
+    # the learned branch's early-stopping split keeps every task on one side (folds by instance)
+    for path in (d / "out" / "own" / "folds").glob("fold-*/paper/scorer/scorer.json"):
+        sc = json.loads(path.read_text())
+        task = lambda t: t.split("/", 1)[1].rsplit("/", 1)[0]  # noqa: E731  "policy-a/HumanEval/3/5" -> "HumanEval/3"
+        assert sc["val_ids"] and not {task(t) for t in sc["train_ids"]} & {task(t) for t in sc["val_ids"]}
+
+
+def test_a_free_reference_whose_record_is_absent_is_named_missing(tmp_path):
+    pools, states = write_single_policy(tmp_path / "p", n_instances=8, k=4, examples=True)
+    r = _cli("premise", pools, "--states", states, "--out", tmp_path / "out", *FAST)
+    assert r.exit_code == 0, r.output
+    pre = json.loads((tmp_path / "out" / "summary.json").read_text())["runs"]["own"]["premise"]
+    gone = pre["auc"]["missing_references"]
+    assert "no candidate has a patch" in gone[PURE_LENGTH[0]] and "generated-token count" in gone[PURE_LENGTH[1]]
+    assert EXAMPLES_PASSED in pre["references"] and PURE_LENGTH[0] not in pre["retention"]
+    assert pre["verdicts"]["beats_pure_length"]["latentsift"] == "undetermined"
 
 
 def test_own_vs_proxy_pairs_the_same_candidates(synthetic_premise):

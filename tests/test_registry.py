@@ -223,7 +223,7 @@ def test_the_variants_and_the_sweep_are_registered_filters():
                                           variant_setting)
     variants = filters("variant")
     assert [variant_setting(e.key) for e in variants if e.signals] == list(STACK_CONFIGS)
-    assert len(variants) == 10 and all(e.key == e.name for e in variants)
+    assert len(variants) == 11 and all(e.key == e.name for e in variants)  # the fitted fusion the eleventh
     stack = filter_entry(REF_LENGTH_STACK)
     assert stack.factory is StackedFilter and stack.signals == ("neg_chars", "neg_steps") and stack.post_hoc
     assert filter_entry(PROBE).signals == ("probe",) and not filter_entry(PROBE).post_hoc

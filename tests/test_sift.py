@@ -135,15 +135,17 @@ def test_rank_subset_ranks_within_the_draw(world):
         sift.rank_subset(prep, ["nope"])
 
 
-def test_missing_channel_ranks_lowest(world):
+def test_missing_channel_is_not_ranked(world):
     bank, scorer, _, _ = world
     rng = np.random.default_rng(9)
     st = {"x/a": make_states("x/a", rng, 2.0, drop=("obs",)), "x/b": make_states("x/b", rng, -2.0),
           "x/c": make_states("x/c", rng, -1.0)}
     pool = Pool("new__1", [make_traj(t, "new__1", "org/new", 4) for t in st])
     res = {c.traj_id: c for c in LatentSift(bank, scorer).score(pool, st, fingerprint=FP).candidates}
-    assert res["x/a"].q["obs"] is None and res["x/a"].r["obs"] == 0.0
-    assert res["x/a"].r["cot"] == 1.0 and res["x/a"].s_dist == 0.0
+    # x/a has no observation: obs ranks x/b and x/c only, and x/a's s_dist is the min over cot and fn
+    assert res["x/a"].q["obs"] is None and res["x/a"].r["obs"] is None
+    assert res["x/a"].r["cot"] == 1.0 and res["x/a"].s_dist == 1.0
+    assert {res["x/b"].r["obs"], res["x/c"].r["obs"]} == {0.0, 1.0}
 
 
 def test_ablation_options(world):

@@ -40,7 +40,8 @@ def premise_cmd(
     testgen_tokens: TestgenTokens = _DEFAULT["testgen_tokens"],
 ) -> None:
     """Do the policy's own states beat length? Within-pool AUC of the paper's method, its branches and the probe
-    against the length rules, stack:length and random; retention@K; verifier calls at R = 0.9, 0.95; own - proxy."""
+    against the length rules, stack:length, pure length (code chars, generated tokens), the docstring examples' pass
+    share and random; retention@K; verifier calls at R = 0.9, 0.95; own - proxy."""
     console = messages()
     with StageProgress(console) as bar:
         report = run_premise(pools, states, out, proxy_states=proxy_states or None, ks=tuple(k), group_by=group_by,

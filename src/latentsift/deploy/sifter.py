@@ -32,7 +32,7 @@ from .._core.validation import FingerprintMismatch, LatentSiftError, check_label
 from ..bank.bank import Bank, Fold, as_fingerprint, inner_folds
 from ..metrics.diagnostics import within_pool_auc
 from .library import SubBank, fit_sub_banks, load_sub_banks, save_sub_banks
-from ..sift.rank import grouped_normalized_ranks, min_channel_rank
+from ..sift.rank import grouped_channel_ranks, min_channel_rank
 from ..sift.scorer import LinearScorer
 from .shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
 from ..sift.sift import LatentSift, resolve_states
@@ -195,7 +195,7 @@ def distance_auc(q: dict[str, dict[str, float]], trajs: Sequence[Trajectory]) ->
     ids = sorted(q)
     inst = np.array([by[t].instance_id for t in ids])
     y = np.array([int(by[t].label) for t in ids])
-    ranks = np.stack([grouped_normalized_ranks(np.array([q[t][c] for t in ids]), inst) for c in ("cot", "obs", "fn")])
+    ranks = np.stack([grouped_channel_ranks(np.array([q[t][c] for t in ids]), inst) for c in ("cot", "obs", "fn")])
     return within_pool_auc(inst, y, min_channel_rank(ranks)).auc
 
 

@@ -35,7 +35,8 @@ def learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eva
                 run.log(f"[curves] fold {k}: {tag} of the bank skipped ({e})")
                 continue
             gated = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed, train_loss=False).fit(
-                [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint)
+                [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint,
+                groups={t.traj_id: run.group(t) for t in sub})
             ev = [states[i] for i in eval_ids]
             got = {"gated": dict(zip(eval_ids, gated.decision_function(ev).tolist())),
                    "probe": dict(zip(eval_ids, probe.decision_function(ev).tolist()))}

@@ -4,9 +4,16 @@ Rules (stated before any number; docs/results.md repeats them):
 
 - **What is compared**: the paper's method (``latentsift``), its two branches (``branch:distance``,
   ``branch:learned``) and the logistic probe (``variant:probe``), each against shortest-in-characters,
-  fewest steps, ``stack:length`` (the length signals fused with weights fitted on the bank) and random:
-  paired within-pool AUC differences, bootstrap over instances (``decide.auc_comparisons``), and the
-  length-removed AUC minus 1/2 (``decide.residualize_within_pool``).
+  fewest steps, ``stack:length`` (the length signals fused with weights fitted on the bank), the pure
+  length references (the submitted code's characters, the tokens the policy generated), the docstring
+  examples' pass share and random: paired within-pool AUC differences, bootstrap over instances
+  (``decide.auc_comparisons``), and the length-removed AUC minus 1/2 (``decide.residualize_within_pool``).
+- **Length in the rollout scaffold is partly an execution signal**: a candidate whose first code passed
+  the docstring examples submits at once (one step, no observation), so fewest steps and
+  shortest-in-characters carry the examples' outcome. The pure length references (registered rules
+  ``shortest-patch`` and ``fewest-generated-tokens``, ``sift.rules.PURE_LENGTH``) and the examples' pass
+  share (``most-examples-passed``, a named free reference of its own) let a reader tell execution from
+  length; they are built in premise runs only and named missing where the candidates lack the record.
 - **Folds** by task (``group_by="instance"``; a policy's pools hold one repository or none); the inner
   cross-validation of ``stack:length`` and the probe splits each bank by task as well.
 - **Missing references**: a reference that cannot be fitted is named with its reason, never replaced;
@@ -15,7 +22,8 @@ Rules (stated before any number; docs/results.md repeats them):
   also given at the Bonferroni level 1 - 0.05 / m, and the verdict reads the Bonferroni intervals.
 - **Own states beat length** when the Bonferroni interval of AUC(paper) - AUC(R) lies above 0 for every
   length reference R (shortest-in-characters, fewest steps, ``stack:length``); *do not* when one lies
-  below 0; otherwise *undetermined* (also when ``stack:length`` is missing).
+  below 0; otherwise *undetermined* (also when ``stack:length`` is missing). The same rule over the pure
+  length references gives ``beats_pure_length``, and over the examples' pass share ``beats_examples``.
 - **Own against proxy**: the same candidates in two state stores (the policy's own states and a proxy
   encoder's replay), the same folds and settings; per filter the paired difference AUC(own) - AUC(proxy),
   bootstrap over instances, at 95% and at the Bonferroni level over the filters compared.
@@ -39,24 +47,33 @@ from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError
 from ..metrics.diagnostics import CI_LEVEL, auc_difference_ci, interval_outcome
 from ..sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
-from ..sift.rules import FEWEST_STEPS, RANDOM, REFERENCE
+from ..sift.rules import EXAMPLES_PASSED, FEWEST_STEPS, PURE_LENGTH, RANDOM, REFERENCE
 from ..sift.variants import PROBE
 from .decide import PAPER, REF_LENGTH_STACK, auc_comparisons, n_auc_intervals
 
 PREMISE_SCORES = (PAPER, BRANCH_DISTANCE, BRANCH_LEARNED, PROBE)
 LENGTH_REFERENCES = (REFERENCE, FEWEST_STEPS, REF_LENGTH_STACK)
-PREMISE_REFERENCES = LENGTH_REFERENCES + (RANDOM,)
+#: The verdicts of the premise: name -> the references its rule reads (``_verdict``).
+VERDICTS = {"beats_length": LENGTH_REFERENCES, "beats_pure_length": PURE_LENGTH,
+            "beats_examples": (EXAMPLES_PASSED,)}
+PREMISE_REFERENCES = LENGTH_REFERENCES + PURE_LENGTH + (EXAMPLES_PASSED, RANDOM)
 PREMISE_KS = (4, 8, 16)
 PREMISE_RECALLS = (0.9, 0.95)
 SCORES_FILE = Path("premise") / "scores.json"   # per-candidate scores of a run, for own-vs-proxy pairing
 
 RULES = {
     "compared": "the paper's method, its distance and learned branches and the logistic probe, each against "
-                "shortest-in-characters, fewest steps, stack:length and random: paired within-pool AUC differences "
-                "(bootstrap over instances) and the length-removed AUC minus 1/2",
+                "shortest-in-characters, fewest steps, stack:length, the pure length references (shortest code in "
+                "characters, fewest generated tokens), the docstring examples' pass share and random: paired "
+                "within-pool AUC differences (bootstrap over instances) and the length-removed AUC minus 1/2",
     "beats_length": "own states beat length when the Bonferroni interval of AUC(paper) - AUC(R) lies above 0 for "
                     "every length reference R (shortest-in-characters, fewest steps, stack:length); they do not when "
                     "one lies below 0; otherwise (or with a length reference missing) undetermined",
+    "beats_pure_length": "the same rule over the pure length references (shortest code in characters, fewest "
+                         "generated tokens): in the rollout scaffold fewest steps and shortest-in-characters carry "
+                         "the docstring examples' outcome (a one-step candidate is one whose first code passed them)",
+    "beats_examples": "the same rule against the docstring examples' pass share (an execution signal, named on "
+                      "its own)",
     "missing": "a reference that cannot be fitted is named with its reason, never replaced",
     "multiplicity": "m = scores x (references + 1) intervals; each also at the Bonferroni level 1 - 0.05/m",
 }
@@ -72,12 +89,13 @@ def premise_ks(pools_sizes: Sequence[int], ks: Sequence[int] = PREMISE_KS) -> tu
     return use
 
 
-def _verdict(row: Mapping | None, missing: Mapping[str, str]) -> str:
-    """'yes' / 'no' / 'undetermined' for one score by the ``beats_length`` rule (Bonferroni intervals)."""
+def _verdict(row: Mapping | None, missing: Mapping[str, str], refs: Sequence[str] = LENGTH_REFERENCES) -> str:
+    """'yes' / 'no' / 'undetermined' for one score by the ``beats_length`` rule over ``refs`` (Bonferroni
+    intervals)."""
     if row is None:
         return "undetermined"
     outs = []
-    for r in LENGTH_REFERENCES:
+    for r in refs:
         d = row["vs"].get(r)
         if d is None:
             outs.append("missing")
@@ -107,8 +125,10 @@ def premise_section(table: Mapping[str, np.ndarray], scores: Mapping[str, np.nda
                      "n_folds_keep_all": row["n_folds_keep_all"]}
                  for r, row in op["filters"][f]["targets"].items() if float(r) in PREMISE_RECALLS}
              for f in shown if f in op.get("filters", {})}
-    beats = {n: _verdict(auc["scores"].get(n), auc["missing_references"]) for n in names}
-    return {"rules": RULES, "scores": names, "references": refs,
+    verdicts = {v: {n: _verdict(auc["scores"].get(n), auc["missing_references"], rs) for n in names}
+                for v, rs in VERDICTS.items()}
+    beats = verdicts["beats_length"]
+    return {"rules": RULES, "scores": names, "references": refs, "verdicts": verdicts,
             "missing_scores": {n: missing.get(n, "not in this run") for n in PREMISE_SCORES if n not in scores},
             "multiplicity": {"n_auc_intervals": m, "bonferroni_level": adjusted},
             "auc": auc, "beats_length": beats, "own_states_beat_length": beats.get(PAPER, "undetermined"),

@@ -93,7 +93,7 @@ class Run:
         fold_dir = self.out / "folds" / f"fold-{k}" / name
         ids = sorted(t.traj_id for t in bank_trajs)
         key = digest({"ids": ids, "bank": bank_params, "epochs": s.scorer_epochs, "seed": s.seed,
-                      "fp": fingerprint.digest})
+                      "fp": fingerprint.digest, "val_split": s.group_by})
         key_path = fold_dir / "key.json"
         if key_path.is_file() and json.loads(key_path.read_text()).get("key") == key:
             return Bank.load(fold_dir / "bank"), LinearScorer.load(fold_dir / "scorer")
@@ -103,8 +103,10 @@ class Run:
         else:
             labels = {t.traj_id: int(t.label) for t in bank_trajs}
             bank = Bank.from_trajectories(bank_trajs, states, fingerprint, **bank_params)
+            # the early-stopping split by the fold groups (task, repository), as the folds are
             scorer = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed, train_loss=False).fit(
-                [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint)
+                [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint,
+                groups={t.traj_id: self.group(t) for t in bank_trajs})
         bank.save(fold_dir / "bank")
         scorer.save(fold_dir / "scorer")
         atomic_write_json(key_path, {"key": key})

@@ -30,10 +30,11 @@ class DrawScorer:
 
 def rule_scorers(pools, *, seed: int = 0, states=None, fingerprint=None, tokenizer=None) -> dict[str, DrawScorer]:
     """key -> draw scorer of every registered rule filter on ``pools`` (label-free: no bank, no scorer); a rule
-    that needs a tokenizer is left out when none is given and the states are not either."""
+    that needs a tokenizer is left out when none is given and the states are not either, and so are the premise's
+    free references (built in premise runs only)."""
     out = {}
     for rule in rules():
-        if rule.tokenizer and tokenizer is None and states is None:
+        if rule.premise_only or (rule.tokenizer and tokenizer is None and states is None):
             continue
         filt = rule.factory(seed=seed, **({"tokenizer": tokenizer} if rule.tokenizer else {}))
         out[rule.key] = DrawScorer({i: (filt, p) for i, p in
@@ -70,6 +71,13 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
     def put(name, filt, prep):
         per_instance.setdefault(name, {}).update({i: (filt, p) for i, p in prep.items()})
 
+    # the registry's rule filters (baselines); the premise's free references in premise runs only, and only
+    # where their record is present (else named missing, never replaced)
+    absent = {e.key: e.factory.absent(list(trajs)) for e in rules()
+              if e.premise_only and getattr(s, "premise", False)}
+    use_rules = [] if sweep is not None or trained_only else \
+        [e for e in rules() if not e.premise_only or (e.key in absent and absent[e.key] is None)]
+
     for fold in run.iter_folds(trajs, folds, pools=group_pools(trajs), eval_order="group"):
         k, bank_trajs, eval_pools = fold.k, fold.bank_trajs, fold.eval_pools
         evaluated |= {p.instance_id for p in eval_pools}
@@ -83,7 +91,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
         for name, params in latentsift_variants(ablations=sweep is None).items():
             filt = make(bank, scorer, seed=s.seed, **params)
             put(name, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
-        for rule in rules() if sweep is None and not trained_only else ():  # the registry's rule filters (baselines)
+        for rule in use_rules:
             filt = rule.factory(seed=s.seed, **({"tokenizer": tokenizer} if rule.tokenizer else {}))
             put(rule.key, filt, filt.prepare_many(eval_pools, states, fingerprint=fingerprint))
         if s.variants or sweep is not None:
@@ -91,6 +99,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
                                                per_instance, put, curves=sweep is None and not trained_only)
         fold_info.append(info)
     missing = _drop_incomplete(per_instance, fold_info, evaluated)
+    missing |= {k: f"not run: {why}" for k, why in absent.items() if why is not None}
     if sweep is not None:
         per_instance = {sweep_name(sweep, n): per_instance[n]
                         for n in (PAPER, DEFAULT) if n in per_instance}

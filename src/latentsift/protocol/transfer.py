@@ -54,8 +54,10 @@ from ..trajectories.trajectory import Pool, Trajectory, group_pools
 from .folds import group_noun, group_of
 from .shift_eval import flag_rate, pool_flags
 
-#: The rule filters of the matrix: those computed from the trajectories alone, in the tables' order.
-BASELINE_NAMES = tuple(filter_entry(k).name for k in rule_keys() if not filter_entry(k).tokenizer)
+#: The rule filters of the matrix: those computed from the trajectories alone, in the tables' order (the premise's
+#: free references, built in premise runs only, are not among them).
+BASELINE_NAMES = tuple(filter_entry(k).name for k in rule_keys()
+                       if not filter_entry(k).tokenizer and not filter_entry(k).premise_only)
 RETENTION_MIN_K = 4  # retention is reported where pools hold K >= 4 (smaller pools keep max(3, .) = all)
 TRANSFER_GROUP_BY = ("repo", "instance")  # by agent would be the evaluated agents themselves
 

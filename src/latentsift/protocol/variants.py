@@ -22,16 +22,43 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
                     curves: bool = True) -> dict:
     """Beyond-paper variants of one outer fold, the registered filters of kind "variant"
     (``latentsift.sift.variants``) in registration order; returns what was chosen (and, when the inner
-    cross-validation is impossible in this fold, ``missing``: variant name -> reason)."""
+    cross-validation is impossible in this fold, ``missing``: variant name -> reason; ``fitted``: what a variant
+    fitted on the bank, e.g. the fitted fusion's weight)."""
     seed = run.settings.seed
-    bank_ids = sorted(t.traj_id for t in bank_trajs)
     labels = {t.traj_id: int(t.label) for t in bank_trajs}
     eval_ids = sorted(c.traj_id for p in eval_pools for c in p.candidates)
     variants = filters("variant")
     paper = {i: prep for i, (_, prep) in per_instance[PAPER].items()}
-    for e in variants:  # representation variants and scaffold-conditioned banks: built on the fold's bank
+    context = {"paper_filter": per_instance[PAPER][eval_pools[0].instance_id][0], "group": run.group,
+               "criterion": lambda inst, y, s: within_pool_auc(inst, y, s).auc}
+    missing: dict[str, str] = {}
+    fitted: dict[str, dict] = {}
+    for e in variants:  # representation variants, scaffold-conditioned banks, the fitted fusion: on the fold's bank
         if e.signals is None:
-            put(e.key, *e.factory(bank_trajs, eval_pools, states, fingerprint, scorer, seed=seed, paper=paper))
+            try:
+                filt, prep = e.factory(bank_trajs, eval_pools, states, fingerprint, scorer, seed=seed, paper=paper,
+                                       **context)
+            except LatentSiftError as err:  # e.g. an inner fold whose bank lacks a class: missing, never replaced
+                run.log(f"[variants] fold {k}: {e.key} not fitted ({err})")
+                missing[e.key] = f"fold {k}: {err}"
+                continue
+            put(e.key, filt, prep)
+            if getattr(filt, "fitted_", None):
+                fitted[e.key] = filt.fitted_
+    out = _stacks(run, k, bank_trajs, eval_pools, states, fingerprint, labels, eval_ids, per_instance, put,
+                  variants, curves)
+    if fitted:
+        out["fitted"] = fitted
+    if missing:
+        out["missing"] = {**out.get("missing", {}), **missing}
+    return out
+
+
+def _stacks(run, k, bank_trajs, eval_pools, states, fingerprint, labels, eval_ids, per_instance, put, variants,
+            curves) -> dict:
+    """The probe, the training-size curves and the stacked variants of one fold, with the inner-CV default."""
+    seed = run.settings.seed
+    bank_ids = sorted(labels)
     stacks = [e for e in variants if e.signals is not None]
     try:
         # the learned branch: regularised logistic probe vs the paper's gated head

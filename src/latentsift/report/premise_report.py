@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .decision_report import _diff, _pct_ci, auc_table
+from ..sift.rules import PAPER, labels
 from .figures import filter_name
 
 
@@ -26,7 +27,14 @@ def premise_markdown(data: Mapping, pre: Mapping | None = None, *, title: str | 
     lines += [f"- {k}: {v}." for k, v in pre["rules"].items()]
     lines += ["", f"{whose} states beat length: **{pre['own_states_beat_length']}** (the paper's method by the rule above; "
                   "per score: " + ", ".join(f"{filter_name(data, n)} {v}" for n, v in pre["beats_length"].items())
-              + ").", ""]
+              + ")."]
+    for v, what in (("beats_pure_length", "pure length (shortest code, fewest generated tokens)"),
+                    ("beats_examples", "the docstring examples' pass share")):
+        by = (pre.get("verdicts") or {}).get(v)
+        if by:
+            lines.append(f"{whose} states beat {what}: **{by.get(PAPER, 'undetermined')}** (the paper's method; "
+                         "per score: " + ", ".join(f"{filter_name(data, n)} {x}" for n, x in by.items()) + ").")
+    lines.append("")
     for n, why in pre.get("missing_scores", {}).items():
         lines += [f"Missing score: {filter_name(data, n)} ({why}).", ""]
     lines += [f"{level} Within-pool AUC", "", f"{pre['auc']['n_mixed_instances']} pools with both outcomes, "
@@ -100,7 +108,7 @@ def premise_report_markdown(summary: Mapping) -> str:
                   f"d = {fp.get('d_model', '?')}); "
                   f"agents: {who}; {comp.get('n_instances', '?')} tasks, {comp.get('n_repositories', '?')} "
                   f"{repos}; folds by {comp.get('group_by', '?')}. Full run: `{name}/report/report.md`.", ""]
-        lines += premise_markdown({"settings": {}}, r["premise"], title=None, whose=name.capitalize())
+        lines += premise_markdown({"settings": {"names": labels()}}, r["premise"], title=None, whose=name.capitalize())
     if summary.get("own_vs_proxy"):
-        lines += own_vs_proxy_markdown(summary["own_vs_proxy"])
+        lines += own_vs_proxy_markdown(summary["own_vs_proxy"], labels())
     return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 
 Inputs are the nearest-neighbour distances of one candidate's channel-c states: ``d_pos[i]``,
 ``d_neg[i]`` and the step index ``steps[i]`` of state i. A channel with no state gives NaN (missing):
-the rank stage puts missing scores lowest (see ``rank.normalized_ranks``).
+the channel does not rank that candidate (see ``rank.channel_ranks``).
 
 The aggregations are segmented (``*_grouped``) and score many candidates at once: ``owner[i]`` is
 the candidate number of state i in ``0..n_owners-1`` (one candidate: ``owner = zeros``, ``n_owners = 1``).

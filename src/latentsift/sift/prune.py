@@ -161,7 +161,8 @@ def prefix_prepare(filt: Stage1Filter, pools: Sequence[Pool], states: Mapping[st
     """Any Stage-1 filter on prefixes: pools and states cut to ``cut[traj_id]`` steps, then ``prepare_many``.
 
     The prefix states' ``n_tokens`` are the prefix's tokens from ``tokens`` (for the token-count
-    rule, i.e. 'longest so far'). A candidate with no state in its prefix ranks lowest (as a candidate with no evidence does in the distance branch).
+    rule, i.e. 'longest so far'). A candidate with no state of a channel in its prefix is not ranked in that
+    channel, and one with no state at all gets the distance branch's neutral rank (``sift.rank``).
     """
     cpools = [Pool(p.instance_id, [cut_trajectory(c, cut[c.traj_id]) for c in p.candidates]) for p in pools]
     cst = None

@@ -73,7 +73,9 @@ class FilterEntry:
     ``color``: its colour in every chart of the report and the explorer (``latentsift.report.colors``;
     None: the next free colour of the run); ``params`` (an ablation): the paper's method's settings it changes;
     ``group`` (an ablation): the ablation table it belongs to; ``signals`` (a stacked variant): the per-candidate
-    signals it fuses; ``post_hoc``: added after the evaluation folds had been seen (``protocol.decide``).
+    signals it fuses; ``post_hoc``: added after the evaluation folds had been seen (``protocol.decide``);
+    ``premise_only`` (a rule): a free reference of the premise test, built by the protocol in premise runs only
+    (``crossval(..., premise=True)``), and there only when its record is present (``RuleFilter.absent``).
     """
 
     name: str
@@ -91,13 +93,14 @@ class FilterEntry:
     group: str | None = None
     signals: tuple[str, ...] | None = None
     post_hoc: bool = False
+    premise_only: bool = False
 
 
 def register_filter(name: str, *, key: str | None = None, label: str | None = None, kind: str = "rule",
                     table_rank: float = math.inf, headline_rank: float = math.inf, tokenizer: bool = False,
                     column: tuple[str, float] | None = None, prune_policy: str | None = None,
                     color: str | None = None, params: dict | None = None, group: str | None = None,
-                    signals: tuple[str, ...] | None = None, post_hoc: bool = False):
+                    signals: tuple[str, ...] | None = None, post_hoc: bool = False, premise_only: bool = False):
     """Decorator: register a ``Stage1Filter`` subclass under ``name`` (see ``FilterEntry``); a filter of the
     protocol's own kinds ("ablation", "choice", "verifier", "variant", "sweep") may be any factory, its name
     may hold ':' and, ending with ``FAMILY`` (":*"), names a family of filters (``find_filter``)."""
@@ -121,7 +124,8 @@ def register_filter(name: str, *, key: str | None = None, label: str | None = No
             cls.name = name
         registry_add("filter", name, cls, key=key, label=label or name, kind=kind, table_rank=table_rank,
                      headline_rank=headline_rank, tokenizer=tokenizer, column=column, prune_policy=prune_policy,
-                     color=color, params=params, group=group, signals=signals, post_hoc=post_hoc)
+                     color=color, params=params, group=group, signals=signals, post_hoc=post_hoc,
+                     premise_only=premise_only)
         return cls
 
     return register
@@ -210,6 +214,12 @@ class RuleFilter(Stage1Filter):
 
     needs_states = False
 
+    @classmethod
+    def absent(cls, trajs: list[Trajectory]) -> str | None:
+        """Why the rule cannot score ``trajs`` (the record it reads is absent), or None: the protocol then
+        names it missing instead of running it (the premise's free references)."""
+        return None
+
     def _raw(self, cands: list[Trajectory], states: dict[str, TrajectoryStates] | None) -> np.ndarray:
         raise NotImplementedError
 
@@ -291,6 +301,66 @@ class FewestStepsFilter(RuleFilter):
         return np.array([-float(c.n_steps) for c in cands])
 
 
+# The premise's free references (issue: length in the rollout scaffold is partly an execution signal): pure
+# length beside fewest steps and shortest-in-characters, and the docstring examples' outcome named on its own.
+# Read from the rollout's records (``latentsift rollout``), no state and no label; built in premise runs only.
+@register_filter("shortest-patch", label="shortest code (chars)", table_rank=2.1, premise_only=True)
+class ShortestPatchFilter(RuleFilter):
+    """Prefer shorter submitted code: raw = -(characters of the final patch; 0 for none)."""
+
+    @classmethod
+    def absent(cls, trajs):
+        return None if any((t.patch or "") for t in trajs) else "no candidate has a patch (submitted code)"
+
+    def _raw(self, cands, states):
+        return np.array([-float(len(c.patch or "")) for c in cands])
+
+
+def generated_tokens(traj: Trajectory) -> int | None:
+    """The tokens the policy generated over the trajectory (each step's ``meta["tokens"]``, written by
+    ``latentsift rollout``); None when a step does not record them."""
+    n = [s.meta.get("tokens") for s in traj.steps]
+    return None if not n or any(not isinstance(x, int) or isinstance(x, bool) for x in n) else sum(n)
+
+
+@register_filter("fewest-generated-tokens", label="fewest generated tokens", table_rank=2.2, premise_only=True)
+class FewestGeneratedTokensFilter(RuleFilter):
+    """Prefer fewer generated tokens: raw = -(tokens the policy generated, all turns; ``generated_tokens``).
+    Unlike ``shortest-tokens`` (the tokens the policy saw), observations and prompts are not counted."""
+
+    @classmethod
+    def absent(cls, trajs):
+        bad = next((t.traj_id for t in trajs if generated_tokens(t) is None), None)
+        return None if bad is None else (f"{bad!r} records no generated-token count per step (step meta 'tokens', "
+                                         "written by latentsift rollout)")
+
+    def _raw(self, cands, states):
+        out = []
+        for c in cands:
+            n = generated_tokens(c)
+            if n is None:
+                raise LatentSiftError(f"{self.name}: {self.absent([c])}.")
+            out.append(-float(n))
+        return np.array(out)
+
+
+@register_filter("most-examples-passed", label="docstring examples passed (share)",
+                 table_rank=2.3, premise_only=True)
+class ExamplesPassedFilter(RuleFilter):
+    """Prefer candidates whose submitted code passed more of the task's docstring examples: raw =
+    ``tests["examples_passed"]`` (a share in [0, 1]). A task whose docstring has no example records none: its
+    candidates tie (missing ranks lowest, all of them)."""
+
+    @classmethod
+    def absent(cls, trajs):
+        return None if any(t.tests.get("examples_passed") is not None for t in trajs) else \
+            "no candidate records tests['examples_passed'] (the docstring examples' pass share)"
+
+    def _raw(self, cands, states):
+        return np.array([np.nan if c.tests.get("examples_passed") is None else float(c.tests["examples_passed"])
+                         for c in cands])
+
+
 #: The key of the paper's filter (the method every table starts with).
 PAPER = registry_find("filter", LatentSift.name, plugins=False).info["key"]
 #: The key of the rule every paired comparison is made against (keep the shortest in characters).
@@ -299,3 +369,8 @@ REFERENCE = registry_find("filter", ShortestCharsFilter.name, plugins=False).inf
 RANDOM = registry_find("filter", RandomFilter.name, plugins=False).info["key"]
 #: The key of the fewest-steps rule (a length reference of the premise test).
 FEWEST_STEPS = registry_find("filter", FewestStepsFilter.name, plugins=False).info["key"]
+#: The premise's pure length references (the submitted code's characters, the tokens the policy generated).
+PURE_LENGTH = tuple(registry_find("filter", c.name, plugins=False).info["key"]
+                    for c in (ShortestPatchFilter, FewestGeneratedTokensFilter))
+#: The premise's execution reference: the docstring examples' pass share.
+EXAMPLES_PASSED = registry_find("filter", ExamplesPassedFilter.name, plugins=False).info["key"]

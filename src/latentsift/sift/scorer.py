@@ -11,7 +11,10 @@ binary cross-entropy of q_lin (a logit) against y = 1[reward >= 0.5], AdamW (lr 
 1e-5), gradients accumulated over 16 trajectories per optimizer step (the loss is the mean over the
 accumulated trajectories; a last, shorter group is averaged over its own size), at most 40 epochs,
 80/20 train/validation split with seed 0, and the checkpoint (after an epoch) with the lowest
-validation loss is kept. Every one of these is a constructor setting.
+validation loss is kept. Every one of these is a constructor setting. ``fit(..., groups=)`` splits by
+group instead of by trajectory (whole groups go to validation, in a seeded order, until it holds at
+least ``val_frac`` of the trajectories; at least one group trains): the protocol passes its fold
+groups (task, repository), so that no task has candidates on both sides of the early-stopping split.
 
 Initialisation (``init``):
   "zeros" (default): W = 0 and b = (0, log(p / (1 - p))) with p the positive rate of the training
@@ -291,22 +294,41 @@ class LinearScorer:
             b = torch.zeros(2)
         return W.float(), b.float()
 
-    def split(self, traj_ids: Sequence[str]) -> tuple[list[str], list[str]]:
-        """The seeded train/validation split of sorted ``traj_ids`` (the paper's 80/20, seed 0)."""
-        ids = sorted(traj_ids)
-        perm = np.random.default_rng(int(self.seed)).permutation(len(ids))
-        n_val = int(round(self.val_frac * len(ids)))
-        if self.val_frac > 0:
-            n_val = min(max(n_val, 1), len(ids) - 1)
-        val = sorted(ids[i] for i in perm[:n_val])
-        train = sorted(ids[i] for i in perm[n_val:])
+    def split(self, traj_ids: Sequence[str], groups: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+        """The seeded train/validation split of sorted ``traj_ids`` (the paper's 80/20, seed 0); with
+        ``groups`` (traj_id -> group) whole groups go to one side (``_split``)."""
+        train, val, _ = self._split(traj_ids, groups)
         return train, val
 
+    def _split(self, traj_ids: Sequence[str], groups: Mapping[str, str] | None) -> tuple[list[str], list[str], int]:
+        """(train, validation, n): ``n`` the length of the seeded permutation drawn (trajectories, or groups)."""
+        ids = sorted(traj_ids)
+        target = int(round(self.val_frac * len(ids)))
+        if groups is None:
+            perm = np.random.default_rng(int(self.seed)).permutation(len(ids))
+            n_val = min(max(target, 1), len(ids) - 1) if self.val_frac > 0 else target
+            return sorted(ids[i] for i in perm[n_val:]), sorted(ids[i] for i in perm[:n_val]), len(ids)
+        units = sorted({groups[t] for t in ids})
+        size = {u: 0 for u in units}
+        for t in ids:
+            size[groups[t]] += 1
+        perm = np.random.default_rng(int(self.seed)).permutation(len(units))
+        held: set[str] = set()
+        n_val = 0
+        for i in perm:  # whole groups in the seeded order until validation holds val_frac (>= 1 trajectory)
+            if self.val_frac == 0 or n_val >= max(target, 1) or len(held) == len(units) - 1:
+                break
+            held.add(units[i])
+            n_val += size[units[i]]
+        return ([t for t in ids if groups[t] not in held], [t for t in ids if groups[t] in held], len(units))
+
     def fit(self, states: Sequence[TrajectoryStates], labels: Mapping[str, int] | Sequence[int], *,
-            fingerprint: Fingerprint | None = None,
+            fingerprint: Fingerprint | None = None, groups: Mapping[str, str] | Sequence[str] | None = None,
             callback: Callable[[dict], None] | None = None) -> "LinearScorer":
         """Train on bank trajectories. ``labels``: dict traj_id -> 0/1, or a list aligned with ``states``.
 
+        ``groups`` (dict traj_id -> group, or a list aligned with ``states``; e.g. each trajectory's task):
+        the validation split keeps every group on one side (module docstring); None splits by trajectory.
         The result does not depend on the order of ``states`` (trajectories are sorted by traj_id).
         ``callback`` receives each epoch's history entry (for progress bars).
         """
@@ -314,16 +336,17 @@ class LinearScorer:
         self._check_params()
         states, lab, fingerprint = _check_fit_inputs(states, labels, fingerprint)
         ids = [s.traj_id for s in states]
+        grp = None if groups is None else _check_groups(groups, ids)
         L, d, lids = states[0].n_layers, states[0].d_model, getattr(states[0], "layer_ids", None)
         by_id = {s.traj_id: s for s in states}
-        train_ids, val_ids = self.split(ids)
+        train_ids, val_ids, n_drawn = self._split(ids, grp)
         if len(train_ids) == 0:
             raise LatentSiftError("LinearScorer.fit needs at least one training trajectory.")
         y_tr = torch.tensor([float(lab[t]) for t in train_ids])
         y_va = torch.tensor([float(lab[t]) for t in val_ids])
         pos_rate = float(y_tr.mean())
         best, history = self._train([by_id[t] for t in train_ids], [by_id[t] for t in val_ids], y_tr, y_va,
-                                    (L, d, pos_rate), len(ids), callback)
+                                    (L, d, pos_rate), n_drawn, callback)
         self.W_ = best[2].numpy().astype(np.float32)
         self.b_ = best[3].numpy().astype(np.float32)
         self.best_epoch_ = int(best[1])
@@ -551,6 +574,20 @@ def _check_fit_inputs(states, labels,
         if fingerprint.d_model != d:
             raise LatentSiftError(f"The states have d_model={d} but the fingerprint says {fingerprint.d_model}.")
     return states, lab, fingerprint
+
+
+def _check_groups(groups: Mapping[str, str] | Sequence[str], ids: Sequence[str]) -> dict[str, str]:
+    """``LinearScorer.fit``'s ``groups`` as traj_id -> group, one per trajectory."""
+    if isinstance(groups, Mapping):
+        missing = [t for t in ids if t not in groups]
+        if missing:
+            raise LatentSiftError(f"The 'groups' parameter of LinearScorer.fit has no group for {missing[0]!r}.")
+        return {t: str(groups[t]) for t in ids}
+    groups = list(groups)
+    if len(groups) != len(ids):
+        raise LatentSiftError(f"The 'groups' parameter of LinearScorer.fit must have one group per state "
+                              f"({len(ids)}). Got {len(groups)} instead.")
+    return {t: str(g) for t, g in zip(ids, groups)}
 
 
 def check_split(scorer: LinearScorer, labels: Mapping[str, int], log: Callable[[str], None] | None = None) -> None:

@@ -17,9 +17,10 @@ Every filter answers three verbs:
 ``states`` is a dict traj_id -> ``TrajectoryStates`` (then pass ``fingerprint=``) or a states store
 (any object with ``load(traj_ids)`` and ``fingerprint``, e.g. ``StateStore``).
 
-Missing-channel rule: a candidate with no channel-c state has q_c = NaN (missing) and
-ranks lowest in channel c (``rank.normalized_ranks``); so its s_dist is the lowest rank among the
-candidates, whatever its other channels say.
+Missing-channel rule: a candidate with no channel-c state has q_c = NaN (missing) and is not ranked
+in channel c: each channel ranks the candidates that have it, and s_dist is the minimum over the
+channels the candidate is ranked in; a candidate ranked in none gets the neutral rank 0.5
+(``rank.channel_ranks``, ``rank.min_channel_rank``; the why is in ``latentsift.sift.rank``).
 
 Determinism: candidates are processed in traj_id order and every result is keyed by traj_id, so the
 output does not depend on the order of the pool; the retention tie rule hashes (seed, traj_id).
@@ -41,7 +42,7 @@ from .._core.validation import LatentSiftError, check_choice, param_error
 from ..bank.bank import Bank, as_fingerprint
 from .fuse import FUSION_WEIGHT, fuse
 from .margin import DISTANCES, WEIGHTINGS, channel_scores_grouped, signed_evidence
-from .rank import min_channel_rank, normalized_ranks
+from .rank import channel_ranks, min_channel_rank, normalized_ranks
 from .keep import FixedKeep, KeepRule
 from .retain import KEEP_FRAC, MIN_KEEP, check_retention
 from .scorer import LinearScorer
@@ -77,7 +78,8 @@ class Evidence:
 class CandidateScore:
     """Stage-1 outcome for one candidate. Fields a filter does not compute are None.
 
-    q, r: per channel (None = the channel is missing for this candidate: it ranks lowest).
+    q, r: per channel (q None = the channel is missing for this candidate; r None = not ranked in it:
+    missing, or the only candidate with the channel; s_dist is the minimum of the other r).
     raw: a baseline's rule score (e.g. -n_tokens); None for LatentSift.
     """
 
@@ -261,7 +263,8 @@ class Stage1Filter:
             if prepared.q is not None and "r" in rk:
                 c.q = {ch: (None if np.isnan(prepared.q[i, j]) else float(prepared.q[i, j]))
                        for j, ch in enumerate(prepared.channels)}
-                c.r = {ch: float(rk["r"][j, i]) for j, ch in enumerate(prepared.channels)}
+                c.r = {ch: (None if np.isnan(rk["r"][j, i]) else float(rk["r"][j, i]))
+                       for j, ch in enumerate(prepared.channels)}
                 c.s_dist = float(rk["s_dist"][i])
             if prepared.q_lin is not None and "s_lin" in rk:
                 c.q_lin = float(prepared.q_lin[i])
@@ -440,9 +443,9 @@ class LatentSift(Stage1Filter):
     def _rank(self, prepared: Prepared, idx: np.ndarray) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         if self._uses_distance:
-            r = np.stack([normalized_ranks(prepared.q[idx, j]) for j in range(len(prepared.channels))])
-            out["r"] = r  # r_c: within-subset normalised rank per channel (Eq. 4)
-            out["s_dist"] = min_channel_rank(r)  # s_dist = min_c r_c (Eq. 4)
+            r = np.stack([channel_ranks(prepared.q[idx, j]) for j in range(len(prepared.channels))])
+            out["r"] = r  # r_c: within-subset normalised rank per channel among its holders (Eq. 4)
+            out["s_dist"] = min_channel_rank(r)  # s_dist = min_c r_c over the ranked channels (Eq. 4)
         if self._uses_learned:
             out["s_lin"] = normalized_ranks(prepared.q_lin[idx])  # s_lin: q_lin ranked within the subset
         if self.branches == "both":

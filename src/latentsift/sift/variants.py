@@ -11,6 +11,9 @@ hidden-state signal carry anything that length and agent identity do not?
   spans, mean over spans of a few layers), the regularisation chosen by cross-validation on the bank.
 - ``trajectory_signals``: length and patch signals read from the trajectory (no states);
   ``bank_subsample``: nested instance subsets of a bank for training-set size curves.
+- ``fitted_fusion``: the paper's method with its fusion weight (Eq. 3, 0.5 in the paper) fitted on the bank by
+  inner cross-validation by group (``fit_fusion_weight``): a fusion that cannot do much worse than its better
+  branch. The scored fold is never read: its candidates are scored with the weight the bank chose.
 - ``StackedFilter`` + ``fit_stack``: a fusion of within-pool ranks of several per-candidate signals
   (channel margins, learned logits, length in characters, step count), with weights fitted by a
   logistic regression on *bank* pools only, whose signals come from cross-fitting inside the bank
@@ -29,9 +32,11 @@ import numpy as np
 from .._core.threads import blas_fixed
 from .._core import words
 from .._core.validation import LatentSiftError, NotFittedError
-from ..bank.bank import Bank
+from ..bank.bank import Bank, inner_folds
+from .fuse import FUSION_WEIGHT, fuse
 from .rank import grouped_normalized_ranks, normalized_ranks
 from .rules import PAPER, register_filter
+from .scorer import LinearScorer
 from .sift import LatentSift, Prepared, Stage1Filter
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNELS, Pool, Trajectory
@@ -228,6 +233,62 @@ class StackedFilter(Stage1Filter):
         return {"s": r @ w}
 
 
+# ------------------------------------------------------------------------ fitted fusion weight
+#: The fusion weights w (s = w s_dist + (1 - w) s_lin, Eq. 3) among which the inner cross-validation chooses.
+FUSION_GRID = tuple(i / 10 for i in range(11))
+
+
+def fit_fusion_weight(s_dist, s_lin, instance, labels, criterion, *,
+                      grid: Sequence[float] = FUSION_GRID) -> tuple[float, dict[str, float]]:
+    """(w, criterion per w): the w of ``grid`` whose fused score (Eq. 3) has the best ``criterion(instance,
+    labels, s)`` (e.g. the within-pool AUC) on cross-fitted bank scores; ties go to the w nearest the paper's
+    0.5, then the smaller. Refused when no w gives a finite criterion (no pool with both outcomes)."""
+    got = {w: float(criterion(instance, labels, fuse(s_dist, s_lin, w))) for w in grid}
+    ok = [w for w, v in got.items() if math.isfinite(v)]
+    if not ok:
+        raise LatentSiftError("fit_fusion_weight: the bank's cross-fitted pools have no pool with both outcomes.")
+    best = max(ok, key=lambda w: (got[w], -abs(w - FUSION_WEIGHT), -w))
+    return best, {f"{w:g}": v for w, v in got.items()}
+
+
+def cross_fitted_branches(bank_trajs: Sequence[Trajectory], states, fingerprint, scorer_params: Mapping, *,
+                          group, seed: int = 0) -> dict[str, np.ndarray]:
+    """s_dist and s_lin of every bank trajectory scored by a bank and a scorer fitted on the other inner
+    folds (``inner_folds`` by ``group``, as the outer folds are), with its instance and label."""
+    cols: dict[str, list] = {"s_dist": [], "s_lin": [], "instance": [], "label": []}
+    for f in inner_folds(bank_trajs, group, seed=seed):
+        ids = sorted(t.traj_id for t in f.bank_trajs)
+        labels = {t.traj_id: int(t.label) for t in f.bank_trajs}
+        bank = Bank.from_trajectories(f.bank_trajs, states, fingerprint)
+        sc = LinearScorer(**scorer_params).fit([states[i] for i in ids], [labels[i] for i in ids],
+                                               fingerprint=fingerprint,
+                                               groups={t.traj_id: group(t) for t in f.bank_trajs})
+        label_of = {c.traj_id: int(c.label) for p in f.eval_pools for c in p.candidates}
+        for res in LatentSift(bank, sc, seed=seed, n_evidence=0).score_pools(f.eval_pools, states,
+                                                                             fingerprint=fingerprint):
+            for c in res.candidates:
+                cols["s_dist"].append(c.s_dist)
+                cols["s_lin"].append(c.s_lin)
+                cols["instance"].append(c.instance_id)
+                cols["label"].append(label_of[c.traj_id])
+    return {k: np.asarray(v) for k, v in cols.items()}
+
+
+def fitted_fusion(bank_trajs, eval_pools, states, fingerprint, scorer, *, seed: int, paper: Mapping[str, Prepared],
+                  paper_filter: LatentSift, group, criterion, **_):
+    """The paper's method (its bank and scorer of this fold) with the fusion weight chosen on the bank alone
+    (``cross_fitted_branches`` then ``fit_fusion_weight``); ``eval_pools`` are only scored, with ``paper``'s
+    q and q_lin. Returns (filter, instance -> Prepared); the filter's ``fitted_`` holds the weight's evidence."""
+    if scorer is None:
+        raise LatentSiftError("the fitted fusion needs the learned branch (a trained scorer)")
+    cf = cross_fitted_branches(bank_trajs, states, fingerprint, scorer.get_params() | {"train_loss": False},
+                               group=group, seed=seed)
+    w, by_w = fit_fusion_weight(cf["s_dist"], cf["s_lin"], cf["instance"], cf["label"], criterion)
+    filt = LatentSift(paper_filter.bank, scorer, seed=seed, fusion_weight=w)
+    filt.fitted_ = {"fusion_weight": w, "inner_cv_criterion": by_w, "n_bank_candidates": int(len(cf["label"]))}
+    return filt, {p.instance_id: paper[p.instance_id] for p in eval_pools}
+
+
 # ------------------------------------------------------------------------ scaffold-conditioned banks
 def split_pools_by_group(pools: Sequence[Pool], group_of) -> dict[str, list[Pool]]:
     """Each pool split into sub-pools of one group (scaffold) each."""
@@ -257,8 +318,10 @@ def merge_prepared(parts: Sequence[Prepared]) -> Prepared:
 # ------------------------------------------------------------------------ the registered variants
 # Every beyond-paper variant is a registered filter of kind "variant" whose name ("variant:<setting>") is spelled
 # here only; the protocol builds them in registration order (``latentsift.protocol.variants``). A variant
-# without ``signals`` is a factory ``make(bank_trajs, eval_pools, states, fingerprint, scorer, *, seed, paper)``
-# -> (filter, instance -> Prepared), ``paper`` the paper's method's Prepared per instance of the fold; a
+# without ``signals`` is a factory ``make(bank_trajs, eval_pools, states, fingerprint, scorer, *, seed, paper,
+# paper_filter, group, criterion)`` -> (filter, instance -> Prepared), ``paper`` the paper's method's Prepared per
+# instance of the fold, ``paper_filter`` its filter, ``group`` the fold group of a trajectory and ``criterion``
+# the within-pool AUC (instance, label, score) -> float, for an inner cross-validation; a
 # stacked fusion (``signals``: the per-candidate signals it fuses) is ``StackedFilter``, built from the
 # cross-fitted bank signals and their fitted weights.
 _VARIANT = "variant:"
@@ -282,7 +345,7 @@ def _representation(name: str, params_of, *, center: bool = False) -> str:
     """Register a representation variant of the distance branch, fused with the paper's learned branch: its
     bank holds the states (centred per scaffold on the bank's means when ``center``) built with the settings
     ``params_of(states, bank_ids)``."""
-    def make(bank_trajs, eval_pools, states, fingerprint, scorer, *, seed: int, paper: Mapping[str, Prepared]):
+    def make(bank_trajs, eval_pools, states, fingerprint, scorer, *, seed: int, paper: Mapping[str, Prepared], **_):
         bank_ids = sorted(t.traj_id for t in bank_trajs)
         if center:
             agent = {t.traj_id: t.agent for t in [*bank_trajs, *(c for p in eval_pools for c in p.candidates)]}
@@ -298,7 +361,7 @@ def _representation(name: str, params_of, *, center: bool = False) -> str:
     return _variant(name, make)
 
 
-def _scaffold_bank(bank_trajs, eval_pools, states, fingerprint, scorer, *, seed: int, paper=None):
+def _scaffold_bank(bank_trajs, eval_pools, states, fingerprint, scorer, *, seed: int, paper=None, **_):
     """Scaffold-conditioned banks: a candidate is compared only with bank trajectories of its scaffold (the
     shared bank where the scaffold's bank lacks a class)."""
     base = LatentSift(Bank.from_trajectories(bank_trajs, states, fingerprint), scorer, seed=seed)
@@ -324,6 +387,10 @@ _representation("variant:norm:l2", lambda states, ids: {"normalize": "l2"})
 _representation("variant:norm:whiten", lambda states, ids: {"normalize": "whiten"})
 _representation("variant:center:scaffold", lambda states, ids: {}, center=True)
 _variant("variant:scaffold-bank", _scaffold_bank)
+#: The paper's method with the fusion weight fitted on the bank by inner cross-validation by group (Eq. 3's 0.5
+#: stays the paper's method). Added after the premise's folds had been seen (its learned branch beat the 0.5/0.5
+#: fusion there), so post hoc.
+FITTED_FUSION = _variant("variant:fusion:fitted", fitted_fusion, post_hoc=True)
 #: The logistic probe alone (the learned branch's alternative), chosen before the folds were seen.
 PROBE = _stack("variant:probe", ["probe"], post_hoc=False)
 _stack("variant:stack:states", _STATES)
