@@ -24,9 +24,11 @@ from ..deploy.operating import (calibration_guard, calibration_pools_for_filter,
 from ..deploy.shift import ON_SHIFT, Reference, guard
 from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
 from ..sift.keep import FixedKeep, keep_rules
+from ..sift.retain import KEEP_FRAC, check_retention
 from ..sift.sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
-from .operating import saved_operating_point
+from ..deploy.operating_file import OPERATING_POINT_JSON
+from .operating import check_saved_rule, saved_operating_point
 from .sifter import run_sifter_filter_chosen
 
 __all__ = ["DEFAULT_CALIBRATION", "FilterOutcome", "calibration_methods", "filter_options", "filter_to_file",
@@ -172,10 +174,10 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                    ray: str | None = None, bank_shards: int | None = None, approx: str | None = None,
                    distance_only: bool = False, learned_only: bool = False, channels: str | None = None,
                    distance: str | None = None, weighting: str | None = None, fusion_weight: float | None = None,
-                   min_keep: int | None = None, frac: float = 0.5, seed: int = 0, evidence: int = 3,
+                   min_keep: int | None = None, frac: float | None = None, seed: int = 0, evidence: int = 3,
                    instances: Sequence[str] | None = None, target_recall: float | None = None, calibration=None,
                    calibration_states=None, calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40,
-                   keep_rule: str = FixedKeep.name, confidence: float | None = None, operating_point=None,
+                   keep_rule: str | None = None, confidence: float | None = None, operating_point=None,
                    max_keep: int | None = None, cost: str = "calls", log: Callable[[str], None] = lambda m: None,
                    status: Callable[[str], ContextManager[Any]] = lambda m: contextlib.nullcontext()) -> FilterOutcome:
     """``latentsift filter``: every option checked before any work (one-line refusals), the output guarded
@@ -198,9 +200,16 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                                    on_shift=on_shift, min_keep=min_keep, keep_rule=keep_rule, pools=pools,
                                    instances=instances, confidence=confidence, saved=saved is not None,
                                    max_keep=max_keep, cost=cost)
-    target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
+    target_recall, on_shift, min_keep, rule = target["target_recall"], target["on_shift"], target["min_keep"], target["rule"]
     if saved is not None:
-        target_recall, min_keep = saved[0].target_recall, saved[0].min_keep
+        check_saved_rule(saved, operating_point or Path(sifter, OPERATING_POINT_JSON), keep_rule=keep_rule,
+                         min_keep=min_keep, max_keep=max_keep)
+        target_recall, min_keep, rule = saved[0].target_recall, saved[0].min_keep, saved[0].name
+    if frac is not None and rule != FixedKeep.name:
+        raise LatentSiftError(f"--frac sets the fixed rule's max(min_keep, floor(frac K)); the keep rule {rule} has "
+                              "no frac: drop --frac.")
+    frac = KEEP_FRAC if frac is None else frac
+    check_retention(min_keep, frac, "filter (--min-keep/--frac)")  # the options', never blamed on a saved file
     with owned_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states, operating_point],
                       file="filter") as owned:  # a second filter to this --out is refused while this one runs
         out = owned.path
@@ -216,7 +225,7 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
         if sifter is None and stateful:
             settings |= resolved["sift_settings"]
         cal = None
-        if (target_recall is not None and saved is None) or (keep_rule != FixedKeep.name and calibration is not None):
+        if (target_recall is not None and saved is None) or (rule != FixedKeep.name and calibration is not None):
             with status("calibrating ..."):  # first: its states are checked (and refused) before the pools are scored
                 cal = calibration_pools_for_filter(calibration, calibration_states or states, method=method,
                                                    bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
@@ -245,8 +254,8 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
             outcome.operating_point = target_recall_filter(run, target_recall, cal, method=calibration_method,
                                                            min_keep=min_keep, on_shift=on_shift,
                                                            confidence=target["confidence"], saved=saved,
-                                                           max_keep=target["max_keep"])
-        elif keep_rule != FixedKeep.name:
-            outcome.keep_rule = keep_rule_filter(run, keep_rule, cal if calibration is not None else None)
+                                                           max_keep=target["max_keep"], rule=rule)
+        elif rule != FixedKeep.name:
+            outcome.keep_rule = keep_rule_filter(run, rule, cal if calibration is not None else None)
         run.save(out)
     return outcome
