@@ -182,3 +182,85 @@ def test_fit_refuses_calibration_states_of_other_settings_before_writing_the_sif
                          (["--calibration", tmp_path / "unlabelled.jsonl"], ("--calibration", "have no reward"))):
         refused(_cli(*base, *extra), *words)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["other-states", "unlabelled.jsonl"]
+
+
+# --------------------------------------------------------------------------- premise: which store is whose
+FAST = ["--folds", "2", "--draws", "5", "--boot", "50", "--scorer-epochs", "2", "--k", "4"]
+
+
+@pytest.fixture(scope="module")
+def policy_pools(tmp_path_factory):
+    """One policy's pools recording its fingerprint (meta.policy, as a rollout writes it), its own states, a proxy
+    store of the same candidates by another model, and a second own-model store (another folder)."""
+    from synthetic import FP, PROXY_FP, write_single_policy
+    d = tmp_path_factory.mktemp("policy")
+    pools, own = write_single_policy(d / "own", k=4, examples=True, policy=FP.digest)
+    _, proxy = write_single_policy(d / "proxy", k=4, seed=7, fingerprint=PROXY_FP)
+    _, again = write_single_policy(d / "again", k=4, seed=5)
+    return d, pools, own, proxy, again
+
+
+@pytest.mark.parametrize("case, words", [
+    ("swapped", ("--states", "proxy", "not of the policy that wrote the candidates", "look swapped")),
+    ("one store as both", ("is given as --states and as --proxy-states",)),
+    ("own model as proxy", ("--proxy-states", "holds the policy's own states")),
+    ("proxy only", ("--states", "not of the policy that wrote the candidates")),
+    ("unknown key", ("--gen-test-key 'nosuchkey'", "'examples_passed'")),
+])
+def test_premise_refuses_stores_that_are_not_what_they_are_given_as(policy_pools, tmp_path, case, words):
+    """What is tested: the candidates record their policy's fingerprint; 'premise' with the stores swapped, one
+    store given as both, the policy's own states given as the proxy, or only the proxy's states is refused in one
+    line before any run (no OUT), where it ran and reported a flipped or zero own - proxy; an unknown
+    --gen-test-key is refused instead of scoring no Stage 3."""
+    d, pools, own, proxy, again = policy_pools
+    args = {"swapped": ["--states", proxy, "--proxy-states", own],
+            "one store as both": ["--states", own, "--proxy-states", own],
+            "own model as proxy": ["--states", own, "--proxy-states", again],
+            "proxy only": ["--states", proxy],
+            "unknown key": ["--states", own, "--gen-test-key", "nosuchkey"]}[case]
+    refused(_cli("premise", pools, *args, "--out", tmp_path / "out", *FAST), *words)
+    assert not (tmp_path / "out").exists()
+
+
+def test_premise_accepts_the_policy_states_with_another_model_as_proxy(policy_pools):
+    from latentsift.deploy.library import open_stores
+    from latentsift.protocol.premise import check_premise_stores
+    from latentsift.trajectories.trajectory import load_jsonl
+    d, pools, own, proxy, _ = policy_pools
+    check_premise_stores(load_jsonl(pools), open_stores([own], "own"), open_stores([proxy], "proxy"))
+    check_premise_stores(load_jsonl(pools), open_stores([own], "own"))
+
+
+def test_premise_without_a_recorded_policy_refuses_the_same_encoding_as_proxy(tmp_path):
+    """Pools that record no policy (imported runs): the proxy must not be the own store's model with the same
+    settings (a copy of the own states); a crossval of one task says at least 2 are needed."""
+    import shutil
+    from synthetic import write_single_policy
+    pools, own = write_single_policy(tmp_path / "own", k=4)
+    shutil.copytree(own, tmp_path / "copy")
+    refused(_cli("premise", pools, "--states", own, "--proxy-states", tmp_path / "copy", "--out", tmp_path / "out",
+                 *FAST), "--proxy-states", "same model and settings")
+    assert not (tmp_path / "out").exists()
+    one, states = write_single_policy(tmp_path / "one", n_instances=1, k=4)
+    refused(_cli("crossval", one, "--states", states, "--out", tmp_path / "cv", "--group-by", "instance", "--folds",
+                 "2", "--k", "4"), "at least 2 instances", "come from 1 instance")
+    assert not (tmp_path / "cv").exists()
+    assert "between 2 and 1" not in _cli("crossval", one, "--states", states, "--out", tmp_path / "cv", "--group-by",
+                                         "instance", "--k", "4").output
+
+
+@pytest.mark.parametrize("field, value", [("frac", 5), ("frac", -0.5), ("min_keep", 0), ("fusion_weight", 2.0)])
+def test_sifter_json_settings_out_of_range_are_refused(sifted, tmp_path, field, value):
+    """What is tested: a sifter.json whose filter settings lie outside the ranges of their options (frac 5,
+    min_keep 0 ...) is refused by its schema, naming the file and field, also when the command line would
+    override them (the file is checked as saved)."""
+    import shutil
+    sifter = tmp_path / "sifter"
+    shutil.copytree(sifted / "sifter", sifter)
+    man = json.loads((sifter / "sifter.json").read_text())
+    man["config"]["settings"][field] = value
+    (sifter / "sifter.json").write_text(json.dumps(man))
+    r = _cli("filter", sifted / "pools.jsonl", "--states", sifted / "states", "--sifter", sifter, "--min-keep", "2",
+             "--frac", "0.5", "--out", tmp_path / "f.json")
+    refused(r, f"{sifter / 'sifter.json'}: field 'config.settings.{field}'", "edited or damaged")
+    assert not (tmp_path / "f.json").exists()

@@ -148,7 +148,7 @@ class ScorerSettings(Closed):
     weight_decay: Finite
     accumulation: Positive
     max_epochs: Positive
-    val_frac: Finite
+    val_frac: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
     seed: int
     init: str
     patience: Positive | None
@@ -200,15 +200,21 @@ class ShiftReference(Closed):
         return self
 
 
+#: A share: a finite number in [0, 1].
+Share = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
 class SifterSettings(Closed):
+    """The filter settings a sifter was fitted with, with the ranges their options take (``filter``)."""
+
     channels: list[str]
     distance: str
     weighting: str
     branches: str
-    fusion_weight: Finite
+    fusion_weight: Share
     n_evidence: Count
-    min_keep: Count
-    frac: Finite
+    min_keep: Positive
+    frac: Share
     seed: int
 
 
