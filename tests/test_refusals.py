@@ -264,3 +264,40 @@ def test_sifter_json_settings_out_of_range_are_refused(sifted, tmp_path, field, 
              "--frac", "0.5", "--out", tmp_path / "f.json")
     refused(r, f"{sifter / 'sifter.json'}: field 'config.settings.{field}'", "edited or damaged")
     assert not (tmp_path / "f.json").exists()
+
+
+# --------------------------------------------------------------------------- messages name the option
+INTERNAL_NAMES = ("LatentSift ", "LatentSift.", "LinearScorer", "RecallKeep", "Sifter", "run_filter", "'n_evidence' "
+                  "parameter of LatentSift", "max_epochs")
+
+
+@pytest.mark.parametrize("args, option", [
+    (["filter", "--sifter", "S", "--evidence", "-1"], "--evidence"),
+    (["filter", "--method", "shortest-chars", "--evidence", "-1"], "--evidence"),
+    (["filter", "--method", "shortest-chars", "--on-shift", "nosuch"], "--on-shift"),
+    (["filter", "--sifter", "S", "--on-leak", "nosuch"], "--on-leak"),
+    (["filter", "--sifter", "S", "--bank-choice", "nosuch"], "--bank-choice"),
+    (["filter", "--bank", "B", "--scorer", "C", "--distance", "nosuch"], "--distance"),
+    (["filter", "--bank", "B", "--scorer", "C", "--weighting", "nosuch"], "--weighting"),
+    (["filter", "--bank", "B", "--scorer", "C", "--channels", "cot,foo"], "--channels"),
+    (["filter", "--bank", "B", "--scorer", "C", "--fusion-weight", "2"], "--fusion-weight"),
+    (["fit", "--scorer-epochs", "-1"], "--scorer-epochs"),
+    (["fit", "--reference", "nosuch"], "--reference"),
+    (["fit", "--target-recall", "0.9", "--calibration", "CAL", "--calibration-method", "nosuch"], "fit (--calibration-method)"),
+    (["fit", "--target-recall", "0.9", "--calibration", "CAL", "--confidence", "5"], "fit (--confidence)"),
+])
+def test_refusals_name_the_option_not_the_class(sifted, tmp_path, args, option):
+    """What is tested: a bad value of an option of 'filter' or 'fit' is told with the option's name (and the
+    command's), never a class or function of the library, before any work, also where the option would go
+    unused (--on-shift with a rule filter, --evidence without a bank)."""
+    d = sifted
+    subs = {"S": d / "sifter", "B": d / "sifter" / "bank", "C": d / "sifter" / "scorer", "CAL": d / "cal.jsonl"}
+    args = [subs.get(a, a) for a in args]
+    if args[0] == "filter":
+        cmd = ["filter", d / "pools.jsonl", "--states", d / "states", "--out", tmp_path / "f.json", *args[1:]]
+    else:
+        cmd = ["fit", d / "bank.jsonl", "--states", d / "states", "--out", tmp_path / "s", *args[1:]]
+    r = _cli(*cmd)
+    refused(r, option)
+    assert not any(w in r.output for w in INTERNAL_NAMES), r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -14,6 +14,7 @@ from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, check_choice
 from ..bank.bank import Bank
 from ..deploy.leak import ON_LEAK, apply_on_leak
+from ..deploy.library import BANK_CHOICES
 from ..sift.rules import filter_entry, make_baseline, method_names
 from ..scale.approx import approx_bank  # ray and faiss themselves load only when used
 from ..scale.bank import shard_bank
@@ -25,7 +26,7 @@ from ..deploy.shift import ON_SHIFT, Reference, guard
 from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
 from ..sift.keep import FixedKeep, keep_rules
 from ..sift.retain import KEEP_FRAC, check_retention
-from ..sift.sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
+from ..sift.sift import FilterRun, LatentSift, Stage1Filter, check_sift_settings, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
 from ..deploy.operating_file import OPERATING_POINT_JSON
 from .operating import check_saved_rule, saved_operating_point
@@ -33,6 +34,12 @@ from .sifter import run_sifter_filter_chosen
 
 __all__ = ["DEFAULT_CALIBRATION", "FilterOutcome", "calibration_methods", "filter_options", "filter_to_file",
            "keep_rules", "method_names", "run_filter"]
+
+
+#: The filter's options of the LatentSift settings (named in their refusals).
+SIFT_OPTIONS = {"channels": "filter (--channels)", "distance": "filter (--distance)", "weighting": "filter (--weighting)",
+                "fusion_weight": "filter (--fusion-weight)", "n_evidence": "filter (--evidence)",
+                "branches": "filter (--distance-only/--learned-only)"}
 
 
 def filter_options(*, method: str = LatentSift.name, bank_dir=None, scorer_dir=None, sifter_dir=None,
@@ -193,6 +200,11 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                               bank_choice=bank_choice, on_leak=on_leak, ray_address=ray, bank_shards=bank_shards,
                               approx=approx, distance_only=distance_only, learned_only=learned_only,
                               channels=channels, distance=distance, weighting=weighting, fusion_weight=fusion_weight)
+    check_sift_settings(resolved["sift_settings"] | {"n_evidence": evidence}, SIFT_OPTIONS)
+    for name, value, allowed in (("on_shift", on_shift, ON_SHIFT), ("on_leak", on_leak, ON_LEAK),
+                                 ("bank_choice", bank_choice, BANK_CHOICES)):
+        if value is not None:
+            check_choice(value, name, f"filter (--{name.replace('_', '-')})", allowed)
     saved = saved_operating_point(operating_point=operating_point, target_recall=target_recall, confidence=confidence,
                                   calibration=calibration, sifter_dir=sifter, pools=pools, instances=instances)
     target = target_recall_options(target_recall=target_recall, calibration=calibration, bank_choice=bank_choice,

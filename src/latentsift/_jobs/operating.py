@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .._core.outputs import owned_output
 from .._core.threads import blas_fixed
-from .._core.validation import LatentSiftError
+from .._core.validation import LatentSiftError, check_positive_int
 from ..deploy.operating import (calibration_pools_for_filter, check_calibration_disjoint_ids, check_calibration_inputs,
                                 target_recall_options)
 from ..deploy.operating_file import OPERATING_POINT_JSON, load_operating_point, save_operating_point
@@ -24,8 +24,10 @@ def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, c
     """``latentsift fit`` [``--target-recall R --calibration CAL``]: the options checked before any work (what
     the bound needs logged), the sifter fitted and saved (``sifter.fit_sifter``), then, with a target, its
     operating point (``fit_operating_point_file``). Returns (sifter, the operating point's record or None)."""
+    check_positive_int(fit_kw.get("scorer_epochs", 40), "scorer_epochs", "fit (--scorer-epochs)")
     target = target_recall_options(target_recall=target_recall, calibration=calibration, confidence=confidence,
-                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs)
+                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs,
+                                   command="fit")
     several = not isinstance(states, (str, Path)) and len(list(states)) != 1
     if target_recall is not None and calibration_states is None and several:
         raise LatentSiftError("fit --target-recall with several --states stores needs --calibration-states.")

@@ -316,7 +316,8 @@ def keep_rule_choice(keep_rule: str | None = None, *, target_recall=None, confid
 def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
                           calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40, on_shift=None,
                           min_keep=None, pools=None, instances=None, confidence=None, saved: bool = False,
-                          max_keep=None, cost: str = "calls", keep_rule: str | None = None) -> dict:
+                          max_keep=None, cost: str = "calls", keep_rule: str | None = None,
+                          command: str = "filter") -> dict:
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
 
     Returns ``{"target_recall", "on_shift", "min_keep", "confidence", "needed", "have"}``: without a
@@ -326,18 +327,19 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
     instances only (refused when it shares a pool with ``pools``, the pools to filter). ``saved``: a
     saved operating point will be applied (``operating_file``; checked there): no ``calibration``
     needed. ``max_keep``: a cap per pool (with a target only); ``cost``: "calls" ("tokens" is refused:
-    no filter input holds the verifier's tokens per candidate).
+    no filter input holds the verifier's tokens per candidate). ``command``: the command whose options
+    these are, named in the messages ("filter" or "fit").
     """
     rule = keep_rule_choice(keep_rule, target_recall=target_recall, confidence=confidence, calibration=calibration,
                             saved=saved)
-    check_choice(cost, "cost", "filter (--cost)", COSTS)
+    check_choice(cost, "cost", f"{command} (--cost)", COSTS)
     if cost == "tokens":
         raise LatentSiftError("--cost tokens needs each candidate's verifier token count, which no input of 'filter' "
                               "holds (the verifier runs after Stage 1); use --cost calls, the candidates kept.")
     if max_keep is not None and target_recall is None and not saved:
         raise LatentSiftError("--max-keep caps the recall-targeted rule: pass --target-recall R (or --operating-point).")
     if max_keep is not None:
-        check_positive_int(max_keep, "max_keep", "filter (--max-keep)")
+        check_positive_int(max_keep, "max_keep", f"{command} (--max-keep)")
         if min_keep is not None and min_keep > max_keep:
             raise LatentSiftError(f"--min-keep {min_keep} exceeds --max-keep {max_keep}: a pool cannot keep at least "
                                   f"{min_keep} and at most {max_keep}; lower --min-keep or raise --max-keep.")
@@ -352,34 +354,35 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
         if confidence is not None:
             raise LatentSiftError("--confidence is used with --target-recall only; pass --target-recall R.")
         if calibration is not None and rule == FixedKeep.name:
-            raise LatentSiftError("--calibration is used with --target-recall only (or with a --keep-rule to fit "
-                                  "on it); pass --target-recall R.")
+            raise LatentSiftError("--calibration is used with --target-recall only"
+                                  + (" (or with a --keep-rule to fit on it)" if command == "filter" else "")
+                                  + "; pass --target-recall R.")
         return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": 3 if min_keep is None else min_keep,
                 "confidence": None, "max_keep": None, "rule": rule}
-    target_recall = check_target_recall(target_recall, "filter (--target-recall)")
+    target_recall = check_target_recall(target_recall, f"{command} (--target-recall)")
     if calibration is None:
         raise LatentSiftError("--target-recall needs --calibration (labelled pools to choose the threshold on), or a "
                               "sifter with a saved operating point ('latentsift fit --target-recall R --calibration').")
     if bank_choice != "all":
         raise LatentSiftError(_NEAREST)
-    check_choice(calibration_method, "calibration_method", "filter (--calibration-method)", calibration_methods())
-    check_positive_int(calibration_epochs, "calibration_epochs", "filter (--calibration-epochs)")
+    check_choice(calibration_method, "calibration_method", f"{command} (--calibration-method)", calibration_methods())
+    check_positive_int(calibration_epochs, "calibration_epochs", f"{command} (--calibration-epochs)")
     if on_shift is not None:
-        check_choice(on_shift, "on_shift", "filter (--on-shift with --target-recall)", (*ON_SHIFT_TARGET, "error"))
+        check_choice(on_shift, "on_shift", f"{command} (--on-shift with --target-recall)", (*ON_SHIFT_TARGET, "error"))
     if min_keep is not None:
-        check_positive_int(min_keep, "min_keep", "filter (--min-keep)")
+        check_positive_int(min_keep, "min_keep", f"{command} (--min-keep)")
     if confidence is not None:
-        confidence = check_confidence(confidence, "filter (--confidence)")
+        confidence = check_confidence(confidence, f"{command} (--confidence)")
     if pools is not None:
         check_calibration_disjoint(calibration, pools, instances)
     have = count_positive_pools(calibration)
     if confidence is None:
-        check_calibration_size(have, target_recall, "filter")
+        check_calibration_size(have, target_recall, command)
         needed = min_calibration_pools(target_recall)
     else:
         needed = min_confident_pools(target_recall, confidence)
         if target_recall < 1 and have < needed:
-            raise LatentSiftError(f"filter: --target-recall {target_recall:g} --confidence {confidence:g} needs at least "
+            raise LatentSiftError(f"{command}: --target-recall {target_recall:g} --confidence {confidence:g} needs at least "
                                   f"{needed} calibration pools that hold a resolved candidate (Learn then Test: "
                                   f"n >= log(1 - confidence) / log(R)); the calibration set has {have}. Add labelled "
                                   "pools, lower the target or the confidence.")
