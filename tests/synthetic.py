@@ -57,7 +57,8 @@ def write_single_policy(folder, *, n_instances: int = 16, k: int = 4, agent: str
                                     steps=steps, reward=float(label), agent=agent, run=agent,
                                     tests={"examples_passed": float(label)} if examples else {},
                                     meta={} if policy is None else {"policy": policy}))
-    store = StateStore(folder / "states").create(fingerprint, {"layers": list(range(1, L + 1)), "store_dtype": "float32"})
+    store = StateStore(folder / "states").create(fingerprint, {"layers": list(range(1, L + 1)),
+                                                               "store_dtype": "float32"})
     ids = sorted(states)
     inst_of = {t.traj_id: t.instance_id for t in trajs}
     store.write([states[t] for t in ids], [inst_of[t] for t in ids])

@@ -56,7 +56,8 @@ def test_gap_recall_keep_rule_runs_as_documented(sifted, tmp_path):
         if row["shift"] != "flagged":  # a flagged pool keeps all (--on-shift keep-all is not set here: warn)
             assert kept == within | {best}, (pool["instance_id"], kept, within)
     # the rank rule on the same calibration keeps other sets: the option is not ignored
-    r = _filter(sifted, "--target-recall", "0.9", "--calibration", sifted / "cal.jsonl", "--out", tmp_path / "rank.json")
+    r = _filter(sifted, "--target-recall", "0.9", "--calibration", sifted / "cal.jsonl", "--out",
+                tmp_path / "rank.json")
     assert r.exit_code == 0, r.output
     rank = json.loads((tmp_path / "rank.json").read_text())["operating_point"]
     assert rank["rule"] == "target-recall" and rank["threshold"] != op["threshold"]
@@ -283,7 +284,8 @@ INTERNAL_NAMES = ("LatentSift ", "LatentSift.", "LinearScorer", "RecallKeep", "S
     (["filter", "--bank", "B", "--scorer", "C", "--fusion-weight", "2"], "--fusion-weight"),
     (["fit", "--scorer-epochs", "-1"], "--scorer-epochs"),
     (["fit", "--reference", "nosuch"], "--reference"),
-    (["fit", "--target-recall", "0.9", "--calibration", "CAL", "--calibration-method", "nosuch"], "fit (--calibration-method)"),
+    (["fit", "--target-recall", "0.9", "--calibration", "CAL", "--calibration-method", "nosuch"],
+     "fit (--calibration-method)"),
     (["fit", "--target-recall", "0.9", "--calibration", "CAL", "--confidence", "5"], "fit (--confidence)"),
 ])
 def test_refusals_name_the_option_not_the_class(sifted, tmp_path, args, option):

@@ -37,9 +37,9 @@ __all__ = ["DEFAULT_CALIBRATION", "FilterOutcome", "calibration_methods", "filte
 
 
 #: The filter's options of the LatentSift settings (named in their refusals).
-SIFT_OPTIONS = {"channels": "filter (--channels)", "distance": "filter (--distance)", "weighting": "filter (--weighting)",
-                "fusion_weight": "filter (--fusion-weight)", "n_evidence": "filter (--evidence)",
-                "branches": "filter (--distance-only/--learned-only)"}
+SIFT_OPTIONS = {"channels": "filter (--channels)", "distance": "filter (--distance)",
+                "weighting": "filter (--weighting)", "fusion_weight": "filter (--fusion-weight)",
+                "n_evidence": "filter (--evidence)", "branches": "filter (--distance-only/--learned-only)"}
 
 
 def filter_options(*, method: str = LatentSift.name, bank_dir=None, scorer_dir=None, sifter_dir=None,
@@ -212,7 +212,8 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                                    on_shift=on_shift, min_keep=min_keep, keep_rule=keep_rule, pools=pools,
                                    instances=instances, confidence=confidence, saved=saved is not None,
                                    max_keep=max_keep, cost=cost)
-    target_recall, on_shift, min_keep, rule = target["target_recall"], target["on_shift"], target["min_keep"], target["rule"]
+    target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
+    rule = target["rule"]
     if saved is not None:
         check_saved_rule(saved, operating_point or Path(sifter, OPERATING_POINT_JSON), keep_rule=keep_rule,
                          min_keep=min_keep, max_keep=max_keep)

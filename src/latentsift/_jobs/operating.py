@@ -105,8 +105,9 @@ def check_saved_rule(saved: tuple, path, *, keep_rule: str | None = None, min_ke
         raise LatentSiftError(f"The saved operating point {str(path)!r} is the keep rule {rule.name}, not --keep-rule "
                               f"{keep_rule}; drop --keep-rule or pass --calibration to fit {keep_rule}.")
     if min_keep is not None and min_keep != rule.min_keep:
-        raise LatentSiftError(f"The saved operating point {str(path)!r} was fitted with --min-keep {rule.min_keep}, not "
-                              f"{min_keep} (its threshold holds for that one); drop --min-keep or pass --calibration.")
+        raise LatentSiftError(f"The saved operating point {str(path)!r} was fitted with --min-keep {rule.min_keep}, "
+                              f"not {min_keep} (its threshold holds for that one); drop --min-keep or pass "
+                              "--calibration.")
     if max_keep is not None and rule.min_keep > max_keep:
         raise LatentSiftError(f"--max-keep {max_keep} is below the saved operating point's min_keep {rule.min_keep} "
                               f"({str(path)!r}): raise --max-keep.")

@@ -303,8 +303,8 @@ def keep_rule_choice(keep_rule: str | None = None, *, target_recall=None, confid
         return keep_rule
     if not recall:
         raise LatentSiftError(f"--keep-rule {keep_rule} keeps the fewest candidates that reach a target pool recall: "
-                              "pass --target-recall R (with --calibration CAL.jsonl, or --sifter with a saved operating "
-                              "point).")
+                              "pass --target-recall R (with --calibration CAL.jsonl, or --sifter with a saved "
+                              "operating point).")
     if confidence is not None and not _takes(cls, "confidence"):
         raise LatentSiftError(f"--keep-rule {keep_rule} has no --confidence (its guarantee is in expectation); drop "
                               "--confidence, or use --keep-rule target-recall.")
@@ -382,8 +382,8 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
     else:
         needed = min_confident_pools(target_recall, confidence)
         if target_recall < 1 and have < needed:
-            raise LatentSiftError(f"{command}: --target-recall {target_recall:g} --confidence {confidence:g} needs at least "
-                                  f"{needed} calibration pools that hold a resolved candidate (Learn then Test: "
+            raise LatentSiftError(f"{command}: --target-recall {target_recall:g} --confidence {confidence:g} needs at "
+                                  f"least {needed} calibration pools that hold a resolved candidate (Learn then Test: "
                                   f"n >= log(1 - confidence) / log(R)); the calibration set has {have}. Add labelled "
                                   "pools, lower the target or the confidence.")
     return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": 1 if min_keep is None

@@ -87,7 +87,8 @@ def check_premise_stores(trajs: Sequence, own, proxy=None) -> None:
                               "pass the policy's own states as --states (extract them with its model file).")
     if proxy is None:
         return
-    same = sorted({str(Path(s.path).resolve()) for s in own.stores} & {str(Path(s.path).resolve()) for s in proxy.stores})
+    folders = [{str(Path(s.path).resolve()) for s in union.stores} for union in (own, proxy)]
+    same = sorted(folders[0] & folders[1])
     if same:
         raise LatentSiftError(f"premise: {same[0]} is given as --states and as --proxy-states; the proxy is the same "
                               "candidates encoded by another model (own - proxy of one store is 0).")

@@ -16,9 +16,9 @@ registered calibration methods (``latentsift._core.registry``, kind "calibration
 
 A method is an object with ``fit(s, y) -> (x, y)`` (the map's parameters, on finite scores of both
 classes), ``constant(y) -> (x, y)`` (the map of a single class or a single score),
-``predict(x, y, s) -> p`` (s with -inf for NaN) and ``domain(x) -> (lo, hi)`` (the range of the
-calibration scores as far as the parameters tell; a saved threshold outside it was not fitted there). Calibration *error* (ECE, reliability) is measured
-in ``latentsift.metrics.calibrate``.
+``predict(x, y, s) -> p`` (s with -inf for NaN) and optionally ``domain(x) -> (lo, hi)`` (the range of the
+calibration scores as far as the parameters tell; a saved threshold outside it was not fitted there).
+Calibration *error* (ECE, reliability) is measured in ``latentsift.metrics.calibrate``.
 """
 from __future__ import annotations
 
@@ -112,7 +112,8 @@ class CalibrationMap:
 
     def domain(self) -> tuple[float, float]:
         """The range of the calibration scores as far as the map's parameters tell (the method's ``domain``)."""
-        return registry_lookup("calibration", self.method).domain(self.x)
+        domain = getattr(registry_lookup("calibration", self.method), "domain", None)  # optional for a plugin
+        return (float("-inf"), float("inf")) if domain is None else domain(self.x)
 
     def to_dict(self) -> dict:
         return {"method": self.method, "x": list(map(float, self.x)), "y": list(map(float, self.y)),
