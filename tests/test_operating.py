@@ -356,8 +356,8 @@ def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint
             lab = int(j == 0 or (j == 1 and i % 3 == 0))
             add(bank_trajs, f"r{j}/bank__{i}", f"bank__{i}", f"org/bank{i % 4}", 1.0 if lab else -1.0, lab)
             add(cal_trajs, f"r{j}/cal__{i}", f"cal__{i}", f"org/cal{i % 4}", 0.8 if lab else -0.8, lab)
-    for j in range(4):
-        add(pool_trajs, f"r{j}/new__0", "new__0", "org/new", [1, 0.3, -0.3, -1][j], int(j == 0))
+    for j in range(3):  # a pool of the calibration pools' size (another K is not guaranteed)
+        add(pool_trajs, f"r{j}/new__0", "new__0", "org/new", [1, 0, -1][j], int(j == 0))
     leak_trajs: list = []
     for j in range(3):  # other attempts at an instance of the bank
         add(leak_trajs, f"x{j}/bank__0", "bank__0", "org/bank0", 1.0 if j == 0 else -1.0, int(j == 0))
@@ -384,7 +384,7 @@ def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint
         assert op["threshold"] is None and op["threshold_meaning"] == "keep min_keep only"
         (row,) = op["pools"]
         shifted = json.loads((tmp_path / out).read_text())["shift"]["pools"][0]["shifted"]
-        assert row["n_keep"] == (4 if shifted else 1)  # keep-all if flagged
+        assert row["n_keep"] == (3 if shifted else 1)  # keep-all if flagged
         in_bank = ["24 calibration pools are in the bank (cross-fitted scores of half-size banks stand in for the "
                    "deployed bank's)"] if how == "cross-fitted" else []
         assert row["not_guaranteed"] == in_bank + (["shift guard flagged the pool"] if shifted else [])
