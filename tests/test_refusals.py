@@ -76,7 +76,9 @@ def test_gap_recall_keep_rule_runs_as_documented(sifted, tmp_path):
     (["--keep-rule", "nosuch"], ("--keep-rule", "nosuch")),
     (["--min-keep", "0", "--frac", "0"], ("'min_keep'", "--min-keep")),
     (["--frac", "5"], ("'frac'", "--frac")),
-    (["--target-recall", "0.9", "--frac", "0.3"], ("--frac", "the keep rule target-recall has no frac")),
+    (["--target-recall", "0.9", "--frac", "0.3"], ("--frac is not a setting of the keep rule target-recall",)),
+    (["--keep-rule", "gap-recall", "--target-recall", "0.9", "--calibration", "CAL", "--frac", "0.3"],
+     ("--frac is not a setting of the keep rule gap-recall",)),
     (["--target-recall", "0.9", "--calibration", "CAL", "--min-keep", "3", "--max-keep", "2"],
      ("--min-keep 3 exceeds --max-keep 2",)),
     (["--target-recall", "0.9", "--min-keep", "3"], ("was fitted with --min-keep 1, not 3",)),
@@ -90,6 +92,44 @@ def test_contradictory_keep_options_are_refused_before_any_work(sifted, tmp_path
     assert "RecallKeep" not in r.output and "Sifter" not in r.output
     assert not (tmp_path / "f.json").exists()
     _untouched(sifted, before)
+
+
+def test_a_plugin_keep_rule_gets_only_the_options_it_takes(sifted, tmp_path):
+    """The rule behind the cases above: a registered keep rule is refused the retention options its constructor
+    does not take (--min-keep, --frac) and, when it learns from labelled pools, a missing --calibration."""
+    import numpy as np
+    from latentsift._core.registry import registry_add, registry_remove
+    from latentsift.sift.keep import KeepRule
+
+    class TopOne(KeepRule):
+        name = "top-one-test"
+
+        def keep(self, scores, traj_ids):
+            return np.arange(len(traj_ids)) == int(np.argmax(scores))
+
+    class Learned(TopOne):
+        name = "learned-test"
+
+        def fit(self, pools):
+            return self
+
+    base = ["filter", sifted / "pools.jsonl", "--method", "shortest-chars", "--out", tmp_path / "f.json"]
+    registry_add("keep_rule", TopOne.name, TopOne)
+    registry_add("keep_rule", Learned.name, Learned)
+    try:
+        refused(_cli(*base, "--keep-rule", TopOne.name, "--min-keep", "2"), "--min-keep is not a setting",
+                TopOne.name)
+        refused(_cli(*base, "--keep-rule", TopOne.name, "--frac", "0.3"), "--frac is not a setting")
+        refused(_cli(*base, "--keep-rule", Learned.name), f"--keep-rule {Learned.name} is fitted on labelled pools",
+                "--calibration")
+        assert not (tmp_path / "f.json").exists()
+        r = _cli(*base, "--keep-rule", TopOne.name)
+        assert r.exit_code == 0, r.output
+        run = json.loads((tmp_path / "f.json").read_text())
+        assert run["keep_rule"]["rule"] == TopOne.name and all(p["n_keep"] == 1 for p in run["pools"])
+    finally:
+        registry_remove("keep_rule", TopOne.name)
+        registry_remove("keep_rule", Learned.name)
 
 
 # --------------------------------------------------------------------------- a hand-edited operating_point.json

@@ -211,16 +211,13 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                                    calibration_method=calibration_method, calibration_epochs=calibration_epochs,
                                    on_shift=on_shift, min_keep=min_keep, keep_rule=keep_rule, pools=pools,
                                    instances=instances, confidence=confidence, saved=saved is not None,
-                                   max_keep=max_keep, cost=cost)
+                                   max_keep=max_keep, cost=cost, frac=frac)
     target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
     rule = target["rule"]
     if saved is not None:
         check_saved_rule(saved, operating_point or Path(sifter, OPERATING_POINT_JSON), keep_rule=keep_rule,
                          min_keep=min_keep, max_keep=max_keep)
         target_recall, min_keep, rule = saved[0].target_recall, saved[0].min_keep, saved[0].name
-    if frac is not None and rule != FixedKeep.name:
-        raise LatentSiftError(f"--frac sets the fixed rule's max(min_keep, floor(frac K)); the keep rule {rule} has "
-                              "no frac: drop --frac.")
     frac = KEEP_FRAC if frac is None else frac
     check_retention(min_keep, frac, "filter (--min-keep/--frac)")  # the options', never blamed on a saved file
     with owned_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states, operating_point],

@@ -274,7 +274,7 @@ def _takes(cls: type, param: str) -> bool:
 
 
 def keep_rule_choice(keep_rule: str | None = None, *, target_recall=None, confidence=None, calibration=None,
-                     saved: bool = False) -> str:
+                     saved: bool = False, given: Mapping[str, object] | None = None) -> str:
     """The registered keep rule ``filter`` applies, from ``--keep-rule`` (None: not given) and the options it
     needs or excludes; contradictions refused in one line before any work.
 
@@ -282,8 +282,20 @@ def keep_rule_choice(keep_rule: str | None = None, *, target_recall=None, confid
     keeps for ``--target-recall R`` and is fitted on ``--calibration`` (or is a saved operating point's);
     ``--target-recall`` alone is ``target-recall`` (``confident-recall`` with ``--confidence``); any other
     rule (``fixed``, a plugin's) takes no ``--target-recall`` / ``--confidence``, and one that learns from
-    labelled pools (it has its own ``fit``) needs ``--calibration``.
+    labelled pools (it has its own ``fit``) needs ``--calibration``. ``given``: the rule's settings given on the
+    command line (``{"min_keep": 2, "frac": None}``, None = not given); one the rule does not take is refused.
     """
+    name = _keep_rule_name(keep_rule, target_recall=target_recall, confidence=confidence, calibration=calibration,
+                           saved=saved)
+    cls = registry_lookup("keep_rule", name)
+    for setting, value in (given or {}).items():
+        if value is not None and isinstance(cls, type) and not _takes(cls, setting):
+            raise LatentSiftError(f"--{setting.replace('_', '-')} is not a setting of the keep rule {name}: drop it.")
+    return name
+
+
+def _keep_rule_name(keep_rule: str | None = None, *, target_recall=None, confidence=None, calibration=None,
+                    saved: bool = False) -> str:
     recall = target_recall is not None or saved
     if keep_rule is None:
         return (ConfidentRecallKeep.name if confidence is not None else RecallKeep.name) if recall else FixedKeep.name
@@ -317,7 +329,7 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
                           calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40, on_shift=None,
                           min_keep=None, pools=None, instances=None, confidence=None, saved: bool = False,
                           max_keep=None, cost: str = "calls", keep_rule: str | None = None,
-                          command: str = "filter") -> dict:
+                          command: str = "filter", frac=None) -> dict:
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
 
     Returns ``{"target_recall", "on_shift", "min_keep", "confidence", "needed", "have"}``: without a
@@ -328,10 +340,10 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
     saved operating point will be applied (``operating_file``; checked there): no ``calibration``
     needed. ``max_keep``: a cap per pool (with a target only); ``cost``: "calls" ("tokens" is refused:
     no filter input holds the verifier's tokens per candidate). ``command``: the command whose options
-    these are, named in the messages ("filter" or "fit").
+    these are, named in the messages ("filter" or "fit"); ``frac``: the fixed rule's, refused with another.
     """
     rule = keep_rule_choice(keep_rule, target_recall=target_recall, confidence=confidence, calibration=calibration,
-                            saved=saved)
+                            saved=saved, given={"min_keep": min_keep, "frac": frac})
     check_choice(cost, "cost", f"{command} (--cost)", COSTS)
     if cost == "tokens":
         raise LatentSiftError("--cost tokens needs each candidate's verifier token count, which no input of 'filter' "
