@@ -10,6 +10,8 @@ from latentsift.trajectories.trajectory import CHANNEL_ID, CHANNELS
 
 L, D = 3, 8
 FP = Fingerprint("TestArch", L, D, "tok", "tpl", "w", "float32")
+#: Another model of the same shape (a proxy encoder of the same candidates).
+PROXY_FP = Fingerprint("ProxyArch", L, D, "tok2", "tpl2", "w2", "float32")
 DIRECTION = np.linspace(-1, 1, D).astype(np.float32)
 
 
@@ -24,14 +26,16 @@ def make_states(tid: str, rng, quality: float, n_steps: int, tokens_per_step: in
 
 def write_single_policy(folder, *, n_instances: int = 16, k: int = 4, agent: str = "policy-a",
                         repo: str = "humaneval", mixed: int | None = None, seed: int = 0, prefix: str = "HumanEval",
-                        examples: bool = False, rollout_records: bool = False):
+                        examples: bool = False, rollout_records: bool = False, fingerprint: Fingerprint = FP,
+                        policy: str | None = None):
     """A one-agent, one-repository data set as a team has it (HumanEval-like tasks): ``folder/pools.jsonl``
     (canonical labelled pools, K candidates per task) and ``folder/states`` (a state store of synthetic
     states: resolved candidates lean along ``DIRECTION``). ``mixed``: how many tasks have both outcomes
     (default all); the others alternate all-resolved / all-unresolved. ``examples``: each candidate's
     ``tests["examples_passed"]`` is its label (perfect generated tests). ``rollout_records``: each candidate has
     the records of ``latentsift rollout`` the premise's free references read (a patch, and the tokens generated
-    per step in ``meta["tokens"]``). Returns (pools path, states path)."""
+    per step in ``meta["tokens"]``). ``fingerprint``: the store's model; ``policy``: recorded as each candidate's
+    ``meta["policy"]`` (as a rollout records the policy's fingerprint digest). Returns (pools path, states path)."""
     from pathlib import Path
 
     from latentsift.states.store import StateStore
@@ -56,8 +60,10 @@ def write_single_policy(folder, *, n_instances: int = 16, k: int = 4, agent: str
             trajs.append(Trajectory(traj_id=tid, instance_id=inst, repo=repo, task_prompt=f"Write task {i}.",
                                     steps=steps, reward=float(label), agent=agent, run=agent,
                                     tests={"examples_passed": float(label)} if examples else {},
-                                    patch="x = 1\n" * (1 + (i + 3 * j) % 5) if rollout_records else ""))
-    store = StateStore(folder / "states").create(FP, {"layers": list(range(1, L + 1)), "store_dtype": "float32"})
+                                    patch="x = 1\n" * (1 + (i + 3 * j) % 5) if rollout_records else "",
+                                    meta={} if policy is None else {"policy": policy}))
+    store = StateStore(folder / "states").create(fingerprint, {"layers": list(range(1, L + 1)),
+                                                               "store_dtype": "float32"})
     ids = sorted(states)
     inst_of = {t.traj_id: t.instance_id for t in trajs}
     store.write([states[t] for t in ids], [inst_of[t] for t in ids])

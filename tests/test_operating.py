@@ -161,8 +161,9 @@ def _cli(*args):
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, policy, data_dir):
     """Bank: 8 trajectories of psf/requests (ACR runs 1-2); pool to filter: pytest-dev__pytest-7432 (4
-    candidates); calibration: the first 10 other instances (by id, other repositories) whose ACR runs 1-2
-    hold a resolved candidate, both runs' candidates. Short renderings (4 tokens per span, 96 tokens)."""
+    candidates, one of each run); calibration: the first 10 other instances (by id, other repositories) with
+    a candidate of each of the four runs (K = 4, as the pool: another K is not guaranteed), one of them
+    resolved. Short renderings (4 tokens per span, 96 tokens)."""
     runs = [data_dir / "r2egym" / f"acr-run-{i}.jsonl.gz" for i in (1, 2, 3)] + [data_dir / "sweagent" / "cost_2_1.tar.gz"]
     trajs = import_paths(runs, labels=data_dir / "candidates.csv").trajectories
     requests = sorted({t.instance_id for t in trajs if t.repo == "psf/requests"})[:4]
@@ -170,16 +171,16 @@ def shared(tmp_path_factory, policy, data_dir):
     pools = [t for t in trajs if t.instance_id == "pytest-dev__pytest-7432"]
     by_inst: dict[str, list] = {}
     for t in trajs:
-        if t.run in ("acr-run-1", "acr-run-2") and t.repo not in ("psf/requests", "pytest-dev/pytest"):
+        if t.repo not in ("psf/requests", "pytest-dev/pytest"):
             by_inst.setdefault(t.instance_id, []).append(t)
-    cal_ids = [i for i in sorted(by_inst) if len(by_inst[i]) == 2 and any(t.label == 1 for t in by_inst[i])][:10]
+    cal_ids = [i for i in sorted(by_inst) if len(by_inst[i]) == 4 and any(t.label == 1 for t in by_inst[i])][:10]
     cal = [t for i in cal_ids for t in by_inst[i]]
     assert len(cal_ids) == 10
     d = tmp_path_factory.mktemp("operating")
     save_jsonl(bank, d / "bank.jsonl")
     save_jsonl(pools, d / "pools.jsonl")
     save_jsonl(cal, d / "cal.jsonl")
-    save_jsonl(cal[:12], d / "cal_small.jsonl")
+    save_jsonl(cal[:24], d / "cal_small.jsonl")
     save_jsonl(cal + pools, d / "cal_and_pool.jsonl")
     extract_pools(policy, bank + pools + cal, d / "states", max_span_tokens=4, max_prompt_tokens=8, max_tokens=96)
     extract_pools(policy, cal, d / "states_other", max_span_tokens=6, max_prompt_tokens=8, max_tokens=96)
@@ -356,8 +357,8 @@ def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint
             lab = int(j == 0 or (j == 1 and i % 3 == 0))
             add(bank_trajs, f"r{j}/bank__{i}", f"bank__{i}", f"org/bank{i % 4}", 1.0 if lab else -1.0, lab)
             add(cal_trajs, f"r{j}/cal__{i}", f"cal__{i}", f"org/cal{i % 4}", 0.8 if lab else -0.8, lab)
-    for j in range(4):
-        add(pool_trajs, f"r{j}/new__0", "new__0", "org/new", [1, 0.3, -0.3, -1][j], int(j == 0))
+    for j in range(3):  # a pool of the calibration pools' size (another K is not guaranteed)
+        add(pool_trajs, f"r{j}/new__0", "new__0", "org/new", [1, 0, -1][j], int(j == 0))
     leak_trajs: list = []
     for j in range(3):  # other attempts at an instance of the bank
         add(leak_trajs, f"x{j}/bank__0", "bank__0", "org/bank0", 1.0 if j == 0 else -1.0, int(j == 0))
@@ -384,7 +385,7 @@ def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint
         assert op["threshold"] is None and op["threshold_meaning"] == "keep min_keep only"
         (row,) = op["pools"]
         shifted = json.loads((tmp_path / out).read_text())["shift"]["pools"][0]["shifted"]
-        assert row["n_keep"] == (4 if shifted else 1)  # keep-all if flagged
+        assert row["n_keep"] == (3 if shifted else 1)  # keep-all if flagged
         in_bank = ["24 calibration pools are in the bank (cross-fitted scores of half-size banks stand in for the "
                    "deployed bank's)"] if how == "cross-fitted" else []
         assert row["not_guaranteed"] == in_bank + (["shift guard flagged the pool"] if shifted else [])

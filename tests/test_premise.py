@@ -20,7 +20,7 @@ from latentsift.sift.rules import EXAMPLES_PASSED, PURE_LENGTH
 from latentsift._jobs.premise import premise
 from latentsift.states.extract import extract_pools
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
-from synthetic import write_single_policy
+from synthetic import PROXY_FP, write_single_policy
 
 FAST = ["--folds", "2", "--draws", "5", "--boot", "50", "--scorer-epochs", "2"]
 
@@ -34,7 +34,7 @@ def synthetic_premise(tmp_path_factory):
     """K = 8 candidates of 16 tasks, one policy; a proxy store of the same candidates with other states."""
     d = tmp_path_factory.mktemp("premise")
     pools, own = write_single_policy(d / "own", k=8, examples=True, rollout_records=True)
-    _, proxy = write_single_policy(d / "proxy", k=8, seed=7)
+    _, proxy = write_single_policy(d / "proxy", k=8, seed=7, fingerprint=PROXY_FP)
     r = _cli("premise", pools, "--states", own, "--proxy-states", proxy, "--out", d / "out", *FAST)
     assert r.exit_code == 0, r.output
     return d, json.loads((d / "out" / "summary.json").read_text()), (d / "out" / "report.md").read_text()

@@ -51,7 +51,8 @@ def filter_cmd(
                                                   "(default 0.5)."),
     min_keep: Optional[int] = typer.Option(None, "--min-keep", help="Retain max(min_keep, floor(frac K)) (default 3); "
                                            "with --target-recall: at least this many per pool (default 1)."),
-    frac: float = typer.Option(0.5, "--frac", help="Retain max(min_keep, floor(frac K))."),
+    frac: Optional[float] = typer.Option(None, "--frac", help="Retain max(min_keep, floor(frac K)) (default 0.5; the "
+                                         "fixed rule's only)."),
     seed: Seed = 0,
     evidence: int = typer.Option(3, "--evidence", help="Strongest steps reported per channel (0 = none)."),
     instances: Optional[str] = typer.Option(None, "--instances", help="Only these instance ids (comma-separated)."),
@@ -85,10 +86,11 @@ def filter_cmd(
     calibration_states: CalibrationStates = None,
     calibration_method: CalibrationMethod = DEFAULT_CALIBRATION,
     calibration_epochs: CalibrationEpochs = 40,
-    keep_rule: str = typer.Option(keep_rules()[0], "--keep-rule", help="Which candidates Stage 1 keeps: a "
-                                  "registered keep rule, " + ", ".join(keep_rules()) + " (the first is the "
-                                  "paper's max(min_keep, floor(frac K)); with --calibration a rule is fitted on it; "
-                                  "the recall-targeted rule is --target-recall)."),
+    keep_rule: Optional[str] = typer.Option(None, "--keep-rule", help="Which candidates Stage 1 keeps: a "
+                                            "registered keep rule, " + ", ".join(keep_rules()) + " (default: the "
+                                            "first, the paper's max(min_keep, floor(frac K)), or with --target-recall "
+                                            "the second; a recall-targeted rule needs --target-recall R and is fitted "
+                                            "on --calibration; another rule is fitted on --calibration when given)."),
     bank_choice: str = typer.Option("all", "--bank-choice", help="With --sifter: all (the all-agent bank) or "
                                     "nearest (per pool, the sub-bank of 'fit --per-agent' nearest to its "
                                     "candidates' states; the choice and distances are in the JSON)."),
@@ -137,7 +139,7 @@ def filter_cmd(
         say(f"[yellow]note: the bank and the pools share repositories {markup(shared)}; the paper's protocol "
             "keeps them disjoint.[/yellow]")
     if target_recall is not None:
-        say(f"target pool recall {target_recall:g}: threshold {_fmt(op['threshold'])} "
+        say(f"target pool recall {target_recall:g} (keep rule {op['rule']}): threshold {_fmt(op['threshold'])} "
             f"({op['threshold_meaning']}; P(resolved) there {_fmt(op['p_threshold'])}), chosen on "
             f"{op['n_calibration_pools']} calibration pools with a resolved candidate "
             f"({op['calibration_pools']['how'].split(':')[0]}); "

@@ -6,8 +6,8 @@ from typing import List, Optional
 
 import typer
 
-from .._jobs.premise import EXAMPLES_KEY, PREMISE_KS, CrossvalSettings, run_premise
-from ._options import Boot, Draws, Folds, GenTestKey, Ks, ScorerEpochs, Seed, TestgenTokens
+from .._jobs.premise import PREMISE_KS, CrossvalSettings, run_premise
+from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed, TestgenTokens
 from ._progress import StageProgress, messages
 
 _DEFAULT = CrossvalSettings.defaults()
@@ -36,7 +36,10 @@ def premise_cmd(
     seed: Seed = _DEFAULT["seed"],
     verifier: Optional[Path] = typer.Option(None, "--verifier", help="Final-verifier results (folder or "
                                             "verdicts.jsonl) for the cascade's Stage 4 (default: none)."),
-    gen_test_key: GenTestKey = EXAMPLES_KEY,
+    gen_test_key: Optional[str] = typer.Option(None, "--gen-test-key", help="The trajectories' 'tests' key holding "
+                                               "each candidate's generated-test score: the cascade's Stage 3. "
+                                               "Default: examples_passed (the rollouts' docstring examples) when "
+                                               "the candidates hold it, else no Stage 3 scores."),
     testgen_tokens: TestgenTokens = _DEFAULT["testgen_tokens"],
 ) -> None:
     """Do the policy's own states beat length? Within-pool AUC of the paper's method, its branches and the probe

@@ -149,7 +149,7 @@ class ScorerSettings(Closed):
     weight_decay: Finite
     accumulation: Positive
     max_epochs: Positive
-    val_frac: Finite
+    val_frac: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
     seed: int
     init: str
     patience: Positive | None
@@ -201,15 +201,21 @@ class ShiftReference(Closed):
         return self
 
 
+#: A share: a finite number in [0, 1].
+Share = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
 class SifterSettings(Closed):
+    """The filter settings a sifter was fitted with, with the ranges their options take (``filter``)."""
+
     channels: list[str]
     distance: str
     weighting: str
     branches: str
-    fusion_weight: Finite
+    fusion_weight: Share
     n_evidence: Count
-    min_keep: Count
-    frac: Finite
+    min_keep: Positive
+    frac: Share
     seed: int
 
 
@@ -291,15 +297,30 @@ class KeepParams(Closed):
 
 
 class CalibrationFields(Closed):
+    """A calibration map (``sift.calibration.CalibrationMap``): its parameters ``x`` / ``y``, one ``y`` per ``x``."""
+
     method: str
-    x: list[float]
-    y: list[float]
+    x: Annotated[list[Finite], Field(min_length=1)]
+    y: Annotated[list[Finite], Field(min_length=1)]
     n: Count
     n_pos: Count
 
+    @model_validator(mode="after")
+    def _paired(self) -> "CalibrationFields":
+        if len(self.x) != len(self.y):
+            raise ValueError(f"field 'y' must hold one value per value of 'x' (got {len(self.y)} for {len(self.x)})")
+        if self.n_pos > self.n:
+            raise ValueError(f"field 'n_pos' ({self.n_pos}) cannot exceed 'n' ({self.n})")
+        return self
+
+
+#: What a fitted threshold means: null for the first two (an infinite threshold), a number for the last.
+THRESHOLD_MEANINGS = ("keep all", "keep min_keep only", "keep score >= threshold")
+
 
 class FittedKeep(Record):
-    """What the rule fitted (``RecallKeep.to_dict``): the load rebuilds the rule from these."""
+    """What the rule fitted (``RecallKeep.to_dict``): the load rebuilds the rule from these (a threshold is
+    null exactly when its meaning says it is infinite; its probability is null with it)."""
 
     threshold: Finite | None
     threshold_meaning: str
@@ -307,6 +328,36 @@ class FittedKeep(Record):
     n_calibration_pools: Count
     n_lost_allowed: Count
     calibration: CalibrationFields
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "FittedKeep":
+        if self.threshold_meaning not in THRESHOLD_MEANINGS:
+            raise ValueError(f"field 'threshold_meaning' must be one of {', '.join(THRESHOLD_MEANINGS)} "
+                             f"(got {self.threshold_meaning!r})")
+        finite = self.threshold_meaning == THRESHOLD_MEANINGS[-1]
+        if (self.threshold is not None) != finite:
+            raise ValueError(f"field 'threshold' must be {'a number' if finite else 'null'} when "
+                             f"'threshold_meaning' is {self.threshold_meaning!r} (got "
+                             f"{'null' if self.threshold is None else self.threshold!r})")
+        if (self.p_threshold is not None) != finite:
+            raise ValueError(f"field 'p_threshold' must be {'a number' if finite else 'null'} with that threshold")
+        if self.n_lost_allowed > self.n_calibration_pools:
+            raise ValueError(f"field 'n_lost_allowed' ({self.n_lost_allowed}) cannot exceed 'n_calibration_pools' "
+                             f"({self.n_calibration_pools})")
+        return self
+
+
+class OperatingPointCalibration(Record):
+    """How the calibration pools were scored (kept as written), and their sizes: [smallest K, largest K]
+    (a pool to filter outside that range is not guaranteed; absent in files written before it was recorded)."""
+
+    pool_sizes: Annotated[list[Positive], Field(min_length=2, max_length=2)] | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "OperatingPointCalibration":
+        if self.pool_sizes is not None and self.pool_sizes[0] > self.pool_sizes[1]:
+            raise ValueError(f"field 'pool_sizes' must be [smallest K, largest K] (got {self.pool_sizes})")
+        return self
 
 
 class OperatingPointSifter(Closed):
@@ -319,7 +370,7 @@ class OperatingPointManifest(Artefact):
 
     rule: FittedKeep
     params: KeepParams
-    calibration_pools: Record
+    calibration_pools: OperatingPointCalibration
     calibration_fingerprint: str
     calibration_instances: list[str]
     not_guaranteed: list[str]

@@ -14,6 +14,7 @@ from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, check_choice
 from ..bank.bank import Bank
 from ..deploy.leak import ON_LEAK, apply_on_leak
+from ..deploy.library import BANK_CHOICES
 from ..sift.rules import filter_entry, make_baseline, method_names
 from ..scale.approx import approx_bank  # ray and faiss themselves load only when used
 from ..scale.bank import shard_bank
@@ -24,13 +25,21 @@ from ..deploy.operating import (calibration_guard, calibration_pools_for_filter,
 from ..deploy.shift import ON_SHIFT, Reference, guard
 from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
 from ..sift.keep import FixedKeep, keep_rules
-from ..sift.sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
+from ..sift.retain import KEEP_FRAC, check_retention
+from ..sift.sift import FilterRun, LatentSift, Stage1Filter, check_sift_settings, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
-from .operating import saved_operating_point
+from ..deploy.operating_file import OPERATING_POINT_JSON
+from .operating import check_saved_rule, saved_operating_point
 from .sifter import run_sifter_filter_chosen
 
 __all__ = ["DEFAULT_CALIBRATION", "FilterOutcome", "calibration_methods", "filter_options", "filter_to_file",
            "keep_rules", "method_names", "run_filter"]
+
+
+#: The filter's options of the LatentSift settings (named in their refusals).
+SIFT_OPTIONS = {"channels": "filter (--channels)", "distance": "filter (--distance)",
+                "weighting": "filter (--weighting)", "fusion_weight": "filter (--fusion-weight)",
+                "n_evidence": "filter (--evidence)", "branches": "filter (--distance-only/--learned-only)"}
 
 
 def filter_options(*, method: str = LatentSift.name, bank_dir=None, scorer_dir=None, sifter_dir=None,
@@ -172,10 +181,10 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                    ray: str | None = None, bank_shards: int | None = None, approx: str | None = None,
                    distance_only: bool = False, learned_only: bool = False, channels: str | None = None,
                    distance: str | None = None, weighting: str | None = None, fusion_weight: float | None = None,
-                   min_keep: int | None = None, frac: float = 0.5, seed: int = 0, evidence: int = 3,
+                   min_keep: int | None = None, frac: float | None = None, seed: int = 0, evidence: int = 3,
                    instances: Sequence[str] | None = None, target_recall: float | None = None, calibration=None,
                    calibration_states=None, calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40,
-                   keep_rule: str = FixedKeep.name, confidence: float | None = None, operating_point=None,
+                   keep_rule: str | None = None, confidence: float | None = None, operating_point=None,
                    max_keep: int | None = None, cost: str = "calls", log: Callable[[str], None] = lambda m: None,
                    status: Callable[[str], ContextManager[Any]] = lambda m: contextlib.nullcontext()) -> FilterOutcome:
     """``latentsift filter``: every option checked before any work (one-line refusals), the output guarded
@@ -191,16 +200,26 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
                               bank_choice=bank_choice, on_leak=on_leak, ray_address=ray, bank_shards=bank_shards,
                               approx=approx, distance_only=distance_only, learned_only=learned_only,
                               channels=channels, distance=distance, weighting=weighting, fusion_weight=fusion_weight)
+    check_sift_settings(resolved["sift_settings"] | {"n_evidence": evidence}, SIFT_OPTIONS)
+    for name, value, allowed in (("on_shift", on_shift, ON_SHIFT), ("on_leak", on_leak, ON_LEAK),
+                                 ("bank_choice", bank_choice, BANK_CHOICES)):
+        if value is not None:
+            check_choice(value, name, f"filter (--{name.replace('_', '-')})", allowed)
     saved = saved_operating_point(operating_point=operating_point, target_recall=target_recall, confidence=confidence,
                                   calibration=calibration, sifter_dir=sifter, pools=pools, instances=instances)
     target = target_recall_options(target_recall=target_recall, calibration=calibration, bank_choice=bank_choice,
                                    calibration_method=calibration_method, calibration_epochs=calibration_epochs,
                                    on_shift=on_shift, min_keep=min_keep, keep_rule=keep_rule, pools=pools,
                                    instances=instances, confidence=confidence, saved=saved is not None,
-                                   max_keep=max_keep, cost=cost)
+                                   max_keep=max_keep, cost=cost, frac=frac)
     target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
+    rule = target["rule"]
     if saved is not None:
-        target_recall, min_keep = saved[0].target_recall, saved[0].min_keep
+        check_saved_rule(saved, operating_point or Path(sifter, OPERATING_POINT_JSON), keep_rule=keep_rule,
+                         min_keep=min_keep, max_keep=max_keep)
+        target_recall, min_keep, rule = saved[0].target_recall, saved[0].min_keep, saved[0].name
+    frac = KEEP_FRAC if frac is None else frac
+    check_retention(min_keep, frac, "filter (--min-keep/--frac)")  # the options', never blamed on a saved file
     with owned_output(out, [pools, states, bank, scorer, sifter, calibration, calibration_states, operating_point],
                       file="filter") as owned:  # a second filter to this --out is refused while this one runs
         out = owned.path
@@ -216,7 +235,7 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
         if sifter is None and stateful:
             settings |= resolved["sift_settings"]
         cal = None
-        if (target_recall is not None and saved is None) or (keep_rule != FixedKeep.name and calibration is not None):
+        if (target_recall is not None and saved is None) or (rule != FixedKeep.name and calibration is not None):
             with status("calibrating ..."):  # first: its states are checked (and refused) before the pools are scored
                 cal = calibration_pools_for_filter(calibration, calibration_states or states, method=method,
                                                    bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
@@ -245,8 +264,8 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
             outcome.operating_point = target_recall_filter(run, target_recall, cal, method=calibration_method,
                                                            min_keep=min_keep, on_shift=on_shift,
                                                            confidence=target["confidence"], saved=saved,
-                                                           max_keep=target["max_keep"])
-        elif keep_rule != FixedKeep.name:
-            outcome.keep_rule = keep_rule_filter(run, keep_rule, cal if calibration is not None else None)
+                                                           max_keep=target["max_keep"], rule=rule)
+        elif rule != FixedKeep.name:
+            outcome.keep_rule = keep_rule_filter(run, rule, cal if calibration is not None else None)
         run.save(out)
     return outcome

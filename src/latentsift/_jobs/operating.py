@@ -6,15 +6,16 @@ from pathlib import Path
 
 from .._core.outputs import owned_output
 from .._core.threads import blas_fixed
-from .._core.validation import LatentSiftError
-from ..deploy.operating import calibration_pools_for_filter, check_calibration_disjoint_ids, target_recall_options
+from .._core.validation import LatentSiftError, check_positive_int
+from ..deploy.operating import (calibration_pools_for_filter, check_calibration_disjoint_ids, check_calibration_inputs,
+                                target_recall_options)
 from ..deploy.operating_file import OPERATING_POINT_JSON, load_operating_point, save_operating_point
 from ..sift.calibration import DEFAULT_CALIBRATION
 from ..sift.keep import RecallKeep
 from ..sift.keep_confident import ConfidentRecallKeep
 from .sifter import fit_sifter
 
-__all__ = ["fit_operating_point_file", "fit_sifter_with_operating_point", "saved_operating_point"]
+__all__ = ["check_saved_rule", "fit_operating_point_file", "fit_sifter_with_operating_point", "saved_operating_point"]
 
 
 def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, calibration=None,
@@ -23,8 +24,10 @@ def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, c
     """``latentsift fit`` [``--target-recall R --calibration CAL``]: the options checked before any work (what
     the bound needs logged), the sifter fitted and saved (``sifter.fit_sifter``), then, with a target, its
     operating point (``fit_operating_point_file``). Returns (sifter, the operating point's record or None)."""
+    check_positive_int(fit_kw.get("scorer_epochs", 40), "scorer_epochs", "fit (--scorer-epochs)")
     target = target_recall_options(target_recall=target_recall, calibration=calibration, confidence=confidence,
-                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs)
+                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs,
+                                   command="fit")
     several = not isinstance(states, (str, Path)) and len(list(states)) != 1
     if target_recall is not None and calibration_states is None and several:
         raise LatentSiftError("fit --target-recall with several --states stores needs --calibration-states.")
@@ -34,10 +37,12 @@ def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, c
             f"has {target['have']}.")
     if target_recall is None:
         return fit_sifter(pools, states, out, log=log, **fit_kw), None
+    states_dirs = [states] if isinstance(states, (str, Path)) else list(states)
+    cal_states = calibration_states or states_dirs[0]
     # one writer lock over the sifter and its operating point: no second 'fit' between the two
     with owned_output(out, [pools, states, calibration, calibration_states], kind="sifter"):
+        check_calibration_inputs(calibration, cal_states, states_dirs, "fit --target-recall")  # before the fit
         sifter = fit_sifter(pools, states, out, log=log, locked=True, **fit_kw)
-        cal_states = calibration_states or (states if isinstance(states, (str, Path)) else list(states)[0])
         return sifter, fit_operating_point_file(out, calibration, cal_states, target_recall, confidence=confidence,
                                                 method=calibration_method, calibration_epochs=calibration_epochs)
 
@@ -87,3 +92,23 @@ def saved_operating_point(*, operating_point=None, target_recall=None, confidenc
     if pools is not None:
         check_calibration_disjoint_ids(rec["calibration_instances"], pools, instances)
     return rule, rec
+
+
+def check_saved_rule(saved: tuple, path, *, keep_rule: str | None = None, min_keep: int | None = None,
+                     max_keep: int | None = None) -> None:
+    """Refuse options that contradict the saved operating point ``saved`` (rule, record) read from ``path``:
+    another ``--keep-rule`` or ``--min-keep`` than it was fitted with (it is applied as fitted), or a
+    ``--max-keep`` below its ``min_keep``."""
+    rule = saved[0]
+    if keep_rule is not None and keep_rule not in (rule.name, RecallKeep.name if rule.name == ConfidentRecallKeep.name
+                                                   else rule.name):
+        raise LatentSiftError(f"The saved operating point {str(path)!r} is the keep rule {rule.name}, not --keep-rule "
+                              f"{keep_rule}; drop --keep-rule or pass --calibration to fit {keep_rule}.")
+    if min_keep is not None and min_keep != rule.min_keep:
+        raise LatentSiftError(f"The saved operating point {str(path)!r} was fitted with --min-keep {rule.min_keep}, "
+                              f"not {min_keep} (its threshold holds for that one); drop --min-keep or pass "
+                              "--calibration.")
+    if max_keep is not None and rule.min_keep > max_keep:
+        raise LatentSiftError(f"--max-keep {max_keep} is below the saved operating point's min_keep {rule.min_keep} "
+                              f"({str(path)!r}): raise --max-keep.")
+

@@ -12,8 +12,9 @@ from .._core.io import atomic_write_json, atomic_write_text
 from .._core.outputs import PREMISE_OWN, owned_output
 from .._core.validation import check_states_present
 from ..deploy.library import open_stores
+from ..metrics.formats import check_gen_test_key
 from ..protocol.crossval import CrossvalSettings, crossval
-from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, own_vs_proxy, premise_ks
+from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, check_premise_stores, own_vs_proxy, premise_ks
 from ..report.premise_report import premise_report_markdown
 from ..states.rollout import EXAMPLES_KEY
 from ..trajectories.trajectory import group_pools, load_jsonl
@@ -30,7 +31,8 @@ def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_state
     """``latentsift premise``: the premise test on one policy's pools.
 
     Runs ``crossval`` (folds by task unless ``group_by`` says otherwise, the operating points at R = 0.9
-    and 0.95, Stage 3 scored by ``tests[gen_test_key]`` (default: the rollouts' docstring examples),
+    and 0.95, Stage 3 scored by ``tests[gen_test_key]`` (default: the rollouts' docstring examples when
+    the candidates hold them, else none; a key no candidate holds is refused),
     retention@K for ``ks`` up to the pool size) on the policy's own ``states`` into OUT/own and, with
     ``proxy_states`` (the same candidates encoded by another model), on those into OUT/proxy; then
     writes OUT/summary.json and OUT/report.md (own, proxy, own - proxy). ``settings``: further
@@ -41,14 +43,19 @@ def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_state
     out = Path(out)
     trajs = load_jsonl(pools)
     use_ks = premise_ks([len(p.candidates) for p in group_pools(trajs)], ks)
-    kw = {"group_by": "instance", "agent_transfer": False, "target_recalls": PREMISE_RECALLS,
-          "gen_test_key": EXAMPLES_KEY} | settings
+    if settings.get("gen_test_key") is None:  # the rollouts' examples when the candidates hold them
+        settings["gen_test_key"] = EXAMPLES_KEY if any(EXAMPLES_KEY in t.tests for t in trajs) else None
+    check_gen_test_key(trajs, settings["gen_test_key"], "premise")
+    kw = {"group_by": "instance", "agent_transfer": False, "target_recalls": PREMISE_RECALLS} | settings
     kw |= {"ks": use_ks, "premise": True}
     runs = {PREMISE_OWN: states} | ({"proxy": proxy_states} if proxy_states is not None else {})
     runs = {name: [st] if isinstance(st, (str, os.PathLike)) else list(st) for name, st in runs.items()}
+    stores = {}
     for name, st in runs.items():  # both hold every candidate: checked before any run starts
         who = f"premise ({name} states)"
-        check_states_present(open_stores(st, who), trajs, who)
+        stores[name] = open_stores(st, who)
+        check_states_present(stores[name], trajs, who)
+    check_premise_stores(trajs, stores[PREMISE_OWN], stores.get("proxy"))
     shown = {name: ", ".join(map(str, st)) for name, st in runs.items()}   # each run's stores, as logged and recorded
     (out / "summary.json").unlink(missing_ok=True)  # presence of summary.json = this premise run finished
     for name, st in runs.items():

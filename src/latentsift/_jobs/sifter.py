@@ -35,7 +35,7 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     """
     with owned_output(out, [pools_path, states_dir], kind="sifter", lock=not locked):  # a second 'fit' is refused
         if reference_kind is not None:
-            check_choice(reference_kind, "reference", "fit", REFERENCE_KINDS)
+            check_choice(reference_kind, "reference", "fit (--reference)", REFERENCE_KINDS)
         if false_alarm is not None:
             check_false_alarm(false_alarm, "--false-alarm", "fit")
         pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)

@@ -5,7 +5,8 @@ new sifter, fits the rule (``RecallKeep``, or ``ConfidentRecallKeep`` with ``--c
 writes SIFTER_DIR/operating_point.json beside the sifter:
 
     rule                     the rule's settings and what was fitted (threshold, calibration map, n, bound)
-    calibration_pools        how the pools were scored, their file and states, overlaps with the bank
+    calibration_pools        how the pools were scored, their file and states, overlaps with the bank, and
+                             their sizes (pool_sizes: [smallest K, largest K]; a pool outside is not guaranteed)
     calibration_fingerprint  sha256 of the calibration file's bytes, its states' model and settings
     calibration_instances    the calibration pools' instance ids (``filter`` refuses pools among them)
     not_guaranteed           the guarantee's calibration conditions that failed ([] when none)
@@ -25,7 +26,7 @@ import math
 from pathlib import Path
 
 from .._core.io import atomic_write_json, read_json, sha256_hex
-from .._core.manifests import OperatingPointManifest, check_manifest, manifest_values
+from .._core.manifests import OperatingPointManifest, check_manifest, manifest_error, manifest_values
 from .._core.validation import LatentSiftError
 from ..sift.calibration import CalibrationMap
 from ..sift.keep import CalibrationPools, RecallKeep
@@ -53,7 +54,7 @@ def save_operating_point(path, rule: RecallKeep, cal: CalibrationPools, *, sifte
     """Write the fitted ``rule`` and its calibration record to ``path`` (module docstring); returns the record."""
     rec = {"format": FORMAT, "version": VERSION, "rule": rule.to_dict(), "params": rule.get_params(),
            "calibration_pools": {"how": cal.how, "n_pools": len(cal.scores), "n_with_resolved": cal.n_positive(),
-                                 **cal.extra},
+                                 "pool_sizes": cal.pool_sizes(), **cal.extra},
            "calibration_fingerprint": calibration_fingerprint(cal),
            "calibration_instances": sorted(cal.instance_ids), "not_guaranteed": calibration_failures(cal),
            "sifter": {"path": str(Path(sifter_dir).resolve()), "sifter_json_sha256": sifter_digest(sifter_dir)}}
@@ -85,5 +86,35 @@ def load_operating_point(path, *, sifter_dir=None) -> tuple[RecallKeep, dict]:
                        -math.inf if meaning == "keep all" else math.inf)
     rule.p_threshold_ = math.nan if fitted["p_threshold"] is None else fitted["p_threshold"]
     rule.n_calibration_pools_, rule.n_lost_allowed_ = fitted["n_calibration_pools"], fitted["n_lost_allowed"]
-    rule.calibration_ = CalibrationMap.from_dict(fitted["calibration"])
+    with manifest_values(path, "rule.calibration", redo):
+        rule.calibration_ = CalibrationMap.from_dict(fitted["calibration"])
+        rule.calibration_.domain()  # a registered method
+    problem = fitted_problem(rule, fitted)
+    if problem:
+        raise manifest_error(path, problem, redo)
     return rule, rec
+
+
+def fitted_problem(rule: RecallKeep, fitted: dict) -> str | None:
+    """What in a saved rule's fitted values (``rule``, rebuilt from them) no fit could have produced, in words;
+    None when they agree: enough calibration pools for the bound, the losses it allows for that many, a
+    threshold among the calibration scores and its probability on the calibration map."""
+    n, need = rule.n_calibration_pools_, rule.min_pools()
+    if rule.target_recall < 1 and n < need:
+        return (f"field 'rule.n_calibration_pools': {n} is fewer than the {need} the target recall "
+                f"{rule.target_recall:g} needs")
+    allowed = max(rule.allowed_losses(n), 0)
+    if rule.n_lost_allowed_ != allowed:
+        return (f"field 'rule.n_lost_allowed': {rule.n_lost_allowed_} is not what {n} calibration pools allow at "
+                f"the target recall {rule.target_recall:g} ({allowed})")
+    t = fitted["threshold"]
+    if t is None:
+        return None
+    lo, hi = rule.calibration_.domain()
+    if not lo <= t <= hi:
+        return f"field 'rule.threshold': {t!r} lies outside the calibration scores ({lo:g} to {hi:g})"
+    p = float(rule.calibration_.predict([t])[0])
+    if not math.isclose(p, fitted["p_threshold"], rel_tol=1e-6, abs_tol=1e-9):
+        return (f"field 'rule.p_threshold': {fitted['p_threshold']!r} is not the calibration map's probability at "
+                f"the threshold ({p:g})")
+    return None

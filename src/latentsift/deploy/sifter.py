@@ -145,10 +145,13 @@ class Sifter(LatentSift):
         parts = man.get("parts") if isinstance(man.get("parts"), dict) else {}
         bank = Bank.load(member(path, parts.get("bank"), mpath))
         scorer = LinearScorer.load(member(path, parts.get("scorer"), mpath))
-        params = {k: v for k, v in man["config"]["settings"].items()} | settings
+        params = dict(man["config"]["settings"])
         params["channels"] = tuple(params["channels"])
-        with manifest_values(mpath, "config.settings", SIFTER_ARTEFACT.redo):
-            s = cls(bank, scorer, scorer_epochs=man["config"].get("scorer_epochs", 40), **params)
+        epochs = man["config"].get("scorer_epochs", 40)
+        with manifest_values(mpath, "config.settings", SIFTER_ARTEFACT.redo):  # the saved settings: the file's fault
+            s = cls(bank, scorer, scorer_epochs=epochs, **params)
+        if settings:  # the caller's: its fault, never the file's
+            s = cls(bank, scorer, scorer_epochs=epochs, **(params | settings))
         s.config_, s.seen_ = man["config"], man["seen"]
         s.reference_ = Reference(**man["shift_reference"])
         s.library_ = load_sub_banks(man.get("library", []), path, mpath)

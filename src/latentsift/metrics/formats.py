@@ -99,6 +99,16 @@ def save_pool_file(pools: Sequence[PoolSpec], records: Mapping[str, CandidateRec
     return path
 
 
+def check_gen_test_key(trajectories: Sequence, key: str | None, owner: str) -> None:
+    """Refuse a ``--gen-test-key`` that no candidate's ``tests`` holds (Stage 3 would score nothing, silently),
+    naming the keys they do hold."""
+    if key is None or any(key in t.tests for t in trajectories):
+        return
+    held = sorted({k for t in trajectories for k in t.tests})
+    raise LatentSiftError(f"{owner}: --gen-test-key {key!r}: no candidate's tests hold it (they hold "
+                          f"{', '.join(map(repr, held)) or 'no key'}); pass one of those, or leave the option out.")
+
+
 def pools_from_trajectories(trajectories: Iterable, *, regression_key: str | None = "p2p_passed",
                             gen_test_key: str | None = None,
                             testgen_tokens: Mapping[str, float] | None = None,

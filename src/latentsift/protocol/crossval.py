@@ -22,6 +22,7 @@ from ..states.extract import select_instances
 from ..states.store import StateStore
 from ..trajectories.trajectory import Trajectory, load_jsonl, save_jsonl
 from ..cascade.verifier import load_results
+from ..metrics.formats import check_gen_test_key
 from .folds import check_folds, check_group_by, leaking_pools
 from .run import Run, evaluate_protocol
 from .settings import ProtocolSettings
@@ -123,6 +124,7 @@ def crossval(pools_path: str | Path | Sequence, states_dir: str | Path | Sequenc
             raise LatentSiftError(f"crossval: every pool straddles {s.group_by}s; nothing is left to evaluate. "
                                   "Use --group-by repo.")
     check_ks(trajs, s.ks)
+    check_gen_test_key(trajs, s.gen_test_key, "crossval")
     check_group_by(trajs, s.group_by, "crossval")
     run = Run(s, log=log, progress=progress)
     folds = run.folds(trajs)

@@ -30,6 +30,10 @@ def fold_splits(trajs: Sequence[Trajectory], group_by: str, n_folds: int, seed: 
     """(bank groups, eval groups) per fold: disjoint groups, balanced by trajectory count."""
     groups = {t.traj_id: group_of(t, group_by) for t in trajs}
     n = len(set(groups.values()))
+    if n < 2:
+        raise LatentSiftError(f"Disjoint folds need at least 2 {group_noun(group_by, 2)}, but the selected "
+                              f"trajectories come from {n} {group_noun(group_by, n)}: select more (each fold scores "
+                              f"{group_noun(group_by, 2)} that its bank has not seen).")
     if not 2 <= n_folds <= n:
         raise LatentSiftError(f"{n_folds} disjoint folds need at least {max(n_folds, 2)} "
                               f"{group_noun(group_by, 2)}, but the selected trajectories come from {n} "

@@ -45,6 +45,7 @@ import numpy as np
 
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError
+from ..deploy.library import store_difference
 from ..metrics.diagnostics import CI_LEVEL, auc_difference_ci, interval_outcome
 from ..sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
 from ..sift.rules import EXAMPLES_PASSED, FEWEST_STEPS, PURE_LENGTH, RANDOM, REFERENCE
@@ -77,6 +78,45 @@ RULES = {
     "missing": "a reference that cannot be fitted is named with its reason, never replaced",
     "multiplicity": "m = scores x (references + 1) intervals; each also at the Bonferroni level 1 - 0.05/m",
 }
+
+
+def check_premise_stores(trajs: Sequence, own, proxy=None) -> None:
+    """Refuse (before any run) own and proxy stores that cannot be what they are given as.
+
+    ``own`` / ``proxy``: the opened stores (``deploy.library.StoreUnion``) of ``--states`` and
+    ``--proxy-states``. The rule: where the candidates record the policy that wrote them (``meta.policy``,
+    its model fingerprint's digest, as ``rollout`` writes it), they are one policy's, the own states carry
+    that fingerprint and the proxy's does not (the stores swapped, or the policy's states given as the
+    proxy, are refused); without that record, the proxy is neither one of the own stores nor a store of
+    the same model and value-changing settings (own - proxy would compare the states with themselves).
+    """
+    policies = sorted({str(t.meta["policy"]) for t in trajs if t.meta.get("policy") is not None})
+    if len(policies) > 1:
+        raise LatentSiftError(f"premise: the candidates were written by {len(policies)} policies (meta.policy "
+                              f"{', '.join(policies[:3])}); the premise test is on one policy's pools: pass one "
+                              "policy's candidates.")
+    own_digest = own.fingerprint.digest
+    proxy_digest = None if proxy is None else proxy.fingerprint.digest
+    if policies and own_digest != policies[0]:
+        swapped = " (the stores look swapped: the proxy holds it)" if proxy_digest == policies[0] else ""
+        raise LatentSiftError(f"premise: --states {own.path} holds states of the model with fingerprint {own_digest}, "
+                              f"not of the policy that wrote the candidates (meta.policy {policies[0]}){swapped}; "
+                              "pass the policy's own states as --states (extract them with its model file).")
+    if proxy is None:
+        return
+    folders = [{str(Path(s.path).resolve()) for s in union.stores} for union in (own, proxy)]
+    same = sorted(folders[0] & folders[1])
+    if same:
+        raise LatentSiftError(f"premise: {same[0]} is given as --states and as --proxy-states; the proxy is the same "
+                              "candidates encoded by another model (own - proxy of one store is 0).")
+    if policies and proxy_digest == policies[0]:
+        raise LatentSiftError(f"premise: --proxy-states {proxy.path} holds the policy's own states (fingerprint "
+                              f"{proxy_digest}, the candidates' meta.policy); the proxy is the same candidates "
+                              "encoded by another model.")
+    if not policies and store_difference(own.stores[0], proxy.stores[0]) is None:
+        raise LatentSiftError(f"premise: --proxy-states {proxy.path} holds states of the same model and settings as "
+                              f"--states {own.path} (fingerprint {own_digest}); the proxy is the same candidates "
+                              "encoded by another model.")
 
 
 def premise_ks(pools_sizes: Sequence[int], ks: Sequence[int] = PREMISE_KS) -> tuple[int, ...]:

@@ -15,9 +15,10 @@ registered calibration methods (``latentsift._core.registry``, kind "calibration
   calibration set, but it assumes the log-odds are linear in the score.
 
 A method is an object with ``fit(s, y) -> (x, y)`` (the map's parameters, on finite scores of both
-classes), ``constant(y) -> (x, y)`` (the map of a single class or a single score) and
-``predict(x, y, s) -> p`` (s with -inf for NaN). Calibration *error* (ECE, reliability) is measured
-in ``latentsift.metrics.calibrate``.
+classes), ``constant(y) -> (x, y)`` (the map of a single class or a single score),
+``predict(x, y, s) -> p`` (s with -inf for NaN) and optionally ``domain(x) -> (lo, hi)`` (the range of the
+calibration scores as far as the parameters tell; a saved threshold outside it was not fitted there).
+Calibration *error* (ECE, reliability) is measured in ``latentsift.metrics.calibrate``.
 """
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ class IsotonicCalibration:
     def predict(x: list[float], y: list[float], s: np.ndarray) -> np.ndarray:
         return np.interp(s, np.asarray(x), np.asarray(y))
 
+    @staticmethod
+    def domain(x: list[float]) -> tuple[float, float]:
+        """The calibration scores' range: the first and last knots (one knot: the lowest score)."""
+        return float(x[0]), float(x[-1]) if len(x) > 1 else float("inf")
+
 
 class PlattCalibration:
     """Platt scaling: ``x = [slope]``, ``y = [intercept]`` of the log-odds."""
@@ -68,6 +74,11 @@ class PlattCalibration:
     def predict(x: list[float], y: list[float], s: np.ndarray) -> np.ndarray:
         z = np.clip(x[0] * np.where(np.isfinite(s), s, np.sign(s) * 1e6) + y[0], -500, 500)
         return 1.0 / (1.0 + np.exp(-z))
+
+    @staticmethod
+    def domain(x: list[float]) -> tuple[float, float]:
+        """Unknown from the map's parameters: every score."""
+        return float("-inf"), float("inf")
 
 
 #: The default method: the first registered.
@@ -98,6 +109,11 @@ class CalibrationMap:
         s = np.asarray(scores, dtype=np.float64)
         s = np.where(np.isnan(s), -np.inf, s)
         return registry_lookup("calibration", self.method).predict(self.x, self.y, s)
+
+    def domain(self) -> tuple[float, float]:
+        """The range of the calibration scores as far as the map's parameters tell (the method's ``domain``)."""
+        domain = getattr(registry_lookup("calibration", self.method), "domain", None)  # optional for a plugin
+        return (float("-inf"), float("inf")) if domain is None else domain(self.x)
 
     def to_dict(self) -> dict:
         return {"method": self.method, "x": list(map(float, self.x)), "y": list(map(float, self.y)),

@@ -92,6 +92,11 @@ class CalibrationPools:
     def n_positive(self) -> int:
         return int(sum(np.asarray(y).any() for y in self.labels))
 
+    def pool_sizes(self) -> list[int] | None:
+        """[smallest K, largest K] of the pools (None without pools): the sizes a guarantee was calibrated on."""
+        k = [len(t) for t in self.traj_ids]
+        return [min(k), max(k)] if k else None
+
 
 class KeepRule(ABC):
     """Which candidates of a scored pool Stage 1 keeps (module docstring)."""
@@ -243,21 +248,35 @@ class RecallKeep(KeepRule):
     def alpha(self) -> float:
         return 1.0 - self.target_recall
 
+    def threshold_scores(self, scores: Any) -> np.ndarray:
+        """The scores the threshold is on: the filter's scores themselves (a subclass may transform a pool's
+        scores, e.g. ``keep_adaptive.GapRecallKeep``)."""
+        return np.asarray(scores, dtype=np.float64)
+
     def fit(self, pools: CalibrationPools) -> "RecallKeep":
         u = self._miss_scores(pools)
         check_calibration_size(u.size, self.target_recall, "filter")
-        allowed = -1 if self.target_recall >= 1 else math.floor(self.alpha * (u.size + 1) - 1 + 1e-9)
-        return self._fitted(pools, u, crc_threshold(u, self.alpha), allowed)
+        return self._fitted(pools, u, crc_threshold(u, self.alpha), self.allowed_losses(u.size))
+
+    def min_pools(self) -> int:
+        """The fewest calibration pools holding a resolved candidate that the bound needs."""
+        return min_calibration_pools(self.target_recall)
+
+    def allowed_losses(self, n: int) -> int:
+        """How many of ``n`` calibration pools the threshold may lose (-1: none, keep all)."""
+        return -1 if self.target_recall >= 1 else math.floor(self.alpha * (n + 1) - 1 + 1e-9)
 
     def _miss_scores(self, pools: CalibrationPools) -> np.ndarray:
         """``pool_miss_score`` of every calibration pool holding a resolved candidate."""
-        u = np.array([pool_miss_score(s, y, t, self.min_keep, self.seed)
+        u = np.array([pool_miss_score(self.threshold_scores(s), y, t, self.min_keep, self.seed)
                       for s, y, t in zip(pools.scores, pools.labels, pools.traj_ids)])
         return u[~np.isnan(u)]
 
     def _fitted(self, pools: CalibrationPools, u: np.ndarray, threshold: float, allowed: int) -> "RecallKeep":
         """Set the fitted attributes from the miss scores ``u``, the chosen threshold and the pools it may lose."""
-        self.calibration_ = fit_calibration(*pools.flat(), method=self.calibration)
+        scores = [self.threshold_scores(s) for s in pools.scores]
+        self.calibration_ = fit_calibration(np.concatenate(scores) if scores else np.zeros(0),
+                                            pools.flat()[1], method=self.calibration)
         self.threshold_ = threshold
         self.p_threshold_ = (float(self.calibration_.predict([self.threshold_])[0]) if np.isfinite(self.threshold_)
                              else float("nan"))
@@ -267,21 +286,22 @@ class RecallKeep(KeepRule):
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "threshold_"):
-            raise NotFittedError("This RecallKeep is not fitted yet: call fit(calibration_pools) first.")
+            raise NotFittedError(f"The keep rule {self.name!r} is not fitted yet: fit it on labelled calibration "
+                                 "pools first (filter --calibration CAL.jsonl).")
 
     def keep(self, scores: Any, traj_ids: Sequence[str]) -> np.ndarray:
         self._check_fitted()
-        return keep_mask(scores, traj_ids, self.threshold_, self.min_keep, self.seed)
+        return keep_mask(self.threshold_scores(scores), traj_ids, self.threshold_, self.min_keep, self.seed)
 
     def predict_proba(self, scores: Any) -> np.ndarray:
         """The calibrated probability of each score."""
         self._check_fitted()
-        return self.calibration_.predict(scores)
+        return self.calibration_.predict(self.threshold_scores(scores))
 
     def to_dict(self) -> dict:
         self._check_fitted()
         fin = (lambda v: None if not np.isfinite(v) else float(v))
-        return {"target_recall": self.target_recall, "alpha": round(self.alpha, 12),
+        return {"rule": self.name, "target_recall": self.target_recall, "alpha": round(self.alpha, 12),
                 "threshold": fin(self.threshold_),
                 "threshold_meaning": "keep all" if self.threshold_ == -np.inf else
                 "keep min_keep only" if self.threshold_ == np.inf else "keep score >= threshold",

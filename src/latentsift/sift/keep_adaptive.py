@@ -22,12 +22,12 @@ empirical question, measured by ``protocol.operating`` (``adaptive`` in ``operat
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from .._core.registry import registry_add
-from .keep import CalibrationPools, RecallKeep, keep_mask
+from .keep import RecallKeep
 
 
 def gap_scores(scores: Any) -> np.ndarray:
@@ -44,16 +44,8 @@ class GapRecallKeep(RecallKeep):
 
     name = "gap-recall"
 
-    def fit(self, pools: CalibrationPools) -> "GapRecallKeep":
-        return super().fit(CalibrationPools(pools.instance_ids, pools.traj_ids, [gap_scores(s) for s in pools.scores],
-                                            pools.labels, pools.how, pools.extra))
-
-    def keep(self, scores: Any, traj_ids: Sequence[str]) -> np.ndarray:
-        self._check_fitted()
-        return keep_mask(gap_scores(scores), traj_ids, self.threshold_, self.min_keep, self.seed)
-
-    def predict_proba(self, scores: Any) -> np.ndarray:
-        return super().predict_proba(gap_scores(scores))
+    def threshold_scores(self, scores: Any) -> np.ndarray:
+        return gap_scores(scores)
 
 
 registry_add("keep_rule", "gap-recall", GapRecallKeep)

@@ -107,16 +107,21 @@ class ConfidentRecallKeep(RecallKeep):
     def delta(self) -> float:
         return 1.0 - self.confidence
 
+    def min_pools(self) -> int:
+        return min_confident_pools(self.target_recall, self.confidence)
+
+    def allowed_losses(self, n: int) -> int:
+        return ltt_allowed_losses(n, self.alpha, self.delta)
+
     def fit(self, pools: CalibrationPools) -> "ConfidentRecallKeep":
         u = self._miss_scores(pools)
-        need = min_confident_pools(self.target_recall, self.confidence)
+        need = self.min_pools()
         if self.target_recall < 1.0 and u.size < need:
             raise LatentSiftError(f"filter: --target-recall {self.target_recall:g} --confidence {self.confidence:g} "
                                   f"needs at least {need} calibration pools that hold a resolved candidate (Learn then "
                                   f"Test: n >= log(delta) / log(R)); the calibration set has {u.size}. Add labelled "
                                   "pools, lower the target or the confidence.")
-        return self._fitted(pools, u, ltt_threshold(u, self.alpha, self.delta),
-                            ltt_allowed_losses(u.size, self.alpha, self.delta))
+        return self._fitted(pools, u, ltt_threshold(u, self.alpha, self.delta), self.allowed_losses(u.size))
 
     def to_dict(self) -> dict:
         return super().to_dict() | {"confidence": self.confidence, "delta": round(self.delta, 12),

@@ -286,6 +286,34 @@ class Stage1Filter:
 
 
 # ---------------------------------------------------------------------- LatentSift
+def check_sift_settings(settings: Mapping[str, Any], owner: str | Mapping[str, str]) -> None:
+    """The value checks of ``LatentSift``'s settings that need no bank (``branches``, ``distance``, ``weighting``,
+    ``channels``, ``fusion_weight``, ``n_evidence``; those absent are not checked). ``owner``: who is told,
+    one name, or per setting (a command's options: ``{"distance": "filter (--distance)", ...}``)."""
+    def who(name: str) -> str:
+        return owner if isinstance(owner, str) else owner.get(name, name)
+
+    def given(name: str) -> bool:
+        return settings.get(name) is not None
+
+    for name, allowed in (("branches", BRANCHES), ("distance", DISTANCES), ("weighting", WEIGHTINGS)):
+        if given(name):
+            check_choice(settings[name], name, who(name), allowed)
+    if given("channels"):
+        chans = list(settings["channels"])
+        if not chans or len(set(chans)) != len(chans):
+            raise param_error("channels", who("channels"), f"a non-empty subset of {list(CHANNELS)} without repeats",
+                              chans)
+        for c in chans:
+            check_choice(c, "channels", who("channels"), CHANNELS)
+    w = settings.get("fusion_weight")
+    if given("fusion_weight") and (isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0):
+        raise param_error("fusion_weight", who("fusion_weight"), "a float in [0, 1]", w)
+    n = settings.get("n_evidence")
+    if given("n_evidence") and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0):
+        raise param_error("n_evidence", who("n_evidence"), "an int >= 0", n)
+
+
 class LatentSift(Stage1Filter):
     """The paper's Stage-1 filter: distance branch (banks) fused with the learned branch (scorer).
 
@@ -327,20 +355,13 @@ class LatentSift(Stage1Filter):
         if not isinstance(self.bank, Bank):
             raise param_error("bank", o, "a fitted Bank", type(self.bank).__name__)
         self.bank._check_fitted()
-        check_choice(self.branches, "branches", o, BRANCHES)
-        check_choice(self.distance, "distance", o, DISTANCES)
-        check_choice(self.weighting, "weighting", o, WEIGHTINGS)
-        if not self.channels or len(set(self.channels)) != len(self.channels):
-            raise param_error("channels", o, f"a non-empty subset of {list(CHANNELS)} without repeats",
-                              list(self.channels))
+        check_sift_settings({"branches": self.branches, "distance": self.distance, "weighting": self.weighting,
+                             "channels": self.channels, "fusion_weight": self.fusion_weight,
+                             "n_evidence": self.n_evidence}, o)
         for c in self.channels:
-            check_choice(c, "channels", o, CHANNELS)
             if c not in self.bank.channels:
                 raise LatentSiftError(f"The bank indexes channels {list(self.bank.channels)}; channel {c!r} "
                                       "was asked for.")
-        if isinstance(self.fusion_weight, bool) or not isinstance(self.fusion_weight, (int, float)) \
-                or not 0.0 <= self.fusion_weight <= 1.0:
-            raise param_error("fusion_weight", o, "a float in [0, 1]", self.fusion_weight)
         if self.branches != "distance":
             if not isinstance(self.scorer, LinearScorer):
                 raise param_error("scorer", o, f"a fitted LinearScorer when branches={self.branches!r}",
@@ -348,9 +369,6 @@ class LatentSift(Stage1Filter):
             self.scorer._check_fitted()
             if self.scorer.fingerprint_ is not None:
                 self.bank.fingerprint_.check_same(self.scorer.fingerprint_, "scorer")
-        if isinstance(self.n_evidence, bool) or not isinstance(self.n_evidence, (int, np.integer)) \
-                or self.n_evidence < 0:
-            raise param_error("n_evidence", o, "an int >= 0", self.n_evidence)
 
     @property
     def _uses_distance(self) -> bool:
