@@ -22,7 +22,7 @@ chunked replay, the verifier).
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -44,20 +44,18 @@ def run_length(rendering, max_tokens: int | None = None) -> int:
     return int(pooled[-1]) + 1 if len(pooled) else 0
 
 
-def pack_plan(sizes: Iterable[int], pack_tokens: int) -> Iterator[list[int]]:
-    """Indices of ``sizes`` grouped in order, each group's total at most ``pack_tokens``; an item
-    larger than the budget is a group of its own (replayed one per forward, chunked)."""
-    group: list[int] = []
+def pack_plan(items: Iterable, size: Callable[[Any], int], pack_tokens: int) -> Iterator[list]:
+    """``items`` grouped in order, each group's ``size`` total at most ``pack_tokens``; an item larger
+    than the budget is a group of its own. Lazy: a group is yielded as soon as it is complete."""
+    group: list = []
     total = 0
-    for i, n in enumerate(sizes):
+    for item in items:
+        n = size(item)
         if group and total + n > pack_tokens:
             yield group
             group, total = [], 0
-        group.append(i)
+        group.append(item)
         total += n
-        if total >= pack_tokens:
-            yield group
-            group, total = [], 0
     if group:
         yield group
 
