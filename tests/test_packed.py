@@ -11,7 +11,7 @@ import pytest
 from latentsift._core.validation import LatentSiftError
 from latentsift.states.channel import render
 from latentsift.states.extract import check_settings, extract_many, extract_settings
-from latentsift.states.packing import PACKED_ATTENTION, can_pack, pack_plan, replay_packed, run_length
+from latentsift.states.packing import PACKED_ATTENTION, PackedSums, can_pack, pack_plan, replay_packed, run_length
 from latentsift.states.states import has_hooks, replay_many
 
 F32_TOL = 1e-5
@@ -117,3 +117,25 @@ def test_pack_tokens_is_checked_and_off_by_default_on_a_cpu(policy32):
         check_settings(pack_tokens=-1)
     assert extract_settings(policy32)["pack_tokens"] == 0
     assert extract_settings(policy32, pack_tokens=10**6)["pack_tokens"] == policy32.context_length
+
+
+def test_packed_sums_off_a_cpu_sum_each_renderings_spans_as_on_a_cpu():
+    """The per-rendering span matrices used off a CPU give each span's sum (float64, rounded once)."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    pieces = [(np.array([0, 1, 3]), np.array([0, 0, 1])), (np.array([], dtype=np.int64), np.array([], dtype=np.int64)),
+              (np.array([5, 6, 7]), np.array([2, 3, 2]))]
+    hidden = torch.as_tensor(rng.standard_normal((1, 8, 4)), dtype=torch.float32)
+    sums = []
+    for ordered in (True, False):
+        acc = PackedSums(2, 4, 4, "cpu")
+        acc.ordered = ordered
+        acc.set_pieces(pieces)
+        for i in range(2):
+            acc(i, hidden)
+        sums.append((acc.sums.numpy().copy(), acc.counts.copy()))
+    (a, ca), (b, cb) = sums
+    assert ca.tolist() == cb.tolist() == [2, 1, 2, 1]
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+    np.testing.assert_allclose(a[0, 2], hidden[0, 5].numpy() + hidden[0, 7].numpy(), rtol=1e-6)

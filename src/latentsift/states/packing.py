@@ -29,6 +29,7 @@ import numpy as np
 from .._core.attention import exact_attention
 from .._core.threads import NUMERIC_THREADS, fixed_threads
 from .._core.validation import check_positive_int
+from .states import _check_layer_ids, _SpanSums, add_span_sums, layer_hooks, span_matrix, states_of
 
 PACKED_ATTENTION = "latentsift_packed"
 BOUNDS = "cu_seq_lens_q"             # transformers' varlen keyword: cumulative sequence lengths of the row
@@ -124,6 +125,43 @@ def enable_packing(policy) -> None:
         policy.model.set_attn_implementation(PACKED_ATTENTION)
 
 
+class PackedSums(_SpanSums):
+    """The span sums of a packed row. On a CPU as for one sequence (``index_add_``, token after
+    token); off a CPU each rendering's tokens are summed by a span matrix of its own
+    (:func:`~latentsift.states.states.add_span_sums` with one plan per rendering), since one matrix
+    over the row would cost (spans of the row) x (tokens of the row), the square of the pack."""
+
+    def __init__(self, n_layers: int, d_model: int, capacity: int, device):
+        import torch
+
+        super().__init__(n_layers, d_model, capacity, device)
+        self.ordered = torch.device(device).type == "cpu"
+        self.pieces: list | None = None
+
+    def set_pieces(self, pieces: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """``(positions in the row, span numbers)`` of each rendering's pooled tokens."""
+        import torch
+
+        if self.ordered:
+            self.set_targets(np.concatenate([p for p, _ in pieces]), np.concatenate([t for _, t in pieces]))
+            return
+        self.pieces = []
+        for p, t in pieces:
+            if len(p):
+                tgt = torch.as_tensor(t, dtype=torch.long, device=self.device)
+                self.pieces.append((torch.as_tensor(p, dtype=torch.long, device=self.device), tgt, span_matrix(tgt)))
+                np.add.at(self.counts, t, 1)
+
+    def __call__(self, i: int, hidden) -> None:
+        if self.pieces is None:
+            super().__call__(i, hidden)
+            return
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        for src, tgt, plan in self.pieces:
+            # sum_p h_l[p] over the span's tokens (numerator of the span mean), one rendering at a time
+            add_span_sums(self.sums[i], 0, tgt, flat.index_select(0, src).float(), plan, ordered=False)
+
+
 def replay_packed(policy, renderings: Sequence, *, max_tokens: int | None = None,
                   layer_ids: Sequence[int] | None = None) -> list:
     """:func:`~latentsift.states.states.replay_many` of renderings that fit the context, in one forward.
@@ -132,8 +170,6 @@ def replay_packed(policy, renderings: Sequence, *, max_tokens: int | None = None
     as in a replay of it alone. The row must fit the model's context and a chunk (callers pack with
     :func:`pack_plan`)."""
     import torch
-
-    from .states import _SpanSums, _check_layer_ids, layer_hooks, states_of
 
     if max_tokens is not None:
         max_tokens = check_positive_int(max_tokens, "max_tokens", "replay")
@@ -144,17 +180,16 @@ def replay_packed(policy, renderings: Sequence, *, max_tokens: int | None = None
     runs = [run_length(r, max_tokens) for r in renderings]
     index = [r.span_index() for r in renderings]
     offsets = np.cumsum([0] + [len(keys) for _, keys in index])
-    acc = _SpanSums(policy.n_layers, policy.d_model, int(offsets[-1]), dev)
-    ids, pos, src, tgt = [], [], [], []
+    acc = PackedSums(policy.n_layers, policy.d_model, int(offsets[-1]), dev)
+    ids, pos, pieces = [], [], []
     start = 0
     for r, n_run, (span_of, _), off in zip(renderings, runs, index, offsets):
         ids.append(np.asarray(r.input_ids[:n_run], dtype=np.int64))
         pos.append(np.arange(n_run))
         p = np.flatnonzero(span_of[:n_run] >= 0)
-        src.append(p + start)
-        tgt.append(span_of[p] + off)
+        pieces.append((p + start, span_of[p] + off))
         start += n_run
-    acc.set_targets(np.concatenate(src), np.concatenate(tgt))
+    acc.set_pieces(pieces)
     if start:
         cuts = np.cumsum([0] + [n for n in runs if n])
         with torch.inference_mode(), fixed_threads(NUMERIC_THREADS), exact_attention(dev), layer_hooks(policy, acc):
