@@ -139,3 +139,23 @@ def test_packed_sums_off_a_cpu_sum_each_renderings_spans_as_on_a_cpu():
     assert ca.tolist() == cb.tolist() == [2, 1, 2, 1]
     np.testing.assert_allclose(a, b, rtol=1e-6)
     np.testing.assert_allclose(a[0, 2], hidden[0, 5].numpy() + hidden[0, 7].numpy(), rtol=1e-6)
+
+
+def test_a_store_resumes_at_another_pack_budget_and_the_option_is_checked(policy32, trajs, alone, tmp_path):
+    from latentsift._jobs.extract import run_extract
+    from latentsift.states.extract import extract_pools
+    from latentsift.states.store import StateStore
+    from latentsift.trajectories.trajectory import save_jsonl
+
+    kw = dict(max_tokens=MAX_TOKENS, store_dtype="float32", **SPANS)
+    extract_pools(policy32, trajs[:1], tmp_path / "s", pack_tokens=0, **kw)
+    rep = extract_pools(policy32, trajs, tmp_path / "s", pack_tokens=4096, **kw)
+    assert (rep.n_skipped, rep.n_extracted) == (1, 2)
+    store = StateStore(tmp_path / "s")
+    assert store.settings["pack_tokens"] == 0        # the manifest keeps the first run's settings
+    stored = store.load()
+    for a in alone:
+        _close(stored[a.traj_id], a)
+    save_jsonl(trajs[:1], tmp_path / "pools.jsonl")
+    with pytest.raises(LatentSiftError, match="--pack-tokens"):
+        run_extract(tmp_path / "pools.jsonl", tmp_path / "t", pack_tokens=-1)
