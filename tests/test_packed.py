@@ -10,7 +10,7 @@ import pytest
 
 from latentsift._core.validation import LatentSiftError
 from latentsift.states.channel import render
-from latentsift.states.extract import check_settings, extract_many, extract_settings
+from latentsift.states.extract import check_settings, extract_many, extract_settings, pack_size
 from latentsift.states.packing import PACKED_ATTENTION, PackedSums, can_pack, pack_plan, replay_packed, run_length
 from latentsift.states.states import has_hooks, replay_many
 
@@ -60,6 +60,18 @@ def test_pack_plan_groups_in_order_within_the_budget():
     assert plan == [[5, 3], [4], [9], [1, 2]]
     assert [x for g in plan for x in g] == [5, 3, 4, 9, 1, 2]
     assert all(sum(g) <= 8 for g in plan if len(g) > 1)
+
+
+def test_a_trajectory_longer_than_a_chunk_is_never_packed():
+    from latentsift.states.channel import Rendering
+
+    step = np.r_[np.full(10, -1), np.zeros(40)].astype(np.int32)   # 40 pooled tokens after 10 excluded
+    r = Rendering("a", np.arange(60), np.r_[step, np.full(10, -1)].astype(np.int32), np.zeros(60, np.int8), 1)
+    settings = {"max_tokens": None, "chunk_tokens": 60, "context": 100, "pack_tokens": 80}
+    assert run_length(r) == 50 and run_length(r, 20) == 20
+    assert pack_size([r], settings) == 50 and pack_size([r, r], settings) == 100
+    assert pack_size([r], settings | {"chunk_tokens": 40}) == 81          # over the budget: alone, chunked
+    assert pack_size([r], settings | {"chunk_tokens": 40, "max_tokens": 30}) == 30
 
 
 def test_packed_equals_one_per_forward_and_the_neighbours_do_not_matter(policy32, renderings, alone):

@@ -289,8 +289,8 @@ def extract_one(policy, trajectory, settings: dict[str, Any]) -> tuple[Trajector
 def extract_pack(policy, pack: list, settings: dict[str, Any]) -> list[tuple[TrajectoryStates, bool, bool]]:
     """:func:`extract_one` of each ``(trajectory, renderings)`` of ``pack``: all renderings in one packed
     forward (:func:`~latentsift.states.packing.replay_packed`), or, for a pack of one that does not fit
-    (longer than ``pack_tokens`` or a chunk), one forward per rendering, chunked."""
-    if len(pack) == 1 and not _packable(pack[0][1], settings):
+    (:func:`pack_size`), one forward per rendering, chunked."""
+    if len(pack) == 1 and pack_size(pack[0][1], settings) > settings["pack_tokens"]:
         t, rs = pack[0]
         parts = replay_many(policy, rs, chunk_tokens=settings["chunk_tokens"], max_tokens=settings["max_tokens"],
                             layer_ids=_layer_ids(policy, settings))
@@ -304,15 +304,13 @@ def extract_pack(policy, pack: list, settings: dict[str, Any]) -> list[tuple[Tra
     return out
 
 
-def _packed_size(rs: list, settings: dict[str, Any]) -> int:
-    return sum(run_length(r, settings["max_tokens"]) for r in rs)
-
-
-def _packable(rs: list, settings: dict[str, Any]) -> bool:
-    """Each rendering one plain forward when replayed alone (no chunks, no window), all within the budget."""
-    limit = min(settings["chunk_tokens"], settings["context"])
-    return (all(run_length(r, settings["max_tokens"]) <= limit for r in rs)
-            and _packed_size(rs, settings) <= settings["pack_tokens"])
+def pack_size(rs: list, settings: dict[str, Any]) -> int:
+    """The tokens the renderings ``rs`` of one trajectory take in a pack; more than ``pack_tokens`` when
+    one of them is longer than a chunk or the context (it is replayed alone, chunked, as without packing)."""
+    runs = [run_length(r, settings["max_tokens"]) for r in rs]
+    if max(runs, default=0) > min(settings["chunk_tokens"], settings["context"]):
+        return settings["pack_tokens"] + 1
+    return sum(runs)
 
 
 def extract_many(policy, trajectories: Sequence, settings: dict[str, Any],
@@ -338,7 +336,7 @@ def extract_many(policy, trajectories: Sequence, settings: dict[str, Any],
             yield from ordered_map(pool, lambda t: extract_one(policy, t, settings), trajectories, ahead=2 * n)
             return
         rendered = ordered_map(pool, lambda t: (t, renderings_of(policy, t, settings)), trajectories, ahead=2 * n)
-        packs = pack_plan(rendered, lambda tr: _packed_size(tr[1], settings), settings["pack_tokens"])
+        packs = pack_plan(rendered, lambda tr: pack_size(tr[1], settings), settings["pack_tokens"])
         for done in ordered_map(pool, lambda pack: extract_pack(policy, pack, settings), packs, ahead=2 * n):
             yield from done
 
