@@ -164,7 +164,7 @@ def main() -> None:
         for name, (tx, t_same, t_ref, n_tok) in best.items():
             g_x, g_same, g_ref = rate(lin.flops(n_tok), tx), rate(lin.flops(n_tok), t_same), \
                 rate(lin.flops(2048) * 2 * a.ref_passes, t_ref)
-            print(f"{name}: {len(trajs)} trajectories, {n_tok:,} tokens, {n_tok / tx:,.0f} tok/s")
+            print(f"{name}: {len(trajs)} trajectories, {n_tok:,} tokens, {n_tok / tx:,.0f} tokens per {a.clock} second")
             rows += [(name, g_x, g_ref, "gemm 2048"), (name, g_x, g_same, "gemm same tokens")]
 
     if "verifier" not in skip:
