@@ -35,6 +35,9 @@ def extract_cmd(
                                "(the scorer needs all)."),
     chunk_tokens: int = typer.Option(2048, "--chunk-tokens", help="Prefill chunk size (memory bound)."),
     shard_size: int = typer.Option(32, "--shard-size", help="Trajectories per shard (the resume unit)."),
+    pack_tokens: Optional[int] = typer.Option(None, "--pack-tokens", help="Replay several short trajectories "
+                                              "per forward, up to N tokens (0: one per forward; default: off on "
+                                              "a CPU, 16384 on CUDA; same states up to rounding)."),
     threads: Threads = None,
     per_step: bool = typer.Option(False, "--per-step", help="Replay each step in its own context (chat "
                                   "templates that drop earlier <think> blocks, e.g. Qwen3; O(T^2) tokens)."),
@@ -59,8 +62,8 @@ def extract_cmd(
         report = run_extract(pools, out, model=model, dtype=dtype, device=device, max_tokens=max_tokens,
                              instances=instances, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
                              layers=layers, chunk_tokens=chunk_tokens, shard_size=shard_size, threads=threads,
-                             per_step=per_step, patch_step_tokens=patch_step_tokens, ray=ray, workers=workers,
-                             gpus_per_worker=gpus_per_worker, device_map=device_map, log=bar.print,
+                             per_step=per_step, patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens, ray=ray,
+                             workers=workers, gpus_per_worker=gpus_per_worker, device_map=device_map, log=bar.print,
                              progress=progress)
     if report.redone:
         console.print(f"{len(report.redone)} stored trajectories were in a missing or damaged shard and were "

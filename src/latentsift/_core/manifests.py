@@ -81,6 +81,7 @@ class StoreSettings(Record):
     store_dtype: str | None = None
     dtype: str | None = None
     chunk_tokens: Positive | None = None
+    pack_tokens: Count | None = None  # tokens per packed forward (0: one trajectory per forward)
     shard_size: Positive | None = None
     renderer: str | None = None
     kernels: dict[str, Any] | None = None  # what fixes the bytes (states.hardware.kernel_record)

@@ -38,8 +38,9 @@ def run_extract(pools: str | Path, out: str | Path, *, model=None, dtype: str = 
                 max_tokens: int | None = None, instances: int | None = None, max_span_tokens: int | None = None,
                 max_prompt_tokens: int | None = None, layers: str = "all", chunk_tokens: int = 2048,
                 shard_size: int = 32, threads: int | None = None, per_step: bool = False,
-                patch_step_tokens: int | None = None, ray: str | None = None, workers: int = 2,
-                gpus_per_worker: float = 0, device_map: str | None = None, log: Callable[[str], Any] = print,
+                patch_step_tokens: int | None = None, pack_tokens: int | None = None, ray: str | None = None,
+                workers: int = 2, gpus_per_worker: float = 0, device_map: str | None = None,
+                log: Callable[[str], Any] = print,
                 progress: Callable[[Any], None] | None = None) -> ExtractReport:
     """``latentsift extract``: every option checked, the backend opened, the trajectories of ``pools``
     replayed into the store ``out`` (created or resumed). ``log``: one line per step; ``progress``:
@@ -48,6 +49,9 @@ def run_extract(pools: str | Path, out: str | Path, *, model=None, dtype: str = 
         _check_positive(max_tokens=max_tokens, instances=instances, max_span_tokens=max_span_tokens,
                         max_prompt_tokens=max_prompt_tokens, chunk_tokens=chunk_tokens, shard_size=shard_size,
                         threads=threads, patch_step_tokens=patch_step_tokens, workers=workers)
+        if pack_tokens is not None and pack_tokens < 0:
+            raise LatentSiftError(f"--pack-tokens must be 0 (one trajectory per forward) or a positive number. "
+                                  f"Got {pack_tokens} instead.")
         layer_sel = parse_layers(layers)
         check_backend_options(model, dtype, device, layer_sel, device_map=device_map)
         trajs = load_jsonl(pools)
@@ -61,4 +65,4 @@ def run_extract(pools: str | Path, out: str | Path, *, model=None, dtype: str = 
         return extract_pools(backend, trajs, out, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
                              max_tokens=max_tokens, instances=instances, layers=layer_sel, chunk_tokens=chunk_tokens,
                              shard_size=shard_size, renderer="render_per_step" if per_step else "render",
-                             patch_step_tokens=patch_step_tokens, progress=progress)
+                             patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens, progress=progress)

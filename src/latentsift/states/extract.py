@@ -35,10 +35,15 @@ from .._core.validation import LatentSiftError, check_positive_int, param_error
 from .channel import render, render_per_step
 from .hardware import kernel_record
 from .model import Fingerprint, load_policy
+from .packing import can_pack, pack_plan, replay_packed, run_length
 from .states import DEFAULT_CHUNK_TOKENS, TrajectoryStates, merge_states, replay_many
 from .store import DEFAULT_SHARD_SIZE, RENDERERS, STORE_DTYPES, EncodedShard, StateStore, encode_shard
 
 OWNER = "extract_pools"  # the function named in settings errors
+#: ``pack_tokens`` when it is not given, per device kind (0: one trajectory per forward). On a CPU
+#: packing short trajectories measured no faster than one per forward at one thread each (docs/scale.md);
+#: on a GPU a forward of one ~700-token sequence runs at 0.05 of the rate of 8 x 2,048 tokens (issue 52).
+DEFAULT_PACK_TOKENS = {"cpu": 0, "cuda": 16384}
 
 
 @dataclass
@@ -182,7 +187,7 @@ def check_settings(*, max_span_tokens: int | None = None, max_prompt_tokens: int
                    max_tokens: int | None = None, layers: str | Sequence[int] = "all",
                    store_dtype: str = "float16", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                    shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = "render",
-                   patch_step_tokens: int | None = None) -> None:
+                   patch_step_tokens: int | None = None, pack_tokens: int | None = None) -> None:
     """The checks of :func:`extract_settings` that need no policy."""
     if renderer not in RENDERERS:
         raise param_error("renderer", OWNER, f"one of {list(RENDERERS)}", renderer)
@@ -194,24 +199,35 @@ def check_settings(*, max_span_tokens: int | None = None, max_prompt_tokens: int
         raise param_error("store_dtype", OWNER, f"one of {list(STORE_DTYPES)}", store_dtype)
     check_positive_int(chunk_tokens, "chunk_tokens", OWNER)
     check_positive_int(shard_size, "shard_size", OWNER)
+    if pack_tokens is not None and (isinstance(pack_tokens, bool) or not isinstance(pack_tokens, int)
+                                    or pack_tokens < 0):
+        raise param_error("pack_tokens", OWNER, "a non-negative int (0: one trajectory per forward)", pack_tokens)
 
 
 def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
                      max_tokens: int | None = None, layers: str | Sequence[int] = "all",
                      store_dtype: str = "float16", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                      shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = "render",
-                     patch_step_tokens: int | None = None) -> dict[str, Any]:
+                     patch_step_tokens: int | None = None, pack_tokens: int | None = None) -> dict[str, Any]:
     """The manifest settings of an extraction (validated), with what fixes the states' bytes on this
-    machine (``kernels``: :func:`~latentsift.states.hardware.kernel_record`) and why the dtype was chosen."""
+    machine (``kernels``: :func:`~latentsift.states.hardware.kernel_record`) and why the dtype was chosen.
+
+    ``pack_tokens``: the token budget of a packed forward (:func:`extract_many`); None: the device's
+    default (:data:`DEFAULT_PACK_TOKENS`); recorded as used (0 where the model cannot be packed,
+    :func:`~latentsift.states.packing.can_pack`). It changes the states by rounding only, so a store
+    is resumed at any value."""
     check_settings(max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
                    store_dtype=store_dtype, chunk_tokens=chunk_tokens, shard_size=shard_size, renderer=renderer,
-                   patch_step_tokens=patch_step_tokens)
+                   patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens)
     ctx = policy.context_length
+    if pack_tokens is None:
+        pack_tokens = DEFAULT_PACK_TOKENS.get(policy.device.type, 0)
+    pack_tokens = min(pack_tokens, ctx) if can_pack(policy) else 0
     return {"max_span_tokens": max_span_tokens, "max_prompt_tokens": max_prompt_tokens, "max_tokens": max_tokens,
             "context": ctx, "window_stride": ctx // 2, "layers": resolve_layers(layers, policy.n_layers),
             "store_dtype": store_dtype, "dtype": policy.fingerprint.dtype, "chunk_tokens": chunk_tokens,
             "shard_size": shard_size, "renderer": f"latentsift.channel.{renderer}",
-            "patch_step_tokens": patch_step_tokens, "kernels": kernel_record(policy.device),
+            "patch_step_tokens": patch_step_tokens, "pack_tokens": pack_tokens, "kernels": kernel_record(policy.device),
             "dtype_reason": policy.dtype_choice.reason if policy.dtype_choice else None}
 
 
@@ -241,21 +257,61 @@ def render_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
             "patch_step_tokens": settings.get("patch_step_tokens")}
 
 
+def renderings_of(policy, trajectory, settings: dict[str, Any]) -> list:
+    """The renderings :func:`extract_one` replays for ``trajectory`` (one, or one per step)."""
+    rkw = render_settings(settings)
+    if settings["renderer"].rsplit(".", 1)[-1] == "render":
+        return [render(trajectory, policy.tokenizer, **rkw)]
+    return render_per_step(trajectory, policy.tokenizer, **rkw)
+
+
+def _layer_ids(policy, settings: dict[str, Any]):
+    layer_ids = settings["layers"]
+    return None if len(layer_ids) == policy.n_layers else layer_ids
+
+
+def _finish(policy, trajectory, rs: list, parts: list) -> tuple[TrajectoryStates, bool, bool]:
+    st = parts[0] if len(parts) == 1 else merge_states(parts, trajectory.traj_id)
+    truncated = any(p.n_tokens < r.n_tokens for p, r in zip(parts, rs))
+    windowed = any(p.n_tokens > policy.context_length for p in parts)
+    return st, truncated, windowed
+
+
 def extract_one(policy, trajectory, settings: dict[str, Any]) -> tuple[TrajectoryStates, bool, bool]:
     """Render and replay one trajectory with the manifest ``settings`` of :func:`extract_settings`.
 
     Returns (states, truncated by max_tokens, longer than the context)."""
-    rkw = render_settings(settings)
-    layer_ids = settings["layers"]
-    renderer = settings["renderer"].rsplit(".", 1)[-1]
-    t = trajectory
-    rs = [render(t, policy.tokenizer, **rkw)] if renderer == "render" else render_per_step(t, policy.tokenizer, **rkw)
+    rs = renderings_of(policy, trajectory, settings)
     parts = replay_many(policy, rs, chunk_tokens=settings["chunk_tokens"], max_tokens=settings["max_tokens"],
-                        layer_ids=None if len(layer_ids) == policy.n_layers else layer_ids)
-    st = parts[0] if len(parts) == 1 else merge_states(parts, t.traj_id)
-    truncated = any(p.n_tokens < r.n_tokens for p, r in zip(parts, rs))
-    windowed = any(p.n_tokens > policy.context_length for p in parts)
-    return st, truncated, windowed
+                        layer_ids=_layer_ids(policy, settings))
+    return _finish(policy, trajectory, rs, parts)
+
+
+def extract_pack(policy, pack: list, settings: dict[str, Any]) -> list[tuple[TrajectoryStates, bool, bool]]:
+    """:func:`extract_one` of each ``(trajectory, renderings)`` of ``pack``: all renderings in one packed
+    forward (:func:`~latentsift.states.packing.replay_packed`), or, for a pack of one that does not fit
+    (:func:`pack_size`), one forward per rendering, chunked."""
+    if len(pack) == 1 and pack_size(pack[0][1], settings) > settings["pack_tokens"]:
+        t, rs = pack[0]
+        parts = replay_many(policy, rs, chunk_tokens=settings["chunk_tokens"], max_tokens=settings["max_tokens"],
+                            layer_ids=_layer_ids(policy, settings))
+        return [_finish(policy, t, rs, parts)]
+    parts = replay_packed(policy, [r for _, rs in pack for r in rs], max_tokens=settings["max_tokens"],
+                          layer_ids=_layer_ids(policy, settings))
+    out, a = [], 0
+    for t, rs in pack:
+        out.append(_finish(policy, t, rs, parts[a:a + len(rs)]))
+        a += len(rs)
+    return out
+
+
+def pack_size(rs: list, settings: dict[str, Any]) -> int:
+    """The tokens the renderings ``rs`` of one trajectory take in a pack; more than ``pack_tokens`` when
+    one of them is longer than a chunk or the context (it is replayed alone, chunked, as without packing)."""
+    runs = [run_length(r, settings["max_tokens"]) for r in rs]
+    if max(runs, default=0) > min(settings["chunk_tokens"], settings["context"]):
+        return settings["pack_tokens"] + 1
+    return sum(runs)
 
 
 def extract_many(policy, trajectories: Sequence, settings: dict[str, Any],
@@ -266,10 +322,24 @@ def extract_many(policy, trajectories: Sequence, settings: dict[str, Any],
     Each worker thread replays whole trajectories at one torch thread, so a trajectory's states are
     the same bits at any worker count, in any order, and as a single-threaded replay (measured on
     2 cores: two one-thread forwards side by side are 1.4x the throughput of one two-thread forward,
-    which moreover rounds differently; see ``states.replay``)."""
+    which moreover rounds differently; see ``states.replay``).
+
+    ``settings["pack_tokens"]`` > 0: the trajectories are rendered by the workers, grouped in input
+    order into packs of at most that many tokens (:func:`~latentsift.states.packing.pack_plan`) and
+    each pack is replayed in one forward by one worker (:func:`extract_pack`); a trajectory longer than
+    the budget or a chunk is a pack of its own, replayed as without packing. The packs depend on the
+    input's order and lengths only, so the same input gives the same bytes; and which trajectories
+    share a pack changes a trajectory's states by the linear layers' rounding at another row count
+    only (tests/test_packed.py: float32 within 1e-5; measured the same bytes on an AVX-512 CPU)."""
     n = policy.replay_workers() if workers is None else check_positive_int(workers, "workers", OWNER)
     with one_thread_pool(n) as pool:
-        yield from ordered_map(pool, lambda t: extract_one(policy, t, settings), trajectories, ahead=2 * n)
+        if not settings.get("pack_tokens"):
+            yield from ordered_map(pool, lambda t: extract_one(policy, t, settings), trajectories, ahead=2 * n)
+            return
+        rendered = ordered_map(pool, lambda t: (t, renderings_of(policy, t, settings)), trajectories, ahead=2 * n)
+        packs = pack_plan(rendered, lambda tr: pack_size(tr[1], settings), settings["pack_tokens"])
+        for done in ordered_map(pool, lambda pack: extract_pack(policy, pack, settings), packs, ahead=2 * n):
+            yield from done
 
 
 # ---------------------------------------------------------------------- the driver
@@ -278,7 +348,7 @@ def extract_pools(backend, trajectories: Iterable, store: StateStore | str | os.
                   max_tokens: int | None = None, instances: int | None = None,
                   layers: str | Sequence[int] = "all", store_dtype: str = "float16",
                   chunk_tokens: int = DEFAULT_CHUNK_TOKENS, shard_size: int = DEFAULT_SHARD_SIZE,
-                  renderer: str = "render", patch_step_tokens: int | None = None,
+                  renderer: str = "render", patch_step_tokens: int | None = None, pack_tokens: int | None = None,
                   progress: Callable[[ExtractProgress], None] | None = None) -> ExtractReport:
     """Render each trajectory, replay it through the policy and append its states to ``store``.
 
@@ -296,11 +366,13 @@ def extract_pools(backend, trajectories: Iterable, store: StateStore | str | os.
     (Qwen3): each step is replayed in the context the policy saw when writing it (O(T^2) tokens) and
     the disjoint spans are merged. ``patch_step_tokens`` keeps the first N tokens of each span of the
     step that wrote the final patch (``channel.patch_step``) instead of ``max_span_tokens``.
+    ``pack_tokens``: several short trajectories per forward, up to that many tokens (0: one per forward;
+    None: the device's default, :data:`DEFAULT_PACK_TOKENS`; see :func:`extract_many`).
     """
     backend = backend if isinstance(backend, ExtractionBackend) else LocalExtractionBackend(backend)
     settings_kw = dict(max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
                        layers=layers, store_dtype=store_dtype, chunk_tokens=chunk_tokens, shard_size=shard_size,
-                       renderer=renderer, patch_step_tokens=patch_step_tokens)
+                       renderer=renderer, patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens)
     backend.check(settings_kw)
     store = store if isinstance(store, StateStore) else StateStore(store)
     trajs = select_unique(trajectories, instances)

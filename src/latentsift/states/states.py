@@ -351,15 +351,20 @@ def replay_many(policy, renderings: Sequence, *, chunk_tokens: int = DEFAULT_CHU
                     acc.set_targets(pos - a, span_of[pos])
                     base(input_ids=ids[:, a:b], past_key_values=cache, use_cache=cache is not None)
                 del cache
-        present = np.flatnonzero(acc.counts[:len(keys)] > 0)
-        layers = acc.means(len(keys))[present][:, [l - 1 for l in keep]]
-        out.append(TrajectoryStates(
-            traj_id=r.traj_id, layers=layers,
-            step=np.array([keys[j][0] for j in present], dtype=np.int32),
-            channel=np.array([keys[j][1] for j in present], dtype=np.int8),
-            n_tokens=int(n),
-            layer_ids=None if layer_ids is None else tuple(keep)))
+        out.append(states_of(r, acc.means(len(keys)), acc.counts[:len(keys)], keys, n, keep, layer_ids))
     return out
+
+
+def states_of(r, means: np.ndarray, counts: np.ndarray, keys: list, n: int, keep: list[int],
+              layer_ids) -> TrajectoryStates:
+    """The states of rendering ``r`` (``n`` tokens run): ``means`` (len(keys), L, d_model) and
+    ``counts`` (len(keys),) of its spans ``keys`` (:meth:`_SpanSums.means`); spans without tokens dropped."""
+    present = np.flatnonzero(counts > 0)
+    return TrajectoryStates(
+        traj_id=r.traj_id, layers=means[present][:, [l - 1 for l in keep]],
+        step=np.array([keys[j][0] for j in present], dtype=np.int32),
+        channel=np.array([keys[j][1] for j in present], dtype=np.int8),
+        n_tokens=int(n), layer_ids=None if layer_ids is None else tuple(keep))
 
 
 def merge_states(parts: Sequence[TrajectoryStates], traj_id: str | None = None) -> TrajectoryStates:

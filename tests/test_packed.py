@@ -1,0 +1,173 @@
+"""Packed replay (``states.packing``): several trajectories per forward give each one the states of a
+forward of its own (float32 within 1e-5 relative per span vector), whatever is packed beside it and in
+whatever order, and the same bytes twice. Short renderings (at most 160 tokens each) keep it fast."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from latentsift._core.validation import LatentSiftError
+from latentsift.states.channel import render
+from latentsift.states.extract import check_settings, extract_many, extract_settings, pack_size
+from latentsift.states.packing import PACKED_ATTENTION, PackedSums, can_pack, pack_plan, replay_packed, run_length
+from latentsift.states.states import has_hooks, replay_many
+
+F32_TOL = 1e-5
+MAX_TOKENS = 160
+SPANS = {"max_span_tokens": 8, "max_prompt_tokens": 16}
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.model]
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def _close(packed, alone) -> None:
+    """Same spans and tokens, and every (span, layer) vector within F32_TOL relative."""
+    assert packed.traj_id == alone.traj_id and packed.n_tokens == alone.n_tokens
+    assert packed.step.tolist() == alone.step.tolist() and packed.channel.tolist() == alone.channel.tolist()
+    assert packed.layers.shape == alone.layers.shape and _rel(packed.layers, alone.layers).max() <= F32_TOL
+
+
+@pytest.fixture(scope="module")
+def policy32():
+    from latentsift.states.model import load_policy
+    return load_policy(dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def trajs(data_dir):
+    from latentsift.trajectories.importers import import_paths
+    return import_paths(data_dir / "sweagent" / "cost_2_1.tar.gz").trajectories[:3]
+
+
+@pytest.fixture(scope="module")
+def renderings(policy32, trajs):
+    return [render(t, policy32.tokenizer, **SPANS) for t in trajs]
+
+
+@pytest.fixture(scope="module")
+def alone(policy32, renderings):
+    """One rendering per forward (the reference), before any packed forward of this module."""
+    return replay_many(policy32, renderings, max_tokens=MAX_TOKENS)
+
+
+def test_pack_plan_groups_in_order_within_the_budget():
+    plan = list(pack_plan([5, 3, 4, 9, 1, 2], lambda n: n, 8))
+    assert plan == [[5, 3], [4], [9], [1, 2]]
+    assert [x for g in plan for x in g] == [5, 3, 4, 9, 1, 2]
+    assert all(sum(g) <= 8 for g in plan if len(g) > 1)
+
+
+def test_a_trajectory_longer_than_a_chunk_is_never_packed():
+    from latentsift.states.channel import Rendering
+
+    step = np.r_[np.full(10, -1), np.zeros(40)].astype(np.int32)   # 40 pooled tokens after 10 excluded
+    r = Rendering("a", np.arange(60), np.r_[step, np.full(10, -1)].astype(np.int32), np.zeros(60, np.int8), 1)
+    settings = {"max_tokens": None, "chunk_tokens": 60, "context": 100, "pack_tokens": 80}
+    assert run_length(r) == 50 and run_length(r, 20) == 20
+    assert pack_size([r], settings) == 50 and pack_size([r, r], settings) == 100
+    assert pack_size([r], settings | {"chunk_tokens": 40}) == 81          # over the budget: alone, chunked
+    assert pack_size([r], settings | {"chunk_tokens": 40, "max_tokens": 30}) == 30
+
+
+def test_packed_equals_one_per_forward_and_the_neighbours_do_not_matter(policy32, renderings, alone):
+    assert can_pack(policy32)
+    packed = replay_packed(policy32, renderings, max_tokens=MAX_TOKENS)
+    assert [s.traj_id for s in packed] == [r.traj_id for r in renderings]
+    for p, a in zip(packed, alone):
+        _close(p, a)
+    # other order, other neighbours, alone in a pack: still within the tolerance of one per forward
+    reordered = replay_packed(policy32, renderings[::-1], max_tokens=MAX_TOKENS)[::-1]
+    pairs = replay_packed(policy32, [renderings[2], renderings[0]], max_tokens=MAX_TOKENS)
+    single = replay_packed(policy32, renderings[1:2], max_tokens=MAX_TOKENS)
+    for p, a in [*zip(reordered, alone), (pairs[0], alone[2]), (pairs[1], alone[0]), (single[0], alone[1])]:
+        _close(p, a)
+    assert not has_hooks(policy32)
+
+
+def test_unpacked_forwards_are_unchanged_by_the_packed_attention(policy32, renderings):
+    """After packing switched the model's attention, a forward without bounds is sdpa's, bit for bit."""
+    replay_packed(policy32, renderings[:1], max_tokens=MAX_TOKENS)
+    assert policy32.model.config._attn_implementation == PACKED_ATTENTION
+    mine = replay_many(policy32, renderings, max_tokens=MAX_TOKENS, chunk_tokens=64)
+    policy32.model.set_attn_implementation("sdpa")
+    try:
+        ref = replay_many(policy32, renderings, max_tokens=MAX_TOKENS, chunk_tokens=64)
+    finally:
+        policy32.model.set_attn_implementation(PACKED_ATTENTION)
+    assert all(np.array_equal(a.layers, b.layers) for a, b in zip(mine, ref))
+
+
+def _digests(policy, trajs, settings) -> list[tuple[str, str]]:
+    return [(s.traj_id, hashlib.sha256(s.layers.tobytes()).hexdigest())
+            for s, _, _ in extract_many(policy, trajs, settings)]
+
+
+def test_extract_packs_short_trajectories_and_keeps_long_ones_alone(policy32, trajs, renderings, alone):
+    lengths = [run_length(r, MAX_TOKENS) for r in renderings]
+    budget = lengths[0] + lengths[1]          # the first two share a forward, the third fills its own
+    settings = extract_settings(policy32, max_tokens=MAX_TOKENS, pack_tokens=budget, **SPANS)
+    assert settings["pack_tokens"] == budget
+    out = list(extract_many(policy32, trajs, settings, workers=2))
+    assert [s.traj_id for s, _, _ in out] == [t.traj_id for t in trajs]
+    for (s, truncated, windowed), a, r in zip(out, alone, renderings):
+        _close(s, a)
+        assert truncated == (r.n_tokens > MAX_TOKENS) and not windowed
+    # too small a budget: every trajectory alone, replayed exactly as without packing
+    tiny = extract_settings(policy32, max_tokens=MAX_TOKENS, pack_tokens=10, **SPANS)
+    assert all(np.array_equal(s.layers, a.layers) for (s, _, _), a in zip(extract_many(policy32, trajs, tiny), alone))
+    # the same input twice: the same bytes
+    assert _digests(policy32, trajs, settings) == _digests(policy32, trajs, settings)
+
+
+def test_pack_tokens_is_checked_and_off_by_default_on_a_cpu(policy32):
+    with pytest.raises(LatentSiftError, match="pack_tokens"):
+        check_settings(pack_tokens=-1)
+    assert extract_settings(policy32)["pack_tokens"] == 0
+    assert extract_settings(policy32, pack_tokens=10**6)["pack_tokens"] == policy32.context_length
+
+
+def test_packed_sums_off_a_cpu_sum_each_renderings_spans_as_on_a_cpu():
+    """The per-rendering span matrices used off a CPU give each span's sum (float64, rounded once)."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    pieces = [(np.array([0, 1, 3]), np.array([0, 0, 1])), (np.array([], dtype=np.int64), np.array([], dtype=np.int64)),
+              (np.array([5, 6, 7]), np.array([2, 3, 2]))]
+    hidden = torch.as_tensor(rng.standard_normal((1, 8, 4)), dtype=torch.float32)
+    sums = []
+    for ordered in (True, False):
+        acc = PackedSums(2, 4, 4, "cpu")
+        acc.ordered = ordered
+        acc.set_pieces(pieces)
+        for i in range(2):
+            acc(i, hidden)
+        sums.append((acc.sums.numpy().copy(), acc.counts.copy()))
+    (a, ca), (b, cb) = sums
+    assert ca.tolist() == cb.tolist() == [2, 1, 2, 1]
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+    np.testing.assert_allclose(a[0, 2], hidden[0, 5].numpy() + hidden[0, 7].numpy(), rtol=1e-6)
+
+
+def test_a_store_resumes_at_another_pack_budget_and_the_option_is_checked(policy32, trajs, alone, tmp_path):
+    from latentsift._jobs.extract import run_extract
+    from latentsift.states.extract import extract_pools
+    from latentsift.states.store import StateStore
+    from latentsift.trajectories.trajectory import save_jsonl
+
+    kw = dict(max_tokens=MAX_TOKENS, store_dtype="float32", **SPANS)
+    extract_pools(policy32, trajs[:1], tmp_path / "s", pack_tokens=0, **kw)
+    rep = extract_pools(policy32, trajs, tmp_path / "s", pack_tokens=4096, **kw)
+    assert (rep.n_skipped, rep.n_extracted) == (1, 2)
+    store = StateStore(tmp_path / "s")
+    assert store.settings["pack_tokens"] == 0        # the manifest keeps the first run's settings
+    stored = store.load()
+    for a in alone:
+        _close(stored[a.traj_id], a)
+    save_jsonl(trajs[:1], tmp_path / "pools.jsonl")
+    with pytest.raises(LatentSiftError, match="--pack-tokens"):
+        run_extract(tmp_path / "pools.jsonl", tmp_path / "t", pack_tokens=-1)
