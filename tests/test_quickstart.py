@@ -9,6 +9,7 @@ the filtered new pools. (The page's install commands are ```sh blocks: not run h
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import re
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "quickstart.md"
 DATA = ROOT / "examples" / "data"
 BASH = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
+pytestmark = pytest.mark.model      # the page's commands load the packaged SmolLM2
 
 
 def _records(path: Path) -> list[dict]:
@@ -33,29 +35,31 @@ def _records(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-pytestmark = pytest.mark.model      # the page's commands load the packaged SmolLM2
+def _env() -> dict[str, str]:
+    """This environment's ``latentsift`` first on PATH; in a source checkout, its src/ first on PYTHONPATH."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "COLUMNS": "100"}
+    if (ROOT / "src" / "latentsift").is_dir():      # a source checkout: its code, not an installed copy
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The page's bash blocks, run once; returns (folder, CPU seconds of the commands, output)."""
+    """The page's bash blocks, run once; returns (folder, CPU seconds of the commands)."""
     blocks = BASH.findall(PAGE.read_text())
     assert len(blocks) >= 5, "import, extract, crossval, fit, filter"
     where = tmp_path_factory.mktemp("clone")
     shutil.copytree(DATA, where / "examples" / "data", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     (where / "quickstart.sh").write_text("\n".join(blocks))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "COLUMNS": "100"}
-    if (ROOT / "src" / "latentsift").is_dir():      # a source checkout: its code, not an installed copy
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
     start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(["bash", "-e", "-o", "pipefail", "quickstart.sh"], cwd=where, env=env,
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "quickstart.sh"], cwd=where, env=_env(),
                           capture_output=True, text=True, timeout=1800)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     assert done.returncode == 0, f"the page's commands failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     print(f"docs/quickstart.md: {time.perf_counter() - start:.0f} s wall, {cpu:.0f} s CPU")
-    return where, cpu, done.stdout + done.stderr
+    return where, cpu
 
 
 def test_the_example_is_small_and_rebuilt_from_the_own_policy_data(tmp_path):
@@ -66,25 +70,27 @@ def test_the_example_is_small_and_rebuilt_from_the_own_policy_data(tmp_path):
     source = ROOT / "data" / "own-policy" / "qwen2.5-coder-1.5b" / "trajectories.jsonl.gz"
     if not source.exists():
         pytest.skip("no data/own-policy here (an installed copy)")
-    sys.path.insert(0, str(DATA))
-    try:
-        import build
-    finally:
-        sys.path.remove(str(DATA))
+    spec = importlib.util.spec_from_file_location("examples_data_build", DATA / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
     build.build(tmp_path, source)
     for name in files:
         assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), f"{name} differs from build.py's"
 
 
 def test_the_commands_run_the_installed_script_on_this_code(run):
-    where, _, _ = run
-    found = shutil.which("latentsift", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    assert found and Path(found).parent == Path(sys.executable).parent
+    where, _ = run
+    env = _env()
+    assert Path(shutil.which("latentsift", path=env["PATH"])).parent == Path(sys.executable).parent
+    package = subprocess.run([sys.executable, "-c", "import latentsift; print(latentsift.__file__)"], env=env,
+                             capture_output=True, text=True, check=True).stdout.strip()
+    if (ROOT / "src" / "latentsift").is_dir():
+        assert Path(package).is_relative_to(ROOT / "src"), package
     assert not (where.parent / "shared").exists() and not (where / "src").exists()
 
 
 def test_import_writes_the_pools(run):
-    where, _, _ = run
+    where, _ = run
     runs, new = _records(where / "qs" / "runs.jsonl"), _records(where / "qs" / "new.jsonl")
     assert len({r["instance_id"] for r in runs}) == 24 and len(runs) == 24 * 8
     assert all(r["reward"] in (0.0, 1.0) for r in runs)
@@ -92,7 +98,7 @@ def test_import_writes_the_pools(run):
 
 
 def test_extract_stores_a_state_for_every_candidate(run):
-    where, _, _ = run
+    where, _ = run
     import pyarrow.parquet as pq
     for store, pools in (("states", "runs.jsonl"), ("new-states", "new.jsonl")):
         ids = {r["traj_id"] for r in _records(where / "qs" / pools)}
@@ -104,7 +110,7 @@ def test_extract_stores_a_state_for_every_candidate(run):
 
 def test_crossval_answers_the_question(run):
     """The verdict against the length rule is one of the three outcomes, from the 24 labelled pools."""
-    where, _, output = run
+    where, _ = run
     summary = json.loads((where / "qs" / "cv" / "report" / "summary.json").read_text())
     assert summary["pools"]["n_instances"] == 24 and summary["pools"]["n_mixed"] == 24
     paper = summary["decision"]["auc"]["scores"]["latentsift"]
@@ -116,14 +122,14 @@ def test_crossval_answers_the_question(run):
 
 
 def test_fit_saves_a_sifter_of_all_runs(run):
-    where, _, _ = run
+    where, _ = run
     sifter = json.loads((where / "qs" / "sifter" / "sifter.json").read_text())
     assert sifter["fingerprint"] == json.loads((where / "qs" / "states" / "manifest.json").read_text())["fingerprint"]
 
 
 def test_filter_keeps_half_of_each_new_pool(run):
     """Stage 1 keeps max(3, floor(K / 2)) = 4 of each new pool's 8 candidates, the 4 highest scores."""
-    where, _, _ = run
+    where, _ = run
     result = json.loads((where / "qs" / "filter.json").read_text())
     new: dict[str, set[str]] = {}
     for r in _records(where / "qs" / "new.jsonl"):
@@ -138,5 +144,5 @@ def test_filter_keeps_half_of_each_new_pool(run):
 
 def test_it_takes_a_few_cpu_minutes(run):
     """The page says minutes on 2 cores: its commands took 214 s of CPU (the wall time depends on the load)."""
-    _, cpu, _ = run
+    _, cpu = run
     assert cpu < 450, f"the page's commands took {cpu:.0f} s of CPU (measured: 214 s)"
