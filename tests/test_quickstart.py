@@ -143,6 +143,6 @@ def test_filter_keeps_half_of_each_new_pool(run):
 
 
 def test_it_takes_a_few_cpu_minutes(run):
-    """The page says minutes on 2 cores: its commands took 214 s of CPU (the wall time depends on the load)."""
+    """The page says minutes on 2 cores: its commands took 204 s of CPU (the wall time depends on the load)."""
     _, cpu = run
-    assert cpu < 450, f"the page's commands took {cpu:.0f} s of CPU (measured: 214 s)"
+    assert cpu < 450, f"the page's commands took {cpu:.0f} s of CPU (measured: 204 s)"
