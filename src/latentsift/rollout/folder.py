@@ -1,5 +1,6 @@
-"""``latentsift rollout`` on files: K rollouts per task by the policy as a small agent, states captured
-online into a state store, trajectories labelled by the hidden tests in a sandbox.
+"""The rollout folder: K rollouts per task by the policy as a small agent (``agent``), states captured
+online into a state store, trajectories labelled by the hidden tests in a sandbox; and its export, the
+shareable dataset (``latentsift rollout export``).
 
 Output folder (format ``latentsift-rollout`` version 1)::
 
@@ -24,7 +25,6 @@ import gzip
 import hashlib
 import io
 import json
-import math
 import os
 import re
 import time
@@ -36,20 +36,21 @@ from typing import Callable, Sequence
 from .._core.io import WriterLock, atomic_write_bytes, atomic_write_json, read_json
 from .._core.manifests import RolloutManifest, check_manifest
 from .._core.outputs import owned_output
+from .._core.registry import registry_add, registry_names
 from .._core.threads import fixed_threads
 from .._core.validation import LatentSiftError
 from ..states.extract import extract_settings
-from ..states.model import AUTO_DTYPE, DTYPES, check_device, default_model_path, load_policy
-from ..states.model_files import check_model_path
-from ..states.rollout import ExampleRunner, Judge, RolloutSettings, ToolReport, rollout_task, sample_traj_ids
+from ..states.model import DTYPES
 from ..states.store import StateStore
-from ..trajectories.execution import label_many, run_examples_many
-from ..trajectories.sandbox import SandboxLimits
-from ..trajectories.tasks import humaneval_path, load_tasks, task_digest
 from ..trajectories.trajectory import Trajectory, dumps
+from .agent import ExampleRunner, Judge, RolloutSettings, ToolReport, rollout_task, sample_traj_ids
+from .execution import label_many, run_examples_many
+from .sandbox import SandboxLimits
+from .tasks import task_digest
 
-__all__ = ["ROLLOUT_FORMAT", "RolloutProgress", "RolloutReport", "assemble_trajectories", "export_dataset",
-           "run_rollouts", "sandbox_env"]
+__all__ = ["MANIFEST", "ROLLOUT_FORMAT", "STATES_DIR", "SUBPROCESS_SANDBOX", "TASKS_DIR", "TRAJECTORIES",
+           "RolloutProgress", "RolloutReport", "assemble_trajectories", "check_resume", "export_dataset", "natural_key",
+           "run_rollouts", "sandbox_env", "sandboxes", "task_file"]
 
 ROLLOUT_FORMAT = "latentsift-rollout"
 ROLLOUT_VERSION = 1
@@ -149,14 +150,6 @@ def assemble_trajectories(out: str | os.PathLike, task_ids: Sequence[str], dest:
     return len(trajs)
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"I/N"`` -> (I, N) with 1 <= I <= N (``--shard``); anything else is refused in one line."""
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
-    if not m or not 1 <= int(m[1]) <= int(m[2]):
-        raise LatentSiftError(f"--shard must be I/N with 1 <= I <= N (e.g. 1/2). Got {text!r} instead.")
-    return int(m[1]), int(m[2])
-
-
 def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: str | os.PathLike) -> dict:
     """The shareable part of one rollout folder, or of several that ran the same model and settings on
     other tasks (``--shard``, or a task file of another's remaining tasks), with no states:
@@ -168,18 +161,18 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
     wrote; returns the manifest written."""
     outs = [Path(outs)] if isinstance(outs, (str, os.PathLike)) else [Path(o) for o in outs]
     dest = Path(dest)
-    mans = []
-    for out in outs:
-        if not (out / MANIFEST).is_file():
-            raise LatentSiftError(f"{str(out)!r} is not a rollout folder (no {MANIFEST}).")
-        mans.append(read_rollout_manifest(out))
-        other = [k for k in MATCHED + ("model",) if mans[-1].get(k) != mans[0].get(k)]
-        if other:
-            raise LatentSiftError(f"{str(out)!r} ran with another {other[0]} than {str(outs[0])!r}: its samples "
-                                  "cannot join the same dataset.")
     # the rollout folders are only read (each task file was written whole, atomically): a running rollout
     # can be exported, and the dataset holds the tasks it had finished
     with owned_output(dest, outs, kind="rollout-dataset"):
+        mans = []
+        for out in outs:
+            if not (out / MANIFEST).is_file():
+                raise LatentSiftError(f"{str(out)!r} is not a rollout folder (no {MANIFEST}).")
+            mans.append(read_rollout_manifest(out))
+            other = [k for k in MATCHED + ("model",) if mans[-1].get(k) != mans[0].get(k)]
+            if other:
+                raise LatentSiftError(f"{str(out)!r} ran with another {other[0]} than {str(outs[0])!r}: its samples "
+                                      "cannot join the same dataset.")
         by_task: dict[str, list[Trajectory]] = {}
         for out in outs:
             for p in sorted((out / TASKS_DIR).glob("*.jsonl.gz")):
@@ -213,7 +206,7 @@ def natural_key(task_id: str) -> tuple:
 
 
 def sandbox_env(limits: SandboxLimits | None = None, workers: int = 2) -> tuple[ExampleRunner, Judge]:
-    """The agent's tool and the judge on ``trajectories.execution`` (each program in its own sandboxed
+    """The agent's tool and the judge on ``rollout.execution`` (each program in its own sandboxed
     subprocess, ``workers`` side by side): ``run_examples(task, codes)`` runs each code on the task's
     docstring examples only and returns what the policy reads (a task without examples passes, so
     the code is submitted); ``judge(task, codes)`` runs each against the hidden tests."""
@@ -225,6 +218,17 @@ def sandbox_env(limits: SandboxLimits | None = None, workers: int = 2) -> tuple[
         return [r.passed for r in label_many([(task, c) for c in codes], limits, workers=workers)]
 
     return run_examples, judge
+
+
+#: The sandboxes (kind "sandbox" of ``latentsift._core.registry``; ``latentsift rollout --sandbox``): a sandbox is
+#: called as ``sandbox(limits, workers=)`` and returns the agent's tool and the judge, as :func:`sandbox_env` does.
+SUBPROCESS_SANDBOX = "subprocess"
+registry_add("sandbox", SUBPROCESS_SANDBOX, sandbox_env, label="each program in its own isolated subprocess")
+
+
+def sandboxes() -> tuple[str, ...]:
+    """Every registered sandbox's name."""
+    return registry_names("sandbox")
 
 
 def _manifest(policy, settings: RolloutSettings, run: str, agent: str, threads: int, tasks_source: str) -> dict:
@@ -373,59 +377,3 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
         assemble_trajectories(out, ids, out / TRAJECTORIES)
     report.seconds = time.perf_counter() - t0
     return report
-
-
-def _check_options(settings: RolloutSettings, *, threads: int, workers: int, first: int | None,
-                   timeout: float) -> SandboxLimits:
-    """Every number of the command line, named by its option (before anything is read or loaded);
-    returns the sandbox limits of ``--timeout``."""
-    for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
-                    ("threads", threads), ("workers", workers), ("tasks", first)):
-        if v is not None and v < 1:
-            raise LatentSiftError(f"--{name} must be a positive number. Got {v} instead.")
-    if settings.seed < 0:
-        raise LatentSiftError(f"--seed must be 0 or more. Got {settings.seed} instead.")
-    if not 0 <= settings.temperature <= 10:  # (NaN fails every comparison)
-        raise LatentSiftError(f"--temperature must be a number from 0 to 10. Got {settings.temperature} instead.")
-    if not 0 < settings.top_p <= 1:
-        raise LatentSiftError(f"--top-p must be a number above 0 and at most 1. Got {settings.top_p} instead.")
-    if not 0 < timeout < math.inf:
-        raise LatentSiftError(f"--timeout must be a positive number of seconds. Got {timeout} instead.")
-    settings.check()
-    return SandboxLimits(timeout_s=timeout)
-
-
-def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, model=None, dtype: str = AUTO_DTYPE,
-                    device: str | None = None, settings: RolloutSettings, first: int | None = None,
-                    run: str | None = None, shard: str | None = None, threads: int = 1,
-                    timeout: float = 10.0, workers: int = 2, log: Callable[[str], object] = print,
-                    progress: Callable | None = None) -> RolloutReport:
-    """``latentsift rollout``: every option checked before any work (the numbers, the model path, the
-    tasks, the shard's share of them and a resume's settings: all before the model loads, nothing
-    written on a refusal), the tasks read (HumanEval when ``tasks`` is None), the policy loaded and the
-    rollouts run into ``out`` (created or resumed)."""
-    with owned_output(out, [tasks, model], kind="rollout"):  # a second writer is refused before the model loads
-        part = parse_shard(shard) if shard is not None else (1, 1)   # (I, N): refused before the model loads
-        limits = _check_options(settings, threads=threads, workers=workers, first=first, timeout=timeout)
-        model_path = check_model_path(model) if model is not None else check_model_path(default_model_path(), None)
-        check_device(device)
-        if dtype != AUTO_DTYPE and dtype not in DTYPES:
-            raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
-        path = tasks if tasks is not None else humaneval_path()
-        task_list = load_tasks(tasks, limits=limits, workers=workers)
-        n_file = len(task_list)
-        task_list = task_list[:first] if first else task_list
-        task_list = task_list[part[0] - 1::part[1]]
-        if not task_list:
-            pool = min(first, n_file) if first else n_file
-            chosen = f"(--tasks {first})" if first else f"in {path}"
-            raise LatentSiftError(f"--shard {part[0]}/{part[1]} selects no task: there are {pool} {chosen}; use "
-                                  f"--shard I/N with I at most {pool}.")
-        stem = model_path.name.removesuffix(".gguf")
-        check_resume(out, settings, run=run or stem, agent=stem, threads=threads, dtype=dtype, tasks=task_list)
-        log(f"{len(task_list)} tasks from {path}; loading the model ...")
-        policy = load_policy(model, dtype=dtype, device=device)
-        log(f"model: {policy.describe()}")
-        run_examples, judge = sandbox_env(limits, workers=workers)
-        return run_rollouts(policy, task_list, out, settings, run_examples=run_examples, judge=judge, run=run,
-                            threads=threads, tasks_source=Path(path).name, progress=progress)
