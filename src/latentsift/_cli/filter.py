@@ -15,7 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .._core.validation import LatentSiftError
-from .._jobs.filter import DEFAULT_CALIBRATION, filter_to_file, keep_rules, method_names
+from .._jobs.filter import (DEFAULT_CALIBRATION, DEFAULT_KEEP_RULE, DEFAULT_METHOD, calibration_methods, filter_to_file,
+                             keep_rules, method_names)
+from ._help import listed
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, Seed, StatesDir,
                        csv_list)
 from ._progress import messages
@@ -23,7 +25,8 @@ from ._text import cell, markup
 
 
 def register(app: typer.Typer) -> None:
-    app.command("filter")(filter_cmd)
+    app.command("filter", cls=listed(filters=method_names, keep_rules=keep_rules,
+                                     calibrations=calibration_methods))(filter_cmd)
 
 
 def _fmt(x) -> str:
@@ -36,8 +39,8 @@ def filter_cmd(
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
     out: Path = typer.Option(..., "--out", help="FILTER.json to write."),
-    method: str = typer.Option(method_names()[0], "--method", help="A registered filter: "
-                               + ", ".join(method_names()) + " (the first is the paper's; the others are "
+    method: str = typer.Option(DEFAULT_METHOD, "--method", help="A registered filter: "
+                               "{filters} (the first is the paper's; the others are "
                                "rule filters, baselines, unless registered as state filters)."),
     channels: Optional[str] = typer.Option(None, "--channels", help="Channels, comma-separated: cot, obs, fn "
                                            "(default: all three)."),
@@ -85,8 +88,8 @@ def filter_cmd(
     calibration_states: CalibrationStates = None,
     calibration_method: CalibrationMethod = DEFAULT_CALIBRATION,
     calibration_epochs: CalibrationEpochs = 40,
-    keep_rule: str = typer.Option(keep_rules()[0], "--keep-rule", help="Which candidates Stage 1 keeps: a "
-                                  "registered keep rule, " + ", ".join(keep_rules()) + " (the first is the "
+    keep_rule: str = typer.Option(DEFAULT_KEEP_RULE, "--keep-rule", help="Which candidates Stage 1 keeps: a "
+                                  "registered keep rule, {keep_rules} (the first is the "
                                   "paper's max(min_keep, floor(frac K)); with --calibration a rule is fitted on it; "
                                   "the recall-targeted rule is --target-recall)."),
     bank_choice: str = typer.Option("all", "--bank-choice", help="With --sifter: all (the all-agent bank) or "

@@ -29,7 +29,13 @@ from ..states.store import StateStore, check_recorded_settings
 from .operating import saved_operating_point
 from .sifter import run_sifter_filter_chosen
 
-__all__ = ["DEFAULT_CALIBRATION", "FilterOutcome", "calibration_methods", "filter_options", "filter_to_file",
+#: ``filter --method`` and ``--keep-rule`` by default: the paper's filter and keep rule (names: the registry is
+#: read, and the plugins loaded, only when the command runs or its help is shown).
+DEFAULT_METHOD = LatentSift.name
+DEFAULT_KEEP_RULE = FixedKeep.name
+
+__all__ = ["DEFAULT_CALIBRATION", "DEFAULT_KEEP_RULE", "DEFAULT_METHOD", "FilterOutcome", "calibration_methods",
+           "filter_options", "filter_to_file",
            "keep_rules", "method_names", "run_filter"]
 
 
