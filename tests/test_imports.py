@@ -118,7 +118,7 @@ def _local_imports() -> list[str]:
 def test_the_graph_is_read():
     edges = {name: {t for t, _, _ in _imports(name)} for name in MODULES}
     assert "latentsift.bank.bank" in edges["latentsift.sift.sift"]
-    assert "latentsift.protocol.run" in edges["latentsift._jobs.reproduce"]
+    assert "latentsift.protocol.run" in edges["latentsift.protocol.reproduction"]
 
 
 def test_no_import_circle():

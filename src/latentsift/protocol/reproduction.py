@@ -1,4 +1,5 @@
-"""The main job end to end on the shared SWE-bench Lite pools (``latentsift reproduce``).
+"""The paper's run end to end on the shared SWE-bench Lite pools (``latentsift reproduce``; the benchmarks
+build on its settings, selection and run folders).
 
 import -> select -> replay states with the embedded model -> the evaluation protocol
 (``latentsift.protocol``: repository-disjoint k-fold, banks and scorer from the other folds'
@@ -39,11 +40,11 @@ from ..states.model import gemma_model_path, load_policy
 from ..states.store import StateStore
 from ..trajectories.importers import import_paths
 from ..trajectories.trajectory import Trajectory, load_jsonl, save_jsonl
-from ..protocol.crossval import CrossvalSettings
-from ..protocol.folds import check_folds
-from ..protocol.run import Run, evaluate_protocol, open_run
-from ..protocol.settings import ProtocolSettings, digest, hash_key
-from ..protocol.stage1 import stage1_filters
+from .crossval import CrossvalSettings
+from .folds import check_folds
+from .run import Run, evaluate_protocol, open_run
+from .settings import ProtocolSettings, digest, hash_key
+from .stage1 import stage1_filters
 
 CLEAN_RUNS = ("acr-run-1", "acr-run-2", "acr-run-3", "cost_2_1", "cost_2_2", "cost_2_3")
 LEAKY_RUNS = ("acr-val-only", "acr-val-sbfl")
