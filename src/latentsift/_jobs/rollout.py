@@ -6,7 +6,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from .._core.outputs import owned_output
 from .._core.registry import registry_find, registry_names
