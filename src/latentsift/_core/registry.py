@@ -4,8 +4,8 @@
 Every extension point is a *kind* (``KINDS``): Stage-1 filters, trajectory importers, extraction and
 verifier backends, kNN backends and approximate index kinds, prune policies, keep rules,
 calibration methods, span renderers, and for the policy's own rollouts the pinned policies, the
-sandboxes and the task sources. An extension is one object registered under a name of its kind, with keyword
-facts about it (``info``), by the one module that defines it::
+sandboxes and the task sources. An extension is one object registered under a name of its kind,
+with keyword facts about it (``info``), by the one module that defines it::
 
     from latentsift._core.registry import registry_add
     registry_add("keep_rule", "top-two", TopTwoKeep, label="the two best")
