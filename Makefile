@@ -80,8 +80,8 @@ own-%: policy-%
 # The shareable dataset of a rollout folder and its shards' folders runs/own-<size>-s* (`rollout --shard`;
 # trajectories, labels, seeds, fingerprint; no states) into data/.
 own-data-%: $(STAMP)
-	$(BIN)/python -c "import glob; from latentsift._jobs.rollout import export_dataset as e; \
-		print(e(sorted(glob.glob('runs/own-$*') + glob.glob('runs/own-$*-s*')), 'data/own-policy/qwen2.5-coder-$*'))"
+	$(BIN)/latentsift rollout export $(sort $(wildcard runs/own-$* runs/own-$*-s*)) \
+		--out data/own-policy/qwen2.5-coder-$*
 
 # The explorer's browser test drives Debian's chromium (a browser build that
 # `playwright install` downloads cannot be fetched on the test machines).

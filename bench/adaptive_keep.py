@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from latentsift._jobs.reproduce import CLEAN_RUNS
+from latentsift.protocol import CLEAN_RUNS
 from latentsift.protocol.crossval import CrossvalSettings
 from latentsift.protocol.operating import filter_table, filter_values, operating_points
 from latentsift.protocol.run import Run

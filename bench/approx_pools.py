@@ -171,7 +171,7 @@ def run_bench(a) -> None:
     import torch
 
     from latentsift.scale.approx import approx_bank, index_kinds
-    from latentsift._jobs.reproduce import open_run_dir
+    from latentsift.protocol import open_run_dir
     from latentsift.sift.sift import LatentSift
 
     KINDS = index_kinds()

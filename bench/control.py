@@ -29,7 +29,7 @@ from latentsift.protocol.control import plant_pools
 from latentsift.states.model import load_policy
 from latentsift.protocol import crossval
 from latentsift.states.extract import extract_pools
-from latentsift._jobs.reproduce import ReproduceSettings, reproduce
+from latentsift.protocol import ReproduceSettings, reproduce
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 
 

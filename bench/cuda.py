@@ -184,7 +184,7 @@ def rate(args, policies, trajs) -> None:
 
 @part("rollout on the GPU")
 def rollout(args) -> None:
-    from latentsift._jobs.rollout import STATES_DIR, TRAJECTORIES
+    from latentsift.rollout.folder import STATES_DIR, TRAJECTORIES
     from latentsift.states.model import load_policy
     from latentsift.states.channel import render
     from latentsift.states.states import replay
@@ -250,10 +250,10 @@ VARIANTS = {
 
 @part("rollout repeatability on the GPU (one task, K = 4: in this process twice, then fresh processes)")
 def rollout_repeat(args) -> None:
-    from latentsift._jobs.rollout import TRAJECTORIES, sandbox_env
+    from latentsift.rollout.folder import TRAJECTORIES, sandbox_env
     from latentsift.states.model import load_policy
-    from latentsift.states.rollout import RolloutSettings, rollout_task
-    from latentsift.trajectories.tasks import load_tasks
+    from latentsift.rollout.agent import RolloutSettings, rollout_task
+    from latentsift.rollout.tasks import load_tasks
     from latentsift.trajectories.trajectory import load_jsonl
 
     settings = RolloutSettings(k=4, max_turns=2, max_new_tokens=96)

@@ -33,7 +33,7 @@ def main() -> int:
     args = ap.parse_args()
     from latentsift.report.explore import Limits, write_site
     from latentsift.trajectories.importers import import_paths
-    from latentsift._jobs.reproduce import ReproduceSettings, select_trajectories
+    from latentsift.protocol import ReproduceSettings, select_trajectories
     from latentsift.sift.rules import make_baseline
     from latentsift.trajectories.trajectory import group_pools
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from latentsift.bank.bank import Bank
 from latentsift.protocol import Run, protocol_guard
-from latentsift._jobs.reproduce import ReproduceSettings
+from latentsift.protocol import ReproduceSettings
 from latentsift.states.store import StateStore
 from latentsift.trajectories.trajectory import load_jsonl
 

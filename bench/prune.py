@@ -39,7 +39,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     from latentsift.protocol import reproduce_pruning
     from latentsift.sift.prune import Pruner, step_tokens
-    from latentsift._jobs.reproduce import ReproduceSettings, prepare_run, select_trajectories
+    from latentsift.protocol import ReproduceSettings, prepare_run, select_trajectories
     from latentsift.sift.sift import LatentSift
     from latentsift.trajectories.trajectory import group_pools
 

@@ -53,8 +53,8 @@ def weight_bytes(policy) -> int:
 
 
 def prompt_target(policy):
-    from latentsift.states.rollout import RolloutSettings, generation_suffix, target_of
-    from latentsift.trajectories.tasks import load_tasks
+    from latentsift.rollout.agent import RolloutSettings, generation_suffix, target_of
+    from latentsift.rollout.tasks import load_tasks
     from latentsift.trajectories.trajectory import Trajectory
 
     task = load_tasks()[0]
@@ -67,7 +67,7 @@ def prompt_target(policy):
 def run_batch(policy, target, k: int, new: int, *, capture: bool, leave: bool) -> tuple[float, int, int]:
     """(CPU seconds, tokens sampled, tokens run) of one turn of ``k`` samples (seeds 0..k-1)."""
     from latentsift.states.online import OnlineBatch, Sampling
-    from latentsift.states.rollout import stop_ids
+    from latentsift.rollout.agent import stop_ids
 
     batch = OnlineBatch(policy, list(range(k)), stop_ids(policy), capture=capture, leave=leave)
     t0 = time.process_time()

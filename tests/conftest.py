@@ -86,7 +86,7 @@ TINY_RUN = dict(max_instances=4, n_unresolved=1, n_folds=2, max_span_tokens=8, m
 def tiny_run(data_dir, tmp_path_factory, policy):
     """{"settings", "out", "report", "summary"}: the tiny reproduce run (at two threads: the model's
     forwards run two at a time, each at one thread) and its first summary.json text."""
-    from latentsift._jobs.reproduce import ReproduceSettings, reproduce
+    from latentsift.protocol.reproduction import ReproduceSettings, reproduce
 
     out = tmp_path_factory.mktemp("tiny") / "run"
     settings = dict(data=str(data_dir), out=str(out), **TINY_RUN)
@@ -109,7 +109,7 @@ def refused(r, *words: str) -> None:
 def shared_pools(data_dir):
     """The shared SWE-bench Lite pools of the default runs (no label-leaking run), every instance: (run, trajs,
     folds, rule filters) with 4 repository folds (test_operating, test_keep_adaptive)."""
-    from latentsift._jobs.reproduce import CLEAN_RUNS
+    from latentsift.protocol.reproduction import CLEAN_RUNS
     from latentsift.protocol.crossval import CrossvalSettings
     from latentsift.protocol.run import Run
     from latentsift.protocol.stage1 import rule_scorers

@@ -138,7 +138,7 @@ def test_reproduce_checks_its_selection_before_any_work(data_dir, tmp_path):
 
 def test_fold_errors_name_the_group_kind(canonical, data_dir, tmp_path):
     from latentsift._core.validation import LatentSiftError
-    from latentsift._jobs.reproduce import ReproduceRun, ReproduceSettings
+    from latentsift.protocol.reproduction import ReproduceRun, ReproduceSettings
     trajs = load_jsonl(canonical)
     for group_by, noun in (("instance", "instances"), ("repo", "repositories")):
         run = ReproduceRun(ReproduceSettings(data=str(data_dir), out=str(tmp_path / "run"), group_by=group_by, n_folds=9), log=lambda m: None)

@@ -309,7 +309,7 @@ def test_commands_refuse_an_input_that_carries_nothing(canonical, tmp_path):
 
 def test_run_and_verifier_manifests_are_read_through_the_schema(tmp_path):
     from latentsift._core.validation import LatentSiftError
-    from latentsift._jobs.reproduce import open_run_dir
+    from latentsift.protocol.reproduction import open_run_dir
     run = tmp_path / "run"
     run.mkdir()
     (run / "manifest.json").write_text(json.dumps({"settings": {}}))

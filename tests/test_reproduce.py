@@ -9,7 +9,7 @@ from latentsift._core.validation import LatentSiftError
 from latentsift.trajectories.importers import import_paths
 from latentsift.report.report import render_markdown
 from latentsift.protocol import per_agent_retention, retention_differences
-from latentsift._jobs.reproduce import LEAKY_RUNS, ReproduceSettings, check_data_dir, reproduce, select_trajectories
+from latentsift.protocol.reproduction import LEAKY_RUNS, ReproduceSettings, check_data_dir, reproduce, select_trajectories
 from latentsift.trajectories.trajectory import Trajectory
 
 
@@ -101,7 +101,7 @@ def test_tiny_reproduce_end_to_end_is_deterministic(tiny_run):
 
 
 def test_sweep_settings_name_known_representations(data_dir):
-    from latentsift._jobs.reproduce import SWEEP, ReproduceRun
+    from latentsift.protocol.reproduction import SWEEP, ReproduceRun
     s = ReproduceSettings(data=str(data_dir), out="x", sweep=("all",))
     assert s.sweep == SWEEP and s.to_dict()["sweep"] == list(SWEEP)
     specs = ReproduceRun(ReproduceSettings(data=str(data_dir), out="x", sweep=("patch", "span"), sweep_span_tokens=96,
@@ -114,7 +114,7 @@ def test_sweep_settings_name_known_representations(data_dir):
 
 @pytest.mark.model
 def test_a_verifier_that_scores_nothing_stops_the_run(data_dir, tmp_path, policy, one_torch_thread):
-    from latentsift._jobs.reproduce import ReproduceRun
+    from latentsift.protocol.reproduction import ReproduceRun
     run = ReproduceRun(ReproduceSettings(data=str(data_dir), out=str(tmp_path), max_instances=1, n_unresolved=0,
                                 verifier_max_tokens=64), log=lambda m: None)
     trajs, _ = run.import_pools()
@@ -140,7 +140,7 @@ def test_the_protocol_settings_are_shared_and_checked_once(data_dir):
 
 
 def test_a_finished_run_opens_with_its_cached_folds(tiny_run):
-    from latentsift._jobs.reproduce import open_run_dir
+    from latentsift.protocol.reproduction import open_run_dir
     run, trajs, store = open_run_dir(tiny_run["out"])
     assert run.settings.to_dict() == json.loads((tiny_run["out"] / "manifest.json").read_text())["settings"]
     folds = run.folds(trajs)

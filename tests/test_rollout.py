@@ -16,14 +16,14 @@ from typer.testing import CliRunner
 
 from latentsift._core.io import WriterLock
 from latentsift._core.validation import LatentSiftError
-from latentsift._jobs.rollout import STATES_DIR, TASKS_DIR, TRAJECTORIES, run_rollouts, sandbox_env, task_file
+from latentsift.rollout.folder import STATES_DIR, TASKS_DIR, TRAJECTORIES, run_rollouts, sandbox_env, task_file
 from latentsift.cli import app
 from latentsift.states.channel import render
 from latentsift.states.online import Sampling, sample_token
-from latentsift.states.rollout import RolloutSettings, parse_reply, sample_seeds
+from latentsift.rollout.agent import RolloutSettings, parse_reply, sample_seeds
 from latentsift.states.states import replay
 from latentsift.states.store import StateStore
-from latentsift.trajectories.tasks import load_tasks
+from latentsift.rollout.tasks import load_tasks
 from latentsift.trajectories.trajectory import load_jsonl
 
 F32_TOL = 1e-4
@@ -195,7 +195,7 @@ def test_shard_folders_export_as_one_dataset(full_run, tasks, tmp_path):
     that ran them all: the same bytes; overlapping or unlike folders are refused."""
     import shutil
 
-    from latentsift._jobs.rollout import MANIFEST, export_dataset
+    from latentsift.rollout.folder import MANIFEST, export_dataset
 
     ref, _ = full_run
     whole = export_dataset(ref, tmp_path / "whole")
@@ -275,7 +275,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_bytes(full_run, tasks, tm
 
 
 def test_task_ids_sort_with_numbers_as_numbers():
-    from latentsift._jobs.rollout import natural_key
+    from latentsift.rollout.folder import natural_key
 
     ids = ["HumanEval/10", "HumanEval/2", "Mbpp/1", "HumanEval/100", "b", "a10", "a9", "HumanEval/0"]
     assert sorted(ids, key=natural_key) == ["HumanEval/0", "HumanEval/2", "HumanEval/10", "HumanEval/100",

@@ -18,11 +18,12 @@ from typer.testing import CliRunner
 from conftest import refused  # tests/conftest.py
 from latentsift._core.manifests import RolloutSettingsFields
 from latentsift._core.validation import LatentSiftError
-from latentsift._jobs import rollout as R
+from latentsift._jobs import rollout as jobs
+from latentsift.rollout import folder as R
 from latentsift.cli import app
 from latentsift.states.model import Fingerprint, default_model_path
-from latentsift.states.rollout import RolloutSettings
-from latentsift.trajectories.tasks import load_tasks
+from latentsift.rollout.agent import RolloutSettings
+from latentsift.rollout.tasks import load_tasks
 
 FIX = Path(__file__).parent / "fixtures" / "trajectories"
 TASKS = [{"task_id": f"T/{i}", "prompt": f'def add{i}(x):\n    """\n    >>> add{i}(1)\n    {i + 1}\n    """\n',
@@ -49,7 +50,7 @@ def no_model(monkeypatch):
     def load(*args, **kwargs):
         raise Loaded("the model would load here")
 
-    monkeypatch.setattr(R, "load_policy", load)
+    monkeypatch.setattr(jobs, "load_policy", load)
     return Loaded
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from latentsift._core.validation import LatentSiftError
-from latentsift.trajectories import sandbox
-from latentsift.trajectories.sandbox import SandboxLimits, run_program, run_programs
+from latentsift.rollout import sandbox
+from latentsift.rollout.sandbox import SandboxLimits, run_program, run_programs
 
 FAST = SandboxLimits(timeout_s=3.0, memory_mb=512, processes=32)
 
@@ -309,8 +309,8 @@ def test_rollouts_judge_fails_a_candidate_that_writes_on_the_host(isolated, open
     """The issue's case through the judge ``rollout`` labels with: a hidden test (or a candidate) that
     passes only if it could leave a file in a world-writable folder of the host is labelled 0, and no
     file is left."""
-    from latentsift._jobs.rollout import sandbox_env
-    from latentsift.trajectories.tasks import Task
+    from latentsift.rollout.folder import sandbox_env
+    from latentsift.rollout.tasks import Task
 
     name = f"latentsift-label-{os.getpid()}"
     test = (f"def check(candidate):\n    import os\n    for d in {open_folders!r}:\n"

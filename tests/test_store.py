@@ -100,6 +100,22 @@ def test_corrupted_shard_is_detected(tmp_path):
         StateStore(tmp_path / "s").open().load(["b/1"])
 
 
+def test_a_store_that_recorded_the_renderers_old_path_is_resumed(tmp_path):
+    """A store records its renderer by module path; those written before the renderers moved recorded
+    ``latentsift.channel.<name>``, which still names the same renderer (not another)."""
+    from latentsift.states.channel import RENDER, RENDER_PER_STEP, renderer_id, renderer_of, render
+    from latentsift.states.store import check_recorded_settings
+    assert renderer_id(RENDER) == "latentsift.states.channel.render" and renderer_of(renderer_id(RENDER)) is render
+    old = StateStore(tmp_path / "s").create(FP, {**SETTINGS, "renderer": "latentsift.channel.render"})
+    assert renderer_of(old.settings["renderer"]) is render
+    StateStore(tmp_path / "s").open_or_create(FP, {**SETTINGS, "renderer": renderer_id(RENDER)})
+    check_recorded_settings({**SETTINGS, "renderer": renderer_id(RENDER)}, old, "A bank")
+    with pytest.raises(LatentSiftError, match="renderer='latentsift.channel.render' \\(now 'latentsift.states"):
+        StateStore(tmp_path / "s").open_or_create(FP, {**SETTINGS, "renderer": renderer_id(RENDER_PER_STEP)})
+    with pytest.raises(LatentSiftError, match="renderer 'my.module.nope' is not registered"):
+        renderer_of("my.module.nope")
+
+
 def test_other_model_or_settings_is_an_error(tmp_path):
     _fill(tmp_path / "s")
     other = Fingerprint(**{**FP.__dict__, "weights_sha": "v"})

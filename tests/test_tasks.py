@@ -8,9 +8,9 @@ import json
 import pytest
 
 from latentsift._core.validation import LatentSiftError
-from latentsift.trajectories.execution import label, label_many, run_examples, run_examples_many
-from latentsift.trajectories.sandbox import SandboxLimits
-from latentsift.trajectories.tasks import Example, docstring_examples, humaneval_path, load_tasks
+from latentsift.rollout.execution import label, label_many, run_examples, run_examples_many
+from latentsift.rollout.sandbox import SandboxLimits
+from latentsift.rollout.tasks import Example, docstring_examples, humaneval_path, load_tasks
 
 FAST = SandboxLimits(timeout_s=3.0, memory_mb=512)
 
@@ -140,7 +140,7 @@ def test_a_user_task_file_loads_and_a_malformed_one_is_one_line(tmp_path):
 def test_a_reference_solution_must_pass_its_own_test_and_a_passed_one_is_not_run_again(tmp_path, monkeypatch):
     """The sandbox runs each task's canonical_solution once; a task whose reference fails its own test
     cannot label anything and is refused (file and line); HumanEval's shipped file runs none."""
-    from latentsift.trajectories import tasks as tasks_module
+    from latentsift.rollout import tasks as tasks_module
 
     monkeypatch.setenv("LATENTSIFT_CACHE", str(tmp_path / "cache"))
     task = {"task_id": "mine/0", "prompt": "def double(x):\n", "entry_point": "double",

@@ -12,7 +12,8 @@ starts fast, and no stage module imports the package's top level.
 
 The subpackages, bottom up (each imports only from those below it; tests/test_imports.py):
 ``_core`` (errors, validation, files) -> ``trajectories`` -> ``states`` (policy, rendering, replay,
-store, extraction) -> ``bank`` -> ``scale`` -> ``sift`` (Stage-1 filters, the equations) ->
+store, extraction) -> ``rollout`` (the own-policy wing: tasks, sandbox, agent loop,
+rollout folder) -> ``bank`` -> ``scale`` -> ``sift`` (Stage-1 filters, the equations) ->
 ``cascade`` (and the EF verifier) -> ``metrics`` -> ``deploy`` -> ``report`` -> ``protocol`` ->
 ``_jobs`` -> ``_cli`` and ``cli``.
 """

@@ -16,7 +16,6 @@ from typing import Annotated, List, Optional
 import typer
 
 from .._jobs.extract import AUTO_DTYPE, DTYPES
-from .._jobs.filter import calibration_methods
 
 # --- inputs -------------------------------------------------------------------------------------
 StatesDirs = Annotated[List[Path], typer.Option(
@@ -55,7 +54,7 @@ Confidence = Annotated[Optional[float], typer.Option(
                          "(printed).")]
 CalibrationMethod = Annotated[str, typer.Option(
     "--calibration-method", help="Score -> P(resolved) map, a registered calibration method: "
-                                 + " or ".join(calibration_methods()) + ".")]
+                                 "{calibrations}.")]
 CalibrationEpochs = Annotated[int, typer.Option(
     "--calibration-epochs", help="Scorer epochs per half when the calibration pools are in the bank (cross-fitted "
                                  "over two repository halves).")]

@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from .._jobs.bank import build_bank_to_file, knn_backends
+from .._jobs.bank import TORCH_KNN, build_bank_to_file, knn_backends
+from ._help import listed
 from .._jobs.scorer import CURVE_PNG, train_scorer_to_file
 from ._options import Channels, Seed, csv_list
 from ._progress import StageProgress, messages
@@ -29,7 +30,7 @@ def _opt_choice(value: str) -> Optional[str]:
     return None if value.lower() == "none" else value
 
 
-@bank_app.command("build")
+@bank_app.command("build", cls=listed(knn_backends=knn_backends))
 def build_cmd(
     states_dir: Path = typer.Argument(..., help="STATES_DIR written by 'latentsift extract'."),
     pools: Path = typer.Option(..., "--pools", help="Canonical JSONL of the labelled bank trajectories."),
@@ -42,8 +43,7 @@ def build_cmd(
     normalize: str = typer.Option("none", "--normalize", help="none (paper), l2 or whiten (ZCA fitted on the bank)."),
     center: str = typer.Option("none", "--center", help="none (paper) or mean (subtract the bank mean)."),
     channels: Channels = "cot,obs,fn",
-    backend: str = typer.Option(knn_backends()[0], "--backend", help="Nearest-neighbour backend: "
-                                + " or ".join(knn_backends()) + "."),
+    backend: str = typer.Option(TORCH_KNN, "--backend", help="Nearest-neighbour backend: {knn_backends}."),
 ) -> None:
     """Build positive and negative banks from stored states and outcome labels."""
     console = messages()

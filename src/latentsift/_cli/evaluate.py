@@ -11,13 +11,14 @@ import typer
 
 from .._jobs.evaluate import run_evaluate
 from .._jobs.verify import DEFAULT_BACKEND, run_verify, verifier_backends
+from ._help import listed
 from ._options import Draws, Dtype, Model, Seed, Threads
 from ._progress import StageProgress
 
 
 def register(app: typer.Typer) -> None:
     app.command("evaluate")(evaluate_cmd)
-    app.command("verify")(verify_cmd)
+    app.command("verify", cls=listed(verifier_backends=verifier_backends))(verify_cmd)
 
 
 def evaluate_cmd(
@@ -65,7 +66,7 @@ def verify_cmd(
     name: str = typer.Option("ef", "--name", help="Name of this verifier in the evaluation."),
     backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help="local (a local model), openai (an "
                                 "OpenAI-compatible endpoint) or another registered verifier backend: "
-                                + ", ".join(verifier_backends()) + "."),
+                                "{verifier_backends}."),
     model: Model = None,
     base_url: Optional[str] = typer.Option(None, "--base-url", help="Endpoint root, e.g. http://127.0.0.1:8000/v1."),
     api_model: Optional[str] = typer.Option(None, "--api-model", help="Model name sent to the endpoint."),

@@ -9,13 +9,14 @@ from typing import Optional
 
 import typer
 
-from .._jobs.extract import AUTO_DTYPE, run_extract
+from .._jobs.extract import AUTO_DTYPE, RENDER, extraction_backends, renderer_names, run_extract
+from ._help import listed
 from ._options import Device, Dtype, FirstInstances, Model, Threads
 from ._progress import StageProgress, messages
 
 
 def register(app: typer.Typer) -> None:
-    app.command("extract")(extract_cmd)
+    app.command("extract", cls=listed(renderers=renderer_names, extraction_backends=extraction_backends))(extract_cmd)
 
 
 def extract_cmd(
@@ -40,7 +41,11 @@ def extract_cmd(
                                               "a CPU, 16384 on CUDA; same states up to rounding)."),
     threads: Threads = None,
     per_step: bool = typer.Option(False, "--per-step", help="Replay each step in its own context (chat "
-                                  "templates that drop earlier <think> blocks, e.g. Qwen3; O(T^2) tokens)."),
+                                  "templates that drop earlier <think> blocks, e.g. Qwen3; O(T^2) tokens): "
+                                  "--renderer render_per_step."),
+    renderer: str = typer.Option(RENDER, "--renderer", help="The span renderer, a registered one: {renderers}."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="The extraction backend, a registered one: "
+                                          "{extraction_backends} (default: local, or ray with --ray)."),
     patch_step_tokens: Optional[int] = typer.Option(None, "--patch-step-tokens", help="Keep the first N tokens "
                                                     "of each span of the step that wrote the final patch "
                                                     "instead of --max-span-tokens."),
@@ -62,8 +67,9 @@ def extract_cmd(
         report = run_extract(pools, out, model=model, dtype=dtype, device=device, max_tokens=max_tokens,
                              instances=instances, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
                              layers=layers, chunk_tokens=chunk_tokens, shard_size=shard_size, threads=threads,
-                             per_step=per_step, patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens, ray=ray,
-                             workers=workers, gpus_per_worker=gpus_per_worker, device_map=device_map, log=bar.print,
+                             per_step=per_step, renderer=renderer, backend=backend,
+                             patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens, ray=ray, workers=workers,
+                             gpus_per_worker=gpus_per_worker, device_map=device_map, log=bar.print,
                              progress=progress)
     if report.redone:
         console.print(f"{len(report.redone)} stored trajectories were in a missing or damaged shard and were "

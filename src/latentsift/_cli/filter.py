@@ -15,7 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .._core.validation import LatentSiftError
-from .._jobs.filter import DEFAULT_CALIBRATION, filter_to_file, keep_rules, method_names
+from .._jobs.filter import (DEFAULT_CALIBRATION, DEFAULT_METHOD, calibration_methods, filter_to_file,
+                             keep_rules, method_names)
+from ._help import listed
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, Seed, StatesDir,
                        csv_list)
 from ._progress import messages
@@ -23,7 +25,8 @@ from ._text import cell, markup
 
 
 def register(app: typer.Typer) -> None:
-    app.command("filter")(filter_cmd)
+    app.command("filter", cls=listed(filters=method_names, keep_rules=keep_rules,
+                                     calibrations=calibration_methods))(filter_cmd)
 
 
 def _fmt(x) -> str:
@@ -36,8 +39,8 @@ def filter_cmd(
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
     out: Path = typer.Option(..., "--out", help="FILTER.json to write."),
-    method: str = typer.Option(method_names()[0], "--method", help="A registered filter: "
-                               + ", ".join(method_names()) + " (the first is the paper's; the others are "
+    method: str = typer.Option(DEFAULT_METHOD, "--method", help="A registered filter: "
+                               "{filters} (the first is the paper's; the others are "
                                "rule filters, baselines, unless registered as state filters)."),
     channels: Optional[str] = typer.Option(None, "--channels", help="Channels, comma-separated: cot, obs, fn "
                                            "(default: all three)."),
@@ -87,10 +90,10 @@ def filter_cmd(
     calibration_method: CalibrationMethod = DEFAULT_CALIBRATION,
     calibration_epochs: CalibrationEpochs = 40,
     keep_rule: Optional[str] = typer.Option(None, "--keep-rule", help="Which candidates Stage 1 keeps: a "
-                                            "registered keep rule, " + ", ".join(keep_rules()) + " (default: the "
-                                            "first, the paper's max(min_keep, floor(frac K)), or with --target-recall "
-                                            "the second; a recall-targeted rule needs --target-recall R and is fitted "
-                                            "on --calibration; another rule is fitted on --calibration when given)."),
+                                            "registered keep rule, {keep_rules} (default: the first, the paper's "
+                                            "max(min_keep, floor(frac K)), or with --target-recall the second; a "
+                                            "recall-targeted rule needs --target-recall R and is fitted on "
+                                            "--calibration; another rule is fitted on --calibration when given)."),
     bank_choice: str = typer.Option("all", "--bank-choice", help="With --sifter: all (the all-agent bank) or "
                                     "nearest (per pool, the sub-bank of 'fit --per-agent' nearest to its "
                                     "candidates' states; the choice and distances are in the JSON)."),

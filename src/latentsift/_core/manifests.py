@@ -380,7 +380,7 @@ class OperatingPointManifest(Artefact):
 
 # ---------------------------------------------------------------------- rollout folder
 class RolloutSettingsFields(Closed):
-    """``states.rollout.RolloutSettings`` as saved (every field: a resume compares them all)."""
+    """``rollout.agent.RolloutSettings`` as saved (every field: a resume compares them all)."""
 
     k: Positive
     max_turns: Positive
@@ -395,7 +395,7 @@ class RolloutSettingsFields(Closed):
 
 
 class RolloutManifest(Artefact):
-    """A rollout folder's ``manifest.json`` (``latentsift._jobs.rollout``); ``task_digests``: the content
+    """A rollout folder's ``manifest.json`` (``latentsift.rollout.folder``); ``task_digests``: the content
     digest of every task begun (absent in folders written before it was recorded)."""
 
     model: str

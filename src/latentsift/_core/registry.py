@@ -2,9 +2,10 @@
 ``registry_lookup``).
 
 Every extension point is a *kind* (``KINDS``): Stage-1 filters, trajectory importers, extraction and
-verifier backends, kNN backends and approximate index kinds, prune policies, keep rules and
-calibration methods. An extension is one object registered under a name of its kind, with keyword
-facts about it (``info``), by the one module that defines it::
+verifier backends, kNN backends and approximate index kinds, prune policies, keep rules,
+calibration methods, span renderers, and for the policy's own rollouts the pinned policies, the
+sandboxes and the task sources. An extension is one object registered under a name of its kind,
+with keyword facts about it (``info``), by the one module that defines it::
 
     from latentsift._core.registry import registry_add
     registry_add("keep_rule", "top-two", TopTwoKeep, label="the two best")
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -27,7 +29,7 @@ from .validation import LatentSiftError
 
 #: The extension points.
 KINDS = ("filter", "importer", "extraction_backend", "verifier_backend", "knn_backend", "index_kind",
-         "prune_policy", "keep_rule", "calibration")
+         "prune_policy", "keep_rule", "calibration", "renderer", "policy", "sandbox", "task_source")
 #: Environment variable naming modules to import for their registrations (comma-separated).
 PLUGINS_ENV = "LATENTSIFT_PLUGINS"
 #: Entry-point groups of installed packages that register extensions.
@@ -51,6 +53,9 @@ class Entry:
 
 
 _REGISTRY: dict[str, dict[str, Entry]] = {k: {} for k in KINDS}
+#: (kind, name) -> the module that registered an object which is neither a class nor a function (a policy pin):
+#: whether it is built in is told by the registering module, not by the object's class.
+_REGISTERED_BY: dict[tuple[str, str], str] = {}
 _loaded = False
 
 
@@ -79,6 +84,8 @@ def registry_add(kind: str, name: str, obj: Any, /, **info: Any) -> Any:
         raise LatentSiftError(f"registry_add: the {kind} name {name!r} is taken by "
                               f"{getattr(old.obj, '__module__', '?')}.{getattr(old.obj, '__qualname__', old.obj)!s}.")
     _REGISTRY[kind][name] = Entry(kind, name, obj, dict(info))
+    if not isinstance(obj, type) and not hasattr(obj, "__code__") and not hasattr(obj, "func"):
+        _REGISTERED_BY[(kind, name)] = sys._getframe(1).f_globals.get("__name__", "")
     return obj
 
 
@@ -88,9 +95,11 @@ def registry_remove(kind: str, name: str) -> None:
     e = _REGISTRY[kind].get(name)
     if e is None:
         raise LatentSiftError(f"registry_remove: no {kind} {name!r} is registered.")
-    if str(getattr(e.obj, "__module__", "")).startswith("latentsift."):
+    home = _REGISTERED_BY.get((kind, name), str(getattr(e.obj, "__module__", "")))
+    if home.startswith("latentsift."):
         raise LatentSiftError(f"registry_remove: {name!r} is a built-in {kind}.")
     del _REGISTRY[kind][name]
+    _REGISTERED_BY.pop((kind, name), None)
 
 
 def load_plugins(*, force: bool = False) -> None:

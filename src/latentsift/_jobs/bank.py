@@ -9,11 +9,11 @@ from .._core.outputs import owned_output
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, select_by_repo
-from ..bank.knn import knn_backends
+from ..bank.knn import TORCH_KNN, knn_backends
 from ..states.store import StateStore
 from ..trajectories.trajectory import load_jsonl
 
-__all__ = ["build_bank", "build_bank_to_file", "knn_backends"]
+__all__ = ["TORCH_KNN", "build_bank", "build_bank_to_file", "knn_backends"]
 
 
 @blas_fixed

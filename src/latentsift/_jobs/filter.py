@@ -32,7 +32,13 @@ from ..deploy.operating_file import OPERATING_POINT_JSON
 from .operating import check_saved_rule, saved_operating_point
 from .sifter import run_sifter_filter_chosen
 
-__all__ = ["DEFAULT_CALIBRATION", "FilterOutcome", "calibration_methods", "filter_options", "filter_to_file",
+#: ``filter --method`` by default: the paper's filter (a name: the registry is read, and the plugins loaded, only
+#: when the command runs or its help is shown). ``--keep-rule`` by default: the paper's rule, or with
+#: ``--target-recall`` the recall rule (decided when the command runs).
+DEFAULT_METHOD = LatentSift.name
+
+__all__ = ["DEFAULT_CALIBRATION", "DEFAULT_METHOD", "FilterOutcome", "calibration_methods",
+           "filter_options", "filter_to_file",
            "keep_rules", "method_names", "run_filter"]
 
 

@@ -16,7 +16,7 @@ from ..metrics.formats import check_gen_test_key
 from ..protocol.crossval import CrossvalSettings, crossval
 from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, check_premise_stores, own_vs_proxy, premise_ks
 from ..report.premise_report import premise_report_markdown
-from ..states.rollout import EXAMPLES_KEY
+from ..rollout.agent import EXAMPLES_KEY
 from ..trajectories.trajectory import group_pools, load_jsonl
 
 #: A state store folder, or several of the same model and settings read as one.

@@ -54,10 +54,14 @@ from ..trajectories.trajectory import Pool, Trajectory, group_pools
 from .folds import group_noun, group_of
 from .shift_eval import flag_rate, pool_flags
 
-#: The rule filters of the matrix: those computed from the trajectories alone, in the tables' order (the premise's
-#: free references, built in premise runs only, are not among them).
-BASELINE_NAMES = tuple(filter_entry(k).name for k in rule_keys()
-                       if not filter_entry(k).tokenizer and not filter_entry(k).premise_only)
+def baseline_names() -> tuple[str, ...]:
+    """The rule filters of the matrix: those computed from the trajectories alone, in the tables' order (the
+    premise's free references, built in premise runs only, are not among them; read when the matrix is made:
+    listing them loads the plugins, which importing the command line must not)."""
+    return tuple(filter_entry(k).name for k in rule_keys()
+                 if not filter_entry(k).tokenizer and not filter_entry(k).premise_only)
+
+
 RETENTION_MIN_K = 4  # retention is reported where pools hold K >= 4 (smaller pools keep max(3, .) = all)
 TRANSFER_GROUP_BY = ("repo", "instance")  # by agent would be the evaluated agents themselves
 
@@ -242,7 +246,7 @@ def evaluate_set(es: EvalSet, trajs: Sequence[Trajectory], states: Mapping[str, 
                 scored["nearest"].add(f, [p for p in pools if pick[p.instance_id] == n], states, fp)
             choices |= {i: {"chosen": pick[i], "distances": dist[i]} for i in pick}
     base = {}
-    for b in BASELINE_NAMES:
+    for b in baseline_names():
         sc = _Scored()
         sc.add(make_baseline(b, seed=s.seed), es.pools, None, None)
         base[b] = sc
@@ -274,7 +278,7 @@ def evaluate_set(es: EvalSet, trajs: Sequence[Trajectory], states: Mapping[str, 
     kmax = max(len(p.candidates) for p in es.pools)
     for k in [k for k in s.ks if RETENTION_MIN_K <= k <= kmax]:
         row = {c: _retention(scored[c], es.pools, k, s) for c in configs}
-        row |= {b: _retention(base[b], es.pools, k, s) for b in BASELINE_NAMES}
+        row |= {b: _retention(base[b], es.pools, k, s) for b in base}
         retention[str(k)] = row
     n_chosen: dict[str, int] = {}
     for v in choices.values():

@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .._core.registry import registry_add, registry_find, registry_names
 from .._core.validation import LatentSiftError, check_positive_int
 from ..trajectories.trajectory import CHANNEL_ID, CHANNELS, Trajectory
 
@@ -452,6 +453,48 @@ def _hunk_header(patch: str) -> str | None:
         if line.startswith("@@") and line.count("@@") >= 2:
             return line.strip()
     return None
+
+
+#: The span renderers (kind "renderer" of ``latentsift._core.registry``): a renderer is called as
+#: ``renderer(traj, tokenizer, max_span_tokens=, max_prompt_tokens=, patch_step_tokens=)`` and returns one
+#: ``Rendering`` or a list of them (each replayed in its own context); extraction records it by its module path.
+RENDER = registry_add("renderer", "render", render, label="one sequence (the default)").__name__
+RENDER_PER_STEP = registry_add("renderer", "render_per_step", render_per_step,
+                               label="each step in its own context (O(T^2) tokens)").__name__
+#: The module of the renderers as stores written before it moved recorded it (``settings["renderer"]``).
+_OLD_RENDERER_MODULE = "latentsift.channel."
+
+
+def renderer_names() -> tuple[str, ...]:
+    """Every registered renderer's name (``latentsift extract --renderer``)."""
+    return registry_names("renderer")
+
+
+def renderer_id(name: str) -> str:
+    """The path a store records of the registered renderer ``name`` (module and function)."""
+    entry = registry_find("renderer", name)
+    if entry is None:
+        raise LatentSiftError(f"Unknown renderer {name!r}; registered: {', '.join(renderer_names())}.")
+    return f"{entry.obj.__module__}.{entry.obj.__qualname__}"
+
+
+def same_renderer_id(recorded: str | None) -> str | None:
+    """A recorded renderer path as it is recorded now: a store written before the renderers moved to
+    ``latentsift.states.channel`` recorded ``latentsift.channel.<name>`` (the same renderer)."""
+    if isinstance(recorded, str) and recorded.startswith(_OLD_RENDERER_MODULE):
+        return f"{render.__module__}.{recorded.removeprefix(_OLD_RENDERER_MODULE)}"
+    return recorded
+
+
+def renderer_of(recorded: str):
+    """The registered renderer a store recorded (its path, or an older store's); a one-line refusal when
+    none is registered under it (a plugin's renderer not installed here)."""
+    recorded = same_renderer_id(recorded)
+    for name in renderer_names():
+        if renderer_id(name) == recorded:
+            return registry_find("renderer", name).obj
+    raise LatentSiftError(f"The store's renderer {recorded!r} is not registered here; install the plugin that "
+                          "defines it.")
 
 
 def patch_step(traj: Trajectory) -> int | None:

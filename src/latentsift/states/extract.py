@@ -32,12 +32,12 @@ from .._core.registry import registry_add
 from .._core import words
 from .._core.threads import one_thread_pool, ordered_map
 from .._core.validation import LatentSiftError, check_positive_int, param_error
-from .channel import render, render_per_step
+from .channel import RENDER, renderer_id, renderer_names, renderer_of
 from .hardware import kernel_record
 from .model import Fingerprint, load_policy
 from .packing import can_pack, pack_plan, replay_packed, run_length
 from .states import DEFAULT_CHUNK_TOKENS, TrajectoryStates, merge_states, replay_many
-from .store import DEFAULT_SHARD_SIZE, RENDERERS, STORE_DTYPES, EncodedShard, StateStore, encode_shard
+from .store import DEFAULT_SHARD_SIZE, STORE_DTYPES, EncodedShard, StateStore, encode_shard
 
 OWNER = "extract_pools"  # the function named in settings errors
 #: ``pack_tokens`` when it is not given, per device kind (0: one trajectory per forward). On a CPU
@@ -186,11 +186,11 @@ def resolve_layers(layers: str | Sequence[int], n_layers: int) -> list[int]:
 def check_settings(*, max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
                    max_tokens: int | None = None, layers: str | Sequence[int] = "all",
                    store_dtype: str = "float16", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                   shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = "render",
+                   shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = RENDER,
                    patch_step_tokens: int | None = None, pack_tokens: int | None = None) -> None:
     """The checks of :func:`extract_settings` that need no policy."""
-    if renderer not in RENDERERS:
-        raise param_error("renderer", OWNER, f"one of {list(RENDERERS)}", renderer)
+    if renderer not in renderer_names():
+        raise param_error("renderer", OWNER, f"one of {list(renderer_names())}", renderer)
     for name, v in (("max_span_tokens", max_span_tokens), ("max_prompt_tokens", max_prompt_tokens),
                     ("max_tokens", max_tokens), ("patch_step_tokens", patch_step_tokens)):
         if v is not None:
@@ -207,7 +207,7 @@ def check_settings(*, max_span_tokens: int | None = None, max_prompt_tokens: int
 def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
                      max_tokens: int | None = None, layers: str | Sequence[int] = "all",
                      store_dtype: str = "float16", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                     shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = "render",
+                     shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = RENDER,
                      patch_step_tokens: int | None = None, pack_tokens: int | None = None) -> dict[str, Any]:
     """The manifest settings of an extraction (validated), with what fixes the states' bytes on this
     machine (``kernels``: :func:`~latentsift.states.hardware.kernel_record`) and why the dtype was chosen.
@@ -226,7 +226,7 @@ def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_t
     return {"max_span_tokens": max_span_tokens, "max_prompt_tokens": max_prompt_tokens, "max_tokens": max_tokens,
             "context": ctx, "window_stride": ctx // 2, "layers": resolve_layers(layers, policy.n_layers),
             "store_dtype": store_dtype, "dtype": policy.fingerprint.dtype, "chunk_tokens": chunk_tokens,
-            "shard_size": shard_size, "renderer": f"latentsift.channel.{renderer}",
+            "shard_size": shard_size, "renderer": renderer_id(renderer),
             "patch_step_tokens": patch_step_tokens, "pack_tokens": pack_tokens, "kernels": kernel_record(policy.device),
             "dtype_reason": policy.dtype_choice.reason if policy.dtype_choice else None}
 
@@ -259,10 +259,8 @@ def render_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 def renderings_of(policy, trajectory, settings: dict[str, Any]) -> list:
     """The renderings :func:`extract_one` replays for ``trajectory`` (one, or one per step)."""
-    rkw = render_settings(settings)
-    if settings["renderer"].rsplit(".", 1)[-1] == "render":
-        return [render(trajectory, policy.tokenizer, **rkw)]
-    return render_per_step(trajectory, policy.tokenizer, **rkw)
+    rs = renderer_of(settings["renderer"])(trajectory, policy.tokenizer, **render_settings(settings))
+    return rs if isinstance(rs, list) else [rs]
 
 
 def _layer_ids(policy, settings: dict[str, Any]):
@@ -348,7 +346,7 @@ def extract_pools(backend, trajectories: Iterable, store: StateStore | str | os.
                   max_tokens: int | None = None, instances: int | None = None,
                   layers: str | Sequence[int] = "all", store_dtype: str = "float16",
                   chunk_tokens: int = DEFAULT_CHUNK_TOKENS, shard_size: int = DEFAULT_SHARD_SIZE,
-                  renderer: str = "render", patch_step_tokens: int | None = None, pack_tokens: int | None = None,
+                  renderer: str = RENDER, patch_step_tokens: int | None = None, pack_tokens: int | None = None,
                   progress: Callable[[ExtractProgress], None] | None = None) -> ExtractReport:
     """Render each trajectory, replay it through the policy and append its states to ``store``.
 

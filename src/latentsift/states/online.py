@@ -1,7 +1,7 @@
 """Batched sampling with online state capture: several rollouts of one task generate together, and the
 hidden states the policy computes while it writes them are pooled into (step, channel) spans as it goes.
 
-This is the capture path of ``latentsift rollout`` (``states.rollout``): no second forward pass over
+This is the capture path of ``latentsift rollout`` (``rollout.agent``): no second forward pass over
 the finished trajectory. It generalises :class:`~latentsift.states.states.StateRecorder` (one
 sequence, transformers ``generate``) to a batch of samples with their own seeds. :class:`BatchRecorder`
 (at the end of this module) is the capture for a batch that transformers ``generate`` itself writes.

@@ -33,6 +33,7 @@ import numpy as np
 from .._core.io import ArtefactKind, WriterLock, atomic_write_bytes, member, read_artefact, sha256_hex, write_artefact
 from .._core.manifests import StoreIndex, StoreManifest, check_manifest
 from .._core.validation import PACKAGE, FingerprintMismatch, LatentSiftError, param_error
+from .channel import same_renderer_id
 from .model import Fingerprint
 from .states import TrajectoryStates
 
@@ -52,7 +53,6 @@ STORE_DTYPES = ("float16", "float32")
 # settings that change the stored values: they must match when a store is re-opened for writing
 MATCHED_SETTINGS = ("max_span_tokens", "max_prompt_tokens", "max_tokens", "context", "layers", "store_dtype",
                     "renderer", "patch_step_tokens")
-RENDERERS = ("render", "render_per_step")
 #: The settings entry recording what fixes the bytes besides the model and settings
 #: (``hardware.kernel_record``); a store is resumed only under the same.
 KERNELS = "kernels"
@@ -68,8 +68,7 @@ def check_recorded_settings(recorded: dict | None, store: "StateStore", what: st
     if not recorded:
         return
     now = store.settings
-    diff = {k: (recorded.get(k, SETTING_DEFAULTS.get(k)), now.get(k, SETTING_DEFAULTS.get(k)))
-            for k in MATCHED_SETTINGS if k in recorded or k in now}
+    diff = {k: (_matched(recorded, k), _matched(now, k)) for k in MATCHED_SETTINGS if k in recorded or k in now}
     diff = {k: (a, b) for k, (a, b) in diff.items() if a != b}
     if diff:
         raise LatentSiftError(f"{what} was built from states extracted with other settings than {store.path}: "
@@ -77,6 +76,13 @@ def check_recorded_settings(recorded: dict | None, store: "StateStore", what: st
                               + "; extract the states with the same settings or rebuild it from these states.")
 # value of a matched setting in a store written before the setting existed
 SETTING_DEFAULTS = {"patch_step_tokens": None}
+
+
+def _matched(settings: dict, key: str) -> Any:
+    """A matched setting's value as it is recorded now (an older store: the default of a setting it
+    predates, its renderer's path before the renderers moved)."""
+    value = settings.get(key, SETTING_DEFAULTS.get(key))
+    return same_renderer_id(value) if key == "renderer" else value
 
 
 class StateStore:
@@ -162,7 +168,7 @@ class StateStore:
                                   "torch, CPU kind and ISA settings, or use another --out.")
         old = self.settings
         diff = {k: (old.get(k, SETTING_DEFAULTS.get(k)), settings.get(k)) for k in MATCHED_SETTINGS
-                if k in settings and old.get(k, SETTING_DEFAULTS.get(k)) != settings.get(k)}
+                if k in settings and _matched(old, k) != _matched(settings, k)}
         if diff:
             raise LatentSiftError(f"The store {self.path} was written with other settings "
                                   + ", ".join(f"{k}={a!r} (now {b!r})" for k, (a, b) in diff.items())

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .._core.io import cache_root, iter_jsonl, package_file
+from .._core.registry import registry_add, registry_names
 from .._core.validation import LatentSiftError
 from .sandbox import SandboxLimits, run_programs
 
@@ -276,3 +277,17 @@ def load_tasks(path: str | Path | None = None, *, check: bool = True, limits: Sa
     if check and _file_sha256(p) != HUMANEVAL_SHA256:
         check_references(tasks, [seen[t.task_id] for t in tasks], limits, workers=workers)
     return tasks
+
+
+#: The task sources (kind "task_source" of ``latentsift._core.registry``; ``latentsift rollout --tasks-source``):
+#: a source is called as ``source(path, limits=, workers=)`` and returns the tasks of ``path`` (None: its
+#: ``default_file()``, an entry fact; a source without one needs a task file). The built-in one reads
+#: HumanEval's JSONL fields (:func:`load_tasks`).
+HUMANEVAL_SOURCE = "humaneval"
+registry_add("task_source", HUMANEVAL_SOURCE, load_tasks, default_file=humaneval_path,
+             label="JSONL of HumanEval's fields (default: HumanEval's 164)")
+
+
+def task_sources() -> tuple[str, ...]:
+    """Every registered task source's name."""
+    return registry_names("task_source")

