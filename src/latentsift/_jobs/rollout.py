@@ -61,7 +61,7 @@ LOCK = ".lock"
 #: Settings that must match when a rollout folder is resumed (any change makes other trajectories).
 MATCHED = ("settings", "run", "agent", "threads", "fingerprint")
 #: The option of each recorded setting (how a refusal names it).
-OPTIONS = {"k": "--k", "max_turns": "--turns", "seed": "--seed", "temperature": "--temperature", "top_p": "--top-p",
+OPTIONS = {"k": "--samples", "max_turns": "--turns", "seed": "--seed", "temperature": "--temperature", "top_p": "--top-p",
            "max_new_tokens": "--max-new-tokens", "run": "--run", "agent": "--run", "threads": "--threads"}
 _REDO = "run the rollout again into a new --out"
 
@@ -379,7 +379,7 @@ def _check_options(settings: RolloutSettings, *, threads: int, workers: int, fir
                    timeout: float) -> SandboxLimits:
     """Every number of the command line, named by its option (before anything is read or loaded);
     returns the sandbox limits of ``--timeout``."""
-    for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
+    for name, v in (("samples", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
                     ("threads", threads), ("workers", workers), ("tasks", first)):
         if v is not None and v < 1:
             raise LatentSiftError(f"--{name} must be a positive number. Got {v} instead.")
