@@ -2,6 +2,7 @@
 advice, and every ``--help`` readable at 80 columns (issue: one name per idea)."""
 from __future__ import annotations
 
+import re
 import typing
 from collections import defaultdict
 from pathlib import Path
@@ -144,3 +145,23 @@ def test_help_fits_80_columns_without_cut_names_or_internal_names(path):
         for p in _command(path).params:
             if not p.hidden and p.param_type_name == "option":
                 assert all(o in flat for o in p.opts + p.secondary_opts), (path, p.opts)
+
+
+def test_no_doc_writes_an_old_name_in_a_command_line():
+    """What is tested: README.md and docs/*.md write each command with its new names (an old one works, but a
+    reader copying it gets a note); a command line is a 'latentsift COMMAND' line and its continuation lines."""
+    root = DOC.parents[1]
+    old = []
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        if doc == DOC:
+            continue
+        command = None
+        for i, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            found = re.findall(r"latentsift ((?:bank|scorer|policy) \w+|\w+)", line)
+            command = found[-1] if found else (command if line.startswith(" ") else None)
+            if command is None:
+                continue
+            tokens = set(re.findall(r"--[\w-]+", line))
+            old += [f"{doc.name}:{i}: {command} {name}" for (c, name) in ALIASES if c == command and name in tokens]
+            old += [f"{doc.name}:{i}: {c} {o}" for (c, o) in COMMAND_ALIASES if f"latentsift {c} {o}" in line]
+    assert old == []
