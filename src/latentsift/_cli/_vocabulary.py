@@ -207,19 +207,21 @@ def _renamed(command: str, args: list[str], say: Callable[[str], None]) -> Itera
                 continue
             name, a = new, new + eq + value
         if pending is not None:
-            old = VALUE_ALIASES.get((command, pending, a))
-            if old is not None:
-                say(f"{pending} {a} is now {pending} {old} in {command}; it works for now.")
-                a = old
-            pending = None
+            a, pending = _value(command, pending, a, say), None
         elif eq:
-            old = VALUE_ALIASES.get((command, name, value))
-            if old is not None:
-                say(f"{name} {value} is now {name} {old} in {command}; it works for now.")
-                a = f"{name}={old}"
+            a = f"{name}={_value(command, name, value, say)}"
         elif a.startswith("--"):
             pending = a
         yield a
+
+
+def _value(command: str, option: str, value: str, say: Callable[[str], None]) -> str:
+    """``value`` of ``option``, or its new spelling (with a line of advice)."""
+    new = VALUE_ALIASES.get((command, option, value))
+    if new is None:
+        return value
+    say(f"{option} {value} is now {option} {new} in {command}; it works for now.")
+    return new
 
 
 def parameters(root) -> Iterator[tuple[str, object]]:
