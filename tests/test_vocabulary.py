@@ -86,6 +86,7 @@ CASES = [  # (old command line, the parameter it sets, its value)
     (["fit", "p.jsonl", "--states", "s", "--out", "o", "--reference", "instance"], "guard_reference", "instance"),
     (["evaluate", "--pools", "p.jsonl", "--scores", "s", "--out", "o"], "pools", Path("p.jsonl")),
     (["verify", "--trajectories=p.jsonl", "--out", "o"], "pools", Path("p.jsonl")),
+    (["verify", "p.jsonl", "--out", "o", "--max-prompt-tokens", "512"], "max_prompt_tokens", 512),
     (["fit", "p.jsonl", "--states", "s", "--out", "o", "--guard-reference", "repository"], "guard_reference", "repo"),
     (["policy", "verify", "m.gguf", "--pin", "x"], "model", Path("m.gguf")),
 ]

@@ -2,7 +2,7 @@
 
 ``MEANINGS`` gives each option name (and each positional argument, by its metavar) its one meaning in
 every command that takes it; ``tests/test_vocabulary.py`` walks every command's parameters, checks that
-each name is declared here with one type, and that ``docs/cli-vocabulary.md`` is ``markdown_table``.
+each name is declared here with one type, and that ``docs/cli-vocabulary.md`` holds ``markdown_tables``.
 ``ALIASES`` maps an old name of one command to its new one: ``advise`` rewrites the command line
 before it is parsed and prints one line of advice per old name used, so old scripts keep working.
 """
@@ -81,7 +81,7 @@ MEANINGS: dict[str, str] = {
     "--max-instances": "at most N instances",
     "--max-keep": "keep at most B candidates per pool",
     "--max-new-tokens": "most tokens generated per turn",
-    "--max-prompt-tokens": "token budget of a prompt or context message",
+    "--max-prompt-tokens": "tokens kept per context message",
     "--max-span-tokens": "tokens kept per cot/obs/fn span",
     "--max-tokens": "tokens kept per rendered trajectory",
     "--method": "a registered filter",
@@ -140,7 +140,7 @@ MEANINGS: dict[str, str] = {
     "--val-frac": "validation fraction",
     "--variants": "also evaluate the beyond-paper variants",
     "--verifier": "EF verifier results for Stage 4",
-    "--verifier-max-tokens": "EF verifier prompt budget",
+    "--verifier-max-tokens": "the EF verifier's prompt budget (longer logs are condensed)",
     "--weight-decay": "AdamW weight decay",
     "--weighting": "step weights (linear or uniform)",
     "--workers": "workers run side by side",
@@ -160,6 +160,7 @@ ALIASES: dict[tuple[str, str], str] = {
     ("fit", "--reference"): "--guard-reference",
     ("evaluate", "--pools"): "",
     ("verify", "--trajectories"): "",
+    ("verify", "--max-prompt-tokens"): "--verifier-max-tokens",
 }
 #: (command, option, old value) -> new value.
 VALUE_ALIASES: dict[tuple[str, str, str], str] = {("fit", "--guard-reference", "repository"): "repo"}

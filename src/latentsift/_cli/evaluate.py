@@ -70,7 +70,8 @@ def verify_cmd(
     base_url: Optional[str] = typer.Option(None, "--base-url", help="Endpoint root, e.g. http://127.0.0.1:8000/v1."),
     api_model: Optional[str] = typer.Option(None, "--api-model", help="Model name sent to the endpoint."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
-    max_prompt_tokens: int = typer.Option(1024, "--max-prompt-tokens", help="Prompt budget; longer logs are condensed."),
+    max_prompt_tokens: int = typer.Option(1024, "--verifier-max-tokens", help="The verifier's prompt budget; longer "
+                                          "logs are condensed."),
     cache: Optional[Path] = typer.Option(None, "--cache", help="Disk cache folder (default: OUT/cache)."),
     ids: Optional[Path] = typer.Option(None, "--ids", help="Text file: only these traj_ids (one per line)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds per remote call."),
