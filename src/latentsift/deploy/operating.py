@@ -334,8 +334,8 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
 
     Returns ``{"target_recall", "on_shift", "min_keep", "confidence", "needed", "have"}``: without a
-    target, "warn" and ``MIN_KEEP`` (the paper's rule); with one, "keep-all" and ``TARGET_MIN_KEEP``, and the calibration pools
-    holding a resolved candidate that the bound needs (``confidence``: the high-probability mode,
+    target, "warn" and ``MIN_KEEP`` (the paper's rule); with one, "keep-all" and ``TARGET_MIN_KEEP``, and the
+    calibration pools holding a resolved candidate that the bound needs (``confidence``: the high-probability mode,
     ``keep_confident``) and that the file has. The calibration file is read for its labels and
     instances only (refused when it shares a pool with ``pools``, the pools to filter). ``saved``: a
     saved operating point will be applied (``operating_file``; checked there): no ``calibration``
@@ -400,8 +400,9 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
                                   f"least {needed} calibration pools that hold a resolved candidate (Learn then Test: "
                                   f"n >= log(1 - confidence) / log(R)); the calibration set has {have}. Add labelled "
                                   "pools, lower the target or the confidence.")
-    return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": TARGET_MIN_KEEP
-            if min_keep is None else min_keep, "confidence": confidence, "needed": needed, "have": have, "max_keep": max_keep, "rule": rule}
+    return {"target_recall": target_recall, "on_shift": on_shift or "keep-all",
+            "min_keep": TARGET_MIN_KEEP if min_keep is None else min_keep, "confidence": confidence, "needed": needed,
+            "have": have, "max_keep": max_keep, "rule": rule}
 
 
 def count_positive_pools(cal_path, instances=None) -> int:

@@ -241,7 +241,8 @@ class RecallKeep(KeepRule):
     name = "target-recall"
     guarantee = GUARANTEE
 
-    def __init__(self, target_recall: float = 0.9, min_keep: int = TARGET_MIN_KEEP, calibration: str = DEFAULT_CALIBRATION, seed: int = 0):
+    def __init__(self, target_recall: float = 0.9, min_keep: int = TARGET_MIN_KEEP,
+                 calibration: str = DEFAULT_CALIBRATION, seed: int = 0):
         self.target_recall = check_target_recall(target_recall, "RecallKeep")
         self.min_keep = check_positive_int(min_keep, "min_keep", "RecallKeep")
         self.calibration = check_choice(calibration, "calibration", "RecallKeep", calibration_methods())
