@@ -72,7 +72,7 @@ OWN_TASKS ?= 164
 OWN_THREADS ?= 1
 own-%: policy-%
 	$(BIN)/latentsift rollout --model $(POLICIES)/qwen2.5-coder-$*-instruct-q4_k_m.gguf --out runs/own-$* \
-		--k $(OWN_K) --tasks $(OWN_TASKS) --threads $(OWN_THREADS)
+		--samples $(OWN_K) --tasks $(OWN_TASKS) --threads $(OWN_THREADS)
 	$(BIN)/latentsift extract runs/own-$*/trajectories.jsonl.gz --out runs/own-$*-proxy
 	$(BIN)/latentsift premise runs/own-$*/trajectories.jsonl.gz --states runs/own-$*/states \
 		--proxy-states runs/own-$*-proxy --out runs/premise-$*

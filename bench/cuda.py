@@ -193,7 +193,7 @@ def rollout(args) -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="cuda-rollout-"))
     base = [sys.executable, "-m", "latentsift.cli", "rollout", "--model", str(args.model), "--device", DEV,
-            "--tasks", str(args.rollout_tasks), "--k", "4", "--max-new-tokens", "96", "--turns", "2"]
+            "--tasks", str(args.rollout_tasks), "--samples", "4", "--max-new-tokens", "96", "--turns", "2"]
     runs = {"bf16-a": [], "bf16-b": [], "fp32": ["--dtype", "float32"]}
     procs = {n: subprocess.Popen(base + ["--out", str(tmp / n)] + extra, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for n, extra in runs.items()}

@@ -197,7 +197,7 @@ def test_cli_evaluate_writes_the_report(tmp_path, tiny):
     save_pool_file(pools, records, tmp_path / "pools.jsonl")
     save_scores(ls, tmp_path / "ls", name="latentsift", components={"q_fn": ls})
     save_results(efv, tmp_path / "ef", name="smol")
-    res = CliRunner().invoke(app, ["evaluate", "--pools", str(tmp_path / "pools.jsonl"), "--scores",
+    res = CliRunner().invoke(app, ["evaluate", str(tmp_path / "pools.jsonl"), "--scores",
                                    str(tmp_path / "ls"), "--scores", str(tmp_path / "ef"), "--out",
                                    str(tmp_path / "rep"), "--k", "2", "--k", "4", "--bootstrap", "20",
                                    "--no-filter"])

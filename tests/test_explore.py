@@ -182,7 +182,7 @@ def test_explore_cli_on_a_filter_output(tiny_run, tmp_path):
     out_json = long / "filter.json"
     r = CliRunner().invoke(app, ["filter", str(run / "pools.jsonl"), "--states", str(run / "states"), "--bank",
                                  str(fold / "bank"), "--scorer", str(fold / "scorer"), "--out", str(out_json),
-                                 "--instances", ",".join(inst), "--show", "0"])
+                                 "--instance-ids", ",".join(inst), "--show", "0"])
     assert r.exit_code == 0, r.output
     # the paths are printed whole, to be copied, however narrow the console (rich breaks lines at its width)
     assert f"Written to {out_json}." in r.output

@@ -179,7 +179,7 @@ def test_a_read_only_output_is_refused_before_any_work(canonical, tmp_path, monk
     """What ``os.access`` reports for a read-only mount (also to root): refused before reading inputs."""
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **k: False if Path(p) == tmp_path else real(p, mode, **k))
-    for args in (["import", canonical], ["extract", canonical], ["bank", "build", tmp_path / "s", "--pools", canonical],
+    for args in (["import", canonical], ["extract", canonical], ["bank", "build", canonical, "--states", tmp_path / "s"],
                  ["fit", canonical, "--states", tmp_path / "s"]):
         refused(cli(*args, "--out", tmp_path / "out"), "is read-only")
     assert list(tmp_path.iterdir()) == []
@@ -254,8 +254,8 @@ def test_no_output_may_destroy_an_input_or_another_artefact(tiny, data_dir, tmp_
     (user / "notes.txt").write_text("keep me")
     before = digest(run, d, user)
     cases = [
-        (["bank", "build", states, "--pools", pools, "--out", states], "is the input"),
-        (["bank", "build", states, "--pools", pools, "--out", fold / "bank"], "a run folder"),
+        (["bank", "build", pools, "--states", states, "--out", states], "is the input"),
+        (["bank", "build", pools, "--states", states, "--out", fold / "bank"], "a run folder"),
         (["scorer", "train", d / "bank", "--out", states / "scorer"], "a state store"),
         (["scorer", "train", d / "bank", "--out", d / "sifter" / "scorer"], "a sifter"),
         (["filter", pools, "--states", states, "--bank", fold / "bank", "--out", pools], "is the input"),
@@ -267,10 +267,10 @@ def test_no_output_may_destroy_an_input_or_another_artefact(tiny, data_dir, tmp_
         (["fit", pools, "--states", states, "--out", d / "bank"], "a bank"),
         (["extract", pools, "--out", d / "bank"], "a bank"),
         (["crossval", pools, "--states", states, "--out", states], "is the input"),
-        (["evaluate", "--pools", d / "p.jsonl", "--scores", run / "verifier", "--out", report], "a run folder"),
+        (["evaluate", d / "p.jsonl", "--scores", run / "verifier", "--out", report], "a run folder"),
         (["explore", run / "stage1" / "latentsift.json", "--pools", pools, "--out", pools], "is the input"),
         (["explore", run / "stage1" / "latentsift.json", "--pools", pools, "--out", user], "non-empty folder"),
-        (["verify", "--trajectories", pools, "--out", states], "is a state store"),
+        (["verify", pools, "--out", states], "is a state store"),
         (["reproduce", "--data", data_dir, "--out", states], "is a state store"),
         (["reproduce", "--data", data_dir, "--out", data_dir / "x"], "lies inside the input"),
         (["import", pools, "--out", d / "bank" / "pools.jsonl"], "a bank"),
@@ -285,7 +285,7 @@ def test_no_output_may_destroy_an_input_or_another_artefact(tiny, data_dir, tmp_
 def test_filter_refuses_a_bank_of_other_span_settings_and_a_manifest_naming_outside_files(tiny, tmp_path):
     run, d = tiny
     pools, states = run / "pools.jsonl", run / "states"
-    r = cli("bank", "build", states, "--pools", pools, "--out", tmp_path / "bank")
+    r = cli("bank", "build", pools, "--states", states, "--out", tmp_path / "bank")
     assert r.exit_code == 0, r.output
     other = tmp_path / "states-other"
     shutil.copytree(states, other)
@@ -351,7 +351,7 @@ def test_malformed_inputs_name_their_file(tmp_path, data_dir):
     refused(cli("import", junk, "--out", tmp_path / "o.jsonl"), f"{junk}:1", "not valid JSON")
     refused(cli("extract", binary, "--out", tmp_path / "s"), f"{binary}:1", "not UTF-8")
     refused(cli("explore", junk, "--pools", junk, "--out", tmp_path / "site"), str(junk), "not valid JSON")
-    refused(cli("evaluate", "--pools", binary, "--scores", tmp_path / "sc", "--out", tmp_path / "r"), str(binary))
+    refused(cli("evaluate", binary, "--scores", tmp_path / "sc", "--out", tmp_path / "r"), str(binary))
     refused(cli("reproduce", "--data", tmp_path / "nope", "--out", tmp_path / "run"), "dataset folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin.jsonl", "junk.jsonl"]  # nothing written
 
@@ -367,7 +367,7 @@ def test_a_full_disk_during_filter_bank_and_fit_leaves_nothing(tiny, tmp_path, m
 
     monkeypatch.setattr(os, "fsync", full)
     out = tmp_path / "out"
-    for args in (["bank", "build", states, "--pools", pools, "--out", out / "bank"],
+    for args in (["bank", "build", pools, "--states", states, "--out", out / "bank"],
                  ["fit", pools, "--states", states, "--out", out / "sifter", "--scorer-epochs", 1],
                  ["filter", pools, "--states", states, "--method", "random", "--out", out / "f.json"]):
         refused(cli(*args), "no space left")
@@ -384,7 +384,7 @@ def test_an_out_inside_a_file_is_refused(canonical, tmp_path):
     for args in (["import", canonical, "--out", blocker / "pools.jsonl"],
                  ["filter", canonical, "--method", "random", "--out", blocker / "f.json"],
                  ["fit", canonical, "--states", tmp_path / "states", "--out", blocker / "sub" / "sifter"],
-                 ["bank", "build", tmp_path / "states", "--pools", canonical, "--out", blocker / "bank"]):
+                 ["bank", "build", canonical, "--states", tmp_path / "states", "--out", blocker / "bank"]):
         refused(cli(*args), f"{blocker} is a file, not a folder")
     assert blocker.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
@@ -404,7 +404,7 @@ def test_a_second_writer_to_one_out_is_refused(canonical, tmp_path):
         refused(cli("filter", canonical, "--method", "random", "--out", f), f"Another process is writing to {f}")
         refused(cli("fit", canonical, "--states", tmp_path / "states", "--out", s),
                 f"Another process is writing to {s}")
-        refused(cli("bank", "build", tmp_path / "states", "--pools", canonical, "--out", b),
+        refused(cli("bank", "build", canonical, "--states", tmp_path / "states", "--out", b),
                 f"Another process is writing to {b}")
         refused(cli("scorer", "train", tmp_path / "bank-in", "--out", sc), f"Another process is writing to {sc}")
     assert not f.exists() and not s.exists() and not b.exists() and not sc.exists()
@@ -435,13 +435,13 @@ def test_malformed_records_of_filter_scores_and_verifier_files_are_one_line(cano
                                  "candidates": [{"traj_id": t, "label": 1} for t in ids]}) + "\n")
     scores = tmp_path / "scores.jsonl"
     scores.write_text("".join(json.dumps({"traj_id": t, "score": 0.5, "components": [1]}) + "\n" for t in ids))
-    refused(cli("evaluate", "--pools", pools, "--scores", scores, "--out", tmp_path / "r"), f"{scores}:1",
+    refused(cli("evaluate", pools, "--scores", scores, "--out", tmp_path / "r"), f"{scores}:1",
             "'components'")
     verdicts = tmp_path / "ef" / "verdicts.jsonl"
     verdicts.parent.mkdir()
     verdicts.write_text(json.dumps({"kind": "verdict", "traj_id": ids[0], "score": 0.5, "p_yes": "x", "p_no": 0.5,
                                     "n_in": 1, "n_out": 1}) + "\n")
-    refused(cli("evaluate", "--pools", pools, "--scores", verdicts.parent, "--out", tmp_path / "r"),
+    refused(cli("evaluate", pools, "--scores", verdicts.parent, "--out", tmp_path / "r"),
             f"{verdicts}:1", "wrong type or value")
     assert not (tmp_path / "site").exists() and not (tmp_path / "r").exists()
 
@@ -454,7 +454,7 @@ def test_filter_with_no_pool_left_is_no_traceback(tiny, tmp_path):
     empty.write_text("")
     refused(cli("filter", empty, "--states", states, "--method", "random", "--out", tmp_path / "f.json"),
             "holds no candidate pools")
-    assert cli("bank", "build", states, "--pools", pools, "--out", tmp_path / "bank").exit_code == 0
+    assert cli("bank", "build", pools, "--states", states, "--out", tmp_path / "bank").exit_code == 0
     # the bank holds every pool's instance: with --on-leak skip nothing is left to score
     r = cli("filter", pools, "--states", states, "--bank", tmp_path / "bank", "--distance-only", "--on-leak", "skip",
             "--out", tmp_path / "f.json")
@@ -469,7 +469,7 @@ def test_bank_build_replaces_a_bank_whole_or_not_at_all(tiny, tmp_path, monkeypa
     from latentsift._jobs.bank import build_bank
     run, _ = tiny
     pools, states, bank = run / "pools.jsonl", run / "states", tmp_path / "bank"
-    assert cli("bank", "build", states, "--pools", pools, "--out", bank).exit_code == 0
+    assert cli("bank", "build", pools, "--states", states, "--out", bank).exit_code == 0
     before = digest(bank)
     # a build killed while writing the new bank: the old one is whole, no temporary is left
     monkeypatch.setattr(bank_mod, "write_artefact", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -482,7 +482,7 @@ def test_bank_build_replaces_a_bank_whole_or_not_at_all(tiny, tmp_path, monkeypa
     stale = tmp_path / ".bank.tmp999999999.1"
     stale.mkdir()
     (stale / "bank.safetensors").write_bytes(b"x" * 100)
-    r = cli("bank", "build", states, "--pools", pools, "--out", bank, "--center", "mean")
+    r = cli("bank", "build", pools, "--states", states, "--out", bank, "--center", "mean")
     assert r.exit_code == 0, r.output
     assert digest(bank) != before and json.loads((bank / "manifest.json").read_text())["settings"]["center"] == "mean"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bank"]

@@ -56,7 +56,7 @@ def artefacts(canonical, tmp_path_factory, one_torch_thread):
     save_jsonl([t for t in trajs if t.repo == "astropy/astropy"], d / "bank.jsonl")
     save_jsonl([t for t in trajs if t.repo != "astropy/astropy"], d / "candidates.jsonl")
     for args in (["extract", canonical, "--out", d / "states", "--threads", 1],
-                 ["bank", "build", d / "states", "--pools", d / "bank.jsonl", "--out", d / "bank"],
+                 ["bank", "build", d / "bank.jsonl", "--states", d / "states", "--out", d / "bank"],
                  ["scorer", "train", d / "bank", "--out", d / "scorer", "--max-epochs", 1, "--val-frac", 0],
                  ["fit", d / "bank.jsonl", "--states", d / "states", "--out", d / "sifter", "--scorer-epochs", 1]):
         r = cli(*args)
@@ -66,7 +66,7 @@ def artefacts(canonical, tmp_path_factory, one_torch_thread):
 
 #: kind -> (the manifest in its folder, the command that reads it given (artefacts folder, copy, out)).
 READERS = {
-    "store": ("manifest.json", lambda a, c, o: ["bank", "build", c, "--pools", a / "bank.jsonl", "--out", o / "bank"]),
+    "store": ("manifest.json", lambda a, c, o: ["bank", "build", a / "bank.jsonl", "--states", c, "--out", o / "bank"]),
     "bank": ("manifest.json", lambda a, c, o: ["filter", a / "candidates.jsonl", "--states", a / "states", "--bank",
                                                c, "--distance-only", "--out", o / "f.json"]),
     "scorer": ("scorer.json", lambda a, c, o: ["filter", a / "candidates.jsonl", "--states", a / "states", "--bank",
@@ -161,9 +161,9 @@ def test_an_existing_out_that_the_command_did_not_write_is_refused(canonical, tm
                                                         "--summary-json"], notes),
                       (["filter", canonical, "--method", "random"], notes)):
         refused(cli(*args, *([] if args[-1] == "--summary-json" else ["--out"]), out), f"{out} exists and is not")
-    folder_commands = (["extract", canonical], ["bank", "build", d, "--pools", canonical], ["scorer", "train", d],
+    folder_commands = (["extract", canonical], ["bank", "build", canonical, "--states", d], ["scorer", "train", d],
                        ["fit", canonical, "--states", d], ["crossval", canonical, "--states", d],
-                       ["evaluate", "--pools", canonical, "--scores", d], ["verify", "--trajectories", canonical],
+                       ["evaluate", canonical, "--scores", d], ["verify", canonical],
                        ["reproduce", "--data", nope], ["explore", canonical, "--pools", canonical],
                        ["transfer", canonical, "--states", d])
     for args in folder_commands:
@@ -225,7 +225,7 @@ def test_a_full_disk_names_the_out_not_a_temporary(artefacts, tmp_path, monkeypa
 
     monkeypatch.setattr(os, "fsync", full)
     a, out = artefacts, tmp_path / "out"
-    for args, named in ((["bank", "build", a / "states", "--pools", a / "bank.jsonl", "--out", out / "bank"],
+    for args, named in ((["bank", "build", a / "bank.jsonl", "--states", a / "states", "--out", out / "bank"],
                          out / "bank" / "bank.safetensors"),
                         (["scorer", "train", a / "bank", "--val-frac", 0, "--max-epochs", 1, "--out", out / "scorer"],
                          out / "scorer" / "scorer.safetensors"),
@@ -252,7 +252,7 @@ def test_an_unreadable_shard_is_said_as_unreadable(artefacts, tmp_path, monkeypa
         return real(self)
 
     monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
-    for args in (["bank", "build", copy, "--pools", artefacts / "bank.jsonl", "--out", tmp_path / "bank"],
+    for args in (["bank", "build", artefacts / "bank.jsonl", "--states", copy, "--out", tmp_path / "bank"],
                  ["extract", artefacts / "bank.jsonl", "--out", copy, "--threads", 1]):  # the resume's check
         r = cli(*args)
         refused(r, f"{shard}: the shard cannot be read", "readable")
@@ -295,10 +295,10 @@ def test_commands_refuse_an_input_that_carries_nothing(canonical, tmp_path):
     no_ids.write_text("\n")
     out = tmp_path / "out"
     for args, words in ((["extract", empty, "--out", out / "s"], f"{empty} holds no trajectory: nothing to extract"),
-                        (["verify", "--trajectories", empty, "--out", out / "v"], "nothing to verify"),
-                        (["verify", "--trajectories", canonical, "--ids", no_ids, "--out", out / "v"],
+                        (["verify", empty, "--out", out / "v"], "nothing to verify"),
+                        (["verify", canonical, "--ids", no_ids, "--out", out / "v"],
                          f"--ids {no_ids} names no traj_id"),
-                        (["bank", "build", tmp_path / "s", "--pools", empty, "--out", out / "b"],
+                        (["bank", "build", empty, "--states", tmp_path / "s", "--out", out / "b"],
                          f"{empty} holds no trajectory: nothing to build a bank from"),
                         (["import", empty, "--out", out / "p.jsonl"], f"read 0 trajectories from {empty}")):
         r = cli(*args)
@@ -323,10 +323,10 @@ def test_run_and_verifier_manifests_are_read_through_the_schema(tmp_path):
     (ef / "verdicts.jsonl").write_text("".join(json.dumps({"kind": "verdict", "traj_id": t, "score": 0.5, "p_yes": 0.5,
                                                            "p_no": 0.5, "n_in": 1, "n_out": 1}) + "\n" for t in "ab"))
     (ef / "manifest.json").write_text(json.dumps({"kind": "ef", "name": 7}))
-    refused(cli("evaluate", "--pools", pools, "--scores", ef, "--out", tmp_path / "r"),
+    refused(cli("evaluate", pools, "--scores", ef, "--out", tmp_path / "r"),
             f"{ef / 'manifest.json'}: field 'name': must be a valid string (got 7)")
     (ef / "manifest.json").write_text("[1]")
-    refused(cli("evaluate", "--pools", pools, "--scores", ef, "--out", tmp_path / "r"),
+    refused(cli("evaluate", pools, "--scores", ef, "--out", tmp_path / "r"),
             f"{ef / 'manifest.json'}: must hold a JSON object (got list)")
     assert not (tmp_path / "r").exists()
 

@@ -122,7 +122,7 @@ def test_transfer_matrix_on_the_tiny_run(two_runs, tmp_path):
     assert [s.name for s in sets] == ["acr pools", "sweagent pools", "acr + sweagent pools"]
     # through the command: its progress is one plain line per evaluated set and fold when not on a terminal
     r = CliRunner().invoke(app, ["transfer", *map(str, pools), "--states", str(states), "--out", str(tmp_path / "t"),
-                                 "--folds", "2", "--boot", "50", "--draws", "5", "--scorer-epochs", "0"])
+                                 "--folds", "2", "--bootstrap", "50", "--draws", "5", "--scorer-epochs", "0"])
     assert r.exit_code == 0, r.output
     assert "[transfer] acr pools: fold 1/2" in r.output and "[transfer] sweagent pools: fold 2/2" in r.output
     out = tmp_path / "t"

@@ -184,7 +184,7 @@ def shared(tmp_path_factory, policy, data_dir):
     save_jsonl(cal + pools, d / "cal_and_pool.jsonl")
     extract_pools(policy, bank + pools + cal, d / "states", max_span_tokens=4, max_prompt_tokens=8, max_tokens=96)
     extract_pools(policy, cal, d / "states_other", max_span_tokens=6, max_prompt_tokens=8, max_tokens=96)
-    assert _cli("bank", "build", d / "states", "--pools", d / "bank.jsonl", "--out", d / "bank").exit_code == 0
+    assert _cli("bank", "build", d / "bank.jsonl", "--states", d / "states", "--out", d / "bank").exit_code == 0
     assert _cli("scorer", "train", d / "bank", "--out", d / "scorer", "--max-epochs", "5").exit_code == 0
     return d
 
@@ -369,7 +369,7 @@ def test_filter_target_recall_cross_fits_the_banks_own_pools_and_scores_disjoint
     save_jsonl(bank_trajs, tmp_path / "bank.jsonl")
     save_jsonl(cal_trajs, tmp_path / "cal.jsonl")
     save_jsonl(pool_trajs, tmp_path / "pools.jsonl")
-    assert _cli("bank", "build", tmp_path / "states", "--pools", tmp_path / "bank.jsonl", "--out",
+    assert _cli("bank", "build", tmp_path / "bank.jsonl", "--states", tmp_path / "states", "--out",
                 tmp_path / "bank").exit_code == 0
     r = _cli("scorer", "train", tmp_path / "bank", "--out", tmp_path / "scorer", "--max-epochs", "2", "--lr", "1e-3")
     assert r.exit_code == 0, r.output
@@ -527,7 +527,7 @@ def test_operating_points_compare_at_realized_recall_with_one_multiplicity_rule(
     assert c["sentence"].startswith(f"At R = 0.8 the cheapest filter reaching the target is `{c['filter']}`")
     assert ("not decided" in c["sentence"]) == (not c["decided"])
     md = "\n".join(_operating_markdown({"operating_points": op, "settings": {"headline": names}}))
-    assert "Bonferroni" in md and "fixed max(3, K/2): recall % / calls" in md and c["sentence"] in md
+    assert "Bonferroni" in md and "fixed max(3, floor(K/2)): recall % / calls" in md and c["sentence"] in md
     # the way back for a new agent, expected and high-probability: the latter needs more of its pools
     pairs = op["new_agent"]["pairs"]
     assert pairs and "alone, confidence 0.9" in md

@@ -29,9 +29,9 @@ def _leaves(group=None, path=()):
 #: command -> its arguments but --out, given (the pools file, a scratch folder); inputs need not exist: the
 #: output is taken before any input is read.
 ARGS = {
-    ("bank", "build"): lambda p, d: [d / "states", "--pools", p],
+    ("bank", "build"): lambda p, d: [p, "--states", d / "states"],
     ("crossval",): lambda p, d: [p, "--states", d / "states"],
-    ("evaluate",): lambda p, d: ["--pools", p, "--scores", d / "f.json"],
+    ("evaluate",): lambda p, d: [p, "--scores", d / "f.json"],
     ("explore",): lambda p, d: [d / "f.json", "--pools", p],
     ("extract",): lambda p, d: [p],
     ("filter",): lambda p, d: [p, "--method", "random"],
@@ -43,7 +43,7 @@ ARGS = {
     ("rollout", "export"): lambda p, d: [d / "run"],
     ("scorer", "train"): lambda p, d: [d / "bank"],
     ("transfer",): lambda p, d: [p, "--states", d / "states"],
-    ("verify",): lambda p, d: ["--trajectories", p],
+    ("verify",): lambda p, d: [p],
 }
 #: commands whose output is a single file (the others write a folder)
 FILE_OUTPUTS = {("filter",), ("import",)}

@@ -153,7 +153,7 @@ def test_a_plugin_keep_rule_decides_what_stage1_keeps(cli):
 def test_a_plugin_verifier_backend_scores_trajectories(cli):
     run, d, pools = cli
     assert "length-judge" in " ".join(run("verify", "--help").split())
-    run("verify", "--trajectories", pools, "--out", d / "v", "--backend", "length-judge")
+    run("verify", pools, "--out", d / "v", "--backend", "length-judge")
     rows = [json.loads(line) for line in (d / "v" / "verdicts.jsonl").read_text().splitlines()]
     n = len([line for line in pools.read_text().splitlines() if line.strip()])
     assert len(rows) == n and all(0.0 < r["score"] < 1.0 for r in rows)

@@ -82,11 +82,11 @@ def test_a_wrong_hash_is_refused_with_one_line(tmp_path, monkeypatch, pinned):
     assert "\n" not in str(e.value)
     # the same through the command line: one line on stderr, exit code 2
     pinned(wrong)
-    res = CliRunner().invoke(app, ["policy", "verify", str(tmp_path / "m.gguf"), "--pin", "fake"])
+    res = CliRunner().invoke(app, ["policy", "check", str(tmp_path / "m.gguf"), "--pin", "fake"])
     assert res.exit_code == 2
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: Refused") and "sha256" in res.stderr
     pinned(_pin(data))
-    ok = CliRunner().invoke(app, ["policy", "verify", str(tmp_path / "m.gguf"), "--pin", "fake"])
+    ok = CliRunner().invoke(app, ["policy", "check", str(tmp_path / "m.gguf"), "--pin", "fake"])
     assert ok.exit_code == 0 and ok.stdout.strip() == str(tmp_path / "m.gguf")
 
 

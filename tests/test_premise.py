@@ -22,7 +22,7 @@ from latentsift.states.extract import extract_pools
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 from synthetic import PROXY_FP, write_single_policy
 
-FAST = ["--folds", "2", "--draws", "5", "--boot", "50", "--scorer-epochs", "2"]
+FAST = ["--folds", "2", "--draws", "5", "--bootstrap", "50", "--scorer-epochs", "2"]
 
 
 def _cli(*args):
@@ -171,9 +171,9 @@ def test_transfer_between_two_policies_on_the_same_tasks_reports_the_guard_flags
     pa, sa = write_single_policy(tmp_path / "a", agent="policy-a")
     pb, sb = write_single_policy(tmp_path / "b", agent="policy-b", seed=3)
     refused(_cli("transfer", pa, pb, "--states", sa, "--states", sb, "--out", tmp_path / "repo", "--folds", "2",
-                 "--boot", "50", "--draws", "5", "--scorer-epochs", "2"), "one repository", "--group-by instance")
+                 "--bootstrap", "50", "--draws", "5", "--scorer-epochs", "2"), "one repository", "--group-by instance")
     r = _cli("transfer", pa, pb, "--states", sa, "--states", sb, "--out", tmp_path / "tr", "--group-by", "instance",
-             "--folds", "2", "--boot", "50", "--draws", "5", "--scorer-epochs", "2", "--k", "4")
+             "--folds", "2", "--bootstrap", "50", "--draws", "5", "--scorer-epochs", "2", "--k", "4")
     assert r.exit_code == 0, r.output
     s = json.loads((tmp_path / "tr" / "summary.json").read_text())
     assert s["settings"]["group_by"] == "instance"

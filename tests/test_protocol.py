@@ -31,7 +31,7 @@ def cv(tiny_run, tmp_path_factory, one_torch_thread):
     out = tmp_path_factory.mktemp("cv") / "run"
     r = CliRunner().invoke(app, ["crossval", str(run / "pools.jsonl"), "--states", str(run / "states"), "--out",
                                  str(out), "--group-by", "repo", "--folds", "2", "--k", "2", "--k", "3", "--draws", "10",
-                                 "--seed", "0", "--verifier", str(run / "verifier"), "--boot", "50",
+                                 "--seed", "0", "--verifier", str(run / "verifier"), "--bootstrap", "50",
                                  "--scorer-epochs", "2", "--no-variants"])
     assert r.exit_code == 0, r.output
     return out, json.loads((out / "report" / "summary.json").read_text())

@@ -226,7 +226,7 @@ def test_fit_refuses_calibration_states_of_other_settings_before_writing_the_sif
 
 
 # --------------------------------------------------------------------------- premise: which store is whose
-FAST = ["--folds", "2", "--draws", "5", "--boot", "50", "--scorer-epochs", "2", "--k", "4"]
+FAST = ["--folds", "2", "--draws", "5", "--bootstrap", "50", "--scorer-epochs", "2", "--k", "4"]
 
 
 @pytest.fixture(scope="module")
@@ -323,7 +323,7 @@ INTERNAL_NAMES = ("LatentSift ", "LatentSift.", "LinearScorer", "RecallKeep", "S
     (["filter", "--bank", "B", "--scorer", "C", "--channels", "cot,foo"], "--channels"),
     (["filter", "--bank", "B", "--scorer", "C", "--fusion-weight", "2"], "--fusion-weight"),
     (["fit", "--scorer-epochs", "-1"], "--scorer-epochs"),
-    (["fit", "--reference", "nosuch"], "--reference"),
+    (["fit", "--guard-reference", "nosuch"], "--guard-reference"),
     (["fit", "--target-recall", "0.9", "--calibration", "CAL", "--calibration-method", "nosuch"],
      "fit (--calibration-method)"),
     (["fit", "--target-recall", "0.9", "--calibration", "CAL", "--confidence", "5"], "fit (--confidence)"),

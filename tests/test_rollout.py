@@ -183,8 +183,8 @@ def test_cli_errors_are_one_line(tmp_path, tasks):
         f.write(json.dumps({"task_id": "T/1", "prompt": "def f():\n"}) + "\n")
     res = runner.invoke(app, ["rollout", str(bad), "--out", str(tmp_path / "o2")])
     assert res.exit_code == 2 and _one_error(res.output, "bad.jsonl.gz")
-    res = runner.invoke(app, ["rollout", str(good), "--out", str(tmp_path / "o3"), "--k", "0"])
-    assert res.exit_code == 2 and "--k" in res.output
+    res = runner.invoke(app, ["rollout", str(good), "--out", str(tmp_path / "o3"), "--samples", "0"])
+    assert res.exit_code == 2 and "--samples" in res.output
     res = runner.invoke(app, ["rollout", str(good), "--out", str(tmp_path / "o4"), "--shard", "3/2"])
     assert res.exit_code == 2 and _one_error(res.output, "--shard must be I/N")
 
@@ -255,7 +255,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_bytes(full_run, tasks, tm
                                               "test": t.test}) + "\n" for t in tasks))
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "latentsift.cli", "rollout", str(task_file_), "--out", str(out), "--run", "t",
-           "--k", str(SETTINGS.k), "--turns", str(SETTINGS.max_turns), "--max-new-tokens", str(SETTINGS.max_new_tokens),
+           "--samples", str(SETTINGS.k), "--turns", str(SETTINGS.max_turns), "--max-new-tokens", str(SETTINGS.max_new_tokens),
            "--seed", str(SETTINGS.seed), "--dtype", "float32", "--threads", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     first = out / TASKS_DIR / task_file(tasks[0].task_id)

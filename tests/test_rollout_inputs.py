@@ -96,7 +96,7 @@ def test_a_model_path_that_is_not_a_model_is_one_line_in_rollout_extract_and_ver
     model, words = not_models[case]
     tasks = _task_file(tmp_path / "tasks.jsonl")
     for args in (["rollout", tasks, "--out", tmp_path / "o"], ["extract", canonical, "--out", tmp_path / "o"],
-                 ["verify", "--trajectories", canonical, "--out", tmp_path / "o"]):
+                 ["verify", canonical, "--out", tmp_path / "o"]):
         r = cli(*args, "--model", model)
         refused(r, "--model", str(model), words)
         assert not (tmp_path / "o").exists(), args[0]
@@ -172,7 +172,7 @@ def test_a_resume_names_the_one_setting_that_differs_before_the_model_loads(tmp_
     for extra, words in ((["--dtype", "float32"], "made in bfloat16 (--dtype); this call runs float32: pass --dtype "
                                                   "bfloat16, or another --out"),
                          (["--temperature", "0.5"], "made with --temperature 0.8; this call has 0.5"),
-                         (["--k", "4"], "made with --k 16; this call has 4"),
+                         (["--samples", "4"], "made with --samples 16; this call has 4"),
                          (["--threads", "2"], "made with --threads 1; this call has 2"),
                          (["--run", "other"], "made with --run 'SmolLM2-135M-Instruct.Q4_1'; this call has 'other'")):
         r = cli("rollout", tasks_path, "--out", out, *extra)

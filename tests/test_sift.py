@@ -269,7 +269,7 @@ def test_cli_on_a_synthetic_store(tmp_path):
     _synthetic_store(tmp_path / "states", states, FP, inst)
     save_jsonl(bank_trajs + pool_trajs, tmp_path / "all.jsonl")
     save_jsonl(pool_trajs, tmp_path / "pools.jsonl")
-    r = _cli("bank", "build", tmp_path / "states", "--pools", tmp_path / "all.jsonl", "--out", tmp_path / "bank",
+    r = _cli("bank", "build", tmp_path / "all.jsonl", "--states", tmp_path / "states", "--out", tmp_path / "bank",
              "--exclude-repos", "org/eval")
     assert r.exit_code == 0, r.output
     man = json.loads((tmp_path / "bank" / "manifest.json").read_text())
@@ -288,7 +288,7 @@ def test_cli_on_a_synthetic_store(tmp_path):
     r = _cli("filter", tmp_path / "pools.jsonl", "--states", tmp_path / "states", "--out", tmp_path / "g.json",
              "--method", "fewest-steps")
     assert r.exit_code == 0 and json.loads((tmp_path / "g.json").read_text())["method"] == "fewest-steps"
-    r = _cli("bank", "build", tmp_path / "states", "--pools", tmp_path / "all.jsonl", "--out", tmp_path / "b2",
+    r = _cli("bank", "build", tmp_path / "all.jsonl", "--states", tmp_path / "states", "--out", tmp_path / "b2",
              "--repos", "org/bank1")
     assert r.exit_code == 2 and "empty positive class" in r.output  # a message, no traceback
 
@@ -322,7 +322,7 @@ def test_acceptance_real_data(real):
 
     from latentsift.states.store import StateStore
     d = real
-    assert _cli("bank", "build", d / "states", "--pools", d / "bank.jsonl", "--out", d / "bank").exit_code == 0
+    assert _cli("bank", "build", d / "bank.jsonl", "--states", d / "states", "--out", d / "bank").exit_code == 0
     r = _cli("scorer", "train", d / "bank", "--out", d / "scorer")
     assert r.exit_code == 0, r.output
     runs = []
@@ -355,7 +355,7 @@ def test_acceptance_real_data(real):
     unresolved = d / "unresolved.jsonl"
     from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
     save_jsonl([t for t in load_jsonl(d / "bank.jsonl") if t.label == 0], unresolved)
-    r = _cli("bank", "build", d / "states", "--pools", unresolved, "--out", d / "b3")
+    r = _cli("bank", "build", unresolved, "--states", d / "states", "--out", d / "b3")
     assert r.exit_code == 2 and "empty positive class" in r.output  # a message, no traceback
 
 

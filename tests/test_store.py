@@ -329,7 +329,7 @@ def test_extract_cli(tmp_path, small_pools):
 
     from latentsift.cli import app
 
-    res = CliRunner().invoke(app, ["extract", str(pools), "--out", str(tmp_path / "s"), "--instances", "2",
+    res = CliRunner().invoke(app, ["extract", str(pools), "--out", str(tmp_path / "s"), "--max-instances", "2",
                                    "--max-span-tokens", "6", "--max-prompt-tokens", "8", "--max-tokens", "200",
                                    "--layers", "final"])
     assert res.exit_code == 0, res.output

@@ -257,10 +257,10 @@ def test_cli_verify_writes_results_keyed_by_traj_id(stub_url, tmp_path):
 
     cands = [traj("r/a", task="MODE=ok P=0.8 D=0"), traj("r/b", task="MODE=nologprobs P=0.8 D=0")]
     save_jsonl(cands, tmp_path / "t.jsonl")
-    res = CliRunner().invoke(app, ["verify", "--trajectories", str(tmp_path / "t.jsonl"), "--out",
+    res = CliRunner().invoke(app, ["verify", str(tmp_path / "t.jsonl"), "--out",
                                    str(tmp_path / "ef"), "--name", "stub-judge", "--backend", "openai",
                                    "--base-url", stub_url, "--api-model", "judge", "--timeout", "2",
-                                   "--retries", "1", "--max-prompt-tokens", "100000"])
+                                   "--retries", "1", "--verifier-max-tokens", "100000"])
     assert res.exit_code == 0, res.output
     assert "1 failures" in res.output
     name, results, man = load_results(tmp_path / "ef")

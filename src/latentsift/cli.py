@@ -13,6 +13,7 @@ from typer.core import TyperGroup
 from ._cli import (bank, crossval, evaluate, explore, extract, fit, import_, policy, premise, reproduce, rollout,
                    transfer)
 from ._cli import filter as filter_
+from ._cli._vocabulary import advise
 from ._core.errors import user_message
 from ._core.validation import LatentSiftError
 
@@ -22,9 +23,11 @@ class _Commands(TyperGroup):
     stderr and exit code 2, for every command (also under ``CliRunner``); a bug keeps its traceback."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        """Refuse ``--k 4 8`` in one line: an option given once per value (``--k 4 --k 8``) would take the
+        """Old option names become new ones, with one line of advice each (``_cli._vocabulary``). Refuse
+        ``--k 4 8`` in one line: an option given once per value (``--k 4 --k 8``) would take the
         4, and the command would read the 8 as one of its files (any repeatable option followed by two
         numbers: none of ours takes a number and then a positional one)."""
+        args = advise(args, lambda line: typer.secho(f"note: {line}", fg="yellow", err=True))
         command = self.get_command(ctx, args[0]) if args else None
         if command is not None:
             repeat = {o for p in command.params if getattr(p, "multiple", False) for o in getattr(p, "opts", ())}
@@ -64,6 +67,7 @@ def _report(e: BaseException) -> bool:
 
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,  # click's layout wraps at any width; rich's cut long names with an ellipsis
                   help="LatentSift: token-free Stage-1 filtering of SWE-agent candidates.")
 
 for _commands in (import_, extract, rollout, bank, filter_, evaluate, reproduce, crossval, premise, fit, explore,

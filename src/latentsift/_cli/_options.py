@@ -6,7 +6,8 @@ command's ``--help``::
 
     def crossval_cmd(states: StatesDirs, folds: Folds = 4, k: Ks = (4, 5, 6), seed: Seed = 0): ...
 
-An option whose meaning differs between commands (``--out``, ``--pools``) stays in its command.
+An option whose help differs between commands (``--out``) stays in its command; each name has one meaning
+in every command (``_vocabulary.MEANINGS``, docs/cli-vocabulary.md).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ StatesDirs = Annotated[List[Path], typer.Option(
 StatesDir = Annotated[Optional[Path], typer.Option(
     "--states", help="STATES_DIR holding the candidates' states ('latentsift extract').")]
 FirstInstances = Annotated[Optional[int], typer.Option(
-    "--instances", help="Only the first N instances, in instance-id order.")]
+    "--max-instances", help="Only the first N instances, in instance-id order.")]
 Channels = Annotated[str, typer.Option("--channels", help="Channels, comma-separated: cot, obs, fn.")]
 
 # --- the evaluation protocol --------------------------------------------------------------------
@@ -32,11 +33,15 @@ Folds = Annotated[int, typer.Option("--folds", help="Number of disjoint folds: n
                                                     "the group of --group-by) of the pools it scores.")]
 Ks = Annotated[List[int], typer.Option("--k", help="K values: candidates drawn per instance (repeat).")]
 Draws = Annotated[int, typer.Option("--draws", help="Seeded draws of K candidates per instance and K.")]
-Boot = Annotated[int, typer.Option("--boot", help="Bootstrap resamples of instances for the intervals.")]
+Boot = Annotated[int, typer.Option("--bootstrap", help="Bootstrap resamples of instances for the intervals.")]
 ScorerEpochs = Annotated[int, typer.Option("--scorer-epochs", help="Epochs of the gated linear scorer (0 = the "
                                                                    "distance branch only).")]
 Variants = Annotated[bool, typer.Option("--variants/--no-variants", help="Also evaluate the beyond-paper "
                                                                          "variants and the inner-CV default.")]
+GuardFalseAlarm = Annotated[float, typer.Option(
+    "--guard-false-alarm", help="The shift guard's stated false-alarm rate: its threshold is the 1 - RATE quantile "
+                                "of the bank's own pools (each fold bank's in crossval, which measures the actual "
+                                "rates).")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the draws, splits, shuffling and tie rule.")]
 GenTestKey = Annotated[Optional[str], typer.Option(
     "--gen-test-key", help="The trajectories' 'tests' key holding each candidate's generated-test score: the "

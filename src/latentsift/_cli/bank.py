@@ -12,7 +12,9 @@ import typer
 from .._jobs.bank import TORCH_KNN, build_bank_to_file, knn_backends
 from ._help import listed
 from .._jobs.scorer import CURVE_PNG, train_scorer_to_file
-from ._options import Channels, Seed, csv_list
+from .._core.validation import LatentSiftError
+from ._options import Channels, Seed, StatesDir, csv_list
+from ._vocabulary import order_advice
 from ._progress import StageProgress, messages
 
 bank_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -32,8 +34,9 @@ def _opt_choice(value: str) -> Optional[str]:
 
 @bank_app.command("build", cls=listed(knn_backends=knn_backends))
 def build_cmd(
-    states_dir: Path = typer.Argument(..., help="STATES_DIR written by 'latentsift extract'."),
-    pools: Path = typer.Option(..., "--pools", help="Canonical JSONL of the labelled bank trajectories."),
+    pools: Path = typer.Argument(..., metavar="POOLS", help="Canonical JSONL of the labelled bank trajectories."),
+    states: StatesDir = None,
+    old_pools: Optional[Path] = typer.Option(None, "--pools", hidden=True),
     out: Path = typer.Option(..., "--out", help="BANK_DIR to write (manifest.json + bank.safetensors)."),
     repos: Optional[str] = typer.Option(None, "--repos", help="Only these repositories (comma-separated)."),
     exclude_repos: Optional[str] = typer.Option(None, "--exclude-repos",
@@ -47,10 +50,15 @@ def build_cmd(
 ) -> None:
     """Build positive and negative banks from stored states and outcome labels."""
     console = messages()
+    if old_pools is not None:   # the old order: STATES_DIR --pools POOLS
+        typer.secho(f"note: {order_advice('bank build')}", fg="yellow", err=True)
+        states, pools = pools, old_pools
+    if states is None:
+        raise LatentSiftError("bank build needs --states STATES_DIR (the store of these trajectories' states).")
     params = dict(layer=layer, normalize=_opt_choice(normalize), center=_opt_choice(center),
                   channels=tuple(csv_list(channels) or ()), backend=backend)
     with console.status("loading states and building the banks ..."):
-        bank = build_bank_to_file(states_dir, pools, out, repos=csv_list(repos), exclude_repos=csv_list(exclude_repos),
+        bank = build_bank_to_file(states, pools, out, repos=csv_list(repos), exclude_repos=csv_list(exclude_repos),
                                   **params)
     lc, sc = bank.label_counts(), bank.state_counts()
     console.print(f"bank: {lc['pos']} positive and {lc['neg']} negative trajectories from "
@@ -60,7 +68,7 @@ def build_cmd(
 
 @scorer_app.command("train")
 def train_cmd(
-    bank_dir: Path = typer.Argument(..., help="BANK_DIR from 'latentsift bank build'."),
+    bank_dir: Path = typer.Argument(..., metavar="BANK_DIR", help="BANK_DIR from 'latentsift bank build'."),
     out: Path = typer.Option(..., "--out", help="SCORER_DIR to write (scorer.json, scorer.safetensors, PNG)."),
     states: Optional[Path] = typer.Option(None, "--states", help="STATES_DIR (default: the one the bank was "
                                           "built from)."),

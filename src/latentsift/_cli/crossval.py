@@ -7,8 +7,8 @@ from typing import List, Optional
 import typer
 
 from .._jobs.crossval import CrossvalSettings, run_crossval
-from ._options import (Boot, Draws, FirstInstances, Folds, GenTestKey, Ks, ScorerEpochs, Seed, StatesDirs,
-                       TestgenTokens, Variants)
+from ._options import (Boot, Draws, FirstInstances, Folds, GenTestKey, GuardFalseAlarm, Ks, ScorerEpochs, Seed,
+                       StatesDirs, TestgenTokens, Variants)
 from ._progress import StageProgress, messages
 
 _DEFAULT = CrossvalSettings.defaults()
@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
 
 
 def crossval_cmd(
-    pools: List[Path] = typer.Argument(..., help="Canonical JSONL of labelled candidate pools (every candidate has a "
+    pools: List[Path] = typer.Argument(..., metavar="POOLS",
+                                       help="Canonical JSONL of labelled candidate pools (every candidate has a "
                                        "reward); several files (runs) are evaluated as one."),
     states: StatesDirs = ...,
     out: Path = typer.Option(..., "--out", help="RUN_DIR: cached folds and report/ (the files of reproduce)."),
@@ -41,9 +42,7 @@ def crossval_cmd(
                                 "(its instance would be in the bank that scores it): error (refuse) or skip "
                                 "(leave it out, named in the report's manifest; the other pools are evaluated). "
                                 "No 'allow': in evaluation that overlap is leakage."),
-    guard_false_alarm: float = typer.Option(_DEFAULT["guard_false_alarm"], "--guard-false-alarm", help="The shift guard's stated false-alarm "
-                                            "rate (threshold = the 1 - RATE quantile of each fold bank's own pools); "
-                                            "the report measures its actual rates."),
+    guard_false_alarm: GuardFalseAlarm = _DEFAULT["guard_false_alarm"],
     target_recall: Optional[List[float]] = typer.Option(None, "--target-recall", help="Target pool recalls of the "
                                                         "operating-points evaluation (repeat; default 0.9, 0.95, 0.99); "
                                                         "the paper's selection stays the report's default."),

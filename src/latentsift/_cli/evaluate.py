@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
 
 def evaluate_cmd(
-    pools: Path = typer.Option(..., "--pools", help="POOLS.jsonl: one pool per line (docs/evaluation.md)."),
+    pools: Path = typer.Argument(..., metavar="POOLS", help="POOLS.jsonl: one pool per line (docs/evaluation.md)."),
     scores: List[Path] = typer.Option(..., "--scores", help="A score folder or file; repeat. Filters "
                                       "(scores.jsonl) and EF-verifier results (verdicts.jsonl)."),
     out: Path = typer.Option(..., "--out", help="Report folder (summary.json, report.md, PNG figures)."),
@@ -61,7 +61,7 @@ def evaluate_cmd(
 
 
 def verify_cmd(
-    trajectories: Path = typer.Option(..., "--trajectories", help="Canonical trajectories (.jsonl or .jsonl.gz)."),
+    pools: Path = typer.Argument(..., metavar="POOLS", help="Canonical trajectories (.jsonl or .jsonl.gz)."),
     out: Path = typer.Option(..., "--out", help="Output folder (manifest.json + verdicts.jsonl)."),
     name: str = typer.Option("ef", "--name", help="Name of this verifier in the evaluation."),
     backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help="local (a local model), openai (an "
@@ -71,7 +71,8 @@ def verify_cmd(
     base_url: Optional[str] = typer.Option(None, "--base-url", help="Endpoint root, e.g. http://127.0.0.1:8000/v1."),
     api_model: Optional[str] = typer.Option(None, "--api-model", help="Model name sent to the endpoint."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
-    max_prompt_tokens: int = typer.Option(1024, "--max-prompt-tokens", help="Prompt budget; longer logs are condensed."),
+    max_prompt_tokens: int = typer.Option(1024, "--verifier-max-tokens", help="The verifier's prompt budget; longer "
+                                          "logs are condensed."),
     cache: Optional[Path] = typer.Option(None, "--cache", help="Disk cache folder (default: OUT/cache)."),
     ids: Optional[Path] = typer.Option(None, "--ids", help="Text file: only these traj_ids (one per line)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds per remote call."),
@@ -85,7 +86,7 @@ def verify_cmd(
     --model, --dtype and --threads apply to the local backend.
     """
     with StageProgress(transient=True) as bar:
-        results = run_verify(trajectories, out, name=name, backend=backend, ids=ids, cache=cache,
+        results = run_verify(pools, out, name=name, backend=backend, ids=ids, cache=cache,
                              max_prompt_tokens=max_prompt_tokens,
                              progress=lambda done, total: bar.update("verify", done, total),
                              log=lambda m: typer.echo(m, err=True), model=model, dtype=dtype, threads=threads,

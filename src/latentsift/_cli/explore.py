@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 
 
 def explore_cmd(
-    filter_json: Path = typer.Argument(..., help="FILTER.json written by 'latentsift filter'."),
+    filter_json: Path = typer.Argument(..., metavar="FILTER_JSON", help="FILTER.json written by 'latentsift filter'."),
     pools: Path = typer.Option(..., "--pools", help="The canonical pools JSONL the filter was run on."),
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR: the text of evidence's nearest bank "
                                         "steps is read from its pools file (default: the filter output's bank)."),

@@ -20,7 +20,8 @@ def register(app: typer.Typer) -> None:
 
 
 def extract_cmd(
-    pools: Path = typer.Argument(..., help="Canonical trajectory JSONL (from 'latentsift import'), .gz allowed."),
+    pools: Path = typer.Argument(..., metavar="POOLS",
+                                 help="Canonical trajectory JSONL (from 'latentsift import'), .gz allowed."),
     out: Path = typer.Option(..., "--out", help="STATES_DIR: the state store (created, or resumed)."),
     model: Model = None,
     dtype: Dtype = AUTO_DTYPE,

@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .._core.validation import LatentSiftError
-from .._jobs.filter import (DEFAULT_CALIBRATION, DEFAULT_METHOD, calibration_methods, filter_to_file,
-                             keep_rules, method_names)
+from .._jobs.filter import (DEFAULT_CALIBRATION, DEFAULT_METHOD, KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP,
+                             calibration_methods, filter_to_file, keep_rules, method_names)
 from ._help import listed
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, Seed, StatesDir,
                        csv_list)
@@ -34,7 +34,7 @@ def _fmt(x) -> str:
 
 
 def filter_cmd(
-    pools: Path = typer.Argument(..., help="Canonical JSONL of the candidate pools."),
+    pools: Path = typer.Argument(..., metavar="POOLS", help="Canonical JSONL of the candidate pools."),
     states: StatesDir = None,
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
@@ -52,13 +52,14 @@ def filter_cmd(
     learned_only: bool = typer.Option(False, "--learned-only", help="s = s_lin (banks used for the guards only)."),
     fusion_weight: Optional[float] = typer.Option(None, "--fusion-weight", help="s = w s_dist + (1 - w) s_lin "
                                                   "(default 0.5)."),
-    min_keep: Optional[int] = typer.Option(None, "--min-keep", help="Retain max(min_keep, floor(frac K)) (default 3); "
-                                           "with --target-recall: at least this many per pool (default 1)."),
-    frac: Optional[float] = typer.Option(None, "--frac", help="Retain max(min_keep, floor(frac K)) (default 0.5; the "
-                                         "fixed rule's only)."),
+    min_keep: Optional[int] = typer.Option(None, "--min-keep", help="Retain max(MIN_KEEP, floor(FRAC K)) "
+                                           f"(default {MIN_KEEP}); with --target-recall: at least this many per "
+                                           f"pool (default {TARGET_MIN_KEEP})."),
+    frac: Optional[float] = typer.Option(None, "--frac", help="Retain max(MIN_KEEP, floor(FRAC K)) "
+                                         f"(default {KEEP_FRAC}; the fixed rule's only)."),
     seed: Seed = 0,
     evidence: int = typer.Option(3, "--evidence", help="Strongest steps reported per channel (0 = none)."),
-    instances: Optional[str] = typer.Option(None, "--instances", help="Only these instance ids (comma-separated)."),
+    instances: Optional[str] = typer.Option(None, "--instance-ids", help="Only these instance ids (comma-separated)."),
     show: int = typer.Option(10, "--show", help="Print the table of at most N pools (the JSON has all)."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Search the bank on Ray actors: local, auto or "
                                       "HOST:PORT (needs the optional extra: pip install ray==2.60.0; same results)."),
@@ -91,7 +92,7 @@ def filter_cmd(
     calibration_epochs: CalibrationEpochs = 40,
     keep_rule: Optional[str] = typer.Option(None, "--keep-rule", help="Which candidates Stage 1 keeps: a "
                                             "registered keep rule, {keep_rules} (default: the first, the paper's "
-                                            "max(min_keep, floor(frac K)), or with --target-recall the second; a "
+                                            "max(MIN_KEEP, floor(FRAC K)), or with --target-recall the second; a "
                                             "recall-targeted rule needs --target-recall R and is fitted on "
                                             "--calibration; another rule is fitted on --calibration when given)."),
     bank_choice: str = typer.Option("all", "--bank-choice", help="With --sifter: all (the all-agent bank) or "

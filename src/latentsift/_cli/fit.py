@@ -6,13 +6,17 @@ from typing import List, Optional
 
 import typer
 
+from .._core.validation import check_choice
 from .._jobs.filter import DEFAULT_CALIBRATION, calibration_methods
 from .._jobs.operating import fit_sifter_with_operating_point
 from .._jobs.sifter import FALSE_ALARM
 from ._help import listed
-from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, FirstInstances, ScorerEpochs,
-                       Seed, StatesDirs)
+from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, FirstInstances,
+                       GuardFalseAlarm, ScorerEpochs, Seed, StatesDirs)
 from ._progress import messages
+
+#: The values of --guard-reference: the command line's word (as in --group-by) -> the guard's kind.
+GUARD_REFERENCES = {"repo": "repository", "instance": "instance"}
 
 
 def register(app: typer.Typer) -> None:
@@ -20,7 +24,8 @@ def register(app: typer.Typer) -> None:
 
 
 def fit_cmd(
-    pools: List[Path] = typer.Argument(..., help="Canonical JSONL of labelled candidates (every candidate has a "
+    pools: List[Path] = typer.Argument(..., metavar="POOLS",
+                                       help="Canonical JSONL of labelled candidates (every candidate has a "
                                        "reward); several files (runs) make one sifter."),
     states: StatesDirs = ...,
     out: Path = typer.Option(..., "--out", help="SIFTER_DIR to write (replaced only once complete)."),
@@ -29,10 +34,9 @@ def fit_cmd(
     instances: FirstInstances = None,
     per_agent: bool = typer.Option(False, "--per-agent", help="Also keep a bank and scorer per agent (and per "
                                    "scaffold where they differ) for 'filter --bank-choice nearest'."),
-    false_alarm: float = typer.Option(FALSE_ALARM, "--false-alarm", help="The shift guard's stated false-alarm rate: its "
-                                      "threshold is the 1 - RATE quantile of the bank's own pools (saved)."),
-    reference: str = typer.Option("repository", "--reference", help="The guard's in-bank reference: repository "
-                                  "(each bank pool against the bank without its repository) or instance."),
+    guard_false_alarm: GuardFalseAlarm = FALSE_ALARM,
+    guard_reference: str = typer.Option("repo", "--guard-reference", help="The guard's in-bank reference: repo "
+                                        "(each bank pool against the bank without its repository) or instance."),
     target_recall: Optional[float] = typer.Option(None, "--target-recall", help="Also fit the recall-targeted keep "
                                                   "rule for pool recall R on --calibration and save it as "
                                                   "SIFTER_DIR/operating_point.json (docs/operating.md)."),
@@ -43,12 +47,14 @@ def fit_cmd(
     calibration_epochs: CalibrationEpochs = 40,
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
+    check_choice(guard_reference, "guard_reference", "fit (--guard-reference)", GUARD_REFERENCES)
     console = messages()
     sifter, rec = fit_sifter_with_operating_point(
         pools, states, out, target_recall=target_recall, calibration=calibration,
         calibration_states=calibration_states, confidence=confidence, calibration_method=calibration_method,
         calibration_epochs=calibration_epochs, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
-        per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference, log=console.print)
+        per_agent=per_agent, false_alarm=guard_false_alarm,
+        reference_kind=GUARD_REFERENCES[guard_reference], log=console.print)
     ev = sifter.config_["evidence"].get("paper-distance_within_pool_auc")
     seen = sifter.seen_
     console.print(f"[bold green]Sifter:[/] {out} ({seen['n_trajectories']} trajectories of {seen['n_instances']} "

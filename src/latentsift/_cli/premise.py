@@ -18,7 +18,8 @@ def register(app: typer.Typer) -> None:
 
 
 def premise_cmd(
-    pools: Path = typer.Argument(..., help="Canonical JSONL of one policy's labelled candidate pools."),
+    pools: Path = typer.Argument(..., metavar="POOLS",
+                                 help="Canonical JSONL of one policy's labelled candidate pools."),
     states: List[Path] = typer.Option(..., "--states", help="STATES_DIR of the policy's own states of these "
                                       "candidates (repeat for the stores of several rollout shards)."),
     proxy_states: Optional[List[Path]] = typer.Option(None, "--proxy-states", help="STATES_DIR of the SAME "

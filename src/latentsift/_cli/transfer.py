@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
 
 
 def transfer_cmd(
-    pools: List[Path] = typer.Argument(..., help="Canonical JSONL files of labelled candidates (several runs)."),
+    pools: List[Path] = typer.Argument(..., metavar="POOLS",
+                                       help="Canonical JSONL files of labelled candidates (several runs)."),
     states: StatesDirs = ...,
     out: Path = typer.Option(..., "--out", help="Folder for summary.json and report.md."),
     folds: Folds = 4,

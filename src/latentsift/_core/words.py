@@ -13,6 +13,9 @@ RANDOM = "random"
 #: The inner-CV default filter (``sift.variants``); the bank the transfer verdict recommends; reproduce's
 #: instance-selection rule.
 DEFAULT = "default"
+#: The transfer verdict's key of the recommended bank ("nearest" or "all"; ``protocol.transfer`` writes it,
+#: ``report.transfer`` reads it): not the default filter.
+VERDICT_BANK = DEFAULT
 #: The local extraction backend (``states.extract``) and verifier backend (``cascade.backends``); Ray's
 #: address of a cluster started on this machine.
 LOCAL = "local"

@@ -25,7 +25,7 @@ from ..deploy.operating import (calibration_guard, calibration_pools_for_filter,
 from ..deploy.shift import ON_SHIFT, Reference, guard
 from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
 from ..sift.keep import FixedKeep, keep_rules
-from ..sift.retain import KEEP_FRAC, check_retention
+from ..sift.retain import KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP, check_retention
 from ..sift.sift import FilterRun, LatentSift, Stage1Filter, check_sift_settings, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
 from ..deploy.operating_file import OPERATING_POINT_JSON
@@ -37,9 +37,8 @@ from .sifter import run_sifter_filter_chosen
 #: ``--target-recall`` the recall rule (decided when the command runs).
 DEFAULT_METHOD = LatentSift.name
 
-__all__ = ["DEFAULT_CALIBRATION", "DEFAULT_METHOD", "FilterOutcome", "calibration_methods",
-           "filter_options", "filter_to_file",
-           "keep_rules", "method_names", "run_filter"]
+__all__ = ["DEFAULT_CALIBRATION", "DEFAULT_METHOD", "FilterOutcome", "KEEP_FRAC", "MIN_KEEP", "TARGET_MIN_KEEP",
+           "calibration_methods", "filter_options", "filter_to_file", "keep_rules", "method_names", "run_filter"]
 
 
 #: The filter's options of the LatentSift settings (named in their refusals).

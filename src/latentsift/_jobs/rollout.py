@@ -34,7 +34,7 @@ def _check_options(settings: RolloutSettings, *, threads: int, workers: int, fir
                    timeout: float) -> SandboxLimits:
     """Every number of the command line, named by its option (before anything is read or loaded);
     returns the sandbox limits of ``--timeout``."""
-    for name, v in (("k", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
+    for name, v in (("samples", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
                     ("threads", threads), ("workers", workers), ("tasks", first)):
         if v is not None and v < 1:
             raise LatentSiftError(f"--{name} must be a positive number. Got {v} instead.")

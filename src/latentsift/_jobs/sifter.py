@@ -29,15 +29,15 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     ``pools_path`` / ``states_dir``: a path or a list of paths (several runs, e.g. the Lite pools and
     the Verified pairs); the stores must share the model fingerprint and the value-changing extraction
     settings (refused before any work otherwise, ``library.open_stores``). ``instances``: only the
-    first N instances by id of each pools file (the rule of ``extract --instances N``). ``per_agent``:
+    first N instances by id of each pools file (the rule of ``extract --max-instances N``). ``per_agent``:
     also a sub-bank and scorer per agent (``Sifter.fit``). ``locked``: the caller already holds ``out``'s
     writer lock (``fit --target-recall`` holds it over the sifter and its operating point).
     """
     with owned_output(out, [pools_path, states_dir], kind="sifter", lock=not locked):  # a second 'fit' is refused
         if reference_kind is not None:
-            check_choice(reference_kind, "reference", "fit (--reference)", REFERENCE_KINDS)
+            check_choice(reference_kind, "reference", "fit (--guard-reference)", REFERENCE_KINDS)
         if false_alarm is not None:
-            check_false_alarm(false_alarm, "--false-alarm", "fit")
+            check_false_alarm(false_alarm, "--guard-false-alarm", "fit")
         pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
         states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
         trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)

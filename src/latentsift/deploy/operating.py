@@ -22,6 +22,7 @@ from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
 from ..sift.keep import (CalibrationPools, FixedKeep, KeepRule, RecallKeep, apply_keep, check_calibration_size,
                          check_target_recall, keep_rule, keep_rules, min_calibration_pools, top_mask)
 from ..sift.keep_confident import ConfidentRecallKeep, check_confidence, min_confident_pools
+from ..sift.retain import MIN_KEEP, TARGET_MIN_KEEP
 from ..sift.scorer import LinearScorer
 from ..sift.rules import filter_entry, make_baseline
 from ..sift.sift import LatentSift, load_selected_pools
@@ -333,8 +334,8 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
     """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
 
     Returns ``{"target_recall", "on_shift", "min_keep", "confidence", "needed", "have"}``: without a
-    target, "warn" and 3 (the paper's rule); with one, "keep-all" and 1, and the calibration pools
-    holding a resolved candidate that the bound needs (``confidence``: the high-probability mode,
+    target, "warn" and ``MIN_KEEP`` (the paper's rule); with one, "keep-all" and ``TARGET_MIN_KEEP``, and the
+    calibration pools holding a resolved candidate that the bound needs (``confidence``: the high-probability mode,
     ``keep_confident``) and that the file has. The calibration file is read for its labels and
     instances only (refused when it shares a pool with ``pools``, the pools to filter). ``saved``: a
     saved operating point will be applied (``operating_file``; checked there): no ``calibration``
@@ -369,7 +370,8 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
             raise LatentSiftError("--calibration is used with --target-recall only"
                                   + (" (or with a --keep-rule to fit on it)" if command == "filter" else "")
                                   + "; pass --target-recall R.")
-        return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": 3 if min_keep is None else min_keep,
+        return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": MIN_KEEP if min_keep is None
+                else min_keep,
                 "confidence": None, "max_keep": None, "rule": rule}
     target_recall = check_target_recall(target_recall, f"{command} (--target-recall)")
     if calibration is None:
@@ -398,8 +400,9 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
                                   f"least {needed} calibration pools that hold a resolved candidate (Learn then Test: "
                                   f"n >= log(1 - confidence) / log(R)); the calibration set has {have}. Add labelled "
                                   "pools, lower the target or the confidence.")
-    return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": 1 if min_keep is None
-            else min_keep, "confidence": confidence, "needed": needed, "have": have, "max_keep": max_keep, "rule": rule}
+    return {"target_recall": target_recall, "on_shift": on_shift or "keep-all",
+            "min_keep": TARGET_MIN_KEEP if min_keep is None else min_keep, "confidence": confidence, "needed": needed,
+            "have": have, "max_keep": max_keep, "rule": rule}
 
 
 def count_positive_pools(cal_path, instances=None) -> int:
@@ -421,7 +424,7 @@ def keep_rule_filter(run, name: str, cal: CalibrationPools | None = None) -> dic
 
 
 def target_recall_filter(run, target: float | None, cal: CalibrationPools | None = None, *, method: str = DEFAULT_CALIBRATION,
-                         min_keep: int = 1, on_shift: str = "keep-all", confidence: float | None = None,
+                         min_keep: int = TARGET_MIN_KEEP, on_shift: str = "keep-all", confidence: float | None = None,
                          saved: tuple | None = None, max_keep: int | None = None, rule: str | None = None) -> dict:
     """Apply the recall-targeted rule to a ``FilterRun`` (in place) and add its ``operating_point`` section:
     ``RecallKeep`` (expected pool recall >= R), or with ``confidence`` ``ConfidentRecallKeep``

@@ -38,7 +38,7 @@ class CrossvalSettings(ProtocolSettings):
     candidates, ``states`` their state store, ``verifier`` optional EF verifier results
     (``latentsift`` verifier output folder or verdicts.jsonl) for the cascade's Stage 4 and the
     token columns; ``first_instances``: only the first N instances by id (the rule of
-    ``extract --instances N``); ``on_leak``: pools that straddle fold groups are refused ("error")
+    ``extract --max-instances N``); ``on_leak``: pools that straddle fold groups are refused ("error")
     or left out and named ("skip"); ``sources``: with several pools files / stores, their paths
     (``pools`` is then their union); ``premise``: also the premise section (``protocol.premise``: the
     paper's method, its branches and the probe against the length rules, ``stack:length`` and random,

@@ -32,6 +32,7 @@ from ..deploy.operating import PROMISE
 from ..sift.keep import GUARANTEE, PAPER_KEEP, CalibrationPools, RecallKeep
 from ..sift.keep_adaptive import GapRecallKeep
 from ..sift.keep_confident import ConfidentRecallKeep
+from ..sift.retain import TARGET_MIN_KEEP
 from ..sift.rules import REFERENCE, rule_keys
 from ..trajectories.trajectory import Pool, group_pools
 from .decide import is_post_hoc
@@ -168,7 +169,7 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
                 op, status = None, how
                 if cmap is not None:
                     try:
-                        op = RecallKeep(r, min_keep=1, seed=s.seed).fit(cal)
+                        op = RecallKeep(r, min_keep=TARGET_MIN_KEEP, seed=s.seed).fit(cal)
                         status = "ok"
                     except LatentSiftError:
                         status = f"calibration too small for R={r:g} ({cal.n_positive()} pools with a " \
@@ -337,7 +338,7 @@ def adaptive_points(fold_pools, filters: Mapping[str, Any], clean: CleanCalibrat
                     op = None
                     if cals[k] is not None and cals[k].scores:
                         try:
-                            op = cls(r, min_keep=1, seed=s.seed).fit(cals[k])
+                            op = cls(r, min_keep=TARGET_MIN_KEEP, seed=s.seed).fit(cals[k])
                         except LatentSiftError:
                             op = None
                     keep_all += op is None

@@ -39,6 +39,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from .._core.threads import blas_fixed
+from .._core.words import VERDICT_BANK
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..bank.bank import Bank, split_by_repo
 from ..metrics.diagnostics import auc_difference_ci, interval_outcome
@@ -46,7 +47,7 @@ from ..metrics.score_table import diagnostics_table
 from ..metrics.bootstrap import bootstrap_indices, draw_subsets, instance_seed, mean_ci
 from ..deploy.library import SubBank, fit_sub_bank, load_runs, nearest_choice, pool_distances
 from ..deploy.shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
-from ..report.transfer import VERDICT_BANK
+from ..sift.retain import MIN_KEEP
 from ..sift.rules import REFERENCE, filter_entry, make_baseline, rule_keys
 from ..sift.sift import LatentSift, Stage1Filter
 from ..states.states import TrajectoryStates
@@ -62,7 +63,7 @@ def baseline_names() -> tuple[str, ...]:
                  if not filter_entry(k).tokenizer and not filter_entry(k).premise_only)
 
 
-RETENTION_MIN_K = 4  # retention is reported where pools hold K >= 4 (smaller pools keep max(3, .) = all)
+RETENTION_MIN_K = MIN_KEEP + 1  # retention is reported where pools hold K >= 4 (smaller pools keep max(3, .) = all)
 TRANSFER_GROUP_BY = ("repo", "instance")  # by agent would be the evaluated agents themselves
 
 

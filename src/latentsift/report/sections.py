@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 from ..cascade.verifier import EF
 from ..sift.keep import PAPER_KEEP
+from ..sift.retain import retain_rule_text
 from ..sift.variants import DEFAULT
 from ..sift.rules import PAPER, REFERENCE, filter_entry, find_filter, rule_keys
 from ._format import _ci_num, _ci_pct, _diff_pct, _ks, _name, _num, _pct, _rate, _table
@@ -354,7 +355,7 @@ def _operating_markdown(data: dict) -> list[str]:
     lines += [_table(["filter", "target R", "realized recall % (pooled)", "per fold %", "verifier calls / pool",
                       f"calls vs {ref}", f"calls vs {ref}, Bonferroni", f"recall vs {ref} (points)",
                       "EF tokens / pool", f"tokens vs {ref}", "folds keep-all",
-                      "fixed max(3, K/2): recall % / calls", "ECE"], rows), ""]
+                      f"fixed {retain_rule_text()}: recall % / calls", "ECE"], rows), ""]
     for r, c in (op.get("cheapest") or {}).items():
         lines += [f"- {c['sentence']}"]
     if op.get("cheapest"):

@@ -1,11 +1,8 @@
 """The transfer matrix's report (``latentsift transfer``): its summary as Markdown."""
 from __future__ import annotations
 
-from .._core import words
+from .._core.words import VERDICT_BANK
 from ..sift.rules import REFERENCE, filter_entry
-
-#: The transfer verdict's key of the recommended bank ("nearest" or "all").
-VERDICT_BANK = words.DEFAULT  # the bank the transfer verdict recommends, not the default filter
 
 __all__ = ["transfer_markdown"]
 

@@ -62,7 +62,7 @@ LOCK = ".lock"
 #: Settings that must match when a rollout folder is resumed (any change makes other trajectories).
 MATCHED = ("settings", "run", "agent", "threads", "fingerprint")
 #: The option of each recorded setting (how a refusal names it).
-OPTIONS = {"k": "--k", "max_turns": "--turns", "seed": "--seed", "temperature": "--temperature", "top_p": "--top-p",
+OPTIONS = {"k": "--samples", "max_turns": "--turns", "seed": "--seed", "temperature": "--temperature", "top_p": "--top-p",
            "max_new_tokens": "--max-new-tokens", "run": "--run", "agent": "--run", "threads": "--threads"}
 _REDO = "run the rollout again into a new --out"
 

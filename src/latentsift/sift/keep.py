@@ -66,7 +66,8 @@ import numpy as np
 from .._core.registry import registry_add, registry_lookup, registry_names
 from .._core.validation import LatentSiftError, NotFittedError, check_choice, check_positive_int
 from .calibration import DEFAULT_CALIBRATION, calibration_methods, fit_calibration
-from .retain import KEEP_FRAC, MIN_KEEP, check_retention, retain_count, select_retained
+from .retain import (KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP, check_retention, retain_count, retain_rule_text,
+                     select_retained)
 
 GUARANTEE = ("conformal risk control (Angelopoulos et al., Conformal Risk Control, Theorem 1): "
              "E[1 - pool recall] <= 1 - R for a new pool holding a resolved candidate, when it and the "
@@ -150,7 +151,7 @@ class FixedKeep(KeepRule):
 
     def describe(self) -> str:
         """The rule in words: "max(3, floor(K/2))" for the paper's settings."""
-        return f"max({self.min_keep}, floor({'K/2' if self.frac == 0.5 else f'{self.frac:g} K'}))"
+        return retain_rule_text(self.min_keep, self.frac)
 
 
 # ---------------------------------------------------------------------- the recall-targeted rule
@@ -184,13 +185,15 @@ def top_mask(scores: np.ndarray, traj_ids: Sequence[str], n: int, seed: int = 0)
     return select_retained(scores, traj_ids, n_keep=n, seed=seed)
 
 
-def keep_mask(scores: Any, traj_ids: Sequence[str], threshold: float, min_keep: int = 1, seed: int = 0) -> np.ndarray:
+def keep_mask(scores: Any, traj_ids: Sequence[str], threshold: float, min_keep: int = TARGET_MIN_KEEP,
+              seed: int = 0) -> np.ndarray:
     """Candidates kept: the ``min_keep`` best, and every candidate with score >= ``threshold``."""
     s = np.asarray(scores, dtype=np.float64)
     return top_mask(s, traj_ids, min_keep, seed) | (np.nan_to_num(s, nan=-np.inf) >= threshold)
 
 
-def pool_miss_score(scores: Any, labels: Any, traj_ids: Sequence[str], min_keep: int = 1, seed: int = 0) -> float:
+def pool_miss_score(scores: Any, labels: Any, traj_ids: Sequence[str], min_keep: int = TARGET_MIN_KEEP,
+                    seed: int = 0) -> float:
     """u such that the pool loses its resolved candidates exactly when the threshold exceeds u.
 
     +inf when a resolved candidate is among the ``min_keep`` best (never lost); else the best score of
@@ -238,7 +241,8 @@ class RecallKeep(KeepRule):
     name = "target-recall"
     guarantee = GUARANTEE
 
-    def __init__(self, target_recall: float = 0.9, min_keep: int = 1, calibration: str = DEFAULT_CALIBRATION, seed: int = 0):
+    def __init__(self, target_recall: float = 0.9, min_keep: int = TARGET_MIN_KEEP,
+                 calibration: str = DEFAULT_CALIBRATION, seed: int = 0):
         self.target_recall = check_target_recall(target_recall, "RecallKeep")
         self.min_keep = check_positive_int(min_keep, "min_keep", "RecallKeep")
         self.calibration = check_choice(calibration, "calibration", "RecallKeep", calibration_methods())

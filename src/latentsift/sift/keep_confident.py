@@ -40,6 +40,7 @@ from .._core.registry import registry_add
 from .._core.validation import LatentSiftError
 from .keep import CalibrationPools, RecallKeep
 from .calibration import DEFAULT_CALIBRATION
+from .retain import TARGET_MIN_KEEP
 
 CONFIDENT_GUARANTEE = ("Learn then Test (Angelopoulos et al., 2021) with a binomial-tail p-value and fixed-sequence "
                        "testing: with probability >= 1 - delta over the draw of the calibration pools, the pool recall "
@@ -98,7 +99,7 @@ class ConfidentRecallKeep(RecallKeep):
     name = "confident-recall"
     guarantee = CONFIDENT_GUARANTEE
 
-    def __init__(self, target_recall: float = 0.9, confidence: float = 0.9, min_keep: int = 1,
+    def __init__(self, target_recall: float = 0.9, confidence: float = 0.9, min_keep: int = TARGET_MIN_KEEP,
                  calibration: str = DEFAULT_CALIBRATION, seed: int = 0):
         super().__init__(target_recall, min_keep=min_keep, calibration=calibration, seed=seed)
         self.confidence = check_confidence(confidence, "ConfidentRecallKeep")

@@ -13,8 +13,16 @@ import numpy as np
 
 from .._core.validation import check_positive_int, check_scores, LatentSiftError
 
+#: The keep rules' defaults, spelled here only: the paper's fixed rule keeps max(MIN_KEEP, floor(KEEP_FRAC K))
+#: (all when K <= MIN_KEEP); a recall-targeted rule keeps at least TARGET_MIN_KEEP per pool.
 MIN_KEEP = 3     # paper: max(3, floor(K/2))
 KEEP_FRAC = 0.5
+TARGET_MIN_KEEP = 1
+
+
+def retain_rule_text(min_keep: int = MIN_KEEP, frac: float = KEEP_FRAC) -> str:
+    """The fixed rule in words: "max(3, floor(K/2))" for the paper's settings."""
+    return f"max({min_keep}, floor({'K/2' if frac == 0.5 else f'{frac:g} K'}))"
 
 
 def retain_count(k: int, min_keep: int = MIN_KEEP, frac: float = KEEP_FRAC) -> int:
