@@ -30,3 +30,5 @@ SWEAGENT = "sweagent"
 MINISWEAGENT = "minisweagent"
 #: The R2E-Gym importer (``trajectories._r2egym``); that scaffold's agent name; a folder of the shared dataset.
 R2EGYM = "r2egym"
+#: The OpenHands importer (``trajectories._openhands``); that scaffold's agent name (its completion logs too).
+OPENHANDS = "openhands"

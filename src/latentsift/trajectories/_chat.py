@@ -38,7 +38,7 @@ from ._sources import Source, names_of
 
 MINI_FENCE = re.compile(r"```(?:bash|mswea_bash_command)\s*\n(.*?)\n```", re.DOTALL)
 OBS_SEP = "\n\n"
-OPENHANDS = "openhands"  # the agent of an OpenHands completion log
+OPENHANDS = words.OPENHANDS  # the agent of an OpenHands completion log
 
 
 def _is_completion_log(rec: dict) -> bool:

@@ -21,7 +21,7 @@ NO_CALL = "<function=>\n</function>"  # R2E-Gym's Action("", {}).to_xml_string()
 ACR_SCAFFOLD = "acr"
 # agent_args.scaffold -> the agent name used in candidates.csv (this agent is also the shift guard's scaffold)
 SCAFFOLD_NAMES = {"autocoderover": "acr", "acr": "acr", "swe-agent": words.SWEAGENT, words.SWEAGENT: words.SWEAGENT,
-                  "r2e-gym": words.R2EGYM, words.R2EGYM: words.R2EGYM, "openhands": "openhands",
+                  "r2e-gym": words.R2EGYM, words.R2EGYM: words.R2EGYM, words.OPENHANDS: words.OPENHANDS,
                   "mini-swe-agent": words.MINISWEAGENT, words.MINISWEAGENT: words.MINISWEAGENT}  # agent names
 
 
