@@ -65,3 +65,17 @@ def test_fit_keeps_groups_whole_and_refuses_missing_groups():
     assert np.array_equal(sc.W_, again.W_)  # a list aligned with the states is the same split
     with pytest.raises(LatentSiftError, match="'groups' parameter of LinearScorer.fit has no group"):
         LinearScorer(max_epochs=1).fit(st, labels, groups={ids[0]: "x"})
+
+
+def test_fit_outside_the_folds_splits_by_repository_or_by_task_in_one_repository():
+    """What is tested: ``fit``'s early-stopping groups are the repositories where the bank holds several, and
+    the tasks where it holds one (one group would leave no validation side); a protocol fold passes its own
+    group the same way."""
+    from types import SimpleNamespace as T
+    from latentsift.sift.scorer import early_stopping_groups
+    many = [T(traj_id=f"{r}/{i}/{j}", repo=r, instance_id=f"{r}/{i}", agent="a")
+            for r in ("x", "y") for i in range(2) for j in range(2)]
+    assert early_stopping_groups(many) == {t.traj_id: t.repo for t in many}
+    one = [t for t in many if t.repo == "x"]
+    assert early_stopping_groups(one) == {t.traj_id: t.instance_id for t in one}
+    assert early_stopping_groups(many, lambda t: t.agent) == {t.traj_id: t.instance_id for t in many}

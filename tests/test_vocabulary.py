@@ -11,8 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from latentsift._cli._vocabulary import (ALIASES, COMMAND_ALIASES, MEANINGS, VALUE_ALIASES, advise, markdown_tables,
-                                         name_of, order_advice, parameters)
+from latentsift._cli._vocabulary import (ALIASES, COMMAND_ALIASES, MEANINGS, VALUE_ALIASES, advise, command_path,
+                                         markdown_tables, name_of, order_advice, parameters)
 from latentsift.cli import app
 
 ROOT = typer.main.get_command(app)
@@ -98,15 +98,16 @@ def test_an_old_name_still_works_with_one_line_of_advice(args, param, value):
     advice names the old and the new name."""
     notes: list[str] = []
     new = advise(args, notes.append)
-    depth = 2 if new[0] in ("policy", "bank", "scorer") else 1
-    ctx = _command(" ".join(new[:depth])).make_context(new[depth - 1], new[depth:])
+    path = command_path(new)
+    rest = new[len(path.split()):] if new[:len(path.split())] == path.split() else new[1:]   # 'rollout' runs 'run'
+    ctx = _command(path).make_context(path.split()[-1], rest)
     assert ctx.params[param] == value
     assert len(notes) == 1 and notes[0].endswith("it works for now."), notes
     assert [a.split("=")[0] for a in args if a not in new][0] in notes[0]   # the old name (or value) is named
 
 
 def test_every_alias_has_a_case():
-    covered = {(c[0][0], a.split("=")[0]) for c in CASES for a in c[0]}
+    covered = {(command_path(c[0]), a.split("=")[0]) for c in CASES for a in c[0]}
     assert set(ALIASES) <= covered
     assert {(c, o) for c, o, _ in VALUE_ALIASES} <= covered and set(COMMAND_ALIASES) <= {tuple(c[0][:2]) for c in CASES}
 

@@ -25,7 +25,7 @@ MEANINGS: dict[str, str] = {
     "--api-key-env": "environment variable holding the API key",
     "--api-model": "model name sent to the endpoint",
     "--approx": "approximate nearest-neighbour search (ivf or hnsw)",
-    "--backend": "a registered backend of the command's component (verifier, nearest-neighbour search)",
+    "--backend": "a registered backend of the command's component (extraction, verifier, nearest-neighbour search)",
     "--bank": "a bank folder from 'bank build'",
     "--bank-choice": "all-agent bank or the nearest per-agent sub-bank",
     "--bank-shards": "bank shards on Ray",
@@ -98,6 +98,10 @@ MEANINGS: dict[str, str] = {
     "--operating-point": "a saved operating point",
     "--out": "where the command writes (never inside its inputs)",
     "--pack-tokens": "tokens per packed forward",
+    "--renderer": "a registered span renderer",
+    "--sandbox": "a registered sandbox that runs the candidates and tests",
+    "--tasks-source": "a registered source of the rollout's tasks",
+    "FOLDERS": "rollout folders whose trajectories are exported",
     "--patch-step-tokens": "tokens kept per span of the patch-writing step",
     "--patience": "epochs without improvement before stopping",
     "--per-agent": "also fit a bank and scorer per agent",
@@ -152,7 +156,7 @@ ALIASES: dict[tuple[str, str], str] = {
     ("fit", "--instances"): "--max-instances",
     ("crossval", "--instances"): "--max-instances",
     ("filter", "--instances"): "--instance-ids",
-    ("rollout", "--k"): "--samples",
+    ("rollout run", "--k"): "--samples",
     ("crossval", "--boot"): "--bootstrap",
     ("premise", "--boot"): "--bootstrap",
     ("transfer", "--boot"): "--bootstrap",
@@ -184,9 +188,17 @@ def advise(args: list[str], say: Callable[[str], None]) -> list[str]:
         new = COMMAND_ALIASES[tuple(args[:2])]
         say(f"'{args[0]} {args[1]}' is now '{args[0]} {new}'; it works for now.")
         args[1] = new
-    command = " ".join(args[:2]) if len(args) >= 2 and args[0] in ("bank", "scorer", "policy") else \
-        (args[0] if args else "")
-    return list(_renamed(command, args, say))
+    return list(_renamed(command_path(args), args, say))
+
+
+def command_path(args: list[str]) -> str:
+    """The command a command line runs: 'fit', 'bank build', or 'rollout run' for 'rollout [TASKS] --out ...'
+    (rollout's default subcommand)."""
+    if len(args) >= 2 and args[0] in ("bank", "scorer", "policy"):
+        return " ".join(args[:2])
+    if args and args[0] == "rollout":
+        return "rollout export" if args[1:2] == ["export"] else "rollout run"
+    return args[0] if args else ""
 
 
 def _renamed(command: str, args: list[str], say: Callable[[str], None]) -> Iterator[str]:

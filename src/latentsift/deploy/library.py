@@ -23,7 +23,7 @@ import numpy as np
 from .._core.io import member
 from .._core.validation import FingerprintMismatch, LatentSiftError, check_labelled, check_states_present
 from ..bank.bank import Bank
-from ..sift.scorer import LinearScorer
+from ..sift.scorer import LinearScorer, early_stopping_groups
 from .shift import Reference, check_pools, scaffold_of
 from ..states.states import TrajectoryStates
 from ..states.extract import select_instances
@@ -168,7 +168,8 @@ def fit_sub_bank(name: str, trajs: Sequence[Trajectory], states: Mapping[str, Tr
     bank = Bank.from_trajectories(trajs, states, fingerprint, **dict(bank_params or {}))
     scorer = LinearScorer(max_epochs=scorer_epochs, seed=seed).fit([states[i] for i in ids],
                                                                    [int(by[i].label) for i in ids],
-                                                                   fingerprint=fingerprint)
+                                                                   fingerprint=fingerprint,
+                                                                   groups=early_stopping_groups(trajs))
     agents = sorted({t.agent for t in trajs})
     scaffolds = sorted({scaffold_of(t) for t in trajs})
     ref = Reference.from_bank(bank, agents=agents, scaffolds=scaffolds, **dict(reference_kw or {}))

@@ -33,7 +33,7 @@ from ..bank.bank import Bank, Fold, as_fingerprint, inner_folds
 from ..metrics.diagnostics import within_pool_auc
 from .library import SubBank, fit_sub_banks, load_sub_banks, save_sub_banks
 from ..sift.rank import grouped_channel_ranks, min_channel_rank
-from ..sift.scorer import LinearScorer
+from ..sift.scorer import LinearScorer, early_stopping_groups
 from .shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
 from ..sift.sift import LatentSift, resolve_states
 from ..trajectories.trajectory import Trajectory
@@ -83,7 +83,7 @@ class Sifter(LatentSift):
         bank = Bank.from_trajectories(trajs, sts, fp)
         log(f"[fit] bank: {bank.label_counts()}; training the scorer ({self.scorer_epochs} epochs)")
         scorer = LinearScorer(max_epochs=self.scorer_epochs, seed=seed).fit(
-            [sts[i] for i in ids], [labels[i] for i in ids], fingerprint=fp)
+            [sts[i] for i in ids], [labels[i] for i in ids], fingerprint=fp, groups=early_stopping_groups(trajs))
         super().__init__(bank, scorer, **self._settings)
         agents = sorted({t.agent for t in trajs})
         scaffolds = sorted({scaffold_of(t) for t in trajs})

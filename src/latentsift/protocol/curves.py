@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .._core.validation import LatentSiftError
 from ..sift.rules import PAPER
-from ..sift.scorer import LinearScorer
+from ..sift.scorer import LinearScorer, early_stopping_groups
 from ..sift.variants import LogisticProbe, bank_subsample
 
 
@@ -36,7 +36,7 @@ def learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eva
                 continue
             gated = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed, train_loss=False).fit(
                 [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint,
-                groups={t.traj_id: run.group(t) for t in sub})
+                groups=early_stopping_groups(sub, run.group))
             ev = [states[i] for i in eval_ids]
             got = {"gated": dict(zip(eval_ids, gated.decision_function(ev).tolist())),
                    "probe": dict(zip(eval_ids, probe.decision_function(ev).tolist()))}

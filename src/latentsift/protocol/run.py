@@ -27,7 +27,7 @@ from ..metrics.formats import pools_from_trajectories
 from ..report.explore import save_stage1, write_run_site
 from ..report.report import write_report
 from ..sift.rules import PAPER, REFERENCE, labels, rule_keys, rules
-from ..sift.scorer import LinearScorer
+from ..sift.scorer import LinearScorer, early_stopping_groups
 from ..states.store import StateStore
 from ..trajectories.trajectory import Trajectory, load_jsonl
 from ..sift.variants import DEFAULT
@@ -93,7 +93,7 @@ class Run:
         fold_dir = self.out / "folds" / f"fold-{k}" / name
         ids = sorted(t.traj_id for t in bank_trajs)
         key = digest({"ids": ids, "bank": bank_params, "epochs": s.scorer_epochs, "seed": s.seed,
-                      "fp": fingerprint.digest, "val_split": s.group_by})
+                      "fp": fingerprint.digest, "val_split": [s.group_by, "or instance"]})
         key_path = fold_dir / "key.json"
         if key_path.is_file() and json.loads(key_path.read_text()).get("key") == key:
             return Bank.load(fold_dir / "bank"), LinearScorer.load(fold_dir / "scorer")
@@ -103,10 +103,11 @@ class Run:
         else:
             labels = {t.traj_id: int(t.label) for t in bank_trajs}
             bank = Bank.from_trajectories(bank_trajs, states, fingerprint, **bank_params)
-            # the early-stopping split by the fold groups (task, repository), as the folds are
+            # the early-stopping split by the fold groups (task, repository), as the folds are (by task in a
+            # bank of one group)
             scorer = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed, train_loss=False).fit(
                 [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint,
-                groups={t.traj_id: self.group(t) for t in bank_trajs})
+                groups=early_stopping_groups(bank_trajs, self.group))
         bank.save(fold_dir / "bank")
         scorer.save(fold_dir / "scorer")
         atomic_write_json(key_path, {"key": key})

@@ -222,6 +222,15 @@ def _weight_grad(grad, blocks: list, pool):
     return total.contiguous()
 
 
+def early_stopping_groups(trajectories, group: Callable[[Any], str] = lambda t: t.repo) -> dict[str, str]:
+    """The groups of the scorer's early-stopping split: each trajectory's fold group (``group``; by default its
+    repository, as the protocol's default folds and ``fit``), or its task where all share one group (one group
+    would leave no validation side). No task has candidates on both sides either way."""
+    trajs = list(trajectories)
+    by_group = len({group(t) for t in trajs}) > 1
+    return {t.traj_id: group(t) if by_group else t.instance_id for t in trajs}
+
+
 class LinearScorer:
     """Gated linear head on all-layer span states (sklearn style: settings in, ``fit`` -> self).
 
