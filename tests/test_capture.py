@@ -1,4 +1,4 @@
-"""Capture inside a batched transformers ``generate`` (``states.online.BatchRecorder``): K samples in one
+"""Capture inside a batched transformers ``generate`` (``states.capture.BatchRecorder``): K samples in one
 left-padded batch, finished samples fed pads and leaving the batch, states equal to a replay of the same
 tokens (float32, 1e-4 relative), written to a state store; and the shipped example runs."""
 from __future__ import annotations

@@ -16,6 +16,9 @@ group instead of by trajectory (whole groups go to validation, in a seeded order
 least ``val_frac`` of the trajectories; at least one group trains): the protocol passes its fold
 groups (task, repository), so that no task has candidates on both sides of the early-stopping split.
 
+One module over 600 lines, on purpose: the head, its training loop, its split and its saved form are one
+estimator (scikit-learn's shape: fit, predict, save, load), and each part reads the others' settings.
+
 Initialisation (``init``):
   "zeros" (default): W = 0 and b = (0, log(p / (1 - p))) with p the positive rate of the training
       split, so training starts at the constant base-rate predictor (loss = the label entropy).

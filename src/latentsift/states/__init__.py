@@ -5,7 +5,7 @@ per channel (``channel``), replaying it through the decoder stack (``states``), 
 from .channel import Rendering, render
 from .extract import ExtractionBackend, LocalExtractionBackend, extract_pools
 from .model import Fingerprint, Policy, load_policy
-from .online import BatchRecorder
+from .capture import BatchRecorder
 from .states import TrajectoryStates, exact_attention, replay, replay_many
 from .store import StateStore
 
