@@ -272,6 +272,23 @@ def test_premise_accepts_the_policy_states_with_another_model_as_proxy(policy_po
     check_premise_stores(load_jsonl(pools), open_stores([own], "own"))
 
 
+def test_premise_takes_a_replay_in_another_dtype_for_the_policy_states(tmp_path):
+    """A policy that wrote its candidates in bfloat16, replayed in float32 (a CPU without bf16): the replay holds
+    the policy's own states (same weights, tokenizer, template); as proxy it is refused, and another model's
+    states as --states still are."""
+    import dataclasses
+    from synthetic import FP, PROXY_FP, write_single_policy
+    other = next(d for d in ("bfloat16", "float32") if d != FP.dtype)
+    wrote = dataclasses.replace(FP, dtype=other).digest
+    assert wrote != FP.digest and FP.is_model_of(wrote) and not PROXY_FP.is_model_of(wrote)
+    pools, own = write_single_policy(tmp_path / "own", k=4, examples=True, policy=wrote)
+    _, proxy = write_single_policy(tmp_path / "proxy", k=4, seed=7, fingerprint=PROXY_FP)
+    r = _cli("premise", pools, "--states", own, "--proxy-states", proxy, "--out", tmp_path / "out", *FAST)
+    assert r.exit_code == 0, r.output
+    refused(_cli("premise", pools, "--states", proxy, "--proxy-states", own, "--out", tmp_path / "o2", *FAST),
+            "not of the policy that wrote the candidates", "look swapped")
+
+
 def test_premise_without_a_recorded_policy_refuses_the_same_encoding_as_proxy(tmp_path):
     """Pools that record no policy (imported runs): the proxy must not be the own store's model with the same
     settings (a copy of the own states); a crossval of one task says at least 2 are needed."""

@@ -118,7 +118,8 @@ def test_rollout_checks_its_options_before_the_model_loads_and_writes_nothing(tm
                          (["--timeout", "nan"], "--timeout"), (["--timeout", "inf"], "--timeout"),
                          (["--temperature", "nan"], "--temperature must be a number from 0 to 10"),
                          (["--temperature", "11"], "--temperature"), (["--top-p", "0"], "--top-p"),
-                         (["--seed", "-1"], "--seed"), (["--dtype", "fp8"], "--dtype must be one of"),
+                         (["--seed", "-1"], "--seed"), (["--system-prompt", " "], "--system-prompt must be a non-empty"),
+                         (["--dtype", "fp8"], "--dtype must be one of"),
                          (["--shard", "2/3", "--tasks", "1"], "--shard 2/3 selects no task: there are 1 (--tasks 1)"),
                          (["--shard", "3/3", "--tasks", "1"], "--shard 3/3 selects no task")):
         r = cli("rollout", tasks, "--out", out, *extra)
@@ -216,6 +217,24 @@ def test_a_resume_with_a_changed_task_is_refused_naming_the_task(tmp_path, no_mo
     # a folder that recorded no digests (written before they were): its finished tasks cannot be matched
     old = _folder(tmp_path / "old", load_tasks(tasks_path), RolloutSettings(), digests=False)
     refused(cli("rollout", tasks_path, "--out", old), "'T/0'", "records no digest of it")
+
+
+def test_a_resume_with_another_system_prompt_is_refused_naming_the_option(tmp_path, no_model):
+    """The one-turn run's prompt (``--system-prompt``, the confirmation run's rules) is a recorded setting:
+    a folder of the scaffold's prompt is not continued with another, and the same prompt resumes."""
+    from latentsift.rollout.agent import ONE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT
+
+    assert SYSTEM_PROMPT.startswith(ONE_TURN_SYSTEM_PROMPT) and "run on the" not in ONE_TURN_SYSTEM_PROMPT
+    tasks_path = _task_file(tmp_path / "tasks.jsonl")
+    one_turn = RolloutSettings(max_turns=1, system_prompt=ONE_TURN_SYSTEM_PROMPT)
+    out = _folder(tmp_path / "o", load_tasks(tasks_path), RolloutSettings(max_turns=1), done=("T/0",))
+    before = _tree(out)
+    r = cli("rollout", tasks_path, "--out", out, "--turns", "1", "--system-prompt", ONE_TURN_SYSTEM_PROMPT)
+    refused(r, "made with --system-prompt", "another --out")
+    assert _tree(out) == before
+    ok = _folder(tmp_path / "p", load_tasks(tasks_path), one_turn, done=("T/0",))
+    r = cli("rollout", tasks_path, "--out", ok, "--turns", "1", "--system-prompt", ONE_TURN_SYSTEM_PROMPT)
+    assert isinstance(r.exception, no_model), r.output   # resumed as far as the model
 
 
 # --------------------------------------------------------------------------- the manifest's schema

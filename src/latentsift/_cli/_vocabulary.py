@@ -140,6 +140,7 @@ MEANINGS: dict[str, str] = {
     "--tie": "tie rule after Stage 4",
     "--timeout": "seconds a call or program may run",
     "--top-p": "nucleus sampling mass",
+    "--system-prompt": "the system message of every rollout sample",
     "--turns": "most turns per sample",
     "--val-frac": "validation fraction",
     "--variants": "also evaluate the beyond-paper variants",

@@ -52,6 +52,10 @@ def rollout_cmd(
     k: int = typer.Option(_D.k, "--samples", help="Samples (rollouts) per task, generated as one batch."),
     turns: int = typer.Option(_D.max_turns, "--turns", help="Most turns per sample (each runs the docstring's "
                                                             "examples; the last one submits)."),
+    system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="The system message of every sample "
+                                                "(default: the scaffold's, which says the examples are run and shown; "
+                                                "a one-turn run without the tool drops that sentence: "
+                                                "docs/own-policy.md)."),
     temperature: float = typer.Option(_D.temperature, "--temperature", help="Sampling temperature (0 = greedy)."),
     top_p: float = typer.Option(_D.top_p, "--top-p", help="Nucleus sampling mass."),
     max_new_tokens: int = typer.Option(_D.max_new_tokens, "--max-new-tokens", help="Most tokens per turn."),
@@ -76,7 +80,8 @@ def rollout_cmd(
     states captured online into a state store, each sample labelled by the hidden tests (resumable).
     'latentsift rollout export' writes the shareable dataset of the folder."""
     settings = RolloutSettings(k=k, max_turns=turns, seed=seed, temperature=temperature, top_p=top_p,
-                               max_new_tokens=max_new_tokens)
+                               max_new_tokens=max_new_tokens,
+                               system_prompt=_D.system_prompt if system_prompt is None else system_prompt)
     console = messages()
     with StageProgress(console) as bar:
         def progress(p) -> None:

@@ -46,6 +46,8 @@ def _check_options(settings: RolloutSettings, *, threads: int, workers: int, fir
         raise LatentSiftError(f"--top-p must be a number above 0 and at most 1. Got {settings.top_p} instead.")
     if not 0 < timeout < math.inf:
         raise LatentSiftError(f"--timeout must be a positive number of seconds. Got {timeout} instead.")
+    if not settings.system_prompt.strip():
+        raise LatentSiftError("--system-prompt must be a non-empty text. Got an empty one instead.")
     settings.check()
     return SandboxLimits(timeout_s=timeout)
 

@@ -86,7 +86,7 @@ def check_premise_stores(trajs: Sequence, own, proxy=None) -> None:
     ``own`` / ``proxy``: the opened stores (``deploy.library.StoreUnion``) of ``--states`` and
     ``--proxy-states``. The rule: where the candidates record the policy that wrote them (``meta.policy``,
     its model fingerprint's digest, as ``rollout`` writes it), they are one policy's, the own states carry
-    that fingerprint and the proxy's does not (the stores swapped, or the policy's states given as the
+    that fingerprint (in any dtype: a replay in another dtype is the policy's) and the proxy's does not (the stores swapped, or the policy's states given as the
     proxy, are refused); without that record, the proxy is neither one of the own stores nor a store of
     the same model and value-changing settings (own - proxy would compare the states with themselves).
     """
@@ -97,8 +97,9 @@ def check_premise_stores(trajs: Sequence, own, proxy=None) -> None:
                               "policy's candidates.")
     own_digest = own.fingerprint.digest
     proxy_digest = None if proxy is None else proxy.fingerprint.digest
-    if policies and own_digest != policies[0]:
-        swapped = " (the stores look swapped: the proxy holds it)" if proxy_digest == policies[0] else ""
+    if policies and not own.fingerprint.is_model_of(policies[0]):
+        swapped = (" (the stores look swapped: the proxy holds it)"
+                   if proxy is not None and proxy.fingerprint.is_model_of(policies[0]) else "")
         raise LatentSiftError(f"premise: --states {own.path} holds states of the model with fingerprint {own_digest}, "
                               f"not of the policy that wrote the candidates (meta.policy {policies[0]}){swapped}; "
                               "pass the policy's own states as --states (extract them with its model file).")
@@ -109,7 +110,7 @@ def check_premise_stores(trajs: Sequence, own, proxy=None) -> None:
     if same:
         raise LatentSiftError(f"premise: {same[0]} is given as --states and as --proxy-states; the proxy is the same "
                               "candidates encoded by another model (own - proxy of one store is 0).")
-    if policies and proxy_digest == policies[0]:
+    if policies and proxy.fingerprint.is_model_of(policies[0]):
         raise LatentSiftError(f"premise: --proxy-states {proxy.path} holds the policy's own states (fingerprint "
                               f"{proxy_digest}, the candidates' meta.policy); the proxy is the same candidates "
                               "encoded by another model.")

@@ -39,6 +39,9 @@ from ..trajectories.trajectory import Step, Trajectory
 SYSTEM_PROMPT = ("You are an expert Python programmer. You solve a task by reasoning briefly, then writing the "
                  "complete function in one ```python code block. Each code block you write is run on the "
                  "examples in the function's docstring and you are shown which passed and which failed.")
+#: The system prompt of a one-turn run without the tool (``--turns 1 --system-prompt``): the scaffold's own
+#: without its sentence on running the examples (the confirmation run's rules, docs/results.md).
+ONE_TURN_SYSTEM_PROMPT = SYSTEM_PROMPT[:SYSTEM_PROMPT.index(" Each code block")]
 USER_TEMPLATE = ("Complete this Python function:\n\n```python\n{prompt}```\n\nReason briefly, then write the "
                  "complete function (signature, body and any imports it needs) in one ```python block.")
 FEEDBACK_TEMPLATE = ("Result of running your code on the docstring's examples:\n{report}\n\nFix the function and "
@@ -94,6 +97,8 @@ class RolloutSettings:
         check_positive_int(self.max_turns, "max_turns", "RolloutSettings")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise param_error("seed", "RolloutSettings", "a non-negative int", self.seed)
+        if not isinstance(self.system_prompt, str) or not self.system_prompt.strip():
+            raise param_error("system_prompt", "RolloutSettings", "a non-empty text", self.system_prompt)
         if "{prompt}" not in self.user_template or "{report}" not in self.feedback_template:
             raise LatentSiftError("RolloutSettings: user_template needs '{prompt}' and feedback_template '{report}'.")
         self.sampling.check()

@@ -63,7 +63,7 @@ LOCK = ".lock"
 MATCHED = ("settings", "run", "agent", "threads", "fingerprint")
 #: The option of each recorded setting (how a refusal names it).
 OPTIONS = {"k": "--samples", "max_turns": "--turns", "seed": "--seed", "temperature": "--temperature", "top_p": "--top-p",
-           "max_new_tokens": "--max-new-tokens", "run": "--run", "agent": "--run", "threads": "--threads"}
+           "max_new_tokens": "--max-new-tokens", "system_prompt": "--system-prompt", "run": "--run", "agent": "--run", "threads": "--threads"}
 _REDO = "run the rollout again into a new --out"
 
 

@@ -19,7 +19,7 @@ import hashlib
 import importlib.util
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,6 +60,11 @@ class Fingerprint:
 
     def to_dict(self) -> dict:
         return asdict(self) | {"digest": self.digest}
+
+    def is_model_of(self, digest: str) -> bool:
+        """Whether ``digest`` is this model's fingerprint in any dtype: the same weights, tokenizer and template
+        (a float32 replay of a policy that wrote its candidates in bfloat16 holds that policy's states)."""
+        return any(replace(self, dtype=d).digest == digest for d in DTYPES)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Fingerprint":
