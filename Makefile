@@ -77,6 +77,13 @@ own-%: policy-%
 	$(BIN)/latentsift premise runs/own-$*/trajectories.jsonl.gz --states runs/own-$*/states \
 		--proxy-states runs/own-$*-proxy --out runs/premise-$*
 
+# The confirmation run (docs/results.md, its rules written before its data): the 0.5B, one turn, no tool,
+# K = 16, --seed 1, float32, in two shards (one per core; each resumable: rerun the target to continue).
+CONFIRM_PROMPT := 'You are an expert Python programmer. You solve a task by reasoning briefly, then writing the complete function in one ```python code block.'
+confirm-0.5b-s%: policy-0.5b
+	$(BIN)/latentsift rollout --model $(POLICIES)/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --out runs/confirm-0.5b-s$* \
+		--dtype float32 --samples 16 --turns 1 --seed 1 --threads 1 --shard $*/2 --system-prompt $(CONFIRM_PROMPT)
+
 # The shareable dataset of a rollout folder and its shards' folders runs/own-<size>-s* (`rollout --shard`;
 # trajectories, labels, seeds, fingerprint; no states) into data/.
 own-data-%: $(STAMP)

@@ -225,6 +225,8 @@ def test_a_resume_with_another_system_prompt_is_refused_naming_the_option(tmp_pa
     from latentsift.rollout.agent import ONE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT
 
     assert SYSTEM_PROMPT.startswith(ONE_TURN_SYSTEM_PROMPT) and "run on the" not in ONE_TURN_SYSTEM_PROMPT
+    make = (Path(__file__).parents[1] / "Makefile").read_text()   # the confirmation run's target passes it
+    assert f"CONFIRM_PROMPT := '{ONE_TURN_SYSTEM_PROMPT}'" in make
     tasks_path = _task_file(tmp_path / "tasks.jsonl")
     one_turn = RolloutSettings(max_turns=1, system_prompt=ONE_TURN_SYSTEM_PROMPT)
     out = _folder(tmp_path / "o", load_tasks(tasks_path), RolloutSettings(max_turns=1), done=("T/0",))
