@@ -72,23 +72,27 @@ class Rendering:
     def n_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def _span_numbers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pooled tokens' positions, each one's span number (spans numbered by their first token), and
+        each span's first position (vectorised: a replay indexes every token of a 30k-token rendering)."""
+        pos = np.flatnonzero(self.step >= 0)
+        code = self.step[pos].astype(np.int64) * len(CHANNELS) + self.channel[pos]
+        _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+        order = np.argsort(first)
+        number = np.empty(len(order), dtype=np.int64)
+        number[order] = np.arange(len(order))
+        return pos, number[inv.reshape(-1)], pos[first[order]]
+
     def span_keys(self) -> list[tuple[int, int]]:
         """The non-empty (step, channel) spans, ordered by their first token position."""
-        keep = self.step >= 0
-        pos = np.flatnonzero(keep)
-        keys = self.step[keep].astype(np.int64) * len(CHANNELS) + self.channel[keep]
-        _, first = np.unique(keys, return_index=True)
-        order = pos[np.sort(first)]
-        return [(int(self.step[p]), int(self.channel[p])) for p in order]
+        return [(int(self.step[p]), int(self.channel[p])) for p in self._span_numbers()[2]]
 
     def span_index(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """Per-token span number (-1 excluded) in ``span_keys`` order, and the keys."""
-        keys = self.span_keys()
-        lookup = {k: i for i, k in enumerate(keys)}
+        pos, number, firsts = self._span_numbers()
         idx = np.full(self.n_tokens, -1, dtype=np.int64)
-        for p in np.flatnonzero(self.step >= 0):
-            idx[p] = lookup[(int(self.step[p]), int(self.channel[p]))]
-        return idx, keys
+        idx[pos] = number
+        return idx, [(int(self.step[p]), int(self.channel[p])) for p in firsts]
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import numpy as np
 from .._core.attention import exact_attention
 from .._core.threads import NUMERIC_THREADS, fixed_threads
 from .._core.validation import check_positive_int
-from .states import _check_layer_ids, _SpanSums, add_span_sums, layer_hooks, span_matrix, states_of
+from .states import _check_layer_ids, _SpanSums, layer_hooks, states_of
 
 PACKED_ATTENTION = "latentsift_packed"
 BOUNDS = "cu_seq_lens_q"             # transformers' varlen keyword: cumulative sequence lengths of the row
@@ -128,16 +128,22 @@ def enable_packing(policy) -> None:
 
 class PackedSums(_SpanSums):
     """The span sums of a packed row. On a CPU as for one sequence (``index_add_``, token after
-    token); off a CPU each rendering's tokens are summed by a span matrix of its own
-    (:func:`~latentsift.states.states.add_span_sums` with one plan per rendering), since one matrix
-    over the row would cost (spans of the row) x (tokens of the row), the square of the pack."""
+    token); off a CPU each rendering's tokens are summed by a span matrix of its own (as
+    :func:`~latentsift.states.states.add_span_sums` does with one plan per rendering), since one matrix
+    over the row would cost (spans of the row) x (tokens of the row), the square of the pack.
+
+    Off a CPU the plans are made on the host and copied once per pack, and a layer's pooling is one gather
+    and one float64 conversion of the row's pooled tokens, one product per rendering into a shared buffer,
+    and one ``index_add_`` (every span row once: no two threads add to one row, so the same bits every run):
+    a few kernels per rendering instead of six (a GPU runs a small model's packed forward in tens of
+    milliseconds, about as long as launching 30 layers x 20 renderings x 6 kernels)."""
 
     def __init__(self, n_layers: int, d_model: int, capacity: int, device):
         import torch
 
         super().__init__(n_layers, d_model, capacity, device)
         self.ordered = torch.device(device).type == "cpu"
-        self.pieces: list | None = None
+        self.pieces: list | None = None   # per rendering: (its rows of the gathered tokens, span matrix)
 
     def set_pieces(self, pieces: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         """``(positions in the row, span numbers)`` of each rendering's pooled tokens."""
@@ -146,21 +152,41 @@ class PackedSums(_SpanSums):
         if self.ordered:
             self.set_targets(np.concatenate([p for p, _ in pieces]), np.concatenate([t for _, t in pieces]))
             return
+        pieces = [(p, t) for p, t in pieces if len(p)]
         self.pieces = []
-        for p, t in pieces:
-            if len(p):
-                tgt = torch.as_tensor(t, dtype=torch.long, device=self.device)
-                self.pieces.append((torch.as_tensor(p, dtype=torch.long, device=self.device), tgt, span_matrix(tgt)))
-                np.add.at(self.counts, t, 1)
+        if not pieces:
+            return
+        plans = [np.unique(t, return_inverse=True) for _, t in pieces]   # rows: a rendering's distinct spans
+        mats = np.zeros(sum(len(rows) * len(t) for (_, t), (rows, _) in zip(pieces, plans)), dtype=np.float64)
+        a = b = c = 0
+        spans = []
+        for (p, t), (rows, inv) in zip(pieces, plans):
+            m = mats[c:c + len(rows) * len(t)].reshape(len(rows), len(t))
+            m[inv.reshape(-1), np.arange(len(t))] = 1.0                  # M[r, p] = [tgt[p] == rows[r]]
+            spans.append((a, a + len(t), b, b + len(rows), c))
+            a, b, c = a + len(t), b + len(rows), c + m.size
+            np.add.at(self.counts, t, 1)
+        dev = self.device
+        self.src = torch.as_tensor(np.concatenate([p for p, _ in pieces]), dtype=torch.long, device=dev)
+        self.tgt = torch.as_tensor(np.concatenate([rows for rows, _ in plans]), dtype=torch.long, device=dev)
+        flat = torch.as_tensor(mats, device=dev)
+        self.pieces = [(x0, x1, r0, r1, flat[c0:c0 + (r1 - r0) * (x1 - x0)].view(r1 - r0, x1 - x0))
+                       for x0, x1, r0, r1, c0 in spans]
 
     def __call__(self, i: int, hidden) -> None:
         if self.pieces is None:
             super().__call__(i, hidden)
             return
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        for src, tgt, plan in self.pieces:
+        if not self.pieces:
+            return
+        import torch
+
+        x = hidden.reshape(-1, hidden.shape[-1]).index_select(0, self.src).double()
+        out = torch.empty(len(self.tgt), x.shape[1], dtype=torch.float64, device=x.device)
+        for x0, x1, r0, r1, m in self.pieces:
             # sum_p h_l[p] over the span's tokens (numerator of the span mean), one rendering at a time
-            add_span_sums(self.sums[i], 0, tgt, flat.index_select(0, src).float(), plan, ordered=False)
+            torch.matmul(m, x[x0:x1], out=out[r0:r1])
+        self.sums[i].index_add_(0, self.tgt, out.to(self.sums.dtype))
 
 
 def replay_packed(policy, renderings: Sequence, *, max_tokens: int | None = None,
