@@ -1,4 +1,4 @@
-"""Packed replay against its bound on one device, for the embedded encoder's and a 1.5B policy's shapes (issue 52).
+"""Packed replay against its bound on one device, for the embedded encoder's and a 1.5B policy's shapes.
 
     PYTHONPATH=src python bench/packed_gpu.py --out "$OUT/packed_gpu.json"                # a GPU machine
     PYTHONPATH=src python bench/packed_gpu.py --device cpu --tiny --out /tmp/packed.json   # the CPU smoke
@@ -29,6 +29,8 @@ over all the sequences (the order rotated from round to round), ``torch.cuda.syn
   every hidden state returned (``output_hidden_states=True``), the sequences packed by the library's own plan
   into rows of at most B tokens, each attending to itself only: on CUDA one FlashAttention varlen call per layer
   (``torch.nn.attention.varlen.varlen_attn``), elsewhere (or where it fails) one ``sdpa`` call per sequence;
+- ``bound-loop@B``: ``bound@B`` with the library's attention instead (``enable_packing``: one ``sdpa`` call per
+  sequence and layer): what the library's attention costs, apart from its pooling;
 - ``rows@B``: the issue's bound, rows of 2,048 tokens of the same token stream, B / 2,048 rows per forward,
   each row causal over its whole length (across sequence bounds: more attention work than ``bound@B``);
 - ``bare-single``: the bare stack on one sequence per forward, hidden states returned (the issue's first column);
@@ -134,7 +136,7 @@ STAND_INS = _stand_ins()
 from latentsift.states.channel import Rendering  # noqa: E402  (after the stand-ins)
 from latentsift.states.extract import extract_pack, extract_settings, pack_size  # noqa: E402
 from latentsift.states.model import Fingerprint, Policy  # noqa: E402
-from latentsift.states.packing import BOUNDS, pack_plan, run_length  # noqa: E402
+from latentsift.states.packing import BOUNDS, PACKED_ATTENTION, enable_packing, pack_plan, run_length  # noqa: E402
 from latentsift.states.states import replay_many  # noqa: E402
 from latentsift.trajectories.trajectory import CHANNEL_ID  # noqa: E402
 
@@ -305,14 +307,19 @@ def _bare(policy: Policy, ids: np.ndarray, **kw):
                        output_hidden_states=True, **kw)
 
 
-def run_bound(policy: Policy, packs: list[list[Rendering]]) -> None:
+def run_bound(policy: Policy, packs: list[list[Rendering]], library_attention: bool = False) -> None:
+    """Bare packed forwards; ``library_attention``: the library's per-sequence attention (``enable_packing``,
+    bounds on the host as ``replay_packed`` passes them) instead of varlen."""
     dev = policy.device
-    with torch.inference_mode(), attention(policy, VARLEN):
+    if library_attention:
+        enable_packing(policy)
+    with torch.inference_mode(), attention(policy, PACKED_ATTENTION if library_attention else VARLEN):
         for pack in packs:
             runs = [run_length(r) for r in pack]
             ids = np.concatenate([r.input_ids[:n] for r, n in zip(pack, runs)])
             pos = np.concatenate([np.arange(n) for n in runs])
-            cuts = torch.as_tensor(np.cumsum([0] + runs), dtype=torch.int32, device=dev)
+            cuts = torch.as_tensor(np.cumsum([0] + runs), dtype=torch.int32,
+                                   device="cpu" if library_attention else dev)
             _bare(policy, ids[None], position_ids=torch.as_tensor(pos, device=dev)[None],
                   attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev),
                   **{BOUNDS: cuts, "max_length_q": max(runs)})
@@ -409,6 +416,8 @@ def bench_shape(shape: str, args, deadline: float) -> dict:
         longest = max(sum(run_length(r) for r in p) for p in packs)
         add(f"bound@{b}", lambda packs=packs: run_bound(policy, packs), n_short,
             estimate_bytes(policy, longest, True, False))
+        add(f"bound-loop@{b}", lambda packs=packs: run_bound(policy, packs, True), n_short,
+            estimate_bytes(policy, longest, True, False))
         rows = max(1, b // ROW)
         if f"rows@{rows * ROW}" not in modes:
             add(f"rows@{rows * ROW}", lambda rows=rows: run_rows(policy, stream, rows), len(stream) // ROW * ROW,
@@ -456,8 +465,9 @@ def bench_shape(shape: str, args, deadline: float) -> dict:
     warm_short, warm_long = short[:4], [_cut(r, 2 * ROW + 100) for r in long[:1]]
     for name in [n for n in modes if n not in skipped]:
         b = int(name.split("@")[1]) if "@" in name else 0
-        if name.startswith("bound@"):
-            fn = lambda: run_bound(policy, list(pack_plan(warm_short, run_length, b)))  # noqa: E731
+        if name.startswith("bound"):
+            fn = lambda: run_bound(policy, list(pack_plan(warm_short, run_length, b)),  # noqa: E731
+                                   name.startswith("bound-loop"))
         elif name.startswith("rows@"):
             fn = lambda: run_rows(policy, stream[: 2 * ROW], max(1, b // ROW))  # noqa: E731
         elif name == "bare-single":
@@ -512,8 +522,9 @@ def bench_shape(shape: str, args, deadline: float) -> dict:
     rate = {n: v["tok_s"] for n, v in res["modes"].items()}
     res["ratios"] = {}
     for b, e in effective.items():
-        if f"packed@{e}" in rate and f"bound@{b}" in rate:
-            res["ratios"][f"packed@{e} / bound@{b}"] = rate[f"packed@{e}"] / rate[f"bound@{b}"]
+        for top, bottom in ((f"packed@{e}", f"bound@{b}"), (f"bound-loop@{b}", f"bound@{b}")):
+            if top in rate and bottom in rate:
+                res["ratios"][f"{top} / {bottom}"] = rate[top] / rate[bottom]
     for name in rate:
         if name.startswith("packed@") and "single" in rate:
             res["ratios"][f"{name} / single"] = rate[name] / rate["single"]

@@ -67,7 +67,7 @@ def test_the_gpu_script_runs_on_a_cpu_with_only_torch_transformers_and_numpy(tmp
     for shape, r in res["shapes"].items():
         assert "error" not in r and not r["skipped"], (shape, r)
         modes = r["modes"]
-        for name in ("bound@512", "bound@2048", "rows@2048", "bare-single", "single", "packed@512", "packed@2048",
+        for name in ("bound@512", "bound@2048", "bound-loop@2048", "rows@2048", "bare-single", "single", "packed@512", "packed@2048",
                      "long"):
             assert modes[name]["tok_s"] > 0 and len(modes[name]["seconds"]) == 2, (shape, name)
         assert modes["single"]["tokens"] == modes["packed@2048"]["tokens"] == modes["bound@2048"]["tokens"] >= 1500
