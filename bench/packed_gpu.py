@@ -64,6 +64,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 import types
 from contextlib import contextmanager
 from pathlib import Path
@@ -350,13 +351,14 @@ def run_library(policy: Policy, renderings: list[Rendering], settings: dict) -> 
     return out
 
 
-def estimate_bytes(policy: Policy, tokens: int, hidden_states: bool, pooled: bool) -> int:
+def estimate_bytes(policy: Policy, tokens: int, hidden_states: bool, pooled: bool, keys: int = 0) -> int:
     """A forward of ``tokens`` tokens: one layer's transients (q, k, v, attention output, MLP), every hidden
-    state when returned, the pooling's float64 copy of a layer."""
+    state when returned, the pooling's float64 copy of a layer; ``keys``: a chunk's attention scores over that
+    many cached keys, materialised (float32) where no FlashAttention kernel takes the chunk's mask."""
     cfg = policy.model.config
     size = torch.finfo(policy.model.dtype).bits // 8
     d, kv = cfg.hidden_size, cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
-    per_token = (4 * d + 2 * kv + 3 * cfg.intermediate_size) * size
+    per_token = (4 * d + 2 * kv + 3 * cfg.intermediate_size) * size + cfg.num_attention_heads * keys * 4
     if hidden_states:
         per_token += (cfg.num_hidden_layers + 1) * d * size
     if pooled:
@@ -437,7 +439,8 @@ def bench_shape(shape: str, args, deadline: float) -> dict:
     long_settings = extract_settings(policy)   # the device's default pack_tokens: a long trajectory is a pack of one
     if long:
         add("long", lambda: run_library(policy, long, long_settings), sum(r.n_tokens for r in long),
-            estimate_bytes(policy, 2 * chunk_settings["chunk_tokens"], False, True), library=True)
+            estimate_bytes(policy, chunk_settings["chunk_tokens"], False, True,
+                           min(args.long_tokens, chunk_settings["context"])), library=True)
     if args.modes:
         keep = set(args.modes)
         modes = {k: v for k, v in modes.items() if k.split("@")[0] in keep or k in keep}
@@ -566,6 +569,14 @@ def table(results: dict) -> str:
         lines.append("  same bytes in every round: " + ", ".join(f"{k} {v}" for k, v in
                                                                  res["same_bytes_every_round"].items()))
         lines.append(f"  pack_tokens as extract_settings records them: {res['pack_tokens_recorded']}")
+        hours = res["team_replay_hours"]
+        packed = min((h, n) for n, h in hours.items() if n.startswith("packed@")) if any(
+            n.startswith("packed@") for n in hours) else None
+        bound = min((h, n) for n, h in hours.items() if n.startswith("bound@")) if any(
+            n.startswith("bound@") for n in hours) else None
+        lines.append("  240 M tokens, computed from the measured rates: "
+                     + "; ".join(f"{h:.2f} h at {n}" for h, n in
+                                 [(hours[k], k) for k in ("long", "single") if k in hours] + [packed, bound] if n))
     lines.append(f"\n240 M tokens = 16 samples x 500 SWE-bench tasks x 30k tokens; the hours are computed from "
                  f"the measured rates (only {results['facts']['device']} rates were measured). A 30k-token "
                  "trajectory is longer than a chunk, so extract replays it as 'long' does, not packed.")
@@ -619,17 +630,16 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             results["shapes"][shape] = bench_shape(shape, args, deadline)
         except Exception as e:  # one shape failing says why; the other still runs
-            import traceback
             traceback.print_exc()
             results["shapes"][shape] = {"error": f"{type(e).__name__}: {e}"[:500]}
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    results["seconds"] = time.perf_counter() - start
+        results["seconds"] = time.perf_counter() - start
+        if args.out:   # after each shape: a run cut short still returns what it measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(results, indent=1, default=str))
     print(table(results), flush=True)
     print(f"\ntotal {results['seconds']:.0f} s", flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1, default=str))
     return results
 
 

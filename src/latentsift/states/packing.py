@@ -181,7 +181,9 @@ class PackedSums(_SpanSums):
             return
         import torch
 
-        x = hidden.reshape(-1, hidden.shape[-1]).index_select(0, self.src).double()
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        src = self.src if flat.device == self.src.device else self.src.to(flat.device)  # a layer of a split model
+        x = flat.index_select(0, src).to(self.src.device, torch.float64)
         out = torch.empty(len(self.tgt), x.shape[1], dtype=torch.float64, device=x.device)
         for x0, x1, r0, r1, m in self.pieces:
             # sum_p h_l[p] over the span's tokens (numerator of the span mean), one rendering at a time
