@@ -1,7 +1,7 @@
 """Packed replay against its bound on one device, for the embedded encoder's and a 1.5B policy's shapes.
 
-    PYTHONPATH=src python bench/packed_gpu.py --out "$OUT/packed_gpu.json"                # a GPU machine
-    PYTHONPATH=src python bench/packed_gpu.py --device cpu --tiny --out /tmp/packed.json   # the CPU smoke
+    PYTHONPATH=src python3 bench/packed_gpu.py --out "$OUT/packed_gpu.json"                # a GPU machine
+    PYTHONPATH=src python3 bench/packed_gpu.py --device cpu --tiny --out /tmp/packed.json   # the CPU smoke
 
 It needs torch, transformers and numpy beside latentsift's source, nothing else: no weights, no tokenizer,
 no installed package, no network. Each model is built from an inline config of the real shape with random
@@ -540,10 +540,7 @@ def bench_shape(shape: str, args, deadline: float) -> dict:
 
 def team_rows(rate: dict[str, float]) -> dict:
     """Hours to replay TEAM_TOKENS at each measured rate (computed, not run)."""
-    out = {}
-    for name, r in rate.items():
-        out[name] = TEAM_TOKENS / r / 3600
-    return out
+    return {name: TEAM_TOKENS / r / 3600 for name, r in rate.items()}
 
 
 # ---------------------------------------------------------------------- output
