@@ -10,6 +10,7 @@ A Hugging Face model directory must hold a readable ``config.json`` and weights
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import mmap
@@ -112,6 +113,13 @@ def gguf_data_end(path: Path) -> tuple[int, int]:
     return start + end, size
 
 
+@functools.lru_cache(maxsize=16)
+def _walked(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
+    """:func:`gguf_data_end` once per file version (its size and modification time) in this process: a command
+    checks ``--model`` and then loads it (which checks it again), a test session loads the model many times."""
+    return gguf_data_end(Path(path))
+
+
 def check_model_path(path: str | os.PathLike, option: str | None = "--model") -> Path:
     """``path`` as a ``Path`` when it holds a model (see the module docstring), else one line saying
     what is wrong with it, naming it by ``option`` (the embedded default: ``None``, by its path)."""
@@ -135,7 +143,8 @@ def check_model_path(path: str | os.PathLike, option: str | None = "--model") ->
     if p.suffix != ".gguf":
         raise LatentSiftError(f"{name} is not a .gguf file; {_WANTED}.")
     try:
-        need, size = gguf_data_end(p)
+        st = p.stat()
+        need, size = _walked(str(p.resolve()), st.st_size, st.st_mtime_ns)
     except EOFError:
         raise LatentSiftError(f"{name} is cut short inside its GGUF header: download or copy it again.") from None
     except (ValueError, OSError) as e:
