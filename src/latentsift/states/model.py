@@ -365,8 +365,8 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     in ``policy.dtype_choice``.
 
     ``cache``: one load per (path, dtype, device) in this process. ``disk_cache``: a GGUF file is
-    converted by transformers once (dequantising its weights and rebuilding its tokenizer: 20-50 s on
-    2 cores) and kept in :func:`converted_cache_root` as safetensors, keyed by the file's checksum, the
+    converted by transformers once (dequantising its weights and rebuilding its tokenizer: 20-35 s for
+    the default model on 2 busy cores, 50 s before :func:`_gguf_read_once`) and kept in :func:`converted_cache_root` as safetensors, keyed by the file's checksum, the
     dtype and the transformers version; later processes load that (a few seconds). The weights, the
     tokenizer and so the fingerprint are the same as a load from the GGUF file (tested).
 
