@@ -32,6 +32,26 @@ def pytest_unconfigure(config):
         shutil.rmtree(config._latentsift_cache, ignore_errors=True)
 
 
+@pytest.hookimpl(optionalhook=True)     # a hook of pytest-xdist, absent without it
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (the Makefile's), except that the files using the session's ``tiny_run`` are one
+    unit of work, run by one worker: a session fixture is made once per worker, and these 13 files spread
+    over both workers made each run the tiny reproduction (553 s of setup alone on this busy 2-core Xeon).
+    A file is one of them when its text names the fixture."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    family = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py") if "tiny_run" in p.read_text()}
+
+    class TinyRunTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "tests/(the files using tiny_run)" if scope in family else scope
+
+    return TinyRunTogether(config, log)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not (DATA / "candidates.csv").is_file():
