@@ -34,22 +34,24 @@ def pytest_unconfigure(config):
 
 @pytest.hookimpl(optionalhook=True)     # a hook of pytest-xdist, absent without it
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` (the Makefile's), except that the files using the session's ``tiny_run`` are one
-    unit of work, run by one worker: a session fixture is made once per worker, and these 13 files spread
-    over both workers made each run the tiny reproduction (553 s of setup alone on this busy 2-core Xeon).
-    A file is one of them when its text names the fixture."""
+    """``--dist loadfile`` (the Makefile's), except that the files using the session's ``tiny_run`` or
+    ``shared_pools`` are one unit of work, run by one worker: a session fixture is made once per worker, and
+    these 14 files spread over both workers made each run the tiny reproduction (553 s of setup alone on
+    this busy 2-core Xeon) and import the shared pools (15 s). A file is one of them when its text names
+    either fixture."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    family = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py") if "tiny_run" in p.read_text()}
+    family = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")
+              if any(name in p.read_text() for name in ("tiny_run", "shared_pools"))}
 
-    class TinyRunTogether(LoadFileScheduling):
+    class SharedRunsTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
-            return "tests/(the files using tiny_run)" if scope in family else scope
+            return "tests/(the files using tiny_run or shared_pools)" if scope in family else scope
 
-    return TinyRunTogether(config, log)
+    return SharedRunsTogether(config, log)
 
 
 @pytest.fixture(scope="session")
