@@ -32,6 +32,28 @@ def pytest_unconfigure(config):
         shutil.rmtree(config._latentsift_cache, ignore_errors=True)
 
 
+@pytest.hookimpl(optionalhook=True)     # a hook of pytest-xdist, absent without it
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (the Makefile's), except that the files using the session's ``tiny_run`` or
+    ``shared_pools`` are one unit of work, run by one worker: a session fixture is made once per worker, and
+    these 14 files spread over both workers made each run the tiny reproduction (553 s of setup alone on
+    this busy 2-core Xeon) and import the shared pools (15 s). A file is one of them when its text names
+    either fixture."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    family = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")
+              if any(name in p.read_text() for name in ("tiny_run", "shared_pools"))}
+
+    class SharedRunsTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "tests/(the files using tiny_run or shared_pools)" if scope in family else scope
+
+    return SharedRunsTogether(config, log)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not (DATA / "candidates.csv").is_file():
@@ -76,10 +98,12 @@ def at_threads(n: int):
 
 # The tiny end-to-end run (4 instances, 2 folds, every stage with the packaged model), made once per
 # session and shared: test_reproduce checks it and its rerun, test_explore/test_protocol/test_shift reuse its
-# pools, states and verifier results instead of extracting again.
+# pools, states and verifier results instead of extracting again. The sweep's patch-writing step keeps 64
+# tokens per span (8 times the other spans'; the default 1,024 made its extraction 24,812 tokens, 227 of
+# the run's 496 s under load).
 TINY_RUN = dict(max_instances=4, n_unresolved=1, n_folds=2, max_span_tokens=8, max_prompt_tokens=16,
                 verifier_max_tokens=512, ks=(2, 3), n_draws=10, n_boot=50, scorer_epochs=2, variants=False,
-                sweep=("patch",))
+                sweep=("patch",), sweep_patch_tokens=64)
 
 
 @pytest.fixture(scope="session")

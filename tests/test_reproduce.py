@@ -79,9 +79,9 @@ def test_tiny_reproduce_end_to_end_is_deterministic(tiny_run):
     fv = data["diagnostics"]["final_verifier"]
     assert fv["n_results"] == data["pools"]["n_candidates"] and fv["n_failed"] == 0 and fv["mean_tokens"] > 300
     # the sweep's representation has its own store (longer patch-writing step) and its own rows
-    assert {"sweep:patch-1024", "sweep:patch-1024:default"} <= set(data["retention"])
-    assert (out / "sweep" / "patch-1024" / "states" / "manifest.json").is_file()
-    assert data["selection"]["sweep"]["patch-1024"]["settings"] == {"patch_step_tokens": 1024}
+    assert {"sweep:patch-64", "sweep:patch-64:default"} <= set(data["retention"])
+    assert (out / "sweep" / "patch-64" / "states" / "manifest.json").is_file()
+    assert data["selection"]["sweep"]["patch-64"]["settings"] == {"patch_step_tokens": 64}
     assert data["settings"]["meta"]["leaky_runs"].startswith("acr-val-only and acr-val-sbfl are left out")
     md = (report / "report.md").read_text()
     assert "## Selection quality beyond length" in md and "## Ablations" in md

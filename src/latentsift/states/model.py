@@ -238,6 +238,34 @@ def _quiet_loading():
             hf_logging.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def _gguf_read_once():
+    """One GGUF header parse per file during a load (restored on exit). transformers reads a GGUF file three
+    times for one load (its config, its tokenizer, its weights), each through a ``gguf.GGUFReader`` that
+    builds a Python object per vocabulary entry, and builds gguf's tensor-name map again for each of the
+    model's ~400 modules: together over half of a conversion's time (profiled: 125 of 222 s). Here the
+    reader of a file is made once and the map once per (architecture, layer count); both are only read."""
+    import functools
+
+    import gguf
+
+    plain_reader, plain_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    class ReadOnce(plain_reader):
+        def __new__(cls, path, mode="r"):   # an instance of the plain class: its __init__ is not run again
+            key = (os.path.realpath(path), mode)
+            if key not in readers:
+                readers[key] = plain_reader(path, mode)
+            return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = ReadOnce, functools.lru_cache(maxsize=None)(plain_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = plain_reader, plain_map
+
+
 def _model_config(p: Path):
     """The (text) config of a local model: its ``config.json``, or a GGUF file's header."""
     from transformers import AutoConfig
@@ -342,8 +370,8 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     in ``policy.dtype_choice``.
 
     ``cache``: one load per (path, dtype, device) in this process. ``disk_cache``: a GGUF file is
-    converted by transformers once (dequantising its weights and rebuilding its tokenizer: 20-50 s on
-    2 cores) and kept in :func:`converted_cache_root` as safetensors, keyed by the file's checksum, the
+    converted by transformers once (dequantising its weights and rebuilding its tokenizer: 20-35 s for
+    the default model on 2 busy cores, 50 s before :func:`_gguf_read_once`) and kept in :func:`converted_cache_root` as safetensors, keyed by the file's checksum, the
     dtype and the transformers version; later processes load that (a few seconds). The weights, the
     tokenizer and so the fingerprint are the same as a load from the GGUF file (tested).
 
@@ -386,7 +414,7 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
         load_policy(p, dtype=dtype, device="cpu", cache=False)
     model = tokenizer = None
     loaded_from = str(p)
-    with _quiet_loading():
+    with _quiet_loading(), _gguf_read_once():
         if converted is not None and (converted / CONVERTED_MARKER).is_file():
             try:
                 tokenizer = AutoTokenizer.from_pretrained(str(converted), local_files_only=True)

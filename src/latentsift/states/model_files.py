@@ -10,8 +10,10 @@ A Hugging Face model directory must hold a readable ``config.json`` and weights
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
+import mmap
 import os
 import struct
 from pathlib import Path
@@ -23,47 +25,57 @@ _WANTED = "pass a .gguf file or a Hugging Face model directory (config.json and 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
 
 
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+
+
 class _Header:
-    """A little-endian reader of a GGUF header, refusing to read past the file's end."""
+    """A little-endian reader of a GGUF header mapped in memory, refusing to read past the file's end.
+    The vocabulary's ~50,000 strings are skipped by their lengths alone (one read call each took 1-3 s)."""
 
-    def __init__(self, f, size: int):
-        self.f, self.size = f, size
+    def __init__(self, buf, size: int):
+        self.buf, self.size, self.pos = buf, size, 0
 
-    def read(self, n: int) -> bytes:
-        data = self.f.read(n)
-        if len(data) != n:
+    def skip(self, n: int) -> int:
+        """Move past ``n`` bytes; where they start."""
+        start = self.pos
+        if start + n > self.size:
             raise EOFError
-        return data
+        self.pos = start + n
+        return start
 
-    def unpack(self, fmt: str):
-        return struct.unpack("<" + fmt, self.read(struct.calcsize("<" + fmt)))[0]
+    def u32(self) -> int:
+        return _U32.unpack_from(self.buf, self.skip(4))[0]
+
+    def u64(self) -> int:
+        return _U64.unpack_from(self.buf, self.skip(8))[0]
 
     def string(self) -> str:
-        n = self.unpack("Q")
-        if n > self.size:
-            raise EOFError
-        return self.read(n).decode("utf-8", errors="replace")
+        n = self.u64()
+        start = self.skip(n)
+        return self.buf[start:start + n].decode("utf-8", errors="replace")
 
     def skip_value(self, vtype: int, scalar_sizes: dict) -> object:
         """Skip one metadata value; returns it when it is a scalar (``general.alignment`` is needed)."""
         import gguf
 
         if vtype == gguf.GGUFValueType.STRING:
-            self.string()
+            self.skip(self.u64())
             return None
         if vtype == gguf.GGUFValueType.ARRAY:
-            item, count = self.unpack("I"), self.unpack("Q")
+            item, count = self.u32(), self.u64()
             if item in scalar_sizes:
-                if count * scalar_sizes[item] > self.size:
-                    raise EOFError
-                self.f.seek(count * scalar_sizes[item], os.SEEK_CUR)
+                self.skip(count * scalar_sizes[item])
+            elif item == gguf.GGUFValueType.STRING:
+                for _ in range(count):
+                    self.skip(self.u64())
             else:
                 for _ in range(count):
                     self.skip_value(item, scalar_sizes)
             return None
         if vtype not in scalar_sizes:
             raise ValueError(f"unknown metadata value type {vtype}")
-        return int.from_bytes(self.read(scalar_sizes[vtype]), "little")
+        start = self.skip(scalar_sizes[vtype])
+        return int.from_bytes(self.buf[start:start + scalar_sizes[vtype]], "little")
 
 
 def gguf_data_end(path: Path) -> tuple[int, int]:
@@ -73,30 +85,39 @@ def gguf_data_end(path: Path) -> tuple[int, int]:
 
     scalar_sizes = {int(t): v(0).itemsize for t, v in gguf.GGUFReader.gguf_scalar_to_np.items()}
     size = path.stat().st_size
-    with open(path, "rb") as f:
-        h = _Header(f, size)
-        if h.unpack("I") != gguf.GGUF_MAGIC:
+    if size == 0:
+        raise EOFError
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        h = _Header(buf, size)
+        if h.u32() != gguf.GGUF_MAGIC:
             raise ValueError("it does not start with GGUF's magic bytes")
-        if h.unpack("I") not in (2, 3):
+        if h.u32() not in (2, 3):
             raise ValueError("an unknown GGUF version")
-        n_tensors, n_kv = h.unpack("Q"), h.unpack("Q")
+        n_tensors, n_kv = h.u64(), h.u64()
         alignment = gguf.GGUF_DEFAULT_ALIGNMENT
         for _ in range(n_kv):
-            key, vtype = h.string(), h.unpack("I")
+            key, vtype = h.string(), h.u32()
             value = h.skip_value(vtype, scalar_sizes)
             if key == "general.alignment" and value:
                 alignment = int(value)
         end = 0
         for _ in range(n_tensors):
-            h.string()
-            dims = [h.unpack("Q") for _ in range(h.unpack("I"))]
-            kind, offset = h.unpack("I"), h.unpack("Q")
+            h.skip(h.u64())
+            dims = [h.u64() for _ in range(h.u32())]
+            kind, offset = h.u32(), h.u64()
             if kind not in gguf.GGML_QUANT_SIZES:
                 raise ValueError(f"an unknown tensor type {kind}")
             block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
             end = max(end, offset + math.prod(dims) // block * block_bytes)
-        start = -(-f.tell() // alignment) * alignment
+        start = -(-h.pos // alignment) * alignment
     return start + end, size
+
+
+@functools.lru_cache(maxsize=16)
+def _walked(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
+    """:func:`gguf_data_end` once per file version (its size and modification time) in this process: a command
+    checks ``--model`` and then loads it (which checks it again), a test session loads the model many times."""
+    return gguf_data_end(Path(path))
 
 
 def check_model_path(path: str | os.PathLike, option: str | None = "--model") -> Path:
@@ -122,7 +143,8 @@ def check_model_path(path: str | os.PathLike, option: str | None = "--model") ->
     if p.suffix != ".gguf":
         raise LatentSiftError(f"{name} is not a .gguf file; {_WANTED}.")
     try:
-        need, size = gguf_data_end(p)
+        st = p.stat()
+        need, size = _walked(str(p.resolve()), st.st_size, st.st_mtime_ns)
     except EOFError:
         raise LatentSiftError(f"{name} is cut short inside its GGUF header: download or copy it again.") from None
     except (ValueError, OSError) as e:
