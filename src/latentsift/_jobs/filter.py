@@ -20,8 +20,7 @@ from ..scale.approx import approx_bank  # ray and faiss themselves load only whe
 from ..scale.bank import shard_bank
 from ..scale.cluster import RAY_LOCAL, require_ray
 from ..sift.scorer import LinearScorer
-from ..deploy.operating import (calibration_guard, calibration_pools_for_filter, keep_rule_filter,
-                                target_recall_filter, target_recall_options)
+from ..deploy.operating import target_recall_filter
 from ..deploy.shift import ON_SHIFT, Reference, guard
 from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
 from ..sift.keep import FixedKeep, keep_rules
@@ -29,7 +28,8 @@ from ..sift.retain import KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP, check_retention
 from ..sift.sift import FilterRun, LatentSift, Stage1Filter, check_sift_settings, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
 from ..deploy.operating_file import OPERATING_POINT_JSON
-from .operating import check_saved_rule, saved_operating_point
+from .calibration import calibration_guard, calibration_pools_for_filter
+from .operating import check_saved_rule, keep_rule_filter, saved_operating_point, target_recall_options
 from .sifter import run_sifter_filter_chosen
 
 #: ``filter --method`` by default: the paper's filter (a name: the registry is read, and the plugins loaded, only
@@ -198,7 +198,7 @@ def filter_to_file(pools, out, *, states=None, bank=None, scorer=None, sifter=No
     long stage (the command line's spinner); ``log(line)``: what the recall-targeted rule needs, before
     any work. With a target recall: ``confidence`` (the high-probability mode), a saved operating point
     (``operating_point``, or the sifter's own without ``calibration``: ``_jobs.operating``), ``max_keep``
-    and ``cost`` (``deploy.operating.target_recall_options``); the calibration pools are scored before the
+    and ``cost`` (``_jobs.operating.target_recall_options``); the calibration pools are scored before the
     pools to filter, so that their states are refused first; a rule filter's pools are checked against
     the calibration pools (``calibration_guard``)."""
     resolved = filter_options(method=method, bank_dir=bank, scorer_dir=scorer, sifter_dir=sifter,
