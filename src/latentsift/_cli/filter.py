@@ -14,12 +14,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .._core.validation import LatentSiftError
-from .._jobs.filter import (DEFAULT_CALIBRATION, DEFAULT_METHOD, KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP,
+from .._jobs.filter import (DEFAULT_CALIBRATION, DEFAULT_METHOD, KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP, FilterOptions,
                              calibration_methods, filter_to_file, keep_rules, method_names)
 from ._help import listed
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, Seed, StatesDir,
-                       csv_list)
+                       command_options)
 from ._progress import messages
 from ._text import cell, markup
 
@@ -34,6 +33,7 @@ def _fmt(x) -> str:
 
 
 def filter_cmd(
+    ctx: typer.Context,
     pools: Path = typer.Argument(..., metavar="POOLS", help="Canonical JSONL of the candidate pools."),
     states: StatesDir = None,
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
@@ -106,24 +106,14 @@ def filter_cmd(
                                           "named in the output."),
 ) -> None:
     """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
-    # Length: the signature is one typer option per setting; the body parses and prints (_pool_table),
-    # the work is in latentsift._jobs.filter. (A note here, not in the docstring: typer shows the whole
-    # docstring in the command list, '' included.)
-    if show < 0:
-        raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
+    # Length: the signature is one typer option per setting; the body builds the settings (checked there,
+    # latentsift._jobs.filter.FilterOptions), runs the job and prints (_pool_table). (A note here, not in the
+    # docstring: typer shows the whole docstring in the command list, '' included.)
+    s = FilterOptions(**command_options(ctx))
     console = Console(width=None if sys.stdout.isatty() else 160)   # the tables' width
     say = functools.partial(console.print, soft_wrap=True)           # a message: one line, never broken
-    done = filter_to_file(pools, out, states=states, bank=bank, scorer=scorer, sifter=sifter, method=method,
-                          bank_choice=bank_choice, on_shift=on_shift, on_leak=on_leak, ray=ray, bank_shards=bank_shards,
-                          approx=approx, distance_only=distance_only, learned_only=learned_only, channels=channels,
-                          distance=distance, weighting=weighting, fusion_weight=fusion_weight, min_keep=min_keep,
-                          frac=frac, seed=seed, evidence=evidence,
-                          instances=csv_list(instances) if instances else None, target_recall=target_recall,
-                          calibration=calibration, calibration_states=calibration_states,
-                          calibration_method=calibration_method, calibration_epochs=calibration_epochs,
-                          keep_rule=keep_rule, confidence=confidence, operating_point=operating_point,
-                          max_keep=max_keep, cost=cost, log=say,
-                          status=lambda m: messages().status(m))
+    done = filter_to_file(s, log=say, status=lambda m: messages().status(m))
+    show, out = s.show, s.out
     run, warnings, settings, op = done.run, done.warnings, done.settings, done.operating_point
     on_shift, target_recall = done.on_shift, done.target_recall
     for res in run.pools[:show]:

@@ -1,19 +1,20 @@
 """A command's options declared once, with their constraints (scikit-learn's ``_parameter_constraints``).
 
-A large command's settings object is a frozen dataclass whose every field is declared with ``option``:
-the flag the user writes and the values it allows, e.g.::
+A large command's settings object (``CommandOptions``: ``FilterOptions``, ``ExtractOptions``, ...) is a
+frozen dataclass whose every field is declared with ``option``: the flag the user writes and the values it
+allows, e.g.::
 
     @dataclass(frozen=True, kw_only=True)
-    class FilterSettings(Settings):
+    class FilterOptions(CommandOptions):
         command: ClassVar[str] = "filter"
         target_recall: float | None = option("--target-recall", Interval(Real, 0, 1, closed="right"), None)
 
-Building it validates it, once, before any file or model is touched (``Settings.__post_init__``): each
+Building it validates it, once, before any file or model is touched (``CommandOptions.__post_init__``): each
 field against its constraints (a value passes when one of them allows it), then the object's cross-option
 ``rules`` (``Rule``: a contradiction and its message). The refusal of a field is generated from its
 declaration: one line naming the command, the option as the user writes it, what it allows and the value
 (``LatentSiftError``: exit code 2 on the command line). ``invalid()`` of each constraint makes a value it
-refuses: ``tests/test_settings.py`` walks every settings object and tries one per parameter through the CLI.
+refuses: ``tests/test_command_options.py`` walks every ``CommandOptions`` and tries one per parameter through the CLI.
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 from .registry import registry_names
 from .validation import LatentSiftError
 
-__all__ = ["Each", "ExistingPath", "Interval", "Matches", "OneOf", "Param", "Registered", "Rule", "Settings",
-           "option", "parameters"]
+__all__ = ["CommandOptions", "Each", "ExistingPath", "Interval", "Kind", "Matches", "OneOf", "Param", "Registered", "Rule",
+           "option", "options_classes", "parameters", "pattern"]
 
 #: The key of a field's declaration in its ``dataclasses.field`` metadata.
 PARAM = "latentsift_param"
@@ -110,7 +111,7 @@ class OneOf(Constraint):
         return isinstance(value, str) and value in self.options
 
     def describe(self) -> str:
-        return "one of " + ", ".join(self.options)
+        return " or ".join(self.options) if len(self.options) <= 2 else "one of " + ", ".join(self.options)
 
     def invalid(self) -> Any:
         return "no-such-value"
@@ -179,6 +180,23 @@ def pattern(regex: str) -> Callable[[str], bool]:
 
 
 @dataclass(frozen=True)
+class Kind(Constraint):
+    """Any value of a type, e.g. a flag's bool or an output path: nothing the command line could pass refuses it."""
+
+    kind: type
+    words: str
+
+    def allows(self, value: Any) -> bool:
+        return isinstance(value, self.kind)
+
+    def describe(self) -> str:
+        return self.words
+
+    def invalid(self) -> Any:
+        return None
+
+
+@dataclass(frozen=True)
 class Each(Constraint):
     """Every item of a repeated option allows ``item`` (the refusal names the first that does not)."""
 
@@ -191,7 +209,11 @@ class Each(Constraint):
         return self.item.describe() + " (each)"
 
     def invalid(self) -> Any:
-        return [self.item.invalid()]
+        bad = self.item.invalid()
+        return None if bad is None else [bad]
+
+    def why(self, value: Any) -> str:
+        return self.item.why(value)
 
 
 @dataclass(frozen=True)
@@ -226,9 +248,15 @@ class Param:
         for c in self.constraints:
             if c is not None:
                 v = c.invalid()
-                if not self.allows(v):
+                if v is not None and not self.allows(v):
                     return v
         return None
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether a constraint asks the file system (checked after every value's own constraints)."""
+        return any(isinstance(c, ExistingPath) or isinstance(c, Each) and isinstance(c.item, ExistingPath)
+                   for c in self.constraints)
 
 
 def _shown(value: Any) -> str:
@@ -255,17 +283,20 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class Settings:
-    """A command's settings: every field declared with ``option``; built = validated (fields, then ``rules``)."""
+class CommandOptions:
+    """A command's settings object: every field declared with ``option``, named as the command's parameter;
+    built = validated (the values, then the paths they name, then ``rules``)."""
 
     command: ClassVar[str] = ""
     rules: ClassVar[Sequence[Rule]] = ()
 
     def __post_init__(self) -> None:
-        for name, p in parameters(type(self)).items():
-            value = getattr(self, name)
-            if not p.allows(value):
-                raise p.refusal(self.command, value)
+        declared = parameters(type(self))
+        for on_disk in (False, True):  # the values first, then the paths they name
+            for name, p in declared.items():
+                value = getattr(self, name)
+                if p.on_disk == on_disk and not p.allows(value):
+                    raise p.refusal(self.command, value)
         for rule in self.rules:
             rule.check(self)
 
@@ -280,8 +311,24 @@ def parameters(cls: type) -> dict[str, Param]:
     return {f.name: f.metadata[PARAM] for f in fields(cls) if PARAM in f.metadata}
 
 
-def settings_classes(root: type = Settings) -> Iterator[type]:
-    """Every settings class defined so far (subclasses of ``root``, depth first)."""
+def options_classes(root: type = CommandOptions) -> Iterator[type]:
+    """Every command's settings class defined so far (subclasses of ``root``, depth first)."""
     for sub in root.__subclasses__():
         yield sub
-        yield from settings_classes(sub)
+        yield from options_classes(sub)
+
+
+# ---------------------------------------------------------------- constraints several commands declare
+#: A positive count (``--workers``, ``--shard-size``, ...).
+POSITIVE = Interval(Integral, 1, None)
+#: A count that may be 0 (``--evidence``, ``--show``) and a seed.
+COUNT = Interval(Integral, 0, None)
+SEED = COUNT
+#: A flag: ``--x`` / ``--no-x``.
+FLAG = Kind(bool, "a flag")
+#: Where a command writes (``--out``; ``_core.outputs`` guards it when the command runs).
+OUT = Kind(Path, "an output path")
+#: ``--ray``: where Ray runs.
+RAY_ADDRESS = Matches("local, auto or HOST:PORT", pattern(r"local|auto|\S*[^\s:]:\d+"), "nowhere")
+#: ``--device``: the policy's torch device.
+DEVICE = Matches("cpu or cuda", pattern(r"cpu|cuda(:\d+)?"), "tpu")

@@ -5,10 +5,14 @@ applies without refitting found, checked and loaded."""
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
+from numbers import Real
 from pathlib import Path
-from typing import Mapping
+from typing import ClassVar, Mapping, Sequence
 
 from .._core.outputs import owned_output
+from .._core.params import (FLAG, OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPath, Interval, OneOf, Registered,
+                            option)
 from .._core.registry import registry_lookup
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
@@ -20,10 +24,50 @@ from ..sift.keep_confident import ConfidentRecallKeep, check_confidence, min_con
 from ..sift.retain import MIN_KEEP, TARGET_MIN_KEEP
 from .calibration import (calibration_pools_for_filter, check_calibration_disjoint, check_calibration_disjoint_ids,
                           check_calibration_inputs, count_positive_pools)
-from .sifter import fit_sifter
+from .sifter import FALSE_ALARM, fit_sifter
 
-__all__ = ["COSTS", "check_saved_rule", "fit_operating_point_file", "fit_sifter_with_operating_point", "keep_rule_choice",
+__all__ = ["COSTS", "FitOptions", "GUARD_REFERENCES", "check_saved_rule", "fit_command", "fit_operating_point_file", "fit_sifter_with_operating_point", "keep_rule_choice",
            "keep_rule_filter", "saved_operating_point", "target_recall_options"]
+
+
+#: The values of ``fit --guard-reference``: the command line's word (as in --group-by) -> the guard's kind.
+GUARD_REFERENCES = {"repo": "repository", "instance": "instance"}
+_TARGET = Interval(Real, 0, 1, closed="right")
+_CONFIDENCE = Interval(Real, 0, 1, closed="neither")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitOptions(CommandOptions):
+    """The options of ``latentsift fit``, each declared once with the values it allows (``_core.params``);
+    built = validated, before any file is read."""
+
+    command: ClassVar[str] = "fit"
+
+    pools: Sequence[Path] = option("POOLS", Each(ExistingPath("file")))
+    states: Sequence[Path] = option("--states", Each(ExistingPath("folder")))
+    out: Path = option("--out", OUT)
+    scorer_epochs: int = option("--scorer-epochs", POSITIVE, default=40)
+    seed: int = option("--seed", SEED, default=0)
+    instances: int | None = option("--max-instances", POSITIVE, None, default=None)
+    per_agent: bool = option("--per-agent", FLAG, default=False)
+    guard_false_alarm: float = option("--guard-false-alarm", _CONFIDENCE, default=FALSE_ALARM)
+    guard_reference: str = option("--guard-reference", OneOf(tuple(GUARD_REFERENCES)), default="repo")
+    target_recall: float | None = option("--target-recall", _TARGET, None, default=None)
+    calibration: Path | None = option("--calibration", ExistingPath("file"), None, default=None)
+    calibration_states: Path | None = option("--calibration-states", ExistingPath("folder"), None, default=None)
+    confidence: float | None = option("--confidence", _CONFIDENCE, None, default=None)
+    calibration_method: str = option("--calibration-method", Registered("calibration"), default=DEFAULT_CALIBRATION)
+    calibration_epochs: int = option("--calibration-epochs", POSITIVE, default=40)
+
+
+def fit_command(o: FitOptions, *, log=print) -> tuple:
+    """``latentsift fit`` with the options ``o`` (checked when built): ``fit_sifter_with_operating_point``."""
+    return fit_sifter_with_operating_point(
+        o.pools, o.states, o.out, target_recall=o.target_recall, calibration=o.calibration,
+        calibration_states=o.calibration_states, confidence=o.confidence, calibration_method=o.calibration_method,
+        calibration_epochs=o.calibration_epochs, scorer_epochs=o.scorer_epochs, seed=o.seed, instances=o.instances,
+        per_agent=o.per_agent, false_alarm=o.guard_false_alarm, reference_kind=GUARD_REFERENCES[o.guard_reference],
+        log=log)
 
 
 def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, calibration=None,
@@ -215,11 +259,6 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
                               "holds (the verifier runs after Stage 1); use --cost calls, the candidates kept.")
     if max_keep is not None and target_recall is None and not saved:
         raise LatentSiftError("--max-keep caps the recall-targeted rule: pass --target-recall R (or --operating-point).")
-    if max_keep is not None:
-        check_positive_int(max_keep, "max_keep", f"{command} (--max-keep)")
-        if min_keep is not None and min_keep > max_keep:
-            raise LatentSiftError(f"--min-keep {min_keep} exceeds --max-keep {max_keep}: a pool cannot keep at least "
-                                  f"{min_keep} and at most {max_keep}; lower --min-keep or raise --max-keep.")
     if saved:
         if calibration is not None:
             raise LatentSiftError("Pass --calibration (fit the rule now) or a saved operating point, not both.")

@@ -1,0 +1,95 @@
+"""Generated from the declared options of the large commands (``latentsift._core.params``).
+
+Every command with more than a dozen options (and ``filter``) has a settings object, a ``CommandOptions``,
+whose fields are the command's parameters, each declared once with the values it allows. Here every
+declared parameter gets a value its constraints refuse (``Param.bad_value``), given on the real command
+line: exit code 2, one ``error:`` line naming the option as the user writes it, what it allows and the
+value, and nothing written. Validation happens when the settings object is built, before any file is read
+or model loaded, so the whole walk takes seconds.
+"""
+from __future__ import annotations
+
+import pytest
+import typer
+from conftest import refused
+from typer.testing import CliRunner
+
+from latentsift._cli._vocabulary import name_of, parameters as cli_parameters
+from latentsift._core.params import Kind, options_classes, parameters
+from latentsift.cli import app
+
+ROOT = typer.main.get_command(app)
+#: The command path of a settings object's command where they differ ('latentsift rollout' runs 'rollout run').
+CLI_PATH = {"rollout": "rollout run"}
+#: command -> a valid command line: {file} an (empty) existing file, {dir} an existing folder, {tmp} the output's.
+BASE = {
+    "filter": ["filter", "{file}", "--out", "{tmp}/f.json"],
+    "extract": ["extract", "{file}", "--out", "{tmp}/s"],
+    "evaluate": ["evaluate", "{file}", "--scores", "{file}", "--out", "{tmp}/r"],
+    "verify": ["verify", "{file}", "--out", "{tmp}/v"],
+    "fit": ["fit", "{file}", "--states", "{dir}", "--out", "{tmp}/s"],
+    "crossval": ["crossval", "{file}", "--states", "{dir}", "--out", "{tmp}/c"],
+    "premise": ["premise", "{file}", "--states", "{dir}", "--out", "{tmp}/p"],
+    "reproduce": ["reproduce", "--data", "{dir}", "--out", "{tmp}/r"],
+    "rollout": ["rollout", "{file}", "--out", "{tmp}/o"],
+}
+CLASSES = {cls.command: cls for cls in options_classes()}
+CASES = [(command, name) for command, cls in sorted(CLASSES.items()) for name, p in parameters(cls).items()
+         if p.bad_value() is not None]
+
+
+def _command_params(command: str) -> dict[str, object]:
+    path = CLI_PATH.get(command, command)
+    return {p.name: p for cmd, p in cli_parameters(ROOT) if cmd == path}
+
+
+def test_every_large_command_has_a_settings_object_with_every_option_declared_once():
+    """Each command of more than 12 options (and filter) has one; its fields are exactly the command's
+    parameters, each declared with the flag (or metavar) the command shows."""
+    counts: dict[str, int] = {}
+    for path, _ in cli_parameters(ROOT):
+        counts[path] = counts.get(path, 0) + 1
+    large = {path for path, n in counts.items() if n > 12} | {"filter"}
+    have = {CLI_PATH.get(c, c) for c in CLASSES}
+    assert large <= have, f"no settings object for {sorted(large - have)}"
+    assert set(BASE) == set(CLASSES)
+    for command, cls in CLASSES.items():
+        declared = {name: p.flag for name, p in parameters(cls).items()}
+        shown = {name: name_of(p) for name, p in _command_params(command).items()}
+        assert declared == shown, command
+
+
+def test_only_flags_and_free_text_have_no_invalid_value():
+    """A parameter without an invalid value is one whose every value is valid: a flag, an output path, a name
+    looked up in the inputs later. Any other without one has lost its constraint."""
+    free = [(command, name) for command, cls in CLASSES.items() for name, p in parameters(cls).items()
+            if p.bad_value() is None]
+    for command, name in free:
+        p = parameters(CLASSES[command])[name]
+        kinds = {type(c.item if hasattr(c, "item") else c) for c in p.constraints if c is not None}
+        assert kinds == {Kind}, (command, name, p)
+    total = sum(len(parameters(cls)) for cls in CLASSES.values())
+    assert len(CASES) + len(free) == total and len(CASES) >= 130, (len(CASES), total)
+
+
+@pytest.mark.parametrize("command, name", CASES)
+def test_an_invalid_value_of_every_declared_option_is_one_line_naming_it(tmp_path, command, name):
+    p = parameters(CLASSES[command])[name]
+    bad = p.bad_value()
+    item = bad[0] if isinstance(bad, list) else bad
+    (tmp_path / "in.jsonl").write_text("")
+    (tmp_path / "in").mkdir()
+    subs = {"{file}": str(tmp_path / "in.jsonl"), "{dir}": str(tmp_path / "in")}
+    args = [subs.get(a, a.replace("{tmp}", str(tmp_path))) for a in BASE[command]]
+    if p.flag.startswith("--"):
+        args += [p.flag, str(item)]
+    else:  # the positional input
+        args[args.index(subs["{file}"])] = str(item)
+    before = sorted(x.name for x in tmp_path.iterdir())
+    r = CliRunner().invoke(app, args)
+    refused(r, f"{command} ({p.flag}): {p.flag} must be ", "Got ")
+    line = next(x for x in r.output.splitlines() if x.startswith("error: "))
+    shown = line.partition("Got ")[2]
+    assert shown.startswith(repr(str(item)) if isinstance(item, str) or not isinstance(item, (int, float))
+                            else (repr(item), repr(float(item)))), line
+    assert sorted(x.name for x in tmp_path.iterdir()) == before   # nothing written
