@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import typer
+from click.testing import CliRunner
 from conftest import refused
-from typer.testing import CliRunner
 
 from latentsift._cli._vocabulary import name_of, parameters as cli_parameters
 from latentsift._core.params import Kind, options_classes, parameters
@@ -45,7 +45,7 @@ def _command_params(command: str) -> dict[str, object]:
 
 def test_every_large_command_has_a_settings_object_with_every_option_declared_once():
     """Each command of more than 12 options (and filter) has one; its fields are exactly the command's
-    parameters, each declared with the flag (or metavar) the command shows."""
+    parameters, each declared with the flag (or metavar) the command shows and the default it shows."""
     counts: dict[str, int] = {}
     for path, _ in cli_parameters(ROOT):
         counts[path] = counts.get(path, 0) + 1
@@ -55,8 +55,16 @@ def test_every_large_command_has_a_settings_object_with_every_option_declared_on
     assert set(BASE) == set(CLASSES)
     for command, cls in CLASSES.items():
         declared = {name: p.flag for name, p in parameters(cls).items()}
-        shown = {name: name_of(p) for name, p in _command_params(command).items()}
-        assert declared == shown, command
+        params = _command_params(command)
+        assert declared == {name: name_of(p) for name, p in params.items()}, command
+        defaults = cls.defaults()   # the command line's defaults are the declared ones; required where none is
+        for name, p in params.items():
+            assert p.required == (name not in defaults), (command, name)
+            if name in defaults:
+                got = p.default() if callable(p.default) else p.default
+                want = defaults[name]
+                assert (tuple(got) if isinstance(got, (list, tuple)) else got) == \
+                    (tuple(want) if isinstance(want, (list, tuple)) else want), (command, name, got, want)
 
 
 def test_only_flags_and_free_text_have_no_invalid_value():
@@ -86,7 +94,7 @@ def test_an_invalid_value_of_every_declared_option_is_one_line_naming_it(tmp_pat
     else:  # the positional input
         args[args.index(subs["{file}"])] = str(item)
     before = sorted(x.name for x in tmp_path.iterdir())
-    r = CliRunner().invoke(app, args)
+    r = CliRunner().invoke(ROOT, args)   # the command built once (typer rebuilds it on every invoke of app)
     refused(r, f"{command} ({p.flag}): {p.flag} must be ", "Got ")
     line = next(x for x in r.output.splitlines() if x.startswith("error: "))
     shown = line.partition("Got ")[2]

@@ -14,13 +14,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .._jobs.filter import (DEFAULT_CALIBRATION, DEFAULT_METHOD, KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP, FilterOptions,
+from .._jobs.filter import (KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP, FilterOptions,
                              calibration_methods, filter_to_file, keep_rules, method_names)
 from ._help import listed
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, Seed, StatesDir,
                        command_options)
 from ._progress import messages
 from ._text import cell, markup
+
+#: The declared defaults (FilterOptions): the command line shows these.
+_D = FilterOptions.defaults()
 
 
 def register(app: typer.Typer) -> None:
@@ -39,7 +42,7 @@ def filter_cmd(
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
     out: Path = typer.Option(..., "--out", help="FILTER.json to write."),
-    method: str = typer.Option(DEFAULT_METHOD, "--method", help="A registered filter: "
+    method: str = typer.Option(_D["method"], "--method", help="A registered filter: "
                                "{filters} (the first is the paper's; the others are "
                                "rule filters, baselines, unless registered as state filters)."),
     channels: Optional[str] = typer.Option(None, "--channels", help="Channels, comma-separated: cot, obs, fn "
@@ -48,8 +51,8 @@ def filter_cmd(
                                            "(-d_pos) or neg (d_neg)."),
     weighting: Optional[str] = typer.Option(None, "--weighting", help="Step weights: linear (t, the default) or "
                                             "uniform."),
-    distance_only: bool = typer.Option(False, "--distance-only", help="s = s_dist (no scorer)."),
-    learned_only: bool = typer.Option(False, "--learned-only", help="s = s_lin (banks used for the guards only)."),
+    distance_only: bool = typer.Option(_D["distance_only"], "--distance-only", help="s = s_dist (no scorer)."),
+    learned_only: bool = typer.Option(_D["learned_only"], "--learned-only", help="s = s_lin (banks used for the guards only)."),
     fusion_weight: Optional[float] = typer.Option(None, "--fusion-weight", help="s = w s_dist + (1 - w) s_lin "
                                                   "(default 0.5)."),
     min_keep: Optional[int] = typer.Option(None, "--min-keep", help="Retain max(MIN_KEEP, floor(FRAC K)) "
@@ -57,10 +60,10 @@ def filter_cmd(
                                            f"pool (default {TARGET_MIN_KEEP})."),
     frac: Optional[float] = typer.Option(None, "--frac", help="Retain max(MIN_KEEP, floor(FRAC K)) "
                                          f"(default {KEEP_FRAC}; the fixed rule's only)."),
-    seed: Seed = 0,
-    evidence: int = typer.Option(3, "--evidence", help="Strongest steps reported per channel (0 = none)."),
+    seed: Seed = _D["seed"],
+    evidence: int = typer.Option(_D["evidence"], "--evidence", help="Strongest steps reported per channel (0 = none)."),
     instances: Optional[str] = typer.Option(None, "--instance-ids", help="Only these instance ids (comma-separated)."),
-    show: int = typer.Option(10, "--show", help="Print the table of at most N pools (the JSON has all)."),
+    show: int = typer.Option(_D["show"], "--show", help="Print the table of at most N pools (the JSON has all)."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Search the bank on Ray actors: local, auto or "
                                       "HOST:PORT (needs the optional extra: pip install ray==2.60.0; same results)."),
     bank_shards: Optional[int] = typer.Option(None, "--bank-shards", help="Bank shards on Ray (default 2 with --ray)."),
@@ -84,18 +87,18 @@ def filter_cmd(
                                                    "--target-recall and no --calibration uses the sifter's own."),
     max_keep: Optional[int] = typer.Option(None, "--max-keep", help="With a target recall: keep at most B per pool "
                                            "(the best of those the rule keeps; a capped pool is not guaranteed)."),
-    cost: str = typer.Option("calls", "--cost", help="What the rule saves: calls (candidates kept). tokens is "
+    cost: str = typer.Option(_D["cost"], "--cost", help="What the rule saves: calls (candidates kept). tokens is "
                              "refused: no filter input holds the verifier's tokens per candidate."),
     confidence: Confidence = None,
     calibration_states: CalibrationStates = None,
-    calibration_method: CalibrationMethod = DEFAULT_CALIBRATION,
-    calibration_epochs: CalibrationEpochs = 40,
+    calibration_method: CalibrationMethod = _D["calibration_method"],
+    calibration_epochs: CalibrationEpochs = _D["calibration_epochs"],
     keep_rule: Optional[str] = typer.Option(None, "--keep-rule", help="Which candidates Stage 1 keeps: a "
                                             "registered keep rule, {keep_rules} (default: the first, the paper's "
                                             "max(MIN_KEEP, floor(FRAC K)), or with --target-recall the second; a "
                                             "recall-targeted rule needs --target-recall R and is fitted on "
                                             "--calibration; another rule is fitted on --calibration when given)."),
-    bank_choice: str = typer.Option("all", "--bank-choice", help="With --sifter: all (the all-agent bank) or "
+    bank_choice: str = typer.Option(_D["bank_choice"], "--bank-choice", help="With --sifter: all (the all-agent bank) or "
                                     "nearest (per pool, the sub-bank of 'fit --per-agent' nearest to its "
                                     "candidates' states; the choice and distances are in the JSON)."),
     on_leak: Optional[str] = typer.Option(None, "--on-leak", help="For a pool whose instance is in the bank: "

@@ -28,8 +28,8 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 from .registry import registry_names
 from .validation import LatentSiftError
 
-__all__ = ["CommandOptions", "Each", "ExistingPath", "Interval", "Kind", "Matches", "OneOf", "Param", "Registered", "Rule",
-           "option", "options_classes", "parameters", "pattern"]
+__all__ = ["CommandOptions", "Each", "ExistingPath", "Interval", "Kind", "Matches", "OneOf", "Param", "Registered",
+           "Rule", "option", "options_classes", "parameters", "pattern"]
 
 #: The key of a field's declaration in its ``dataclasses.field`` metadata.
 PARAM = "latentsift_param"
@@ -135,9 +135,12 @@ class Registered(Constraint):
 
 @dataclass(frozen=True)
 class ExistingPath(Constraint):
-    """A path that exists: a "file", a "folder" or either ("path")."""
+    """A path that exists: a "file", a "folder" or either ("path"); ``noun`` names it in the message (default:
+    "an existing <what>") and ``missing`` says what is missing when nothing is there."""
 
     what: str = "path"
+    noun: str = ""
+    missing: str = "it does not exist"
 
     def allows(self, value: Any) -> bool:
         if not isinstance(value, (str, Path)):
@@ -146,13 +149,17 @@ class ExistingPath(Constraint):
         return {"file": p.is_file, "folder": p.is_dir}.get(self.what, p.exists)()
 
     def describe(self) -> str:
-        return f"an existing {self.what}"
+        return self.noun or f"an existing {self.what}"
 
     def invalid(self) -> Any:
         return Path("/nonexistent-latentsift-input") / self.what
 
     def why(self, value: Any) -> str:
-        return "it does not exist" if not Path(value).exists() else f"not a {self.what}"
+        return self.missing if not Path(value).exists() else f"not a {self.what}"
+
+
+#: A state store folder (``latentsift extract`` or ``rollout``).
+STATE_STORE = ExistingPath("folder", "a state store folder ('latentsift extract')", "no state store at that path")
 
 
 @dataclass(frozen=True)

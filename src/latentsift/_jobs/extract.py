@@ -19,7 +19,8 @@ from ..states.extract import ExtractReport, extract_pools
 from ..states.model import AUTO_DTYPE, DEVICE_MAPS, DTYPES
 from ..trajectories.trajectory import load_jsonl
 
-__all__ = ["AUTO_DTYPE", "DTYPES", "ExtractOptions", "RENDER", "extract_to_store", "extraction_backends", "parse_layers", "renderer_names", "run_extract"]
+__all__ = ["AUTO_DTYPE", "DTYPES", "ExtractOptions", "RENDER", "extract_to_store", "extraction_backends",
+           "parse_layers", "renderer_names", "run_extract"]
 
 
 def parse_layers(value: str):

@@ -1,7 +1,8 @@
-"""``latentsift filter`` on files, the one driver of the command: check the options, load the pools,
-states, bank and scorer (or a sifter), score every pool with the chosen filter (``latentsift.sift.rules``),
-apply the keep rule (the paper's, a registered one, or the recall-targeted one) and write FILTER.json
-under the output guard and lock (``filter_to_file``)."""
+"""``latentsift filter`` on files, the one driver of the command: its options declared once with their
+constraints and cross-option rules (``FilterOptions``, checked when built), then the pools, states, bank and
+scorer (or a sifter) loaded, every pool scored with the chosen filter (``latentsift.sift.rules``), the keep
+rule applied (the paper's, a registered one, or the recall-targeted one) and FILTER.json written under the
+output guard and lock (``filter_to_file``)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,8 @@ from types import SimpleNamespace
 from typing import Any, Callable, ClassVar, ContextManager, Sequence
 
 from .._core.outputs import owned_output
-from .._core.params import (COUNT, FLAG, OUT, POSITIVE, RAY_ADDRESS, SEED, ExistingPath, Interval, Matches, OneOf, Registered,
-                            Rule, CommandOptions, option)
+from .._core.params import (COUNT, FLAG, OUT, POSITIVE, RAY_ADDRESS, SEED, STATE_STORE, CommandOptions, ExistingPath,
+                            Interval, Matches, OneOf, Registered, Rule, option)
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, check_choice
 from ..bank.bank import Bank
@@ -33,8 +34,8 @@ from ..sift.margin import DISTANCES, WEIGHTINGS
 from ..sift.sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
 from ..deploy.operating_file import OPERATING_POINT_JSON
-from .calibration import calibration_guard, calibration_pools_for_filter
 from ..trajectories.trajectory import CHANNELS
+from .calibration import calibration_guard, calibration_pools_for_filter
 from .operating import COSTS, check_saved_rule, keep_rule_filter, saved_operating_point, target_recall_options
 from .sifter import run_sifter_filter_chosen
 
@@ -43,8 +44,9 @@ from .sifter import run_sifter_filter_chosen
 #: ``--target-recall`` the recall rule (decided when the command runs).
 DEFAULT_METHOD = LatentSift.name
 
-__all__ = ["DEFAULT_CALIBRATION", "DEFAULT_METHOD", "FilterOutcome", "FilterOptions", "KEEP_FRAC", "MIN_KEEP", "TARGET_MIN_KEEP",
-           "calibration_methods", "filter_options", "filter_to_file", "keep_rules", "method_names", "run_filter"]
+__all__ = ["DEFAULT_CALIBRATION", "DEFAULT_METHOD", "FILTER_RULES", "FilterOptions", "FilterOutcome", "KEEP_FRAC",
+           "MIN_KEEP", "TARGET_MIN_KEEP", "calibration_methods", "filter_options", "filter_to_file", "keep_rules",
+           "method_names", "run_filter"]
 
 
 def _channels_ok(text: str) -> bool:
@@ -75,8 +77,8 @@ FILTER_RULES = (
          "--sifter runs in one process: drop --ray, --bank-shards and --approx."),
     Rule(lambda s: s.sifter is not None and _sifter_given(s),
          lambda s: f"--sifter scores with the settings it was fitted with: drop {', '.join(_sifter_given(s))}."),
-    Rule(lambda s: (s.target_recall is not None or s.operating_point is not None) and None not in (s.min_keep, s.max_keep)
-         and s.min_keep > s.max_keep,
+    Rule(lambda s: (s.target_recall is not None or s.operating_point is not None)  # the cap is the recall rule's
+         and None not in (s.min_keep, s.max_keep) and s.min_keep > s.max_keep,
          lambda s: f"--min-keep {s.min_keep} exceeds --max-keep {s.max_keep}: a pool cannot keep at least "
                    f"{s.min_keep} and at most {s.max_keep}; lower --min-keep or raise --max-keep."),
 )
@@ -97,7 +99,7 @@ class FilterOptions(CommandOptions):
 
     pools: Path = option("POOLS", ExistingPath("file"))
     out: Path = option("--out", OUT)
-    states: Path | None = option("--states", *_OPTIONAL_FOLDER, default=None)
+    states: Path | None = option("--states", STATE_STORE, None, default=None)
     bank: Path | None = option("--bank", *_OPTIONAL_FOLDER, default=None)
     scorer: Path | None = option("--scorer", *_OPTIONAL_FOLDER, default=None)
     sifter: Path | None = option("--sifter", *_OPTIONAL_FOLDER, default=None)
@@ -127,7 +129,7 @@ class FilterOptions(CommandOptions):
     max_keep: int | None = option("--max-keep", POSITIVE, None, default=None)
     cost: str = option("--cost", OneOf(COSTS), default="calls")
     confidence: float | None = option("--confidence", Interval(Real, 0, 1, closed="neither"), None, default=None)
-    calibration_states: Path | None = option("--calibration-states", *_OPTIONAL_FOLDER, default=None)
+    calibration_states: Path | None = option("--calibration-states", STATE_STORE, None, default=None)
     calibration_method: str = option("--calibration-method", Registered("calibration"), default=DEFAULT_CALIBRATION)
     calibration_epochs: int = option("--calibration-epochs", POSITIVE, default=40)
     keep_rule: str | None = option("--keep-rule", Registered("keep_rule"), None, default=None)

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
 from .._core.outputs import owned_output
-from .._core.params import (FLAG, OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPath, Interval, OneOf, Registered,
-                            option)
+from .._core.params import (FLAG, OUT, POSITIVE, SEED, STATE_STORE, CommandOptions, Each, ExistingPath, Interval, Kind,
+                            OneOf, Registered, option)
 from .._core.registry import registry_lookup
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
@@ -26,8 +26,9 @@ from .calibration import (calibration_pools_for_filter, check_calibration_disjoi
                           check_calibration_inputs, count_positive_pools)
 from .sifter import FALSE_ALARM, fit_sifter
 
-__all__ = ["COSTS", "FitOptions", "GUARD_REFERENCES", "check_saved_rule", "fit_command", "fit_operating_point_file", "fit_sifter_with_operating_point", "keep_rule_choice",
-           "keep_rule_filter", "saved_operating_point", "target_recall_options"]
+__all__ = ["COSTS", "FitOptions", "GUARD_REFERENCES", "check_saved_rule", "fit_command", "fit_operating_point_file",
+           "fit_sifter_with_operating_point", "keep_rule_choice", "keep_rule_filter", "saved_operating_point",
+           "target_recall_options"]
 
 
 #: The values of ``fit --guard-reference``: the command line's word (as in --group-by) -> the guard's kind.
@@ -44,7 +45,7 @@ class FitOptions(CommandOptions):
     command: ClassVar[str] = "fit"
 
     pools: Sequence[Path] = option("POOLS", Each(ExistingPath("file")))
-    states: Sequence[Path] = option("--states", Each(ExistingPath("folder")))
+    states: Sequence[Path] = option("--states", Each(Kind(Path, "a state store folder")))  # opened after --out is taken
     out: Path = option("--out", OUT)
     scorer_epochs: int = option("--scorer-epochs", POSITIVE, default=40)
     seed: int = option("--seed", SEED, default=0)
@@ -54,7 +55,7 @@ class FitOptions(CommandOptions):
     guard_reference: str = option("--guard-reference", OneOf(tuple(GUARD_REFERENCES)), default="repo")
     target_recall: float | None = option("--target-recall", _TARGET, None, default=None)
     calibration: Path | None = option("--calibration", ExistingPath("file"), None, default=None)
-    calibration_states: Path | None = option("--calibration-states", ExistingPath("folder"), None, default=None)
+    calibration_states: Path | None = option("--calibration-states", STATE_STORE, None, default=None)
     confidence: float | None = option("--confidence", _CONFIDENCE, None, default=None)
     calibration_method: str = option("--calibration-method", Registered("calibration"), default=DEFAULT_CALIBRATION)
     calibration_epochs: int = option("--calibration-epochs", POSITIVE, default=40)

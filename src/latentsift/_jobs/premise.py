@@ -26,7 +26,8 @@ from .crossval import STORES, TOKENS
 #: A state store folder, or several of the same model and settings read as one.
 StoreArg = Union[str, Path, Sequence[Union[str, Path]]]
 
-__all__ = ["CrossvalSettings", "EXAMPLES_KEY", "PREMISE_KS", "PremiseOptions", "premise", "premise_command", "run_premise"]
+__all__ = ["CrossvalSettings", "EXAMPLES_KEY", "PREMISE_KS", "PremiseOptions", "premise", "premise_command",
+           "run_premise"]
 
 _D = CrossvalSettings.defaults()
 

@@ -20,8 +20,8 @@ from ..rollout.tasks import HUMANEVAL_SOURCE, task_sources
 from ..states.model import AUTO_DTYPE, DTYPES, check_device, default_model_path, load_policy
 from ..states.model_files import check_model_path
 
-__all__ = ["AUTO_DTYPE", "HUMANEVAL_SOURCE", "SUBPROCESS_SANDBOX", "RolloutOptions", "RolloutSettings", "export_dataset", "parse_shard",
-           "rollout_command", "sandboxes", "task_sources"]
+__all__ = ["AUTO_DTYPE", "HUMANEVAL_SOURCE", "SUBPROCESS_SANDBOX", "RolloutOptions", "RolloutSettings",
+           "export_dataset", "parse_shard", "rollout_command", "sandboxes", "task_sources"]
 
 #: The scaffold's and the sampling's defaults.
 _SETTINGS = RolloutSettings()

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from .._core.outputs import check_output, owned_output
-from .._core.params import (COUNT, OUT, POSITIVE, CommandOptions, ExistingPath, Interval, Kind, Matches, OneOf, Registered,
-                            option, pattern)
+from .._core.params import (COUNT, OUT, POSITIVE, CommandOptions, ExistingPath, Interval, Kind, Matches, OneOf,
+                            Registered, option, pattern)
 from .._core.validation import LatentSiftError
 from ..cascade.backends import DEFAULT_BACKEND, open_verifier_backend, verifier_backends
 from ..cascade.verifier import EFVerifier, save_results

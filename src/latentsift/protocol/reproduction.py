@@ -121,9 +121,9 @@ class ReproduceSettings(ProtocolSettings):
         if self.include_leaky:
             self.runs = tuple(self.runs) + tuple(r for r in LEAKY_RUNS if r not in self.runs)
         for name in ("sweep_span_tokens", "sweep_patch_tokens"):
-            check_positive_int(getattr(self, name), name, "ReproduceSettings")
+            check_positive_int(getattr(self, name), name, "reproduce")
         if self.max_instances is not None:
-            check_positive_int(self.max_instances, "max_instances", "ReproduceSettings (--max-instances)")
+            check_positive_int(self.max_instances, "max_instances", "reproduce (--max-instances)")
         if self.instances not in INSTANCES:
             raise LatentSiftError(f"The 'instances' parameter of reproduce must be one of ['all', 'default']. "
                                   f"Got {self.instances!r} instead.")
