@@ -128,7 +128,7 @@ def test_extract_layers_out_of_range_are_refused_from_the_config(canonical, tmp_
 
 def test_reproduce_checks_its_selection_before_any_work(data_dir, tmp_path):
     refused(cli("reproduce", "--data", data_dir, "--out", tmp_path / "run", "--max-instances", -4),
-            "max_instances")
+            "--max-instances")
     assert not (tmp_path / "run").exists()
     # 8 instances cannot give 4 repository folds with both classes in every bank: said before extraction
     r = cli("reproduce", "--data", data_dir, "--out", tmp_path / "run", "--max-instances", 8)

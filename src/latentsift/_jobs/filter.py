@@ -173,11 +173,10 @@ def filter_options(*, method: str = LatentSift.name, bank_dir=None, scorer_dir=N
     ``weighting``, ``fusion_weight``; None = the filter's default) with the branches. A sifter keeps
     its saved settings, so any of them given with ``sifter_dir`` is refused.
     """
-    s = SimpleNamespace(method=method, bank=bank_dir, scorer=scorer_dir, sifter=sifter_dir, bank_choice=bank_choice,
-                        on_leak=on_leak, ray=ray_address, bank_shards=bank_shards, approx=approx,
-                        distance_only=distance_only, learned_only=learned_only, channels=channels, distance=distance,
-                        weighting=weighting, fusion_weight=fusion_weight, target_recall=None, min_keep=None,
-                        max_keep=None)
+    s = SimpleNamespace(**FilterOptions.defaults() | dict(  # the other options at their defaults
+        method=method, bank=bank_dir, scorer=scorer_dir, sifter=sifter_dir, bank_choice=bank_choice, on_leak=on_leak,
+        ray=ray_address, bank_shards=bank_shards, approx=approx, distance_only=distance_only, learned_only=learned_only,
+        channels=channels, distance=distance, weighting=weighting, fusion_weight=fusion_weight))
     for rule in FILTER_RULES:
         rule.check(s)
     if _on_ray(s):
