@@ -61,14 +61,14 @@ def extract_cmd(
                                              "with --ray, over each worker's --gpus-per-worker GPUs."),
 ) -> None:
     """Replay trajectories through the policy and store their pooled hidden states (resumable)."""
-    settings = ExtractOptions(**command_options(ctx))  # every option checked here, before anything loads
+    options = ExtractOptions(**command_options(ctx))  # every option checked here, before anything loads
     console = messages()
     with StageProgress(console) as bar:
         def progress(p) -> None:
             rate = f"{p.tokens / p.elapsed:,.0f} tok/s" if p.elapsed > 0 and p.done else ""
             bar.update("extract", p.done, p.total, rate)
 
-        report = extract_to_store(settings, log=bar.print, progress=progress)
+        report = extract_to_store(options, log=bar.print, progress=progress)
     if report.redone:
         console.print(f"{len(report.redone)} stored trajectories were in a missing or damaged shard and were "
                       "extracted again.")

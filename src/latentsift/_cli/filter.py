@@ -1,6 +1,7 @@
 """``latentsift filter``: Stage-1 scores and retained sets for the pools of a JSONL file.
 
-Parsing and printing only; the logic is ``latentsift._jobs.filter.run_filter``.
+Parsing and printing only: the options are ``latentsift._jobs.filter.FilterOptions`` (declared and checked
+there), the work ``filter_to_file``.
 """
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ def filter_cmd(
     # Length: the signature is one typer option per setting; the body builds the settings (checked there,
     # latentsift._jobs.filter.FilterOptions), runs the job and prints (_pool_table). (A note here, not in the
     # docstring: typer shows the whole docstring in the command list, '' included.)
-    s = FilterOptions(**command_options(ctx))
+    s = FilterOptions(**command_options(ctx))  # every option checked here, before any file is read
     console = Console(width=None if sys.stdout.isatty() else 160)   # the tables' width
     say = functools.partial(console.print, soft_wrap=True)           # a message: one line, never broken
     done = filter_to_file(s, log=say, status=lambda m: messages().status(m))

@@ -11,10 +11,18 @@ allows, e.g.::
 
 Building it validates it, once, before any file or model is touched (``CommandOptions.__post_init__``): each
 field against its constraints (a value passes when one of them allows it), then the object's cross-option
-``rules`` (``Rule``: a contradiction and its message). The refusal of a field is generated from its
-declaration: one line naming the command, the option as the user writes it, what it allows and the value
-(``LatentSiftError``: exit code 2 on the command line). ``invalid()`` of each constraint makes a value it
-refuses: ``tests/test_command_options.py`` walks every ``CommandOptions`` and tries one per parameter through the CLI.
+``rules`` (``Rule``: a contradiction and its message); the paths that must exist are checked by the job right
+after it has taken its output (``check_paths``: an output over an input is refused first). The
+refusal of a field is generated from its declaration: one line naming the command, the option as the user
+writes it, what it allows and the value (``LatentSiftError``: exit code 2 on the command line), e.g.
+``filter (--target-recall): --target-recall must be a number above 0 and at most 1. Got 1.5 instead.``
+
+The constraints: ``Interval`` (an integer or a finite number between bounds, each end open or closed),
+``OneOf`` (a fixed set of words), ``Registered`` (a registered name of a registry kind, read when checked),
+``ExistingPath`` (a file or folder that must exist), ``Matches`` (text of a given form), ``Each`` (every
+item of a repeated option), ``Kind`` (any value of a type: a flag, an output path) and None (the option
+may be left out). ``invalid()`` of each makes a value it refuses: ``tests/test_command_options.py`` walks
+every ``CommandOptions`` and tries one per parameter on the real command line.
 """
 from __future__ import annotations
 
@@ -28,8 +36,9 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 from .registry import registry_names
 from .validation import LatentSiftError
 
-__all__ = ["CommandOptions", "Each", "ExistingPath", "Interval", "Kind", "Matches", "OneOf", "Param", "Registered",
-           "Rule", "option", "options_classes", "parameters", "pattern"]
+__all__ = ["COUNT", "CommandOptions", "DEVICE", "Each", "ExistingPath", "FLAG", "Interval", "Kind", "Matches", "OUT",
+           "OneOf", "POSITIVE", "Param", "RAY_ADDRESS", "Registered", "Rule", "SEED", "STATE_STORE", "option",
+           "options_classes", "parameters", "pattern"]
 
 #: The key of a field's declaration in its ``dataclasses.field`` metadata.
 PARAM = "latentsift_param"
@@ -261,7 +270,7 @@ class Param:
 
     @property
     def on_disk(self) -> bool:
-        """Whether a constraint asks the file system (checked after every value's own constraints)."""
+        """Whether a constraint asks the file system (``CommandOptions.check_paths``)."""
         return any(isinstance(c, ExistingPath) or isinstance(c, Each) and isinstance(c.item, ExistingPath)
                    for c in self.constraints)
 
@@ -292,20 +301,27 @@ class Rule:
 @dataclass(frozen=True)
 class CommandOptions:
     """A command's settings object: every field declared with ``option``, named as the command's parameter;
-    built = validated (the values, then the paths they name, then ``rules``)."""
+    built = validated (the values, then ``rules``); the paths that must exist when the job has taken its
+    output (``check_paths``)."""
 
     command: ClassVar[str] = ""
     rules: ClassVar[Sequence[Rule]] = ()
 
     def __post_init__(self) -> None:
-        declared = parameters(type(self))
-        for on_disk in (False, True):  # the values first, then the paths they name
-            for name, p in declared.items():
-                value = getattr(self, name)
-                if p.on_disk == on_disk and not p.allows(value):
-                    raise p.refusal(self.command, value)
+        self._check(on_disk=False)
         for rule in self.rules:
             rule.check(self)
+
+    def check_paths(self) -> None:
+        """The constraints that ask the file system (``ExistingPath``), checked by the job once it has taken its
+        output: a second writer or an output over an input is refused first, as before any input is read."""
+        self._check(on_disk=True)
+
+    def _check(self, *, on_disk: bool) -> None:
+        for name, p in parameters(type(self)).items():
+            value = getattr(self, name)
+            if p.on_disk == on_disk and not p.allows(value):
+                raise p.refusal(self.command, value)
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

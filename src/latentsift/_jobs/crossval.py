@@ -68,12 +68,14 @@ def crossval_command(o: CrossvalOptions, *, log: Callable[[str], None] = print,
     """``latentsift crossval`` with the options ``o`` (checked when built): ``run_crossval``."""
     pools, states = list(o.pools), list(o.states)
     return run_crossval(pools[0] if len(pools) == 1 else pools, states[0] if len(states) == 1 else states, o.out,
-                        verifier=o.verifier, log=log, progress=progress, **o.protocol())
+                        verifier=o.verifier, log=log, progress=progress, held=o.check_paths, **o.protocol())
 
 
 def run_crossval(pools_path: str | Path | Sequence, states_dir: str | Path | Sequence, out: str | Path, *,
-                 verifier: str | Path | None = None, **settings) -> Path:
+                 verifier: str | Path | None = None, held: Callable[[], None] = lambda: None, **settings) -> Path:
     """``latentsift crossval``: ``crossval`` into the run folder ``out`` (refused before any work when it
-    would touch an input; a second writer to it is refused); returns the report folder."""
+    would touch an input; a second writer to it is refused; ``held()`` is called once it is held, before
+    any input is read); returns the report folder."""
     with owned_output(out, [pools_path, states_dir, verifier], kind="run"):
+        held()
         return crossval(pools_path, states_dir, out, verifier=verifier, **settings)

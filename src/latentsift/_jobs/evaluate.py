@@ -28,7 +28,7 @@ class EvaluateOptions(CommandOptions):
     command: ClassVar[str] = "evaluate"
 
     pools: Path = option("POOLS", ExistingPath("file"))
-    scores: Sequence[Path] = option("--scores", Each(Kind(Path, "a score folder or file")))  # read after --out is taken
+    scores: Sequence[Path] = option("--scores", Each(ExistingPath("path")))
     out: Path = option("--out", OUT)
     final_verifier: str | None = option("--final-verifier", Kind(str, "the name of an EF-verifier input"), None,
                                         default=None)
@@ -55,6 +55,7 @@ def run_evaluate(o: EvaluateOptions, *, progress: Callable[[int, int], None] | N
     returns the files written."""
     pools, scores, out, final_verifier = o.pools, o.scores, o.out, o.final_verifier
     with owned_output(out, [pools, *scores, o.ablations, o.names], kind="report"):
+        o.check_paths()
         pool_specs, records = load_pool_file(pools)
         inputs = [load_scores(p, known_ids=records.keys()) for p in scores]
         seen: dict[str, str] = {}

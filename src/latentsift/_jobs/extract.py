@@ -98,6 +98,7 @@ def extract_to_store(s: ExtractOptions, *, log: Callable[[str], Any] = print,
     the model, the backend opened, the trajectories of ``s.pools`` replayed into the store ``s.out`` (created
     or resumed). ``log``: one line per step; ``progress``: called with the extraction's progress."""
     with owned_output(s.out, [s.pools, s.model], kind="store"):  # a second writer is refused before the model loads
+        s.check_paths()
         renderer = RENDER_PER_STEP if s.per_step else s.renderer
         layer_sel = parse_layers(s.layers)
         check_backend_options(s.model, s.dtype, s.device, layer_sel, device_map=s.device_map)

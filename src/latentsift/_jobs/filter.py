@@ -277,9 +277,9 @@ class FilterOutcome:
 
 def filter_to_file(s: FilterOptions, *, log: Callable[[str], None] = lambda m: None,
                    status: Callable[[str], ContextManager[Any]] = lambda m: contextlib.nullcontext()) -> FilterOutcome:
-    """``latentsift filter`` with the settings ``s`` (validated when built): what needs the files checked before
-    any work (Ray installed, a saved operating point, the calibration file: one-line refusals), the output
-    guarded and locked, the pools scored (``run_filter``, or ``run_sifter_filter_chosen`` with a sifter), the
+    """``latentsift filter`` with the settings ``s`` (validated when built): the output guarded and locked, then
+    what needs the files checked before any work (the paths, a saved operating point, the calibration file:
+    one-line refusals), the pools scored (``run_filter``, or ``run_sifter_filter_chosen`` with a sifter), the
     keep rule applied and FILTER.json written to ``s.out``. ``status(message)``: a context manager around each
     long stage (the command line's spinner); ``log(line)``: what the recall-targeted rule needs, before any
     work. With a target recall: ``confidence`` (the high-probability mode), a saved operating point
@@ -292,25 +292,27 @@ def filter_to_file(s: FilterOptions, *, log: Callable[[str], None] = lambda m: N
     resolved = s.resolved()
     pools, states, bank, scorer, sifter, method = s.pools, s.states, s.bank, s.scorer, s.sifter, s.method
     calibration, instances = s.calibration, s.instance_ids
-    saved = saved_operating_point(operating_point=s.operating_point, target_recall=s.target_recall,
-                                  confidence=s.confidence, calibration=calibration, sifter_dir=sifter, pools=pools,
-                                  instances=instances)
-    target = target_recall_options(target_recall=s.target_recall, calibration=calibration, bank_choice=s.bank_choice,
-                                   calibration_method=s.calibration_method, calibration_epochs=s.calibration_epochs,
-                                   on_shift=s.on_shift, min_keep=s.min_keep, keep_rule=s.keep_rule, pools=pools,
-                                   instances=instances, confidence=s.confidence, saved=saved is not None,
-                                   max_keep=s.max_keep, cost=s.cost, frac=s.frac)
-    target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
-    rule = target["rule"]
-    if saved is not None:
-        check_saved_rule(saved, s.operating_point or Path(sifter, OPERATING_POINT_JSON), keep_rule=s.keep_rule,
-                         min_keep=min_keep, max_keep=s.max_keep)
-        target_recall, min_keep, rule = saved[0].target_recall, saved[0].min_keep, saved[0].name
-    frac = KEEP_FRAC if s.frac is None else s.frac
-    check_retention(min_keep, frac, "filter (--min-keep/--frac)")  # the options', never blamed on a saved file
     with owned_output(s.out, [pools, states, bank, scorer, sifter, calibration, s.calibration_states,
                               s.operating_point], file="filter") as owned:  # a second filter to this --out is refused
         out = owned.path                                                     # while this one runs
+        s.check_paths()
+        saved = saved_operating_point(operating_point=s.operating_point, target_recall=s.target_recall,
+                                      confidence=s.confidence, calibration=calibration, sifter_dir=sifter, pools=pools,
+                                      instances=instances)
+        target = target_recall_options(target_recall=s.target_recall, calibration=calibration,
+                                       bank_choice=s.bank_choice, calibration_method=s.calibration_method,
+                                       calibration_epochs=s.calibration_epochs, on_shift=s.on_shift,
+                                       min_keep=s.min_keep, keep_rule=s.keep_rule, pools=pools, instances=instances,
+                                       confidence=s.confidence, saved=saved is not None, max_keep=s.max_keep,
+                                       cost=s.cost, frac=s.frac)
+        target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
+        rule = target["rule"]
+        if saved is not None:
+            check_saved_rule(saved, s.operating_point or Path(sifter, OPERATING_POINT_JSON), keep_rule=s.keep_rule,
+                             min_keep=min_keep, max_keep=s.max_keep)
+            target_recall, min_keep, rule = saved[0].target_recall, saved[0].min_keep, saved[0].name
+        frac = KEEP_FRAC if s.frac is None else s.frac
+        check_retention(min_keep, frac, "filter (--min-keep/--frac)")  # the options', never blamed on a saved file
         if saved is not None:
             log(f"operating point {saved[1]['path']} (fitted on {saved[0].n_calibration_pools_} calibration pools "
                 "with a resolved candidate): applied without refitting.")

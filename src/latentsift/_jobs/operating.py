@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
 from .._core.outputs import owned_output
-from .._core.params import (FLAG, OUT, POSITIVE, SEED, STATE_STORE, CommandOptions, Each, ExistingPath, Interval, Kind,
+from .._core.params import (FLAG, OUT, POSITIVE, SEED, STATE_STORE, CommandOptions, Each, ExistingPath, Interval,
                             OneOf, Registered, option)
 from .._core.registry import registry_lookup
 from .._core.threads import blas_fixed
@@ -45,7 +45,7 @@ class FitOptions(CommandOptions):
     command: ClassVar[str] = "fit"
 
     pools: Sequence[Path] = option("POOLS", Each(ExistingPath("file")))
-    states: Sequence[Path] = option("--states", Each(Kind(Path, "a state store folder")))  # opened after --out is taken
+    states: Sequence[Path] = option("--states", Each(STATE_STORE))
     out: Path = option("--out", OUT)
     scorer_epochs: int = option("--scorer-epochs", POSITIVE, default=40)
     seed: int = option("--seed", SEED, default=0)
@@ -62,38 +62,40 @@ class FitOptions(CommandOptions):
 
 
 def fit_command(o: FitOptions, *, log=print) -> tuple:
-    """``latentsift fit`` with the options ``o`` (checked when built): ``fit_sifter_with_operating_point``."""
+    """``latentsift fit`` with the options ``o`` (checked when built; its paths once the output is held):
+    ``fit_sifter_with_operating_point``."""
     return fit_sifter_with_operating_point(
         o.pools, o.states, o.out, target_recall=o.target_recall, calibration=o.calibration,
         calibration_states=o.calibration_states, confidence=o.confidence, calibration_method=o.calibration_method,
         calibration_epochs=o.calibration_epochs, scorer_epochs=o.scorer_epochs, seed=o.seed, instances=o.instances,
         per_agent=o.per_agent, false_alarm=o.guard_false_alarm, reference_kind=GUARD_REFERENCES[o.guard_reference],
-        log=log)
+        log=log, held=o.check_paths)
 
 
 def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, calibration=None,
                                     calibration_states=None, confidence=None, calibration_method: str = DEFAULT_CALIBRATION,
-                                    calibration_epochs: int = 40, log=print, **fit_kw) -> tuple:
-    """``latentsift fit`` [``--target-recall R --calibration CAL``]: the options checked before any work (what
-    the bound needs logged), the sifter fitted and saved (``sifter.fit_sifter``), then, with a target, its
-    operating point (``fit_operating_point_file``). Returns (sifter, the operating point's record or None)."""
+                                    calibration_epochs: int = 40, log=print, held=lambda: None, **fit_kw) -> tuple:
+    """``latentsift fit`` [``--target-recall R --calibration CAL``]: the output taken (``held()`` called then,
+    before any input is read), the options checked before any work (what the bound needs logged), the sifter
+    fitted and saved (``sifter.fit_sifter``), then, with a target, its operating point
+    (``fit_operating_point_file``). Returns (sifter, the operating point's record or None)."""
     check_positive_int(fit_kw.get("scorer_epochs", 40), "scorer_epochs", "fit (--scorer-epochs)")
-    target = target_recall_options(target_recall=target_recall, calibration=calibration, confidence=confidence,
-                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs,
-                                   command="fit")
     several = not isinstance(states, (str, Path)) and len(list(states)) != 1
     if target_recall is not None and calibration_states is None and several:
         raise LatentSiftError("fit --target-recall with several --states stores needs --calibration-states.")
-    if target_recall is not None:
+    # one writer lock over the sifter and its operating point: no second 'fit' between the two
+    with owned_output(out, [pools, states, calibration, calibration_states], kind="sifter"):
+        held()
+        target = target_recall_options(target_recall=target_recall, calibration=calibration, confidence=confidence,
+                                       calibration_method=calibration_method, calibration_epochs=calibration_epochs,
+                                       command="fit")
+        if target_recall is None:
+            return fit_sifter(pools, states, out, log=log, locked=True, **fit_kw), None
         log(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
             + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {calibration} "
             f"has {target['have']}.")
-    if target_recall is None:
-        return fit_sifter(pools, states, out, log=log, **fit_kw), None
-    states_dirs = [states] if isinstance(states, (str, Path)) else list(states)
-    cal_states = calibration_states or states_dirs[0]
-    # one writer lock over the sifter and its operating point: no second 'fit' between the two
-    with owned_output(out, [pools, states, calibration, calibration_states], kind="sifter"):
+        states_dirs = [states] if isinstance(states, (str, Path)) else list(states)
+        cal_states = calibration_states or states_dirs[0]
         check_calibration_inputs(calibration, cal_states, states_dirs, "fit --target-recall")  # before the fit
         sifter = fit_sifter(pools, states, out, log=log, locked=True, **fit_kw)
         return sifter, fit_operating_point_file(out, calibration, cal_states, target_recall, confidence=confidence,

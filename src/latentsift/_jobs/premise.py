@@ -63,7 +63,7 @@ def premise_command(o: PremiseOptions, *, log: Callable[[str], None] = print,
     return run_premise(o.pools, list(o.states), o.out, proxy_states=list(o.proxy_states) if o.proxy_states else None,
                        ks=tuple(o.k), group_by=o.group_by, n_folds=o.folds, n_draws=o.draws, n_boot=o.boot,
                        scorer_epochs=o.scorer_epochs, seed=o.seed, verifier=o.verifier, gen_test_key=o.gen_test_key,
-                       testgen_tokens=o.testgen_tokens, log=log, progress=progress)
+                       testgen_tokens=o.testgen_tokens, log=log, progress=progress, held=o.check_paths)
 
 
 def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_states: StoreArg | None = None,
@@ -120,8 +120,9 @@ def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_state
 
 
 def run_premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_states: StoreArg | None = None,
-                verifier: str | Path | None = None, **kwargs) -> Path:
+                verifier: str | Path | None = None, held: Callable[[], None] = lambda: None, **kwargs) -> Path:
     """``latentsift premise``: ``premise`` into ``out``, refused before any work when it would touch an input (a
-    second writer to it is refused)."""
+    second writer to it is refused; ``held()`` is called once it is held, before any input is read)."""
     with owned_output(out, [pools, states, proxy_states, verifier], kind="premise"):   # (lists of stores too)
+        held()
         return premise(pools, states, out, proxy_states=proxy_states, verifier=verifier, **kwargs)

@@ -6,7 +6,7 @@ from numbers import Integral
 from pathlib import Path
 from typing import Callable, ClassVar, Sequence
 
-from .._core.params import (FLAG, OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPath, Interval, Kind, OneOf,
+from .._core.params import (FLAG, OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPath, Interval, OneOf,
                             option)
 from ..protocol.reproduction import SWEEP, ReproduceSettings, reproduce
 from ..states.model import AUTO_DTYPE, DTYPES
@@ -24,8 +24,7 @@ class ReproduceOptions(CommandOptions):
 
     command: ClassVar[str] = "reproduce"
 
-    data: Path = option("--data", Kind(Path, "the pools folder"),  # checked after --out is taken
-                         default=Path("../shared/datasets/swebench-lite-pools"))
+    data: Path = option("--data", ExistingPath("folder"), default=Path("../shared/datasets/swebench-lite-pools"))
     out: Path = option("--out", OUT, default=Path("runs/reproduce"))
     full: bool = option("--full", FLAG, default=False)
     model: Path | None = option("--model", ExistingPath("path"), None, default=None)
@@ -60,5 +59,6 @@ class ReproduceOptions(CommandOptions):
 
 def reproduce_command(o: ReproduceOptions, *, log: Callable[[str], None] = print,
                       progress: Callable | None = None) -> Path:
-    """``latentsift reproduce`` with the options ``o`` (checked when built): ``reproduce`` of its settings."""
-    return reproduce(o.settings, log=log, progress=progress)
+    """``latentsift reproduce`` with the options ``o`` (checked when built; its paths once the output is held):
+    ``reproduce`` of its settings."""
+    return reproduce(o.settings, log=log, progress=progress, held=o.check_paths)

@@ -96,6 +96,7 @@ def rollout_command(o: RolloutOptions, *, log: Callable[[str], object] = print,
                                                               o.threads, o.workers)
     settings, limits = o.settings, o.limits
     with owned_output(out, [tasks, model], kind="rollout"):  # a second writer is refused before the model loads
+        o.check_paths()
         part = parse_shard(o.shard) if o.shard is not None else (1, 1)   # (I, N)
         model_path = check_model_path(model) if model is not None else check_model_path(default_model_path(), None)
         check_device(o.device)

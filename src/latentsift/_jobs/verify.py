@@ -55,20 +55,23 @@ class VerifyOptions(CommandOptions):
 
 def verify_to_folder(o: VerifyOptions, *, progress: Callable[[int, int], None] | None = None,
                      log: Callable[[str], None] | None = None) -> dict:
-    """``latentsift verify`` with the options ``o`` (checked when built): ``run_verify``."""
+    """``latentsift verify`` with the options ``o`` (checked when built; its paths once the output is held)."""
     return run_verify(o.pools, o.out, name=o.name, backend=o.backend, ids=o.ids, cache=o.cache,
-                      max_prompt_tokens=o.max_prompt_tokens, progress=progress, log=log, **o.backend_options())
+                      max_prompt_tokens=o.max_prompt_tokens, progress=progress, log=log, held=o.check_paths,
+                      **o.backend_options())
 
 
 def run_verify(trajectories: str | Path, out: str | Path, *, name: str = "ef", backend: str = DEFAULT_BACKEND,
                ids: str | Path | None = None, cache: str | Path | None = None, max_prompt_tokens: int = 1024,
                progress: Callable[[int, int], None] | None = None, log: Callable[[str], None] | None = None,
-               **options: Any) -> dict:
+               held: Callable[[], None] = lambda: None, **options: Any) -> dict:
     """``latentsift verify``: the verdicts of ``backend`` (built from ``options``) on the trajectories of a
     canonical JSONL (only the traj_ids listed in ``ids``, when given), written to ``out`` with the
-    prompt cache in ``cache`` (default OUT/cache). Returns the results keyed by traj_id."""
+    prompt cache in ``cache`` (default OUT/cache). ``held()``: called once ``out`` is held, before any input is
+    read (the command's path checks). Returns the results keyed by traj_id."""
     out = Path(out)
     with owned_output(out, [trajectories, options.get("model"), ids], kind="verifier"):  # a second writer: refused
+        held()
         if cache is not None:  # a prompt cache (shared by runs, written file by file atomically): checked, not locked
             check_output(cache, [trajectories, options.get("model"), ids], option="--cache")
         trajs = load_jsonl(trajectories)

@@ -293,9 +293,12 @@ def prepare_run(settings: ReproduceSettings, log: Callable[[str], None] = print)
 
 @blas_fixed
 def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print,
-              progress: Callable[[str, int, int, str], None] | None = None) -> Path:
-    """Run the whole job; returns the report folder. Reruns reuse every cached stage."""
+              progress: Callable[[str, int, int, str], None] | None = None,
+              held: Callable[[], None] = lambda: None) -> Path:
+    """Run the whole job; returns the report folder. Reruns reuse every cached stage. ``held()``: called once
+    the output is held, before any input is read (the command's path checks)."""
     with owned_output(settings.out, [settings.data, settings.model], kind="run"):  # a second writer is refused
+        held()
         check_data_dir(settings.data)  # before anything is written
         run = ReproduceRun(settings, log=log, progress=progress)
         out = run.out
