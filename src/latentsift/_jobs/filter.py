@@ -77,6 +77,10 @@ FILTER_RULES = (
          "--sifter runs in one process: drop --ray, --bank-shards and --approx."),
     Rule(lambda s: s.sifter is not None and _sifter_given(s),
          lambda s: f"--sifter scores with the settings it was fitted with: drop {', '.join(_sifter_given(s))}."),
+    Rule(lambda s: s.cost == "tokens", "--cost tokens needs each candidate's verifier token count, which no input "
+         "of 'filter' holds (the verifier runs after Stage 1); use --cost calls, the candidates kept."),
+    Rule(lambda s: s.max_keep is not None and s.target_recall is None and s.operating_point is None,
+         "--max-keep caps the recall-targeted rule: pass --target-recall R (or --operating-point)."),
     Rule(lambda s: (s.target_recall is not None or s.operating_point is not None)  # the cap is the recall rule's
          and None not in (s.min_keep, s.max_keep) and s.min_keep > s.max_keep,
          lambda s: f"--min-keep {s.min_keep} exceeds --max-keep {s.max_keep}: a pool cannot keep at least "
@@ -304,7 +308,7 @@ def filter_to_file(s: FilterOptions, *, log: Callable[[str], None] = lambda m: N
                                        calibration_epochs=s.calibration_epochs, on_shift=s.on_shift,
                                        min_keep=s.min_keep, keep_rule=s.keep_rule, pools=pools, instances=instances,
                                        confidence=s.confidence, saved=saved is not None, max_keep=s.max_keep,
-                                       cost=s.cost, frac=s.frac)
+                                       frac=s.frac)
         target_recall, on_shift, min_keep = target["target_recall"], target["on_shift"], target["min_keep"]
         rule = target["rule"]
         if saved is not None:

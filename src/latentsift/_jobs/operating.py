@@ -17,10 +17,10 @@ from .._core.registry import registry_lookup
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..deploy.operating_file import OPERATING_POINT_JSON, load_operating_point, save_operating_point
-from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
+from ..sift.calibration import DEFAULT_CALIBRATION
 from ..sift.keep import (CalibrationPools, FixedKeep, KeepRule, RecallKeep, apply_keep, check_calibration_size,
-                         check_target_recall, keep_rule, keep_rules, min_calibration_pools)
-from ..sift.keep_confident import ConfidentRecallKeep, check_confidence, min_confident_pools
+                         keep_rule, keep_rules, min_calibration_pools)
+from ..sift.keep_confident import ConfidentRecallKeep, min_confident_pools
 from ..sift.retain import MIN_KEEP, TARGET_MIN_KEEP
 from .calibration import (calibration_pools_for_filter, check_calibration_disjoint, check_calibration_disjoint_ids,
                           check_calibration_inputs, count_positive_pools)
@@ -177,10 +177,6 @@ _NEAREST = ("--bank-choice nearest with a target recall needs a threshold per su
             "that sub-bank scores, and the sifter holds one for its all-agent bank only: use --bank-choice all")
 
 
-#: ``--on-shift`` with a target recall (besides "error").
-ON_SHIFT_TARGET = ("keep-all", "warn")
-
-
 def _takes(cls: type, param: str) -> bool:
     return param in inspect.signature(cls.__init__).parameters
 
@@ -240,9 +236,11 @@ def _keep_rule_name(keep_rule: str | None = None, *, target_recall=None, confide
 def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
                           calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40, on_shift=None,
                           min_keep=None, pools=None, instances=None, confidence=None, saved: bool = False,
-                          max_keep=None, cost: str = "calls", keep_rule: str | None = None,
+                          max_keep=None, keep_rule: str | None = None,
                           command: str = "filter", frac=None) -> dict:
-    """Check ``filter``'s --target-recall options before any work (one-line refusals); resolve the defaults.
+    """Check ``filter``'s and ``fit``'s --target-recall options against each other and the calibration file
+    before any work (one-line refusals; each option's own values are ``FilterOptions``' and ``FitOptions``'
+    constraints); resolve the defaults.
 
     Returns ``{"target_recall", "on_shift", "min_keep", "confidence", "needed", "have"}``: without a
     target, "warn" and ``MIN_KEEP`` (the paper's rule); with one, "keep-all" and ``TARGET_MIN_KEEP``, and the
@@ -250,18 +248,12 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
     ``keep_confident``) and that the file has. The calibration file is read for its labels and
     instances only (refused when it shares a pool with ``pools``, the pools to filter). ``saved``: a
     saved operating point will be applied (``operating_file``; checked there): no ``calibration``
-    needed. ``max_keep``: a cap per pool (with a target only); ``cost``: "calls" ("tokens" is refused:
-    no filter input holds the verifier's tokens per candidate). ``command``: the command whose options
-    these are, named in the messages ("filter" or "fit"); ``frac``: the fixed rule's, refused with another.
+    needed. ``max_keep``: a cap per pool (with a target only: ``FILTER_RULES``). ``command``: the command
+    whose options these are, named in the messages ("filter" or "fit"); ``frac``: the fixed rule's, refused
+    with another.
     """
     rule = keep_rule_choice(keep_rule, target_recall=target_recall, confidence=confidence, calibration=calibration,
                             saved=saved, given={"min_keep": min_keep, "frac": frac})
-    check_choice(cost, "cost", f"{command} (--cost)", COSTS)
-    if cost == "tokens":
-        raise LatentSiftError("--cost tokens needs each candidate's verifier token count, which no input of 'filter' "
-                              "holds (the verifier runs after Stage 1); use --cost calls, the candidates kept.")
-    if max_keep is not None and target_recall is None and not saved:
-        raise LatentSiftError("--max-keep caps the recall-targeted rule: pass --target-recall R (or --operating-point).")
     if saved:
         if calibration is not None:
             raise LatentSiftError("Pass --calibration (fit the rule now) or a saved operating point, not both.")
@@ -279,20 +271,11 @@ def target_recall_options(*, target_recall=None, calibration=None, bank_choice: 
         return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": MIN_KEEP if min_keep is None
                 else min_keep,
                 "confidence": None, "max_keep": None, "rule": rule}
-    target_recall = check_target_recall(target_recall, f"{command} (--target-recall)")
     if calibration is None:
         raise LatentSiftError("--target-recall needs --calibration (labelled pools to choose the threshold on), or a "
                               "sifter with a saved operating point ('latentsift fit --target-recall R --calibration').")
     if bank_choice != "all":
         raise LatentSiftError(_NEAREST)
-    check_choice(calibration_method, "calibration_method", f"{command} (--calibration-method)", calibration_methods())
-    check_positive_int(calibration_epochs, "calibration_epochs", f"{command} (--calibration-epochs)")
-    if on_shift is not None:
-        check_choice(on_shift, "on_shift", f"{command} (--on-shift with --target-recall)", (*ON_SHIFT_TARGET, "error"))
-    if min_keep is not None:
-        check_positive_int(min_keep, "min_keep", f"{command} (--min-keep)")
-    if confidence is not None:
-        confidence = check_confidence(confidence, f"{command} (--confidence)")
     if pools is not None:
         check_calibration_disjoint(calibration, pools, instances)
     have = count_positive_pools(calibration)
