@@ -307,7 +307,7 @@ def test_filter_refuses_a_bank_of_other_span_settings_and_a_manifest_naming_outs
             "inside its own folder")
     # Stage 1 must keep someone
     refused(cli("filter", pools, "--states", states, "--bank", tmp_path / "bank", "--distance-only",
-                "--min-keep", 0, "--frac", 0, "--out", tmp_path / "f.json"), "min_keep")
+                "--min-keep", 0, "--frac", 0, "--out", tmp_path / "f.json"), "--min-keep")
     assert digest(other, tmp_path / "bank") == before and not (tmp_path / "f.json").exists()
 
 

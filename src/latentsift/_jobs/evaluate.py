@@ -28,7 +28,7 @@ class EvaluateOptions(CommandOptions):
     command: ClassVar[str] = "evaluate"
 
     pools: Path = option("POOLS", ExistingPath("file"))
-    scores: Sequence[Path] = option("--scores", Each(ExistingPath("path")))
+    scores: Sequence[Path] = option("--scores", Each(Kind(Path, "a score folder or file")))  # named when read
     out: Path = option("--out", OUT)
     final_verifier: str | None = option("--final-verifier", Kind(str, "the name of an EF-verifier input"), None,
                                         default=None)

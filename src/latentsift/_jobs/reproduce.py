@@ -24,7 +24,8 @@ class ReproduceOptions(CommandOptions):
 
     command: ClassVar[str] = "reproduce"
 
-    data: Path = option("--data", ExistingPath("folder"), default=Path("../shared/datasets/swebench-lite-pools"))
+    data: Path = option("--data", ExistingPath("folder", "an existing dataset folder (candidates.csv, r2egym/, sweagent/)"),
+                         default=Path("../shared/datasets/swebench-lite-pools"))
     out: Path = option("--out", OUT, default=Path("runs/reproduce"))
     full: bool = option("--full", FLAG, default=False)
     model: Path | None = option("--model", ExistingPath("path"), None, default=None)
