@@ -37,8 +37,8 @@ from .registry import registry_names
 from .validation import LatentSiftError
 
 __all__ = ["COUNT", "CommandOptions", "DEVICE", "Each", "ExistingPath", "FLAG", "Interval", "Kind", "Matches", "OUT",
-           "OneOf", "POSITIVE", "Param", "RAY_ADDRESS", "Registered", "Rule", "SEED", "STATE_STORE", "option",
-           "options_classes", "parameters", "pattern"]
+           "OneOf", "POSITIVE", "Param", "RATE", "RAY_ADDRESS", "RECALL", "Registered", "Rule", "SEED", "STATE_STORE",
+           "option", "options_classes", "parameters", "pattern"]
 
 #: The key of a field's declaration in its ``dataclasses.field`` metadata.
 PARAM = "latentsift_param"
@@ -351,6 +351,10 @@ SEED = COUNT
 FLAG = Kind(bool, "a flag")
 #: Where a command writes (``--out``; ``_core.outputs`` guards it when the command runs).
 OUT = Kind(Path, "an output path")
+#: A probability strictly between 0 and 1 (``--confidence``, ``--guard-false-alarm``) and a target pool
+#: recall in (0, 1] (``--target-recall``).
+RATE = Interval(Real, 0, 1, closed="neither")
+RECALL = Interval(Real, 0, 1, closed="right")
 #: ``--ray``: where Ray runs.
 RAY_ADDRESS = Matches("local, auto or HOST:PORT", pattern(r"local|auto|\S*[^\s:]:\d+"), "nowhere")
 #: ``--device``: the policy's torch device.

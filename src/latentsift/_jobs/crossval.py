@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Callable, ClassVar, Sequence
 
 from .._core.outputs import owned_output
-from .._core.params import (FLAG, OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPath, Interval, Kind, OneOf,
-                            option)
+from .._core.params import (FLAG, OUT, POSITIVE, RATE, RECALL, SEED, CommandOptions, Each, ExistingPath, Interval,
+                            Kind, OneOf, option)
 from ..deploy.leak import ON_LEAK
 from ..protocol.crossval import CrossvalSettings, crossval
 from ..protocol.settings import GROUP_BY
@@ -17,9 +17,7 @@ from ..protocol.settings import GROUP_BY
 __all__ = ["CrossvalOptions", "CrossvalSettings", "crossval_command", "run_crossval"]
 
 _D = CrossvalSettings.defaults()
-#: Declared once for crossval and premise: a rate in (0, 1), a target pool recall in (0, 1], Stage 3's price.
-RATE = Interval(Real, 0, 1, closed="neither")
-RECALL = Interval(Real, 0, 1, closed="right")
+#: Declared once for crossval and premise: Stage 3's price in tokens, the state stores.
 TOKENS = Interval(Real, 0, None)
 STORES = Each(Kind(Path, "a state store folder"))
 

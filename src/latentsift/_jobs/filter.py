@@ -13,8 +13,8 @@ from types import SimpleNamespace
 from typing import Any, Callable, ClassVar, ContextManager, Sequence
 
 from .._core.outputs import owned_output
-from .._core.params import (COUNT, FLAG, OUT, POSITIVE, RAY_ADDRESS, SEED, STATE_STORE, CommandOptions, ExistingPath,
-                            Interval, Matches, OneOf, Registered, Rule, option)
+from .._core.params import (COUNT, FLAG, OUT, POSITIVE, RATE, RAY_ADDRESS, RECALL, SEED, STATE_STORE, CommandOptions,
+                            ExistingPath, Interval, Matches, OneOf, Registered, Rule, option)
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, check_choice
 from ..bank.bank import Bank
@@ -127,12 +127,12 @@ class FilterOptions(CommandOptions):
     bank_shards: int | None = option("--bank-shards", POSITIVE, None, default=None)
     approx: str | None = option("--approx", Registered("index_kind"), None, default=None)
     on_shift: str | None = option("--on-shift", OneOf(ON_SHIFT), None, default=None)
-    target_recall: float | None = option("--target-recall", Interval(Real, 0, 1, closed="right"), None, default=None)
+    target_recall: float | None = option("--target-recall", RECALL, None, default=None)
     calibration: Path | None = option("--calibration", *_OPTIONAL_FILE, default=None)
     operating_point: Path | None = option("--operating-point", *_OPTIONAL_FILE, default=None)
     max_keep: int | None = option("--max-keep", POSITIVE, None, default=None)
     cost: str = option("--cost", OneOf(COSTS), default="calls")
-    confidence: float | None = option("--confidence", Interval(Real, 0, 1, closed="neither"), None, default=None)
+    confidence: float | None = option("--confidence", RATE, None, default=None)
     calibration_states: Path | None = option("--calibration-states", STATE_STORE, None, default=None)
     calibration_method: str = option("--calibration-method", Registered("calibration"), default=DEFAULT_CALIBRATION)
     calibration_epochs: int = option("--calibration-epochs", POSITIVE, default=40)
@@ -321,7 +321,8 @@ def filter_to_file(s: FilterOptions, *, log: Callable[[str], None] = lambda m: N
             log(f"operating point {saved[1]['path']} (fitted on {saved[0].n_calibration_pools_} calibration pools "
                 "with a resolved candidate): applied without refitting.")
         elif target_recall is not None:  # before any work: what the bound needs and what the calibration file has
-            log(f"--target-recall {target_recall:g}" + ("" if s.confidence is None else f" --confidence {s.confidence:g}")
+            given = "" if s.confidence is None else f" --confidence {s.confidence:g}"
+            log(f"--target-recall {target_recall:g}{given}"
                 + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {calibration} "
                 f"has {target['have']}.")
         settings: dict = {"min_keep": min_keep, "frac": frac, "seed": s.seed}

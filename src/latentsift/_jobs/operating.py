@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from numbers import Real
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
 from .._core.outputs import owned_output
-from .._core.params import (FLAG, OUT, POSITIVE, SEED, STATE_STORE, CommandOptions, Each, ExistingPath, Interval,
+from .._core.params import (FLAG, OUT, POSITIVE, RATE, RECALL, SEED, STATE_STORE, CommandOptions, Each, ExistingPath,
                             OneOf, Registered, option)
 from .._core.registry import registry_lookup
 from .._core.threads import blas_fixed
@@ -33,8 +32,6 @@ __all__ = ["COSTS", "FitOptions", "GUARD_REFERENCES", "check_saved_rule", "fit_c
 
 #: The values of ``fit --guard-reference``: the command line's word (as in --group-by) -> the guard's kind.
 GUARD_REFERENCES = {"repo": "repository", "instance": "instance"}
-_TARGET = Interval(Real, 0, 1, closed="right")
-_CONFIDENCE = Interval(Real, 0, 1, closed="neither")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,12 +48,12 @@ class FitOptions(CommandOptions):
     seed: int = option("--seed", SEED, default=0)
     instances: int | None = option("--max-instances", POSITIVE, None, default=None)
     per_agent: bool = option("--per-agent", FLAG, default=False)
-    guard_false_alarm: float = option("--guard-false-alarm", _CONFIDENCE, default=FALSE_ALARM)
+    guard_false_alarm: float = option("--guard-false-alarm", RATE, default=FALSE_ALARM)
     guard_reference: str = option("--guard-reference", OneOf(tuple(GUARD_REFERENCES)), default="repo")
-    target_recall: float | None = option("--target-recall", _TARGET, None, default=None)
+    target_recall: float | None = option("--target-recall", RECALL, None, default=None)
     calibration: Path | None = option("--calibration", ExistingPath("file"), None, default=None)
     calibration_states: Path | None = option("--calibration-states", STATE_STORE, None, default=None)
-    confidence: float | None = option("--confidence", _CONFIDENCE, None, default=None)
+    confidence: float | None = option("--confidence", RATE, None, default=None)
     calibration_method: str = option("--calibration-method", Registered("calibration"), default=DEFAULT_CALIBRATION)
     calibration_epochs: int = option("--calibration-epochs", POSITIVE, default=40)
 

@@ -6,15 +6,15 @@ from numbers import Integral
 from pathlib import Path
 from typing import Callable, ClassVar, Sequence
 
-from .._core.params import (FLAG, OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPath, Interval, OneOf,
+from .._core.params import (FLAG, OUT, POSITIVE, RECALL, SEED, CommandOptions, Each, ExistingPath, Interval, OneOf,
                             option)
 from ..protocol.reproduction import SWEEP, ReproduceSettings, reproduce
 from ..states.model import AUTO_DTYPE, DTYPES
-from .crossval import RECALL
 
 __all__ = ["ReproduceOptions", "ReproduceSettings", "reproduce", "reproduce_command"]
 
 _D = ReproduceSettings.defaults()
+_DATASET = ExistingPath("folder", "an existing dataset folder (candidates.csv, r2egym/, sweagent/)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,8 +24,7 @@ class ReproduceOptions(CommandOptions):
 
     command: ClassVar[str] = "reproduce"
 
-    data: Path = option("--data", ExistingPath("folder", "an existing dataset folder (candidates.csv, r2egym/, sweagent/)"),
-                         default=Path("../shared/datasets/swebench-lite-pools"))
+    data: Path = option("--data", _DATASET, default=Path("../shared/datasets/swebench-lite-pools"))
     out: Path = option("--out", OUT, default=Path("runs/reproduce"))
     full: bool = option("--full", FLAG, default=False)
     model: Path | None = option("--model", ExistingPath("path"), None, default=None)
