@@ -15,7 +15,7 @@ field against its constraints (a value passes when one of them allows it), then 
 after it has taken its output (``check_paths``: an output over an input is refused first). The
 refusal of a field is generated from its declaration: one line naming the command, the option as the user
 writes it, what it allows and the value (``LatentSiftError``: exit code 2 on the command line), e.g.
-``filter (--target-recall): --target-recall must be a number above 0 and at most 1. Got 1.5 instead.``
+``filter (--target-recall): --target-recall must be a number in (0, 1]. Got 1.5 instead.``
 
 The constraints: ``Interval`` (an integer or a finite number between bounds, each end open or closed),
 ``OneOf`` (a fixed set of words), ``Registered`` (a registered name of a registry kind, read when checked),
@@ -101,8 +101,8 @@ class Interval(Constraint):
             return f"{noun} {'of at most' if self._closed('right') else 'below'} {_num(hi)}"
         if self.closed == "both":
             return f"{noun} from {_num(lo)} to {_num(hi)}"
-        return (f"{noun} {'of at least' if self._closed('left') else 'above'} {_num(lo)} and "
-                f"{'at most' if self._closed('right') else 'below'} {_num(hi)}")
+        return (f"{noun} in {'[' if self._closed('left') else '('}{_num(lo)}, {_num(hi)}"
+                f"{']' if self._closed('right') else ')'}")
 
     def invalid(self) -> Any:
         if self.left is not None:
