@@ -128,7 +128,7 @@ def test_extract_layers_out_of_range_are_refused_from_the_config(canonical, tmp_
 
 def test_reproduce_checks_its_selection_before_any_work(data_dir, tmp_path):
     refused(cli("reproduce", "--data", data_dir, "--out", tmp_path / "run", "--max-instances", -4),
-            "max_instances")
+            "--max-instances")
     assert not (tmp_path / "run").exists()
     # 8 instances cannot give 4 repository folds with both classes in every bank: said before extraction
     r = cli("reproduce", "--data", data_dir, "--out", tmp_path / "run", "--max-instances", 8)
@@ -307,7 +307,7 @@ def test_filter_refuses_a_bank_of_other_span_settings_and_a_manifest_naming_outs
             "inside its own folder")
     # Stage 1 must keep someone
     refused(cli("filter", pools, "--states", states, "--bank", tmp_path / "bank", "--distance-only",
-                "--min-keep", 0, "--frac", 0, "--out", tmp_path / "f.json"), "min_keep")
+                "--min-keep", 0, "--frac", 0, "--out", tmp_path / "f.json"), "--min-keep")
     assert digest(other, tmp_path / "bank") == before and not (tmp_path / "f.json").exists()
 
 

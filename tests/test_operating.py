@@ -242,16 +242,16 @@ def test_filter_target_recall_refusals_before_any_work(shared):
     d = shared
     base = ["filter", d / "pools.jsonl", "--states", d / "states", "--bank", d / "bank", "--scorer", d / "scorer",
             "--out", d / "x.json"]
-    for extra, words in ((["--target-recall", "0", "--calibration", d / "cal.jsonl"], ("target_recall", "(0, 1]")),
+    for extra, words in ((["--target-recall", "0", "--calibration", d / "cal.jsonl"], ("--target-recall", "(0, 1]")),
                          (["--target-recall", "1.5", "--calibration", d / "cal.jsonl"], ("(0, 1]",)),
                          (["--target-recall", "0.99", "--calibration", d / "cal.jsonl"], ("at least 99", "has 10")),
                          (["--target-recall", "0.9", "--calibration", d / "cal_small.jsonl"], ("at least 9", "has 6")),
                          (["--target-recall", "0.9"], ("needs --calibration",)),
                          (["--calibration", d / "cal.jsonl"], ("with --target-recall only",)),
                          (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-method", "beta"],
-                          ("calibration_method",)),
+                          ("--calibration-method",)),
                          (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-epochs", "0"],
-                          ("calibration_epochs",)),
+                          ("--calibration-epochs",)),
                          (["--target-recall", "0.9", "--calibration", d / "cal_and_pool.jsonl"],
                           ("also pools to filter", "pytest-dev__pytest-7432")),
                          (["--target-recall", "0.9", "--calibration", d / "cal.jsonl", "--calibration-states",
@@ -264,7 +264,7 @@ def test_protocol_commands_refuse_a_bad_target_recall_before_any_work(tmp_path):
     for cmd in (["crossval", tmp_path / "p.jsonl", "--states", tmp_path / "s", "--out", tmp_path / "o"],
                 ["reproduce", "--data", tmp_path / "data", "--out", tmp_path / "o"]):
         for bad in ("0", "1.01"):
-            refused(_cli(*cmd, "--target-recall", "0.9", "--target-recall", bad), "target_recall", "(0, 1]")
+            refused(_cli(*cmd, "--target-recall", "0.9", "--target-recall", bad), "--target-recall", "(0, 1]")
         assert not (tmp_path / "o").exists()
 
 

@@ -308,7 +308,7 @@ def test_a_sandbox_that_cannot_start_is_an_error_not_a_label(monkeypatch):
 
 
 def test_limits_are_checked():
-    with pytest.raises(LatentSiftError, match="'timeout_s' parameter of SandboxLimits"):
+    with pytest.raises(LatentSiftError, match="The sandbox limit 'timeout_s' must be a positive number"):
         SandboxLimits(timeout_s=0)
     with pytest.raises(LatentSiftError, match="'workers' parameter of run_programs"):
         run_programs(["pass"], workers=0)

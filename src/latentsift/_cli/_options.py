@@ -78,6 +78,12 @@ Threads = Annotated[Optional[int], typer.Option(
                       "machine shared with other jobs.")]
 
 
+def command_options(ctx: typer.Context) -> dict:
+    """The options of the running command as parsed (parameter name -> value): what its settings object is
+    built from (its fields bear the command's parameter names)."""
+    return dict(ctx.params)
+
+
 def csv_list(value: Optional[str]) -> Optional[list[str]]:
     """A comma-separated option value as a list of its non-empty items (None stays None)."""
     if value is None:

@@ -6,9 +6,9 @@ from typing import List, Optional
 
 import typer
 
-from .._jobs.crossval import CrossvalSettings, run_crossval
+from .._jobs.crossval import CrossvalOptions, CrossvalSettings, crossval_command
 from ._options import (Boot, Draws, FirstInstances, Folds, GenTestKey, GuardFalseAlarm, Ks, ScorerEpochs, Seed,
-                       StatesDirs, TestgenTokens, Variants)
+                       StatesDirs, TestgenTokens, Variants, command_options)
 from ._progress import StageProgress, messages
 
 _DEFAULT = CrossvalSettings.defaults()
@@ -19,6 +19,7 @@ def register(app: typer.Typer) -> None:
 
 
 def crossval_cmd(
+    ctx: typer.Context,
     pools: List[Path] = typer.Argument(..., metavar="POOLS",
                                        help="Canonical JSONL of labelled candidate pools (every candidate has a "
                                        "reward); several files (runs) are evaluated as one."),
@@ -50,13 +51,9 @@ def crossval_cmd(
     testgen_tokens: TestgenTokens = _DEFAULT["testgen_tokens"],
 ) -> None:
     """Cross-validate LatentSift, its variants and the baselines on your own labelled pools; write the report."""
+    options = CrossvalOptions(**command_options(ctx))  # every option checked here, before any file is read
     console = messages()
     with StageProgress(console) as bar:
-        report = run_crossval(pools[0] if len(pools) == 1 else pools,
-                          states[0] if len(states) == 1 else states, out, group_by=group_by, n_folds=folds, ks=tuple(k),
-                          n_draws=draws, seed=seed, verifier=verifier, first_instances=instances, n_boot=boot, scorer_epochs=scorer_epochs,
-                          variants=variants, agent_transfer=agent_transfer, on_leak=on_leak, guard_false_alarm=guard_false_alarm,
-                          target_recalls=tuple(target_recall or _DEFAULT["target_recalls"]),
-                          gen_test_key=gen_test_key, testgen_tokens=testgen_tokens, log=bar.print, progress=bar.update)
+        report = crossval_command(options, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")
     console.print(f"[bold green]Explorer:[/] {report / 'index.html'}")

@@ -9,10 +9,10 @@ from typing import List, Optional
 
 import typer
 
-from .._jobs.evaluate import run_evaluate
-from .._jobs.verify import DEFAULT_BACKEND, run_verify, verifier_backends
+from .._jobs.evaluate import EvaluateOptions, run_evaluate
+from .._jobs.verify import DEFAULT_BACKEND, VerifyOptions, verifier_backends, verify_to_folder
 from ._help import listed
-from ._options import Draws, Dtype, Model, Seed, Threads
+from ._options import Draws, Dtype, Model, Seed, Threads, command_options
 from ._progress import StageProgress
 
 
@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
 
 
 def evaluate_cmd(
+    ctx: typer.Context,
     pools: Path = typer.Argument(..., metavar="POOLS", help="POOLS.jsonl: one pool per line (docs/evaluation.md)."),
     scores: List[Path] = typer.Option(..., "--scores", help="A score folder or file; repeat. Filters "
                                       "(scores.jsonl) and EF-verifier results (verdicts.jsonl)."),
@@ -50,17 +51,14 @@ def evaluate_cmd(
     names: Optional[Path] = typer.Option(None, "--names", help="JSON: filter -> display name."),
 ) -> None:
     """Run the four-stage cascade for every Stage-1 filter and write the evaluation report."""
+    options = EvaluateOptions(**command_options(ctx))  # every option checked here, before any file is read
     with StageProgress(transient=True) as bar:
-        written = run_evaluate(pools, scores, out, final_verifier=final_verifier, reference=reference, ks=k,
-                               draws=draws, seed=seed, tie=tie, missing=missing, bootstrap=bootstrap,
-                               small_pools=small_pools, exact=exact, stop_when_single=stop_when_single,
-                               no_filter=no_filter, headline=headline, ablations=ablations,
-                               distributions=distributions, dist_instances=dist_instances, names=names,
-                               progress=lambda done, total: bar.update("cascade", done, total))
+        written = run_evaluate(options, progress=lambda done, total: bar.update("cascade", done, total))
     typer.echo(f"wrote {len(written)} files to {out}: " + ", ".join(sorted(written)))
 
 
 def verify_cmd(
+    ctx: typer.Context,
     pools: Path = typer.Argument(..., metavar="POOLS", help="Canonical trajectories (.jsonl or .jsonl.gz)."),
     out: Path = typer.Option(..., "--out", help="Output folder (manifest.json + verdicts.jsonl)."),
     name: str = typer.Option("ef", "--name", help="Name of this verifier in the evaluation."),
@@ -85,12 +83,9 @@ def verify_cmd(
 
     --model, --dtype and --threads apply to the local backend.
     """
+    options = VerifyOptions(**command_options(ctx))  # every option checked here, before any file is read
     with StageProgress(transient=True) as bar:
-        results = run_verify(pools, out, name=name, backend=backend, ids=ids, cache=cache,
-                             max_prompt_tokens=max_prompt_tokens,
-                             progress=lambda done, total: bar.update("verify", done, total),
-                             log=lambda m: typer.echo(m, err=True), model=model, dtype=dtype, threads=threads,
-                             base_url=base_url, api_model=api_model, api_key_env=api_key_env, timeout=timeout,
-                             retries=retries, concurrency=concurrency)
+        results = verify_to_folder(options, progress=lambda done, total: bar.update("verify", done, total),
+                                   log=lambda m: typer.echo(m, err=True))
     n_fail = sum(1 for r in results.values() if r.score is None)
     typer.echo(f"scored {len(results) - n_fail} of {len(results)} candidates ({n_fail} failures) -> {out}")

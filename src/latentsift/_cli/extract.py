@@ -1,6 +1,7 @@
 """``latentsift extract``: policy states of canonical trajectories into a state store.
 
-Parsing and progress only: the work is ``latentsift._jobs.extract.run_extract``.
+Parsing and progress only: the options are ``latentsift._jobs.extract.ExtractOptions``, the work
+``extract_to_store``.
 """
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Optional
 
 import typer
 
-from .._jobs.extract import AUTO_DTYPE, RENDER, extraction_backends, renderer_names, run_extract
+from .._jobs.extract import AUTO_DTYPE, RENDER, ExtractOptions, extract_to_store, extraction_backends, renderer_names
 from ._help import listed
-from ._options import Device, Dtype, FirstInstances, Model, Threads
+from ._options import Device, Dtype, FirstInstances, Model, Threads, command_options
 from ._progress import StageProgress, messages
 
 
@@ -20,6 +21,7 @@ def register(app: typer.Typer) -> None:
 
 
 def extract_cmd(
+    ctx: typer.Context,
     pools: Path = typer.Argument(..., metavar="POOLS",
                                  help="Canonical trajectory JSONL (from 'latentsift import'), .gz allowed."),
     out: Path = typer.Option(..., "--out", help="STATES_DIR: the state store (created, or resumed)."),
@@ -59,19 +61,14 @@ def extract_cmd(
                                              "with --ray, over each worker's --gpus-per-worker GPUs."),
 ) -> None:
     """Replay trajectories through the policy and store their pooled hidden states (resumable)."""
+    options = ExtractOptions(**command_options(ctx))  # every option checked here, before anything loads
     console = messages()
     with StageProgress(console) as bar:
         def progress(p) -> None:
             rate = f"{p.tokens / p.elapsed:,.0f} tok/s" if p.elapsed > 0 and p.done else ""
             bar.update("extract", p.done, p.total, rate)
 
-        report = run_extract(pools, out, model=model, dtype=dtype, device=device, max_tokens=max_tokens,
-                             instances=instances, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
-                             layers=layers, chunk_tokens=chunk_tokens, shard_size=shard_size, threads=threads,
-                             per_step=per_step, renderer=renderer, backend=backend,
-                             patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens, ray=ray, workers=workers,
-                             gpus_per_worker=gpus_per_worker, device_map=device_map, log=bar.print,
-                             progress=progress)
+        report = extract_to_store(options, log=bar.print, progress=progress)
     if report.redone:
         console.print(f"{len(report.redone)} stored trajectories were in a missing or damaged shard and were "
                       "extracted again.")

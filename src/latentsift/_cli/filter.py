@@ -1,6 +1,7 @@
 """``latentsift filter``: Stage-1 scores and retained sets for the pools of a JSONL file.
 
-Parsing and printing only; the logic is ``latentsift._jobs.filter.run_filter``.
+Parsing and printing only: the options are ``latentsift._jobs.filter.FilterOptions`` (declared and checked
+there), the work ``filter_to_file``.
 """
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .._core.validation import LatentSiftError
-from .._jobs.filter import (DEFAULT_CALIBRATION, DEFAULT_METHOD, KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP,
+from .._jobs.filter import (KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP, FilterOptions,
                              calibration_methods, filter_to_file, keep_rules, method_names)
 from ._help import listed
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, Seed, StatesDir,
-                       csv_list)
+                       command_options)
 from ._progress import messages
 from ._text import cell, markup
+
+#: The declared defaults (FilterOptions): the command line shows these.
+_D = FilterOptions.defaults()
 
 
 def register(app: typer.Typer) -> None:
@@ -34,12 +37,13 @@ def _fmt(x) -> str:
 
 
 def filter_cmd(
+    ctx: typer.Context,
     pools: Path = typer.Argument(..., metavar="POOLS", help="Canonical JSONL of the candidate pools."),
     states: StatesDir = None,
     bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
     out: Path = typer.Option(..., "--out", help="FILTER.json to write."),
-    method: str = typer.Option(DEFAULT_METHOD, "--method", help="A registered filter: "
+    method: str = typer.Option(_D["method"], "--method", help="A registered filter: "
                                "{filters} (the first is the paper's; the others are "
                                "rule filters, baselines, unless registered as state filters)."),
     channels: Optional[str] = typer.Option(None, "--channels", help="Channels, comma-separated: cot, obs, fn "
@@ -48,8 +52,8 @@ def filter_cmd(
                                            "(-d_pos) or neg (d_neg)."),
     weighting: Optional[str] = typer.Option(None, "--weighting", help="Step weights: linear (t, the default) or "
                                             "uniform."),
-    distance_only: bool = typer.Option(False, "--distance-only", help="s = s_dist (no scorer)."),
-    learned_only: bool = typer.Option(False, "--learned-only", help="s = s_lin (banks used for the guards only)."),
+    distance_only: bool = typer.Option(_D["distance_only"], "--distance-only", help="s = s_dist (no scorer)."),
+    learned_only: bool = typer.Option(_D["learned_only"], "--learned-only", help="s = s_lin (banks used for the guards only)."),
     fusion_weight: Optional[float] = typer.Option(None, "--fusion-weight", help="s = w s_dist + (1 - w) s_lin "
                                                   "(default 0.5)."),
     min_keep: Optional[int] = typer.Option(None, "--min-keep", help="Retain max(MIN_KEEP, floor(FRAC K)) "
@@ -57,10 +61,10 @@ def filter_cmd(
                                            f"pool (default {TARGET_MIN_KEEP})."),
     frac: Optional[float] = typer.Option(None, "--frac", help="Retain max(MIN_KEEP, floor(FRAC K)) "
                                          f"(default {KEEP_FRAC}; the fixed rule's only)."),
-    seed: Seed = 0,
-    evidence: int = typer.Option(3, "--evidence", help="Strongest steps reported per channel (0 = none)."),
+    seed: Seed = _D["seed"],
+    evidence: int = typer.Option(_D["evidence"], "--evidence", help="Strongest steps reported per channel (0 = none)."),
     instances: Optional[str] = typer.Option(None, "--instance-ids", help="Only these instance ids (comma-separated)."),
-    show: int = typer.Option(10, "--show", help="Print the table of at most N pools (the JSON has all)."),
+    show: int = typer.Option(_D["show"], "--show", help="Print the table of at most N pools (the JSON has all)."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Search the bank on Ray actors: local, auto or "
                                       "HOST:PORT (needs the optional extra: pip install ray==2.60.0; same results)."),
     bank_shards: Optional[int] = typer.Option(None, "--bank-shards", help="Bank shards on Ray (default 2 with --ray)."),
@@ -84,18 +88,18 @@ def filter_cmd(
                                                    "--target-recall and no --calibration uses the sifter's own."),
     max_keep: Optional[int] = typer.Option(None, "--max-keep", help="With a target recall: keep at most B per pool "
                                            "(the best of those the rule keeps; a capped pool is not guaranteed)."),
-    cost: str = typer.Option("calls", "--cost", help="What the rule saves: calls (candidates kept). tokens is "
+    cost: str = typer.Option(_D["cost"], "--cost", help="What the rule saves: calls (candidates kept). tokens is "
                              "refused: no filter input holds the verifier's tokens per candidate."),
     confidence: Confidence = None,
     calibration_states: CalibrationStates = None,
-    calibration_method: CalibrationMethod = DEFAULT_CALIBRATION,
-    calibration_epochs: CalibrationEpochs = 40,
+    calibration_method: CalibrationMethod = _D["calibration_method"],
+    calibration_epochs: CalibrationEpochs = _D["calibration_epochs"],
     keep_rule: Optional[str] = typer.Option(None, "--keep-rule", help="Which candidates Stage 1 keeps: a "
                                             "registered keep rule, {keep_rules} (default: the first, the paper's "
                                             "max(MIN_KEEP, floor(FRAC K)), or with --target-recall the second; a "
                                             "recall-targeted rule needs --target-recall R and is fitted on "
                                             "--calibration; another rule is fitted on --calibration when given)."),
-    bank_choice: str = typer.Option("all", "--bank-choice", help="With --sifter: all (the all-agent bank) or "
+    bank_choice: str = typer.Option(_D["bank_choice"], "--bank-choice", help="With --sifter: all (the all-agent bank) or "
                                     "nearest (per pool, the sub-bank of 'fit --per-agent' nearest to its "
                                     "candidates' states; the choice and distances are in the JSON)."),
     on_leak: Optional[str] = typer.Option(None, "--on-leak", help="For a pool whose instance is in the bank: "
@@ -106,24 +110,14 @@ def filter_cmd(
                                           "named in the output."),
 ) -> None:
     """Score candidate pools with LatentSift (or a baseline) and write per-candidate results as JSON."""
-    # Length: the signature is one typer option per setting; the body parses and prints (_pool_table),
-    # the work is in latentsift._jobs.filter. (A note here, not in the docstring: typer shows the whole
-    # docstring in the command list, '' included.)
-    if show < 0:
-        raise LatentSiftError(f"--show must be 0 (no table) or a positive number of pools. Got {show} instead.")
+    # Length: the signature is one typer option per setting; the body builds the settings (checked there,
+    # latentsift._jobs.filter.FilterOptions), runs the job and prints (_pool_table). (A note here, not in the
+    # docstring: typer shows the whole docstring in the command list, '' included.)
+    s = FilterOptions(**command_options(ctx))  # every option checked here, before any file is read
     console = Console(width=None if sys.stdout.isatty() else 160)   # the tables' width
     say = functools.partial(console.print, soft_wrap=True)           # a message: one line, never broken
-    done = filter_to_file(pools, out, states=states, bank=bank, scorer=scorer, sifter=sifter, method=method,
-                          bank_choice=bank_choice, on_shift=on_shift, on_leak=on_leak, ray=ray, bank_shards=bank_shards,
-                          approx=approx, distance_only=distance_only, learned_only=learned_only, channels=channels,
-                          distance=distance, weighting=weighting, fusion_weight=fusion_weight, min_keep=min_keep,
-                          frac=frac, seed=seed, evidence=evidence,
-                          instances=csv_list(instances) if instances else None, target_recall=target_recall,
-                          calibration=calibration, calibration_states=calibration_states,
-                          calibration_method=calibration_method, calibration_epochs=calibration_epochs,
-                          keep_rule=keep_rule, confidence=confidence, operating_point=operating_point,
-                          max_keep=max_keep, cost=cost, log=say,
-                          status=lambda m: messages().status(m))
+    done = filter_to_file(s, log=say, status=lambda m: messages().status(m))
+    show, out = s.show, s.out
     run, warnings, settings, op = done.run, done.warnings, done.settings, done.operating_point
     on_shift, target_recall = done.on_shift, done.target_recall
     for res in run.pools[:show]:

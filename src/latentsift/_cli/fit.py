@@ -6,24 +6,20 @@ from typing import List, Optional
 
 import typer
 
-from .._core.validation import check_choice
 from .._jobs.filter import DEFAULT_CALIBRATION, calibration_methods
-from .._jobs.operating import fit_sifter_with_operating_point
+from .._jobs.operating import FitOptions, fit_command
 from .._jobs.sifter import FALSE_ALARM
 from ._help import listed
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, FirstInstances,
-                       GuardFalseAlarm, ScorerEpochs, Seed, StatesDirs)
+                       GuardFalseAlarm, ScorerEpochs, Seed, StatesDirs, command_options)
 from ._progress import messages
-
-#: The values of --guard-reference: the command line's word (as in --group-by) -> the guard's kind.
-GUARD_REFERENCES = {"repo": "repository", "instance": "instance"}
-
 
 def register(app: typer.Typer) -> None:
     app.command("fit", cls=listed(calibrations=calibration_methods))(fit_cmd)
 
 
 def fit_cmd(
+    ctx: typer.Context,
     pools: List[Path] = typer.Argument(..., metavar="POOLS",
                                        help="Canonical JSONL of labelled candidates (every candidate has a "
                                        "reward); several files (runs) make one sifter."),
@@ -47,14 +43,9 @@ def fit_cmd(
     calibration_epochs: CalibrationEpochs = 40,
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
-    check_choice(guard_reference, "guard_reference", "fit (--guard-reference)", GUARD_REFERENCES)
+    options = FitOptions(**command_options(ctx))  # every option checked here, before any file is read
     console = messages()
-    sifter, rec = fit_sifter_with_operating_point(
-        pools, states, out, target_recall=target_recall, calibration=calibration,
-        calibration_states=calibration_states, confidence=confidence, calibration_method=calibration_method,
-        calibration_epochs=calibration_epochs, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
-        per_agent=per_agent, false_alarm=guard_false_alarm,
-        reference_kind=GUARD_REFERENCES[guard_reference], log=console.print)
+    sifter, rec = fit_command(options, log=console.print)
     ev = sifter.config_["evidence"].get("paper-distance_within_pool_auc")
     seen = sifter.seen_
     console.print(f"[bold green]Sifter:[/] {out} ({seen['n_trajectories']} trajectories of {seen['n_instances']} "

@@ -6,8 +6,8 @@ from typing import List, Optional
 
 import typer
 
-from .._jobs.premise import PREMISE_KS, CrossvalSettings, run_premise
-from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed, TestgenTokens
+from .._jobs.premise import PREMISE_KS, CrossvalSettings, PremiseOptions, premise_command
+from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed, TestgenTokens, command_options
 from ._progress import StageProgress, messages
 
 _DEFAULT = CrossvalSettings.defaults()
@@ -18,6 +18,7 @@ def register(app: typer.Typer) -> None:
 
 
 def premise_cmd(
+    ctx: typer.Context,
     pools: Path = typer.Argument(..., metavar="POOLS",
                                  help="Canonical JSONL of one policy's labelled candidate pools."),
     states: List[Path] = typer.Option(..., "--states", help="STATES_DIR of the policy's own states of these "
@@ -46,10 +47,8 @@ def premise_cmd(
     """Do the policy's own states beat length? Within-pool AUC of the paper's method, its branches and the probe
     against the length rules, stack:length, pure length (code chars, generated tokens), the docstring examples' pass
     share and random; retention@K; verifier calls at R = 0.9, 0.95; own - proxy."""
+    options = PremiseOptions(**command_options(ctx))  # every option checked here, before any file is read
     console = messages()
     with StageProgress(console) as bar:
-        report = run_premise(pools, states, out, proxy_states=proxy_states or None, ks=tuple(k), group_by=group_by,
-                             n_folds=folds, n_draws=draws, n_boot=boot, scorer_epochs=scorer_epochs, seed=seed,
-                             verifier=verifier, gen_test_key=gen_test_key, testgen_tokens=testgen_tokens,
-                             log=bar.print, progress=bar.update)
+        report = premise_command(options, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json beside it)")

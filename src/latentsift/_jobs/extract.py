@@ -3,19 +3,24 @@ the options name (``latentsift.scale.backends``) and replay the trajectories int
 (``latentsift.states.extract.extract_pools``; resumable)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from numbers import Real
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from .._core.outputs import owned_output
-from .._core.registry import registry_find, registry_names
+from .._core.params import (COUNT, DEVICE, FLAG, OUT, POSITIVE, RAY_ADDRESS, ExistingPath, Interval, Matches, OneOf,
+                            Registered, Rule, CommandOptions, option)
+from .._core.registry import registry_names
 from .._core.validation import LatentSiftError
 from ..scale.backends import check_backend_options, open_backend
 from ..states.channel import RENDER, RENDER_PER_STEP, renderer_names
 from ..states.extract import ExtractReport, extract_pools
-from ..states.model import AUTO_DTYPE, DTYPES
+from ..states.model import AUTO_DTYPE, DEVICE_MAPS, DTYPES
 from ..trajectories.trajectory import load_jsonl
 
-__all__ = ["AUTO_DTYPE", "DTYPES", "RENDER", "extraction_backends", "parse_layers", "renderer_names", "run_extract"]
+__all__ = ["AUTO_DTYPE", "DTYPES", "ExtractOptions", "RENDER", "extract_to_store", "extraction_backends",
+           "parse_layers", "renderer_names", "run_extract"]
 
 
 def parse_layers(value: str):
@@ -34,58 +39,78 @@ def extraction_backends() -> tuple[str, ...]:
     return registry_names("extraction_backend")
 
 
-def _check_names(backend: str | None, renderer: str, per_step: bool) -> str:
-    """``--backend`` and ``--renderer`` among the registered names (before anything loads); the renderer
-    ``--per-step`` (shorthand for ``--renderer render_per_step``) and ``--renderer`` name together."""
-    if backend is not None and registry_find("extraction_backend", backend) is None:
-        raise LatentSiftError(f"--backend must be a registered extraction backend: {', '.join(extraction_backends())}. "
-                              f"Got {backend!r} instead.")
-    if registry_find("renderer", renderer) is None:
-        raise LatentSiftError(f"--renderer must be a registered renderer: {', '.join(renderer_names())}. "
-                              f"Got {renderer!r} instead.")
-    if per_step and renderer not in (RENDER, RENDER_PER_STEP):
-        raise LatentSiftError(f"--per-step is --renderer {RENDER_PER_STEP}; it cannot go with --renderer {renderer}.")
-    return RENDER_PER_STEP if per_step else renderer
+def _layers_ok(text: str) -> bool:
+    try:
+        return text in ("all", "final") or bool(parse_layers(text))
+    except LatentSiftError:
+        return False
 
 
-def _check_positive(**options) -> None:
-    """Option values checked before anything loads (the model load takes a while), named as options."""
-    for name, value in options.items():
-        if value is not None and value < 1:
-            raise LatentSiftError(f"--{name.replace('_', '-')} must be a positive number. Got {value} instead.")
+_OPTIONAL_POSITIVE = (POSITIVE, None)
 
 
-def run_extract(pools: str | Path, out: str | Path, *, model=None, dtype: str = AUTO_DTYPE, device: str | None = None,
-                max_tokens: int | None = None, instances: int | None = None, max_span_tokens: int | None = None,
-                max_prompt_tokens: int | None = None, layers: str = "all", chunk_tokens: int = 2048,
-                shard_size: int = 32, threads: int | None = None, per_step: bool = False,
-                renderer: str = RENDER, patch_step_tokens: int | None = None, pack_tokens: int | None = None,
-                ray: str | None = None, workers: int = 2, gpus_per_worker: float = 0, device_map: str | None = None,
-                backend: str | None = None, log: Callable[[str], Any] = print,
-                progress: Callable[[Any], None] | None = None) -> ExtractReport:
-    """``latentsift extract``: every option checked, the backend opened, the trajectories of ``pools``
-    replayed into the store ``out`` (created or resumed). ``backend``: a registered extraction backend
-    (default: the local one, or Ray's with ``ray``); ``renderer``: a registered span renderer. ``log``: one
-    line per step; ``progress``: called with the extraction's progress."""
-    with owned_output(out, [pools, model], kind="store"):  # a second writer is refused before the model loads
-        _check_positive(max_tokens=max_tokens, instances=instances, max_span_tokens=max_span_tokens,
-                        max_prompt_tokens=max_prompt_tokens, chunk_tokens=chunk_tokens, shard_size=shard_size,
-                        threads=threads, patch_step_tokens=patch_step_tokens, workers=workers)
-        if pack_tokens is not None and pack_tokens < 0:
-            raise LatentSiftError(f"--pack-tokens must be 0 (one trajectory per forward) or a positive number. "
-                                  f"Got {pack_tokens} instead.")
-        renderer = _check_names(backend, renderer, per_step)
-        layer_sel = parse_layers(layers)
-        check_backend_options(model, dtype, device, layer_sel, device_map=device_map)
-        trajs = load_jsonl(pools)
+@dataclass(frozen=True, kw_only=True)
+class ExtractOptions(CommandOptions):
+    """The options of ``latentsift extract``, each declared once with the values it allows (``_core.params``);
+    built = validated, before anything loads. ``renderer``: a registered span renderer (``per_step`` is
+    shorthand for ``render_per_step``); ``backend``: a registered extraction backend (default: the local one,
+    or Ray's with ``ray``)."""
+
+    command: ClassVar[str] = "extract"
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(lambda s: s.per_step and s.renderer not in (RENDER, RENDER_PER_STEP),
+             lambda s: f"--per-step is --renderer {RENDER_PER_STEP}; it cannot go with --renderer {s.renderer}."),)
+
+    pools: Path = option("POOLS", ExistingPath("file"))
+    out: Path = option("--out", OUT)
+    model: Path | None = option("--model", ExistingPath("path"), None, default=None)
+    dtype: str = option("--dtype", OneOf((AUTO_DTYPE, *DTYPES)), default=AUTO_DTYPE)
+    device: str | None = option("--device", DEVICE, None, default=None)
+    max_tokens: int | None = option("--max-tokens", *_OPTIONAL_POSITIVE, default=None)
+    instances: int | None = option("--max-instances", *_OPTIONAL_POSITIVE, default=None)
+    max_span_tokens: int | None = option("--max-span-tokens", *_OPTIONAL_POSITIVE, default=None)
+    max_prompt_tokens: int | None = option("--max-prompt-tokens", *_OPTIONAL_POSITIVE, default=None)
+    layers: str = option("--layers", Matches("all, final or comma-separated layer indices", _layers_ok, "first"),
+                         default="all")
+    chunk_tokens: int = option("--chunk-tokens", POSITIVE, default=2048)
+    shard_size: int = option("--shard-size", POSITIVE, default=32)
+    pack_tokens: int | None = option("--pack-tokens", COUNT, None, default=None)
+    threads: int | None = option("--threads", *_OPTIONAL_POSITIVE, default=None)
+    per_step: bool = option("--per-step", FLAG, default=False)
+    renderer: str = option("--renderer", Registered("renderer"), default=RENDER)
+    backend: str | None = option("--backend", Registered("extraction_backend"), None, default=None)
+    patch_step_tokens: int | None = option("--patch-step-tokens", *_OPTIONAL_POSITIVE, default=None)
+    ray: str | None = option("--ray", RAY_ADDRESS, None, default=None)
+    workers: int = option("--workers", POSITIVE, default=2)
+    gpus_per_worker: float = option("--gpus-per-worker", Interval(Real, 0, None), default=0)
+    device_map: str | None = option("--device-map", OneOf(DEVICE_MAPS), None, default=None)
+
+
+def run_extract(pools: str | Path, out: str | Path, *, log: Callable[[str], Any] = print,
+                progress: Callable[[Any], None] | None = None, **options) -> ExtractReport:
+    """``latentsift extract`` from Python: ``options`` are ``ExtractOptions``' fields (checked there)."""
+    return extract_to_store(ExtractOptions(pools=Path(pools), out=Path(out), **options), log=log, progress=progress)
+
+
+def extract_to_store(s: ExtractOptions, *, log: Callable[[str], Any] = print,
+                     progress: Callable[[Any], None] | None = None) -> ExtractReport:
+    """``latentsift extract`` with the settings ``s`` (checked when built): the model options checked against
+    the model, the backend opened, the trajectories of ``s.pools`` replayed into the store ``s.out`` (created
+    or resumed). ``log``: one line per step; ``progress``: called with the extraction's progress."""
+    with owned_output(s.out, [s.pools, s.model], kind="store"):  # a second writer is refused before the model loads
+        s.check_paths()
+        renderer = RENDER_PER_STEP if s.per_step else s.renderer
+        layer_sel = parse_layers(s.layers)
+        check_backend_options(s.model, s.dtype, s.device, layer_sel, device_map=s.device_map)
+        trajs = load_jsonl(s.pools)
         if not trajs:  # said before the model loads; no empty store is made
-            raise LatentSiftError(f"{pools} holds no trajectory: nothing to extract (write it with "
+            raise LatentSiftError(f"{s.pools} holds no trajectory: nothing to extract (write it with "
                                   "'latentsift import').")
-        log(f"{len(trajs)} trajectories from {pools}; loading the model ...")
-        opened = open_backend(model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
-                               gpus_per_worker=gpus_per_worker, device_map=device_map, backend=backend)
+        log(f"{len(trajs)} trajectories from {s.pools}; loading the model ...")
+        opened = open_backend(s.model, dtype=s.dtype, device=s.device, threads=s.threads, ray=s.ray, workers=s.workers,
+                              gpus_per_worker=s.gpus_per_worker, device_map=s.device_map, backend=s.backend)
         log(opened.describe())
-        return extract_pools(opened, trajs, out, max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens,
-                             max_tokens=max_tokens, instances=instances, layers=layer_sel, chunk_tokens=chunk_tokens,
-                             shard_size=shard_size, renderer=renderer,
-                             patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens, progress=progress)
+        return extract_pools(opened, trajs, s.out, max_span_tokens=s.max_span_tokens,
+                             max_prompt_tokens=s.max_prompt_tokens, max_tokens=s.max_tokens, instances=s.instances,
+                             layers=layer_sel, chunk_tokens=s.chunk_tokens, shard_size=s.shard_size, renderer=renderer,
+                             patch_step_tokens=s.patch_step_tokens, pack_tokens=s.pack_tokens, progress=progress)

@@ -1,46 +1,98 @@
-"""The recall-targeted rule's drivers for ``fit`` and ``filter``: fit an operating point beside a sifter,
-and find, check and load the saved one that ``filter`` applies without refitting."""
+"""The recall-targeted rule's drivers for ``fit`` and ``filter``: the keep-rule options checked before any
+work (``target_recall_options``, ``keep_rule_choice``), a registered keep rule applied to a run
+(``keep_rule_filter``), an operating point fitted beside a sifter, and the saved one that ``filter``
+applies without refitting found, checked and loaded."""
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Mapping, Sequence
 
 from .._core.outputs import owned_output
+from .._core.params import (FLAG, OUT, POSITIVE, RATE, RECALL, SEED, STATE_STORE, CommandOptions, Each, ExistingPath,
+                            OneOf, Registered, option)
+from .._core.registry import registry_lookup
 from .._core.threads import blas_fixed
-from .._core.validation import LatentSiftError, check_positive_int
-from ..deploy.operating import (calibration_pools_for_filter, check_calibration_disjoint_ids, check_calibration_inputs,
-                                target_recall_options)
+from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..deploy.operating_file import OPERATING_POINT_JSON, load_operating_point, save_operating_point
 from ..sift.calibration import DEFAULT_CALIBRATION
-from ..sift.keep import RecallKeep
-from ..sift.keep_confident import ConfidentRecallKeep
-from .sifter import fit_sifter
+from ..sift.keep import (CalibrationPools, FixedKeep, KeepRule, RecallKeep, apply_keep, check_calibration_size,
+                         keep_rule, keep_rules, min_calibration_pools)
+from ..sift.keep_confident import ConfidentRecallKeep, min_confident_pools
+from ..sift.retain import MIN_KEEP, TARGET_MIN_KEEP
+from .calibration import (calibration_pools_for_filter, check_calibration_disjoint, check_calibration_disjoint_ids,
+                          check_calibration_inputs, count_positive_pools)
+from .sifter import FALSE_ALARM, fit_sifter
 
-__all__ = ["check_saved_rule", "fit_operating_point_file", "fit_sifter_with_operating_point", "saved_operating_point"]
+__all__ = ["COSTS", "FitOptions", "GUARD_REFERENCES", "check_saved_rule", "fit_command", "fit_operating_point_file",
+           "fit_sifter_with_operating_point", "keep_rule_choice", "keep_rule_filter", "saved_operating_point",
+           "target_recall_options"]
+
+
+#: The values of ``fit --guard-reference``: the command line's word (as in --group-by) -> the guard's kind.
+GUARD_REFERENCES = {"repo": "repository", "instance": "instance"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitOptions(CommandOptions):
+    """The options of ``latentsift fit``, each declared once with the values it allows (``_core.params``);
+    built = validated, before any file is read."""
+
+    command: ClassVar[str] = "fit"
+
+    pools: Sequence[Path] = option("POOLS", Each(ExistingPath("file")))
+    states: Sequence[Path] = option("--states", Each(STATE_STORE))
+    out: Path = option("--out", OUT)
+    scorer_epochs: int = option("--scorer-epochs", POSITIVE, default=40)
+    seed: int = option("--seed", SEED, default=0)
+    instances: int | None = option("--max-instances", POSITIVE, None, default=None)
+    per_agent: bool = option("--per-agent", FLAG, default=False)
+    guard_false_alarm: float = option("--guard-false-alarm", RATE, default=FALSE_ALARM)
+    guard_reference: str = option("--guard-reference", OneOf(tuple(GUARD_REFERENCES)), default="repo")
+    target_recall: float | None = option("--target-recall", RECALL, None, default=None)
+    calibration: Path | None = option("--calibration", ExistingPath("file"), None, default=None)
+    calibration_states: Path | None = option("--calibration-states", STATE_STORE, None, default=None)
+    confidence: float | None = option("--confidence", RATE, None, default=None)
+    calibration_method: str = option("--calibration-method", Registered("calibration"), default=DEFAULT_CALIBRATION)
+    calibration_epochs: int = option("--calibration-epochs", POSITIVE, default=40)
+
+
+def fit_command(o: FitOptions, *, log=print) -> tuple:
+    """``latentsift fit`` with the options ``o`` (checked when built; its paths once the output is held):
+    ``fit_sifter_with_operating_point``."""
+    return fit_sifter_with_operating_point(
+        o.pools, o.states, o.out, target_recall=o.target_recall, calibration=o.calibration,
+        calibration_states=o.calibration_states, confidence=o.confidence, calibration_method=o.calibration_method,
+        calibration_epochs=o.calibration_epochs, scorer_epochs=o.scorer_epochs, seed=o.seed, instances=o.instances,
+        per_agent=o.per_agent, false_alarm=o.guard_false_alarm, reference_kind=GUARD_REFERENCES[o.guard_reference],
+        log=log, held=o.check_paths)
 
 
 def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, calibration=None,
                                     calibration_states=None, confidence=None, calibration_method: str = DEFAULT_CALIBRATION,
-                                    calibration_epochs: int = 40, log=print, **fit_kw) -> tuple:
-    """``latentsift fit`` [``--target-recall R --calibration CAL``]: the options checked before any work (what
-    the bound needs logged), the sifter fitted and saved (``sifter.fit_sifter``), then, with a target, its
-    operating point (``fit_operating_point_file``). Returns (sifter, the operating point's record or None)."""
+                                    calibration_epochs: int = 40, log=print, held=lambda: None, **fit_kw) -> tuple:
+    """``latentsift fit`` [``--target-recall R --calibration CAL``]: the output taken (``held()`` called then,
+    before any input is read), the options checked before any work (what the bound needs logged), the sifter
+    fitted and saved (``sifter.fit_sifter``), then, with a target, its operating point
+    (``fit_operating_point_file``). Returns (sifter, the operating point's record or None)."""
     check_positive_int(fit_kw.get("scorer_epochs", 40), "scorer_epochs", "fit (--scorer-epochs)")
-    target = target_recall_options(target_recall=target_recall, calibration=calibration, confidence=confidence,
-                                   calibration_method=calibration_method, calibration_epochs=calibration_epochs,
-                                   command="fit")
     several = not isinstance(states, (str, Path)) and len(list(states)) != 1
     if target_recall is not None and calibration_states is None and several:
         raise LatentSiftError("fit --target-recall with several --states stores needs --calibration-states.")
-    if target_recall is not None:
+    # one writer lock over the sifter and its operating point: no second 'fit' between the two
+    with owned_output(out, [pools, states, calibration, calibration_states], kind="sifter"):
+        held()
+        target = target_recall_options(target_recall=target_recall, calibration=calibration, confidence=confidence,
+                                       calibration_method=calibration_method, calibration_epochs=calibration_epochs,
+                                       command="fit")
+        if target_recall is None:
+            return fit_sifter(pools, states, out, log=log, locked=True, **fit_kw), None
         log(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
             + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {calibration} "
             f"has {target['have']}.")
-    if target_recall is None:
-        return fit_sifter(pools, states, out, log=log, **fit_kw), None
-    states_dirs = [states] if isinstance(states, (str, Path)) else list(states)
-    cal_states = calibration_states or states_dirs[0]
-    # one writer lock over the sifter and its operating point: no second 'fit' between the two
-    with owned_output(out, [pools, states, calibration, calibration_states], kind="sifter"):
+        states_dirs = [states] if isinstance(states, (str, Path)) else list(states)
+        cal_states = calibration_states or states_dirs[0]
         check_calibration_inputs(calibration, cal_states, states_dirs, "fit --target-recall")  # before the fit
         sifter = fit_sifter(pools, states, out, log=log, locked=True, **fit_kw)
         return sifter, fit_operating_point_file(out, calibration, cal_states, target_recall, confidence=confidence,
@@ -112,3 +164,141 @@ def check_saved_rule(saved: tuple, path, *, keep_rule: str | None = None, min_ke
         raise LatentSiftError(f"--max-keep {max_keep} is below the saved operating point's min_keep {rule.min_keep} "
                               f"({str(path)!r}): raise --max-keep.")
 
+
+# ---------------------------------------------------------------- the keep rule's options
+#: The values of ``--cost``: what the keep rule saves.
+COSTS = ("calls", "tokens")
+
+
+_NEAREST = ("--bank-choice nearest with a target recall needs a threshold per sub-bank, each calibrated on pools "
+            "that sub-bank scores, and the sifter holds one for its all-agent bank only: use --bank-choice all")
+
+
+def _takes(cls: type, param: str) -> bool:
+    return param in inspect.signature(cls.__init__).parameters
+
+
+def keep_rule_choice(keep_rule: str | None = None, *, target_recall=None, confidence=None, calibration=None,
+                     saved: bool = False, given: Mapping[str, object] | None = None) -> str:
+    """The registered keep rule ``filter`` applies, from ``--keep-rule`` (None: not given) and the options it
+    needs or excludes; contradictions refused in one line before any work.
+
+    The rule: a recall-targeted rule (a ``RecallKeep``: ``target-recall``, ``confident-recall``, ``gap-recall``)
+    keeps for ``--target-recall R`` and is fitted on ``--calibration`` (or is a saved operating point's);
+    ``--target-recall`` alone is ``target-recall`` (``confident-recall`` with ``--confidence``); any other
+    rule (``fixed``, a plugin's) takes no ``--target-recall`` / ``--confidence``, and one that learns from
+    labelled pools (it has its own ``fit``) needs ``--calibration``. ``given``: the rule's settings given on the
+    command line (``{"min_keep": 2, "frac": None}``, None = not given); one the rule does not take is refused.
+    """
+    name = _keep_rule_name(keep_rule, target_recall=target_recall, confidence=confidence, calibration=calibration,
+                           saved=saved)
+    cls = registry_lookup("keep_rule", name)
+    for setting, value in (given or {}).items():
+        if value is not None and isinstance(cls, type) and not _takes(cls, setting):
+            raise LatentSiftError(f"--{setting.replace('_', '-')} is not a setting of the keep rule {name}: drop it.")
+    return name
+
+
+def _keep_rule_name(keep_rule: str | None = None, *, target_recall=None, confidence=None, calibration=None,
+                    saved: bool = False) -> str:
+    recall = target_recall is not None or saved
+    if keep_rule is None:
+        return (ConfidentRecallKeep.name if confidence is not None else RecallKeep.name) if recall else FixedKeep.name
+    check_choice(keep_rule, "keep_rule", "filter (--keep-rule)", keep_rules())
+    cls = registry_lookup("keep_rule", keep_rule)
+    if keep_rule == RecallKeep.name and confidence is not None:
+        keep_rule, cls = ConfidentRecallKeep.name, ConfidentRecallKeep  # the rule's high-probability mode
+    if not (isinstance(cls, type) and issubclass(cls, RecallKeep)):
+        if recall:
+            raise LatentSiftError(f"--keep-rule {keep_rule} does not target a recall, and --target-recall (or "
+                                  "--operating-point) picks the recall-targeted rule: pass one of them.")
+        if confidence is not None:
+            raise LatentSiftError(f"--confidence is a setting of the recall-targeted rules; --keep-rule {keep_rule} "
+                                  "has none: drop it.")
+        if isinstance(cls, type) and cls.fit is not KeepRule.fit and calibration is None:
+            raise LatentSiftError(f"--keep-rule {keep_rule} is fitted on labelled pools: pass --calibration CAL.jsonl.")
+        return keep_rule
+    if not recall:
+        raise LatentSiftError(f"--keep-rule {keep_rule} keeps the fewest candidates that reach a target pool recall: "
+                              "pass --target-recall R (with --calibration CAL.jsonl, or --sifter with a saved "
+                              "operating point).")
+    if confidence is not None and not _takes(cls, "confidence"):
+        raise LatentSiftError(f"--keep-rule {keep_rule} has no --confidence (its guarantee is in expectation); drop "
+                              "--confidence, or use --keep-rule target-recall.")
+    if confidence is None and _takes(cls, "confidence"):
+        raise LatentSiftError(f"--keep-rule {keep_rule} needs --confidence C (the probability of reaching the target).")
+    return keep_rule
+
+
+def target_recall_options(*, target_recall=None, calibration=None, bank_choice: str = "all",
+                          calibration_method: str = DEFAULT_CALIBRATION, calibration_epochs: int = 40, on_shift=None,
+                          min_keep=None, pools=None, instances=None, confidence=None, saved: bool = False,
+                          max_keep=None, keep_rule: str | None = None,
+                          command: str = "filter", frac=None) -> dict:
+    """Check ``filter``'s and ``fit``'s --target-recall options against each other and the calibration file
+    before any work (one-line refusals; each option's own values are ``FilterOptions``' and ``FitOptions``'
+    constraints); resolve the defaults.
+
+    Returns ``{"target_recall", "on_shift", "min_keep", "confidence", "needed", "have"}``: without a
+    target, "warn" and ``MIN_KEEP`` (the paper's rule); with one, "keep-all" and ``TARGET_MIN_KEEP``, and the
+    calibration pools holding a resolved candidate that the bound needs (``confidence``: the high-probability mode,
+    ``keep_confident``) and that the file has. The calibration file is read for its labels and
+    instances only (refused when it shares a pool with ``pools``, the pools to filter). ``saved``: a
+    saved operating point will be applied (``operating_file``; checked there): no ``calibration``
+    needed. ``max_keep``: a cap per pool (with a target only: ``FILTER_RULES``). ``command``: the command
+    whose options these are, named in the messages ("filter" or "fit"); ``frac``: the fixed rule's, refused
+    with another.
+    """
+    rule = keep_rule_choice(keep_rule, target_recall=target_recall, confidence=confidence, calibration=calibration,
+                            saved=saved, given={"min_keep": min_keep, "frac": frac})
+    if saved:
+        if calibration is not None:
+            raise LatentSiftError("Pass --calibration (fit the rule now) or a saved operating point, not both.")
+        if bank_choice != "all":
+            raise LatentSiftError(_NEAREST)
+        return {"target_recall": target_recall, "on_shift": on_shift or "keep-all", "min_keep": min_keep,
+                "confidence": confidence, "max_keep": max_keep, "rule": rule}
+    if target_recall is None:
+        if confidence is not None:
+            raise LatentSiftError("--confidence is used with --target-recall only; pass --target-recall R.")
+        if calibration is not None and rule == FixedKeep.name:
+            raise LatentSiftError("--calibration is used with --target-recall only"
+                                  + (" (or with a --keep-rule to fit on it)" if command == "filter" else "")
+                                  + "; pass --target-recall R.")
+        return {"target_recall": None, "on_shift": on_shift or "warn", "min_keep": MIN_KEEP if min_keep is None
+                else min_keep,
+                "confidence": None, "max_keep": None, "rule": rule}
+    if calibration is None:
+        raise LatentSiftError("--target-recall needs --calibration (labelled pools to choose the threshold on), or a "
+                              "sifter with a saved operating point ('latentsift fit --target-recall R --calibration').")
+    if bank_choice != "all":
+        raise LatentSiftError(_NEAREST)
+    if pools is not None:
+        check_calibration_disjoint(calibration, pools, instances)
+    have = count_positive_pools(calibration)
+    if confidence is None:
+        check_calibration_size(have, target_recall, command)
+        needed = min_calibration_pools(target_recall)
+    else:
+        needed = min_confident_pools(target_recall, confidence)
+        if target_recall < 1 and have < needed:
+            raise LatentSiftError(f"{command}: --target-recall {target_recall:g} --confidence {confidence:g} needs at "
+                                  f"least {needed} calibration pools that hold a resolved candidate (Learn then Test: "
+                                  f"n >= log(1 - confidence) / log(R)); the calibration set has {have}. Add labelled "
+                                  "pools, lower the target or the confidence.")
+    return {"target_recall": target_recall, "on_shift": on_shift or "keep-all",
+            "min_keep": TARGET_MIN_KEEP if min_keep is None else min_keep, "confidence": confidence, "needed": needed,
+            "have": have, "max_keep": max_keep, "rule": rule}
+
+
+def keep_rule_filter(run, name: str, cal: CalibrationPools | None = None) -> dict:
+    """Apply the registered keep rule ``name`` (fitted on ``cal`` when given) to a ``FilterRun`` (in place)
+    and record it in its ``keep_rule`` section."""
+    rule = keep_rule(name)
+    if cal is not None:
+        rule.fit(cal)
+    apply_keep(run.pools, rule)
+    section = rule.to_dict() | {"rule": name, "calibration_pools": None if cal is None else
+                                {"how": cal.how, "n_pools": len(cal.scores), "n_with_resolved": cal.n_positive()}}
+    run.extra["keep_rule"] = section
+    return section

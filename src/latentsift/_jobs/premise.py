@@ -5,24 +5,65 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence, Union
+from typing import Callable, ClassVar, Sequence, Union
 
 from .._core.io import atomic_write_json, atomic_write_text
 from .._core.outputs import PREMISE_OWN, owned_output
+from .._core.params import OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPath, Kind, OneOf, option
 from .._core.validation import check_states_present
 from ..deploy.library import open_stores
 from ..metrics.formats import check_gen_test_key
 from ..protocol.crossval import CrossvalSettings, crossval
+from ..protocol.settings import GROUP_BY
 from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, check_premise_stores, own_vs_proxy, premise_ks
 from ..report.premise_report import premise_report_markdown
 from ..rollout.agent import EXAMPLES_KEY
 from ..trajectories.trajectory import group_pools, load_jsonl
+from .crossval import STORES, TOKENS
 
 #: A state store folder, or several of the same model and settings read as one.
 StoreArg = Union[str, Path, Sequence[Union[str, Path]]]
 
-__all__ = ["CrossvalSettings", "EXAMPLES_KEY", "PREMISE_KS", "premise", "run_premise"]
+__all__ = ["CrossvalSettings", "EXAMPLES_KEY", "PREMISE_KS", "PremiseOptions", "premise", "premise_command",
+           "run_premise"]
+
+_D = CrossvalSettings.defaults()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PremiseOptions(CommandOptions):
+    """The options of ``latentsift premise``, each declared once with the values it allows (``_core.params``);
+    built = validated, before any file is read. ``gen_test_key`` None: the rollouts' examples when the
+    candidates hold them."""
+
+    command: ClassVar[str] = "premise"
+
+    pools: Path = option("POOLS", ExistingPath("file"))
+    states: Sequence[Path] = option("--states", STORES)
+    proxy_states: Sequence[Path] | None = option("--proxy-states", STORES, None, default=None)
+    out: Path = option("--out", OUT)
+    group_by: str = option("--group-by", OneOf(GROUP_BY), default="instance")
+    folds: int = option("--folds", POSITIVE, default=_D["n_folds"])
+    k: Sequence[int] = option("--k", Each(POSITIVE), default=PREMISE_KS)
+    draws: int = option("--draws", POSITIVE, default=_D["n_draws"])
+    boot: int = option("--bootstrap", POSITIVE, default=_D["n_boot"])
+    scorer_epochs: int = option("--scorer-epochs", POSITIVE, default=_D["scorer_epochs"])
+    seed: int = option("--seed", SEED, default=_D["seed"])
+    verifier: Path | None = option("--verifier", ExistingPath("path"), None, default=None)
+    gen_test_key: str | None = option("--gen-test-key", Kind(str, "a key of the trajectories' tests"), None,
+                                      default=None)
+    testgen_tokens: float = option("--testgen-tokens", TOKENS, default=_D["testgen_tokens"])
+
+
+def premise_command(o: PremiseOptions, *, log: Callable[[str], None] = print,
+                    progress: Callable[[str, int, int, str], None] | None = None) -> Path:
+    """``latentsift premise`` with the options ``o`` (checked when built): ``run_premise``."""
+    return run_premise(o.pools, list(o.states), o.out, proxy_states=list(o.proxy_states) if o.proxy_states else None,
+                       ks=tuple(o.k), group_by=o.group_by, n_folds=o.folds, n_draws=o.draws, n_boot=o.boot,
+                       scorer_epochs=o.scorer_epochs, seed=o.seed, verifier=o.verifier, gen_test_key=o.gen_test_key,
+                       testgen_tokens=o.testgen_tokens, log=log, progress=progress, held=o.check_paths)
 
 
 def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_states: StoreArg | None = None,
@@ -79,8 +120,9 @@ def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_state
 
 
 def run_premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_states: StoreArg | None = None,
-                verifier: str | Path | None = None, **kwargs) -> Path:
+                verifier: str | Path | None = None, held: Callable[[], None] = lambda: None, **kwargs) -> Path:
     """``latentsift premise``: ``premise`` into ``out``, refused before any work when it would touch an input (a
-    second writer to it is refused)."""
+    second writer to it is refused; ``held()`` is called once it is held, before any input is read)."""
     with owned_output(out, [pools, states, proxy_states, verifier], kind="premise"):   # (lists of stores too)
+        held()
         return premise(pools, states, out, proxy_states=proxy_states, verifier=verifier, **kwargs)

@@ -2,14 +2,16 @@
 own-policy wing (``latentsift.rollout``: tasks, sandbox, the agent loop, the folder and its export)."""
 from __future__ import annotations
 
-import math
-import os
 import re
+from dataclasses import dataclass
+from numbers import Real
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 from .._core.outputs import owned_output
-from .._core.registry import registry_find, registry_names
+from .._core.params import (DEVICE, OUT, POSITIVE, SEED, CommandOptions, ExistingPath, Interval, Kind, Matches, OneOf,
+                            Registered, option)
+from .._core.registry import registry_find
 from .._core.validation import LatentSiftError
 from ..rollout.agent import RolloutSettings
 from ..rollout.folder import SUBPROCESS_SANDBOX, RolloutReport, check_resume, export_dataset, run_rollouts, sandboxes
@@ -18,8 +20,11 @@ from ..rollout.tasks import HUMANEVAL_SOURCE, task_sources
 from ..states.model import AUTO_DTYPE, DTYPES, check_device, default_model_path, load_policy
 from ..states.model_files import check_model_path
 
-__all__ = ["AUTO_DTYPE", "HUMANEVAL_SOURCE", "SUBPROCESS_SANDBOX", "RolloutSettings", "export_dataset", "parse_shard",
-           "rollout_command", "sandboxes", "task_sources"]
+__all__ = ["AUTO_DTYPE", "HUMANEVAL_SOURCE", "SUBPROCESS_SANDBOX", "RolloutOptions", "RolloutSettings",
+           "export_dataset", "parse_shard", "rollout_command", "sandboxes", "task_sources"]
+
+#: The scaffold's and the sampling's defaults.
+_SETTINGS = RolloutSettings()
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -30,60 +35,79 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
-def _check_options(settings: RolloutSettings, *, threads: int, workers: int, first: int | None,
-                   timeout: float) -> SandboxLimits:
-    """Every number of the command line, named by its option (before anything is read or loaded);
-    returns the sandbox limits of ``--timeout``."""
-    for name, v in (("samples", settings.k), ("turns", settings.max_turns), ("max-new-tokens", settings.max_new_tokens),
-                    ("threads", threads), ("workers", workers), ("tasks", first)):
-        if v is not None and v < 1:
-            raise LatentSiftError(f"--{name} must be a positive number. Got {v} instead.")
-    if settings.seed < 0:
-        raise LatentSiftError(f"--seed must be 0 or more. Got {settings.seed} instead.")
-    if not 0 <= settings.temperature <= 10:  # (NaN fails every comparison)
-        raise LatentSiftError(f"--temperature must be a number from 0 to 10. Got {settings.temperature} instead.")
-    if not 0 < settings.top_p <= 1:
-        raise LatentSiftError(f"--top-p must be a number above 0 and at most 1. Got {settings.top_p} instead.")
-    if not 0 < timeout < math.inf:
-        raise LatentSiftError(f"--timeout must be a positive number of seconds. Got {timeout} instead.")
-    if not settings.system_prompt.strip():
-        raise LatentSiftError("--system-prompt must be a non-empty text. Got an empty one instead.")
-    settings.check()
-    return SandboxLimits(timeout_s=timeout)
+def _shard_ok(text: str) -> bool:
+    try:
+        parse_shard(text)
+    except LatentSiftError:
+        return False
+    return True
 
 
-def _registered(name: str, kind: str, option: str):
-    """The registry entry of ``name`` in ``kind``, or a one-line refusal naming ``option`` and the registered names."""
-    entry = registry_find(kind, name)
-    if entry is None:
-        names = ", ".join(registry_names(kind))
-        raise LatentSiftError(f"{option} must be a registered {kind.replace('_', ' ')}: {names}. Got {name!r} instead.")
-    return entry
-
-
-def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, model=None, dtype: str = AUTO_DTYPE,
-                    device: str | None = None, settings: RolloutSettings, first: int | None = None,
-                    run: str | None = None, shard: str | None = None, threads: int = 1,
-                    timeout: float = 10.0, workers: int = 2, sandbox: str = SUBPROCESS_SANDBOX,
-                    tasks_source: str = HUMANEVAL_SOURCE, log: Callable[[str], object] = print,
-                    progress: Callable | None = None) -> RolloutReport:
-    """``latentsift rollout``: every option checked before any work (the numbers, the model path, the
-    tasks, the shard's share of them and a resume's settings: all before the model loads, nothing
-    written on a refusal), the tasks read (HumanEval when ``tasks`` is None), the policy loaded and the
-    rollouts run into ``out`` (created or resumed). ``sandbox`` and ``tasks_source``: registered names
+@dataclass(frozen=True, kw_only=True)
+class RolloutOptions(CommandOptions):
+    """The options of ``latentsift rollout [run]``, each declared once with the values it allows
+    (``_core.params``); built = validated, before anything is read or loaded. ``k`` ... ``max_new_tokens``
+    and ``system_prompt`` (None: the scaffold's) make the ``RolloutSettings`` (``settings``), ``timeout``
+    the sandbox's limits (``limits``); ``sandbox`` and ``tasks_source``: registered names
     (``latentsift.rollout.folder.sandboxes``, ``latentsift.rollout.tasks.task_sources``)."""
+
+    command: ClassVar[str] = "rollout"
+
+    tasks: Path | None = option("TASKS", ExistingPath("file"), None, default=None)
+    out: Path = option("--out", OUT)
+    model: Path | None = option("--model", ExistingPath("path"), None, default=None)
+    dtype: str = option("--dtype", OneOf((AUTO_DTYPE, *DTYPES)), default=AUTO_DTYPE)
+    device: str | None = option("--device", DEVICE, None, default=None)
+    k: int = option("--samples", POSITIVE, default=_SETTINGS.k)
+    turns: int = option("--turns", POSITIVE, default=_SETTINGS.max_turns)
+    temperature: float = option("--temperature", Interval(Real, 0, 10), default=_SETTINGS.temperature)
+    top_p: float = option("--top-p", Interval(Real, 0, 1, closed="right"), default=_SETTINGS.top_p)
+    max_new_tokens: int = option("--max-new-tokens", POSITIVE, default=_SETTINGS.max_new_tokens)
+    system_prompt: str | None = option("--system-prompt", Matches("a non-empty text", lambda t: bool(t.strip()), " "),
+                                       None, default=None)
+    seed: int = option("--seed", SEED, default=_SETTINGS.seed)
+    first: int | None = option("--tasks", POSITIVE, None, default=None)
+    shard: str | None = option("--shard", Matches("I/N with 1 <= I <= N (e.g. 1/2)", _shard_ok, "3/2"), None,
+                               default=None)
+    run: str | None = option("--run", Kind(str, "a run name"), None, default=None)
+    threads: int = option("--threads", POSITIVE, default=1)
+    timeout: float = option("--timeout", Interval(Real, 0, None, closed="neither"), default=10.0)
+    workers: int = option("--workers", POSITIVE, default=2)
+    sandbox: str = option("--sandbox", Registered("sandbox"), default=SUBPROCESS_SANDBOX)
+    tasks_source: str = option("--tasks-source", Registered("task_source"), default=HUMANEVAL_SOURCE)
+
+    @property
+    def settings(self) -> RolloutSettings:
+        """The scaffold's and the sampling's settings (recorded in the output's manifest)."""
+        return RolloutSettings(k=self.k, max_turns=self.turns, seed=self.seed, temperature=self.temperature,
+                               top_p=self.top_p, max_new_tokens=self.max_new_tokens,
+                               system_prompt=_SETTINGS.system_prompt if self.system_prompt is None else self.system_prompt)
+
+    @property
+    def limits(self) -> SandboxLimits:
+        """The sandbox's limits: ``--timeout`` per program."""
+        return SandboxLimits(timeout_s=self.timeout)
+
+
+def rollout_command(o: RolloutOptions, *, log: Callable[[str], object] = print,
+                    progress: Callable | None = None) -> RolloutReport:
+    """``latentsift rollout`` with the options ``o`` (checked when built): what needs the files checked before
+    any work (the model path, the device, the tasks, the shard's share of them and a resume's settings: all
+    before the model loads, nothing written on a refusal), the tasks read (HumanEval when ``o.tasks`` is
+    None), the policy loaded and the rollouts run into ``o.out`` (created or resumed)."""
+    tasks, out, model, dtype, first, run, threads, workers = (o.tasks, o.out, o.model, o.dtype, o.first, o.run,
+                                                              o.threads, o.workers)
+    settings, limits = o.settings, o.limits
     with owned_output(out, [tasks, model], kind="rollout"):  # a second writer is refused before the model loads
-        part = parse_shard(shard) if shard is not None else (1, 1)   # (I, N): refused before the model loads
-        limits = _check_options(settings, threads=threads, workers=workers, first=first, timeout=timeout)
+        o.check_paths()
+        part = parse_shard(o.shard) if o.shard is not None else (1, 1)   # (I, N)
         model_path = check_model_path(model) if model is not None else check_model_path(default_model_path(), None)
-        check_device(device)
-        if dtype != AUTO_DTYPE and dtype not in DTYPES:
-            raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
-        source = _registered(tasks_source, "task_source", "--tasks-source")
-        env = _registered(sandbox, "sandbox", "--sandbox")
+        check_device(o.device)
+        source = registry_find("task_source", o.tasks_source)
+        env = registry_find("sandbox", o.sandbox)
         default_file = source.info.get("default_file")
         if tasks is None and default_file is None:
-            raise LatentSiftError(f"--tasks-source {tasks_source} has no default task file: give the TASKS file.")
+            raise LatentSiftError(f"--tasks-source {o.tasks_source} has no default task file: give the TASKS file.")
         path = tasks if tasks is not None else default_file()
         task_list = source.obj(tasks, limits=limits, workers=workers)
         n_file = len(task_list)
@@ -97,7 +121,7 @@ def rollout_command(tasks: str | os.PathLike | None, out: str | os.PathLike, *, 
         stem = model_path.name.removesuffix(".gguf")
         check_resume(out, settings, run=run or stem, agent=stem, threads=threads, dtype=dtype, tasks=task_list)
         log(f"{len(task_list)} tasks from {path}; loading the model ...")
-        policy = load_policy(model, dtype=dtype, device=device)
+        policy = load_policy(model, dtype=dtype, device=o.device)
         log(f"model: {policy.describe()}")
         run_examples, judge = env.obj(limits, workers=workers)
         return run_rollouts(policy, task_list, out, settings, run_examples=run_examples, judge=judge, run=run,

@@ -121,9 +121,9 @@ class ReproduceSettings(ProtocolSettings):
         if self.include_leaky:
             self.runs = tuple(self.runs) + tuple(r for r in LEAKY_RUNS if r not in self.runs)
         for name in ("sweep_span_tokens", "sweep_patch_tokens"):
-            check_positive_int(getattr(self, name), name, "ReproduceSettings")
+            check_positive_int(getattr(self, name), name, "reproduce")
         if self.max_instances is not None:
-            check_positive_int(self.max_instances, "max_instances", "ReproduceSettings (--max-instances)")
+            check_positive_int(self.max_instances, "max_instances", "reproduce (--max-instances)")
         if self.instances not in INSTANCES:
             raise LatentSiftError(f"The 'instances' parameter of reproduce must be one of ['all', 'default']. "
                                   f"Got {self.instances!r} instead.")
@@ -293,9 +293,12 @@ def prepare_run(settings: ReproduceSettings, log: Callable[[str], None] = print)
 
 @blas_fixed
 def reproduce(settings: ReproduceSettings, *, log: Callable[[str], None] = print,
-              progress: Callable[[str, int, int, str], None] | None = None) -> Path:
-    """Run the whole job; returns the report folder. Reruns reuse every cached stage."""
+              progress: Callable[[str, int, int, str], None] | None = None,
+              held: Callable[[], None] = lambda: None) -> Path:
+    """Run the whole job; returns the report folder. Reruns reuse every cached stage. ``held()``: called once
+    the output is held, before any input is read (the command's path checks)."""
     with owned_output(settings.out, [settings.data, settings.model], kind="run"):  # a second writer is refused
+        held()
         check_data_dir(settings.data)  # before anything is written
         run = ReproduceRun(settings, log=log, progress=progress)
         out = run.out

@@ -93,14 +93,14 @@ class RolloutSettings:
         return Sampling(self.temperature, self.top_p, self.max_new_tokens)
 
     def check(self) -> "RolloutSettings":
-        check_positive_int(self.k, "k", "RolloutSettings")
-        check_positive_int(self.max_turns, "max_turns", "RolloutSettings")
+        check_positive_int(self.k, "k", "the rollout")
+        check_positive_int(self.max_turns, "max_turns", "the rollout")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise param_error("seed", "RolloutSettings", "a non-negative int", self.seed)
+            raise param_error("seed", "the rollout", "a non-negative int", self.seed)
         if not isinstance(self.system_prompt, str) or not self.system_prompt.strip():
-            raise param_error("system_prompt", "RolloutSettings", "a non-empty text", self.system_prompt)
+            raise param_error("system_prompt", "the rollout", "a non-empty text", self.system_prompt)
         if "{prompt}" not in self.user_template or "{report}" not in self.feedback_template:
-            raise LatentSiftError("RolloutSettings: user_template needs '{prompt}' and feedback_template '{report}'.")
+            raise LatentSiftError("The rollout's user_template needs '{prompt}' and its feedback_template '{report}'.")
         self.sampling.check()
         return self
 

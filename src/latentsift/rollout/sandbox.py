@@ -99,7 +99,7 @@ class SandboxLimits:
         for name in ("timeout_s", "memory_mb", "processes", "file_mb", "open_files", "tmpfs_mb", "output_chars"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise LatentSiftError(f"The {name!r} parameter of SandboxLimits must be a positive number. "
+                raise LatentSiftError(f"The sandbox limit {name!r} must be a positive number. "
                                       f"Got {value!r} instead.")
 
 

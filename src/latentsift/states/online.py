@@ -57,9 +57,9 @@ class Sampling:
 
     def check(self) -> "Sampling":
         if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 10):
-            raise param_error("temperature", "Sampling", "a number in [0, 10]", self.temperature)
+            raise param_error("temperature", "the sampling", "a number in [0, 10]", self.temperature)
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise param_error("top_p", "Sampling", "a number in (0, 1]", self.top_p)
+            raise param_error("top_p", "the sampling", "a number in (0, 1]", self.top_p)
         check_positive_int(self.max_new_tokens, "max_new_tokens", "Sampling")
         return self
 
