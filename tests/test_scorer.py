@@ -180,7 +180,8 @@ def test_worker_products_and_weight_gradient_equal_autograd_bit_for_bit(workers)
     autograd do the rest; the result must be autograd's through span_outputs, bit for bit, for a
     contiguous run, scattered trajectories and one trajectory (the sizes of the packaged model)."""
     from latentsift._core.threads import fixed_threads, one_thread_pool
-    from latentsift.sift.scorer import _Packed, _products, _weight_grad
+    from latentsift.sift.scorer import _Packed
+    from latentsift.sift.head_products import _products, _weight_grad
 
     rng = np.random.default_rng(7)
     Lm, Dm = 30, 576
@@ -215,7 +216,7 @@ def test_weight_gradient_orientation_keeps_autograd_bits_beyond_the_probe():
     the chosen orientation must still give autograd's bits through the head's own product (on AVX2
     kernels the probe keeps autograd's orientation)."""
     from latentsift._core.threads import fixed_threads
-    from latentsift.sift.scorer import GRAD_PROBE_SHAPES, _block_product, _flat_weights, _grad_term, _rows_exact
+    from latentsift.sift.head_products import GRAD_PROBE_SHAPES, _block_product, _flat_weights, _grad_term, _rows_exact
 
     gen = torch.Generator().manual_seed(11)
     rows = _rows_exact()

@@ -1,7 +1,7 @@
 """Stage 1: the filters. The paper's equations, one small pure module each (``margin``, ``rank``,
 ``fuse``, ``retain``), the keep rules (``keep``: the paper's fixed rule and the recall-targeted one; ``keep_confident``: its high-probability form,
 ``keep_adaptive``: on the score's value across pools,
-with score calibration in ``calibration``), the learned scorer (``scorer``), the ``LatentSift`` filter (``sift``), the rule
+with score calibration in ``calibration``), the learned scorer (``scorer``, its products in fixed pieces in ``head_products``), the ``LatentSift`` filter (``sift``), the rule
 baselines and the registry of every filter (``rules``), the paper's ablations (``ablations``), the
 beyond-paper variants and the inner-CV default (``variants``) and early pruning on prefixes (``prune``).
 Eq. 3's ``fuse`` stays at ``fuse.fuse`` (re-exported here it would hide its module)."""
