@@ -16,7 +16,7 @@ from ..trajectories.trajectory import CHANNEL_ID, CHANNELS
 from .channel import Rendering
 from .extract import extract_settings
 from .online import _common_prefix, _span_number
-from .states import TrajectoryStates, _SpanSums, add_span_sums, recording_hooks
+from .states import Recording, TrajectoryStates, _SpanSums, add_span_sums
 from .store import StateStore
 
 
@@ -70,7 +70,7 @@ def _stop_ids_of(policy) -> list[int]:
     return sorted({int(i) for i in ids})
 
 
-class BatchRecorder:
+class BatchRecorder(Recording):
     """Pooled states of K samples captured while transformers ``generate`` writes them as one batch.
 
     The recorder holds each sample's *conversation*: its tokens with their (step, channel) labels,
@@ -223,15 +223,7 @@ class BatchRecorder:
             out.append(row[:end])
         return out
 
-    # -- hooks ------------------------------------------------------------------------------
-    def __enter__(self) -> "BatchRecorder":
-        self._stack = recording_hooks(self.policy, self._on_layer, self._on_forward)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stack.close()
-        self._stack = None
-
+    # -- hooks: ``with`` (Recording) ------------------------------------------------------
     def _positions(self, ids, kwargs):
         """``(real, pos)`` ``(B, n)`` numpy: which columns of this forward are a sample's tokens, and
         their position in the sample (counted per row from the attention mask)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Self, Sequence
 
 import numpy as np
 
@@ -388,7 +388,20 @@ def merge_states(parts: Sequence[TrajectoryStates], traj_id: str | None = None) 
 # Online capture
 
 
-class StateRecorder:
+class Recording:
+    """A recorder's hooks on the decoder stack (``recording_hooks``), on for its ``with`` block: its
+    ``_on_layer`` and ``_on_forward`` see every forward of ``self.policy``'s model."""
+
+    def __enter__(self) -> Self:
+        self._stack = recording_hooks(self.policy, self._on_layer, self._on_forward)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+        self._stack = None
+
+
+class StateRecorder(Recording):
     """Capture pooled states online, while an agent loop generates with transformers ``generate``.
 
     Use it as a context manager around the whole conversation; it hooks the decoder stack, sees
@@ -425,15 +438,7 @@ class StateRecorder:
         self._cur_pending = None
         self._stack = None
 
-    # -- hooks ------------------------------------------------------------------------------
-    def __enter__(self) -> "StateRecorder":
-        self._stack = recording_hooks(self.policy, self._on_layer, self._on_forward)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stack.close()
-        self._stack = None
-
+    # -- hooks: ``with`` (Recording) ------------------------------------------------------
     def _on_forward(self, args, kwargs):
         import torch
 
