@@ -21,6 +21,7 @@ clean calibration set (a trained filter without nested scores), keeps every cand
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -127,11 +128,32 @@ class CleanCalibration:
                               "and fold k"
 
 
-def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping | None = None, *,
-                     nested: Mapping | None = None, targets: Sequence[float] | None = None,
-                     reference: str = REFERENCE_RULE) -> dict:
-    """The ``operating_points`` section (module docstring). ``filters``: name -> draw scorer or EF table;
-    ``nested``: ``protocol.nested.nested_calibration`` (the trained filters' clean calibration scores)."""
+@dataclass(frozen=True)
+class KeepRecords:
+    """What the recall-targeted keep rule did on every pool of the outer folds, per filter (``keep_records``).
+
+    ``fold_pools``: (fold, its pools) in the folds' order; ``order``: every pool's instance id in that order;
+    ``targets``: the asked target recalls, ``all_targets`` those and ``CURVE_TARGETS``; ``per_filter[name]``:
+    the calibrated probabilities (``p``, ``y``, ``g``), the paper's fixed rule per pool (``fixed_calls``,
+    ``fixed_hit``) and, per target of ``all_targets``, ``by_target[r]``: per pool in ``order`` the candidates
+    kept (``calls``), their EF tokens, whether a resolved one was kept (``hit``) and whether the pool has one
+    (``pos``), and per fold its status (``folds``)."""
+
+    fold_pools: list
+    targets: tuple[float, ...]
+    all_targets: tuple[float, ...]
+    per_filter: dict[str, dict]
+
+    @property
+    def order(self) -> list[str]:
+        return [p.instance_id for _, ps in self.fold_pools for p in ps]
+
+
+def keep_records(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping | None = None, *,
+                 nested: Mapping | None = None, targets: Sequence[float] | None = None) -> KeepRecords:
+    """The recall-targeted keep rule of every filter on every outer fold's pools, calibrated on the other
+    folds without the fold's labels (module docstring), pool by pool (``KeepRecords``). ``targets``: the
+    target recalls (default: the run's ``target_recalls``); ``CURVE_TARGETS`` are run as well."""
     s = run.settings
     targets = tuple(targets if targets is not None else s.target_recalls)
     labels = {t.traj_id: int(t.label) for t in trajs}
@@ -139,10 +161,6 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
     fold_pools = [(f.k, f.eval_pools) for f in run.iter_folds(trajs, folds, pools=group_pools(trajs))]
     if len(fold_pools) < 2:
         raise LatentSiftError("operating points need two outer folds or more.")
-    order = [p.instance_id for _, ps in fold_pools for p in ps]
-    n_pools = len(order)
-    boot = bootstrap_indices(n_pools, s.n_boot, np.random.default_rng(s.seed))
-    fixed_calls = np.array([PAPER_KEEP.count(len(p.candidates)) for _, ps in fold_pools for p in ps], dtype=np.float64)
     all_targets = tuple(sorted(set(targets) | set(CURVE_TARGETS)))
     tables = {name: {k: filter_table(filt, ps) for k, ps in fold_pools} for name, filt in filters.items()}
     clean = CleanCalibration(fold_pools, filters, labels, nested)
@@ -193,6 +211,26 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
                                                                if k2 in ("threshold", "p_threshold",
                                                                          "n_calibration_pools", "n_lost_allowed")})})
         per_filter[name] = res
+    return KeepRecords(fold_pools, targets, all_targets, per_filter)
+
+
+def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping | None = None, *,
+                     nested: Mapping | None = None, targets: Sequence[float] | None = None,
+                     reference: str = REFERENCE_RULE, records: KeepRecords | None = None) -> dict:
+    """The ``operating_points`` section (module docstring). ``filters``: name -> draw scorer or EF table;
+    ``nested``: ``protocol.nested.nested_calibration`` (the trained filters' clean calibration scores);
+    ``records``: ``keep_records`` of the same arguments, when the caller keeps them (else computed here)."""
+    s = run.settings
+    records = records if records is not None else keep_records(run, trajs, folds, filters, ef, nested=nested,
+                                                               targets=targets)
+    targets, all_targets, per_filter, fold_pools = (records.targets, records.all_targets, records.per_filter,
+                                                    records.fold_pools)
+    labels = {t.traj_id: int(t.label) for t in trajs}
+    tokens = {t: float(r.n_in + r.n_out) for t, r in ef.items()} if ef is not None else None
+    n_pools = len(records.order)
+    boot = bootstrap_indices(n_pools, s.n_boot, np.random.default_rng(s.seed))
+    fixed_calls = np.array([PAPER_KEEP.count(len(p.candidates)) for _, ps in fold_pools for p in ps], dtype=np.float64)
+    clean = CleanCalibration(fold_pools, filters, labels, nested)
     out: dict[str, Any] = {
         "targets": list(targets), "curve_targets": list(all_targets), "reference": reference if reference in filters else None,
         "rule": "per pool: the best candidate and every candidate whose score reaches the fold's threshold; threshold by "

@@ -51,6 +51,7 @@ from ..sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
 from ..sift.rules import EXAMPLES_PASSED, FEWEST_STEPS, PURE_LENGTH, RANDOM, REFERENCE
 from ..sift.variants import PROBE
 from .decide import PAPER, REF_LENGTH_STACK, auc_comparisons, n_auc_intervals
+from .operating import KeepRecords
 
 PREMISE_SCORES = (PAPER, BRANCH_DISTANCE, BRANCH_LEARNED, PROBE)
 LENGTH_REFERENCES = (REFERENCE, FEWEST_STEPS, REF_LENGTH_STACK)
@@ -61,6 +62,7 @@ PREMISE_REFERENCES = LENGTH_REFERENCES + PURE_LENGTH + (EXAMPLES_PASSED, RANDOM)
 PREMISE_KS = (4, 8, 16)
 PREMISE_RECALLS = (0.9, 0.95)
 SCORES_FILE = Path("premise") / "scores.json"   # per-candidate scores of a run, for own-vs-proxy pairing
+OPERATING_FILE = Path("premise") / "operating.json"   # per-pool keep records at PREMISE_RECALLS (``save_operating``)
 
 RULES = {
     "compared": "the paper's method, its distance and learned branches and the logistic probe, each against "
@@ -189,6 +191,25 @@ def save_scores(path: Path, table: Mapping[str, np.ndarray], scores: Mapping[str
                              "label": [int(x) for x in table["label"]],
                              "scores": {n: [None if not np.isfinite(v) else float(v) for v in scores[n]]
                                         for n in keep}})
+
+
+def save_operating(path: Path, records: KeepRecords, recalls: Sequence[float] = PREMISE_RECALLS) -> None:
+    """Each filter's recall-targeted keep rule (the operating points) pool by pool at the target recalls
+    ``recalls`` that the run computed: per pool in ``instance_id`` order (the outer folds' order; ``fold``,
+    ``n_candidates`` and ``has_resolved`` alike for every filter), the candidates kept (``calls``) and whether a
+    resolved one was kept (``hit``), with the folds that kept every candidate (``n_folds_keep_all``)."""
+    rs = [r for r in recalls if r in records.targets]
+    first = next(iter(records.per_filter.values()))["by_target"][rs[0]] if rs and records.per_filter else None
+    atomic_write_json(path, {
+        "format": "latentsift-premise-operating", "version": 1, "targets": [f"{r:g}" for r in rs],
+        "instance_id": records.order, "fold": [k for k, ps in records.fold_pools for _ in ps],
+        "n_candidates": [len(p.candidates) for _, ps in records.fold_pools for p in ps],
+        "has_resolved": [] if first is None else [bool(x) for x in first["pos"]],
+        "filters": {name: {f"{r:g}": {"calls": [float(c) for c in res["by_target"][r]["calls"]],
+                                      "hit": [bool(h) for h in res["by_target"][r]["hit"]],
+                                      "n_folds_keep_all": sum(f["status"] != "ok" for f in res["by_target"][r]["folds"])}
+                           for r in rs}
+                    for name, res in records.per_filter.items()}})
 
 
 def _load_scores(run_dir: Path) -> dict:

@@ -36,8 +36,8 @@ from .decide import REF_LENGTH_STACK, decision_section
 from .folds import Split, fold_splits, group_of
 from .guard import protocol_guard
 from .nested import nested_calibration
-from .operating import operating_points
-from .premise import SCORES_FILE, premise_section, save_scores
+from .operating import keep_records, operating_points
+from .premise import OPERATING_FILE, PREMISE_RECALLS, SCORES_FILE, premise_section, save_operating, save_scores
 from .pruning import reproduce_pruning
 from .settings import ProtocolSettings, digest
 from .single_agent import single_agent_guard, single_agent_pools
@@ -206,7 +206,8 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
     ef, folds, draw_scorers, fingerprint = st.ef, st.folds, st.draw_scorers, st.fingerprint
     summary, data, pools, records, filters, scores, table = _evaluate(run, trajs, st, meta)
     t0 = time.perf_counter()  # recall-targeted retention beside the paper's fixed rule (protocol.operating)
-    data["operating_points"] = operating_points(run, trajs, folds, filters, ef, nested=st.nested)
+    keeps = keep_records(run, trajs, folds, filters, ef, nested=st.nested)
+    data["operating_points"] = operating_points(run, trajs, folds, filters, ef, nested=st.nested, records=keeps)
     st.nested = {}  # the pair folds' banks and scorers: released before pruning
     run.timed("operating_points", t0)
     # the comparisons that decide, the single-agent pools and the verdict (protocol.decide, single_agent, verdict)
@@ -226,6 +227,7 @@ def evaluate_protocol(run: Run, trajs: Sequence[Trajectory], store, *, tokenizer
         data["premise"] = premise_section(table, {n: v for n, v in scores.items() if n in filters}, data,
                                           missing=missing, n_boot=settings.n_boot, seed=settings.seed)
         save_scores(out / SCORES_FILE, table, {n: v for n, v in scores.items() if n in filters})
+        save_operating(out / OPERATING_FILE, keeps, PREMISE_RECALLS)
     data["verdict"] = verdict_lines(data)
     run.timed("decide", t0)
     # offline early pruning by prefix truncation of the stored states (latentsift.sift.prune); reuses the
