@@ -6,7 +6,10 @@ pools for real states: two span settings of the same trajectories stand in for o
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -14,9 +17,13 @@ from typer.testing import CliRunner
 
 from conftest import refused
 from latentsift.cli import app
+from latentsift._core.validation import LatentSiftError
 from latentsift.metrics.diagnostics import within_pool_auc
-from latentsift.protocol.premise import PREMISE_REFERENCES, PREMISE_SCORES
-from latentsift.sift.rules import EXAMPLES_PASSED, PURE_LENGTH
+from latentsift.protocol.claims import (CALL_LENGTH_RULES, CLAIM_REFERENCES, KEEP_ALL, load_claim_inputs,
+                                        premise_claims, run_claims)
+from latentsift.protocol.premise import OPERATING_FILE, PREMISE_REFERENCES, PREMISE_SCORES, SCORES_FILE
+from latentsift.sift.ablations import BRANCH_LEARNED
+from latentsift.sift.rules import EXAMPLES_PASSED, PAPER, PURE_LENGTH, REFERENCE
 from latentsift._jobs.premise import premise
 from latentsift.states.extract import extract_pools
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
@@ -110,6 +117,16 @@ def test_a_free_reference_whose_record_is_absent_is_named_missing(tmp_path):
     assert "no candidate has a patch" in gone[PURE_LENGTH[0]] and "generated-token count" in gone[PURE_LENGTH[1]]
     assert EXAMPLES_PASSED in pre["references"] and PURE_LENGTH[0] not in pre["retention"]
     assert pre["verdicts"]["beats_pure_length"]["latentsift"] == "undetermined"
+    # the claims name the absent reference with its reason (never replaced), and (c) its absent proxy
+    claims = json.loads((tmp_path / "out" / "summary.json").read_text())["claims"]
+    for c in ("a", "b"):
+        assert claims[c]["outcome"] in ("undetermined", "not confirmed")
+        assert "generated-token count" in claims[c]["missing"][PURE_LENGTH[1]]
+        assert PURE_LENGTH[1] not in claims[c]["intervals"]
+    assert claims["c"]["outcome"] == "undetermined" and "--proxy-states" in claims["c"]["missing"]["proxy"]
+    for t in claims["d"]["targets"].values():  # (d) cannot be confirmed while a length rule is missing
+        assert set(t["cheapest"]["missing"]) == set(PURE_LENGTH)
+        assert all(row["outcome"] != "confirmed" for row in t["scores"].values())
 
 
 def test_own_vs_proxy_pairs_the_same_candidates(synthetic_premise):
@@ -127,6 +144,106 @@ def test_own_vs_proxy_pairs_the_same_candidates(synthetic_premise):
     assert "### Best@K through the cascade" in md and "Final verifier: no verifier results given" in md
     own_md = (d / "out" / "own" / "report" / "report.md").read_text()
     assert "## The premise: own states against length" in own_md
+
+
+def test_the_operating_record_is_saved_and_matches_the_summary(synthetic_premise):
+    """premise/operating.json: per filter and pool the recall-targeted rule's calls and hits at R = 0.9, 0.95; its
+    means are the summary's operating points, for the four state scores and the five length rules of claim (d)."""
+    d, s, _ = synthetic_premise
+    rec = json.loads((d / "out" / "own" / OPERATING_FILE).read_text())
+    summary = json.loads((d / "out" / "own" / "report" / "summary.json").read_text())
+    op = summary["operating_points"]["filters"]
+    assert rec["format"] == "latentsift-premise-operating" and rec["targets"] == ["0.9", "0.95"]
+    assert sorted(rec["instance_id"]) == sorted(f"HumanEval/{i}" for i in range(16)) and set(rec["fold"]) == {0, 1}
+    assert rec["n_candidates"] == [8] * 16 and all(rec["has_resolved"])
+    assert set(PREMISE_SCORES) | set(CALL_LENGTH_RULES) <= set(rec["filters"]) == set(op)
+    pos = np.array(rec["has_resolved"])
+    for name, by in rec["filters"].items():
+        for r, row in by.items():
+            want = op[name]["targets"][r]
+            assert np.mean(row["calls"]) == pytest.approx(want["verifier_calls"]["mean"])
+            assert np.mean(np.array(row["hit"])[pos]) == pytest.approx(want["realized_recall"]["pooled"]["mean"])
+            assert row["n_folds_keep_all"] == want["n_folds_keep_all"]
+
+
+def test_claims_of_a_premise_run_at_their_family_level(synthetic_premise):
+    """The claims (a)-(d): m = 15 intervals at 1 - 0.05/15; the same estimates as the premise tables (another level)."""
+    d, s, md = synthetic_premise
+    claims, pre = s["claims"], s["runs"]["own"]["premise"]
+    assert claims["family"]["m"] == 3 + 3 + 1 + 4 * 2 and claims["family"]["level"] == pytest.approx(1 - 0.05 / 15)
+    for c, score in (("a", BRANCH_LEARNED), ("b", PAPER)):
+        assert claims[c]["score"] == score and list(claims[c]["intervals"]) == list(CLAIM_REFERENCES)
+        for ref, row in claims[c]["intervals"].items():
+            table = pre["auc"]["scores"][score]["vs"][ref]
+            assert row["estimate"] == pytest.approx(table["estimate"]) and row["level"] == claims["family"]["level"]
+            assert row["lo"] <= table["lo"] and row["hi"] >= table["hi"]   # wider than the 95% interval
+        assert claims[c]["outcome"] == "confirmed"   # the synthetic states separate the outcomes, length does not
+    ovp = s["own_vs_proxy"]["filters"][PAPER]
+    assert claims["c"]["interval"]["estimate"] == pytest.approx(ovp["estimate"])
+    # here every fold keeps all (2 folds: too few calibration pools for R = 0.9): 8 calls each, the first rule wins
+    for r, t in claims["d"]["targets"].items():
+        assert t["cheapest"]["rule"] == REFERENCE and t["cheapest"]["verifier_calls"] == 8.0
+        for row in t["scores"].values():
+            assert row["reaches"] and row["difference"]["mean"] == 0.0 and row["outcome"] == "undetermined"
+    assert claims["earlier_finding"] == claims["a"]["outcome"]
+    assert "## The confirmation's claims" in md and "Bonferroni level 99.667%" in md
+    assert md.count("- (d) R = ") == 8 and "- (a) " in md and "- (c) " in md
+
+
+def _with_calls(inputs, r, rows):
+    """``inputs`` with the operating record at target ``r`` of each named filter replaced: name -> (calls, hit)."""
+    op = copy.deepcopy(inputs.operating)
+    for name, (calls, hit) in rows.items():
+        n = len(op["instance_id"])
+        op["filters"][name][r] = {"calls": [float(calls)] * n, "hit": [hit] * n, "n_folds_keep_all": 0}
+    return dataclasses.replace(inputs, operating=op)
+
+
+def test_claim_outcomes_flip_as_the_rules_say(synthetic_premise):
+    d = synthetic_premise[0] / "out"
+    inputs = load_claim_inputs(d / "own", d / "proxy")
+    kw = {"n_boot": 100, "seed": 0}
+    assert premise_claims(inputs, **kw)["a"]["outcome"] == "confirmed"
+    # a reference removed: (a) undetermined, the reference named with its reason
+    gone = dataclasses.replace(inputs, own={k: v for k, v in inputs.own.items() if k != CLAIM_REFERENCES[2]},
+                               missing={CLAIM_REFERENCES[2]: "not fitted in every fold"})
+    a = premise_claims(gone, **kw)["a"]
+    assert a["outcome"] == "undetermined" and a["missing"] == {CLAIM_REFERENCES[2]: "not fitted in every fold"}
+    # the learned branch turned against the labels: every interval lies below 0, (a) is not confirmed, with a
+    # reference missing too (the claim is "beats each"), and (b) does not move
+    worst = dataclasses.replace(gone, own=dict(gone.own) | {BRANCH_LEARNED: -inputs.table["label"].astype(float)})
+    got = premise_claims(worst, **kw)
+    assert {x["side"] for x in got["a"]["intervals"].values()} == {"lower"} and got["a"]["outcome"] == "not confirmed"
+    assert got["earlier_finding"] == "not confirmed" and got["b"] == premise_claims(gone, **kw)["b"]
+    # (d) no length rule reaches R: the baseline keeps every candidate (8 calls, recall 1)
+    none = {name: (2, False) for name in CALL_LENGTH_RULES}
+    cheap = _with_calls(inputs, "0.9", none | {PAPER: (3, True), BRANCH_LEARNED: (3, False)})
+    t = premise_claims(cheap, **kw)["d"]["targets"]["0.9"]
+    assert t["cheapest"]["rule"] == KEEP_ALL and t["cheapest"]["verifier_calls"] == 8.0
+    assert t["scores"][PAPER]["difference"]["mean"] == -5.0 and t["scores"][PAPER]["outcome"] == "confirmed"
+    assert not t["scores"][BRANCH_LEARNED]["reaches"] and t["scores"][BRANCH_LEARNED]["outcome"] == "not confirmed"
+    # the cheapest rule reaching R, ties to the first of the rules' list; a score dearer than it is not confirmed
+    tie = none | {CALL_LENGTH_RULES[3]: (2, True), CALL_LENGTH_RULES[1]: (2, True), CALL_LENGTH_RULES[0]: (4, True)}
+    t = premise_claims(_with_calls(inputs, "0.9", tie | {PAPER: (3, True)}), **kw)["d"]["targets"]["0.9"]
+    assert t["cheapest"]["rule"] == CALL_LENGTH_RULES[1] and t["scores"][PAPER]["outcome"] == "not confirmed"
+    # a length rule missing: the cheapest could be another, so no (d) claim is confirmed
+    op = copy.deepcopy(cheap.operating)
+    del op["filters"][CALL_LENGTH_RULES[2]]
+    t = premise_claims(dataclasses.replace(cheap, operating=op), **kw)["d"]["targets"]["0.9"]
+    assert t["scores"][PAPER]["outcome"] == "undetermined" and CALL_LENGTH_RULES[2] in t["scores"][PAPER]["missing"]
+
+
+def test_claims_refuse_a_proxy_run_of_other_candidates(synthetic_premise, tmp_path):
+    d = synthetic_premise[0] / "out"
+    shutil.copytree(d / "proxy" / "premise", tmp_path / "proxy" / "premise")
+    scores = json.loads((tmp_path / "proxy" / SCORES_FILE).read_text())
+    scores["label"][0] = 1 - scores["label"][0]
+    (tmp_path / "proxy" / SCORES_FILE).write_text(json.dumps(scores))
+    with pytest.raises(LatentSiftError, match="same labelled candidates"):
+        run_claims(d / "own", tmp_path / "proxy")
+    (tmp_path / "proxy" / OPERATING_FILE).unlink()   # a run before the record was kept: refused, never guessed
+    with pytest.raises(LatentSiftError, match="operating.json is missing"):
+        run_claims(tmp_path / "proxy")
 
 
 def test_premise_refuses_stores_of_other_candidates_and_pools_smaller_than_every_k(synthetic_premise, tmp_path):

@@ -15,6 +15,7 @@ from .._core.params import OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPa
 from .._core.validation import check_states_present
 from ..deploy.library import open_stores
 from ..metrics.formats import check_gen_test_key
+from ..protocol.claims import run_claims
 from ..protocol.crossval import CrossvalSettings, crossval
 from ..protocol.settings import GROUP_BY
 from ..protocol.premise import PREMISE_KS, PREMISE_RECALLS, check_premise_stores, own_vs_proxy, premise_ks
@@ -76,7 +77,8 @@ def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_state
     the candidates hold them, else none; a key no candidate holds is refused),
     retention@K for ``ks`` up to the pool size) on the policy's own ``states`` into OUT/own and, with
     ``proxy_states`` (the same candidates encoded by another model), on those into OUT/proxy; then
-    writes OUT/summary.json and OUT/report.md (own, proxy, own - proxy). ``settings``: further
+    writes OUT/summary.json and OUT/report.md (own, proxy, own - proxy, and the claims (a)-(d) of the
+    confirmation's rules at their family's Bonferroni level: ``protocol.claims``). ``settings``: further
     ``CrossvalSettings`` fields (``n_folds``, ``n_draws``, ``n_boot``, ``seed``, ``scorer_epochs``, ...).
     Reruns reuse each run's cached folds. ``states`` / ``proxy_states``: a store, or several of the same
     model and settings (rollout shards) read as one. Returns OUT.
@@ -110,9 +112,11 @@ def premise(pools: str | Path, states: StoreArg, out: str | Path, *, proxy_state
         s = json.loads((out / name / "report" / "summary.json").read_text())
         summary["runs"][name] = {"composition": s.get("composition"), "premise": s["premise"],
                                  "fingerprint": s["settings"]["meta"].get("fingerprint")}
+    boot = {"n_boot": kw.get("n_boot", 1000), "seed": kw.get("seed", 0)}
     if proxy_states is not None:
-        summary["own_vs_proxy"] = own_vs_proxy(out / PREMISE_OWN, out / "proxy", n_boot=kw.get("n_boot", 1000),
-                                               seed=kw.get("seed", 0))
+        summary["own_vs_proxy"] = own_vs_proxy(out / PREMISE_OWN, out / "proxy", **boot)
+    # the confirmation's claims (a)-(d) by its committed rules (protocol.claims); without a proxy (c) says why
+    summary["claims"] = run_claims(out / PREMISE_OWN, out / "proxy" if proxy_states is not None else None, **boot)
     atomic_write_json(out / "summary.json", summary)
     atomic_write_text(out / "report.md", premise_report_markdown(summary))
     log(f"[premise] report: {out / 'report.md'}")

@@ -219,14 +219,22 @@ def _load_scores(run_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def load_scores_pair(own_dir: str | Path, proxy_dir: str | Path | None) -> tuple[dict, dict | None]:
+    """The saved per-candidate scores of the own run and of the proxy run (None without ``proxy_dir``), refused
+    unless both hold the same labelled candidates in the same order."""
+    own = _load_scores(Path(own_dir))
+    proxy = None if proxy_dir is None else _load_scores(Path(proxy_dir))
+    if proxy is not None and (own["traj_id"] != proxy["traj_id"] or own["label"] != proxy["label"]):
+        raise LatentSiftError("premise: the own and proxy runs do not hold the same labelled candidates; own against "
+                              "proxy compares two state stores of the SAME candidates.")
+    return own, proxy
+
+
 def own_vs_proxy(own_dir: str | Path, proxy_dir: str | Path, *, n_boot: int = 1000, seed: int = 0,
                  level: float = CI_LEVEL) -> dict:
     """Per premise filter, AUC(own) - AUC(proxy) on the same candidates, paired bootstrap over instances
     (the same resamples for both arms), at ``level`` and at the Bonferroni level over the filters."""
-    own, proxy = _load_scores(Path(own_dir)), _load_scores(Path(proxy_dir))
-    if own["traj_id"] != proxy["traj_id"] or own["label"] != proxy["label"]:
-        raise LatentSiftError("premise: the own and proxy runs do not hold the same labelled candidates; own against "
-                              "proxy compares two state stores of the SAME candidates.")
+    own, proxy = load_scores_pair(own_dir, proxy_dir)
     table = {"instance_id": np.array(own["instance_id"]), "label": np.array(own["label"])}
     names = [n for n in PREMISE_SCORES if n in own["scores"] and n in proxy["scores"]]
     adjusted = 1.0 - (1.0 - level) / max(len(names), 1)

@@ -91,6 +91,40 @@ def own_vs_proxy_markdown(cmp: Mapping, names: Mapping[str, str] | None = None) 
     return lines + [""]
 
 
+def _missing(missing: Mapping[str, str], names: Mapping[str, str]) -> str:
+    return "; missing: " + "; ".join(f"{names.get(n, n)} ({why})" for n, why in missing.items()) if missing else ""
+
+
+def claims_markdown(claims: Mapping, names: Mapping[str, str] | None = None) -> list[str]:
+    """The confirmation's claims (``protocol.claims``): one line per claim ((d): per score and target) with its
+    intervals at the family's Bonferroni level and its outcome."""
+    names = names or {}
+    fam = claims["family"]
+    lines = ["## The confirmation's claims", "", f"By the rules of {claims['rules']}: m = {fam['m']} intervals, each "
+             f"at the Bonferroni level {100 * fam['level']:.3f}% ({fam['n_boot']} resamples, seed {fam['seed']}).", ""]
+    for c in ("a", "b"):
+        row = claims[c]
+        vs = ", ".join(f"minus {names.get(r, r)} {_diff(d)}" for r, d in row["intervals"].items()) or "no interval"
+        lines.append(f"- ({c}) {claims['claims'][c]}: {names.get(row['score'], row['score'])} {vs}"
+                     f"{_missing(row['missing'], names)}: **{row['outcome']}**.")
+    row = claims["c"]
+    lines.append(f"- (c) {claims['claims']['c']}: {_diff(row['interval'])}{_missing(row['missing'], names)}: "
+                 f"**{row['outcome']}**.")
+    for r, t in claims["d"]["targets"].items():
+        ref = t["cheapest"]
+        base = "n/a" if ref is None else (f"{names.get(ref['rule'], ref['rule'])}, {ref['verifier_calls']:.2f} calls "
+                                          f"at recall {ref['realized_recall']:.3f}")
+        for s, row in t["scores"].items():
+            d = row.get("difference")
+            got = "" if d is None else (f"{row['verifier_calls']:.2f} calls at recall "
+                                        + ("n/a" if row["realized_recall"] is None else f"{row['realized_recall']:.3f}")
+                                        + f", minus the rule {_diff({'estimate': d['mean'], 'lo': d['lo'], 'hi': d['hi']})}")
+            lines.append(f"- (d) R = {r}, {names.get(s, s)} against the cheapest length rule ({base}): {got}"
+                         f"{_missing(row.get('missing') or {}, names)}: **{row['outcome']}**.")
+    return lines + ["", f"The earlier finding (the learned branch beats length) is **{claims['earlier_finding']}** "
+                        "(confirmed when (a) is).", ""]
+
+
 def premise_report_markdown(summary: Mapping) -> str:
     """report.md of ``latentsift premise``: each run's premise section, then own against proxy."""
     lines = ["# The premise on the policy's own states", ""]
@@ -111,4 +145,6 @@ def premise_report_markdown(summary: Mapping) -> str:
         lines += premise_markdown({"settings": {"names": labels()}}, r["premise"], title=None, whose=name.capitalize())
     if summary.get("own_vs_proxy"):
         lines += own_vs_proxy_markdown(summary["own_vs_proxy"], labels())
+    if summary.get("claims"):
+        lines += claims_markdown(summary["claims"], labels())
     return "\n".join(lines) + "\n"

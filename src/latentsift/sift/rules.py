@@ -369,6 +369,8 @@ REFERENCE = registry_find("filter", ShortestCharsFilter.name, plugins=False).inf
 RANDOM = registry_find("filter", RandomFilter.name, plugins=False).info["key"]
 #: The key of the fewest-steps rule (a length reference of the premise test).
 FEWEST_STEPS = registry_find("filter", FewestStepsFilter.name, plugins=False).info["key"]
+#: The key of the shortest-in-tokens rule (the tokens the policy saw; a length rule of the confirmation's claims).
+SHORTEST_TOKENS = registry_find("filter", ShortestTokensFilter.name, plugins=False).info["key"]
 #: The premise's pure length references (the submitted code's characters, the tokens the policy generated).
 PURE_LENGTH = tuple(registry_find("filter", c.name, plugins=False).info["key"]
                     for c in (ShortestPatchFilter, FewestGeneratedTokensFilter))
