@@ -6,7 +6,8 @@ STAMP   := $(VENV)/.installed
 DATA    ?= ../shared/datasets/swebench-lite-pools
 OUT     ?= runs/demo
 
-.PHONY: demo test install constraints bench sweep clean browser test-avx2 demo-avx2 verified transfer policy-0.5b policy-1.5b
+.PHONY: demo test install constraints bench sweep clean browser test-avx2 demo-avx2 verified transfer policy-0.5b policy-1.5b \
+	confirm-0.5b premise-rerun-0.5b premise-rerun-1.5b
 
 # The exact tested set: constraints.txt (pip -c) holds every version; pyproject.toml only declares ranges.
 PIP_LOCKED := $(BIN)/pip install -q -c constraints.txt
@@ -83,6 +84,33 @@ CONFIRM_PROMPT := 'You are an expert Python programmer. You solve a task by reas
 confirm-0.5b-s%: policy-0.5b
 	$(BIN)/latentsift rollout --model $(POLICIES)/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --out runs/confirm-0.5b-s$* \
 		--dtype float32 --samples 16 --turns 1 --seed 1 --threads 1 --shard $*/2 --system-prompt $(CONFIRM_PROMPT)
+
+# The confirmation's analysis, once both shards have finished every task (refused in one line before): its dataset
+# (`rollout export`; kept where it exists), the SmolLM2 replay of its candidates (resumable), then the premise with
+# the claims (a)-(d) of its rules at their family's Bonferroni level (summary.json `claims`). Hours on 2 cores.
+CONFIRM      := runs/confirm-0.5b
+CONFIRM_DATA := data/own-policy/qwen2.5-coder-0.5b-1turn
+CONFIRM_TASKS := 164
+confirm-0.5b: $(STAMP)
+	@n=$$(ls $(CONFIRM)-s1/tasks $(CONFIRM)-s2/tasks 2>/dev/null | grep '\.jsonl\.gz$$' | sort -u | wc -l); \
+	test "$$n" -eq $(CONFIRM_TASKS) || { echo "confirm-0.5b: the shards $(CONFIRM)-s1, -s2 hold $$n of \
+	$(CONFIRM_TASKS) finished tasks; let them finish (make confirm-0.5b-s1 / -s2 resume them)." >&2; exit 2; }
+	test -f $(CONFIRM_DATA)/manifest.json || $(BIN)/latentsift rollout export $(CONFIRM)-s1 $(CONFIRM)-s2 \
+		--out $(CONFIRM_DATA)
+	$(BIN)/latentsift extract $(CONFIRM_DATA)/trajectories.jsonl.gz --out $(CONFIRM)-proxy
+	$(BIN)/latentsift premise $(CONFIRM_DATA)/trajectories.jsonl.gz --states $(CONFIRM)-s1/states \
+		--states $(CONFIRM)-s2/states --proxy-states $(CONFIRM)-proxy --out $(CONFIRM)
+
+# The premise rerun on a committed dataset (its rollout stores are not committed): the policy's own states by
+# replay through its GGUF in float32 (each trajectory at one torch thread; --threads 2 replays two side by side,
+# the same states as --threads 1), the SmolLM2 replay, then the premise with its claims. Each step resumable.
+REPLAY_THREADS ?= 2
+premise-rerun-0.5b premise-rerun-1.5b: premise-rerun-%: policy-%
+	$(BIN)/latentsift extract data/own-policy/qwen2.5-coder-$*/trajectories.jsonl.gz --out runs/premise-rerun-$*-own \
+		--model $(POLICIES)/qwen2.5-coder-$*-instruct-q4_k_m.gguf --dtype float32 --threads $(REPLAY_THREADS)
+	$(BIN)/latentsift extract data/own-policy/qwen2.5-coder-$*/trajectories.jsonl.gz --out runs/premise-rerun-$*-proxy
+	$(BIN)/latentsift premise data/own-policy/qwen2.5-coder-$*/trajectories.jsonl.gz \
+		--states runs/premise-rerun-$*-own --proxy-states runs/premise-rerun-$*-proxy --out runs/premise-rerun-$*
 
 # The shareable dataset of a rollout folder and its shards' folders runs/own-<size>-s* (`rollout --shard`;
 # trajectories, labels, seeds, fingerprint; no states) into data/.

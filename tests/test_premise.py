@@ -343,3 +343,31 @@ def test_premise_on_real_states_of_two_span_settings(tiny_run, policy, tmp_path,
         assert pre["ks"] == [str(k)] and set(pre["retention"]["latentsift"]) == {str(k)}
         for r in PREMISE_REFERENCES:
             assert (r in pre["references"]) != (r in pre["auc"]["missing_references"])
+
+
+def test_the_confirmation_target_refuses_until_both_shards_hold_every_task(tmp_path):
+    """`make confirm-0.5b` refuses in one line while the shards' folders hold fewer than the 164 tasks, and then
+    exports, replays and runs the premise with its claims (the commands echoed by a stand-in for the CLI)."""
+    import subprocess
+    from pathlib import Path
+
+    root, bin_ = Path(__file__).parents[1], tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "latentsift").write_text('#!/bin/sh\necho latentsift "$@"\n')
+    (bin_ / "latentsift").chmod(0o755)
+    (tmp_path / "stamp").touch()
+    for s in (1, 2):
+        (tmp_path / f"c-s{s}" / "tasks").mkdir(parents=True)
+    args = ["make", "-s", "-C", str(root), "confirm-0.5b", f"STAMP={tmp_path / 'stamp'}", f"BIN={bin_}",
+            f"CONFIRM={tmp_path / 'c'}", f"CONFIRM_DATA={tmp_path / 'data'}"]
+    for i in range(163):
+        (tmp_path / f"c-s{1 + i % 2}" / "tasks" / f"HumanEval_{i}.jsonl.gz").touch()
+    r = subprocess.run(args, capture_output=True, text=True)
+    assert r.returncode != 0 and "hold 163 of 164 finished tasks" in r.stderr.splitlines()[0] and not r.stdout
+    (tmp_path / "c-s2" / "tasks" / "HumanEval_163.jsonl.gz").touch()
+    r = subprocess.run(args, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [x.split()[1] for x in lines] == ["rollout", "extract", "premise"]
+    assert lines[2].endswith(f"--states {tmp_path}/c-s1/states --states {tmp_path}/c-s2/states --proxy-states "
+                             f"{tmp_path}/c-proxy --out {tmp_path}/c")
