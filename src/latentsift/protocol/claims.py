@@ -105,7 +105,7 @@ def load_claim_inputs(own_dir: str | Path, proxy_dir: str | Path | None = None) 
         raise LatentSiftError(f"premise: {path} holds other pools than {own_dir / 'premise'}'s scores; rerun the "
                               "premise into a new folder.")
     summary = own_dir / "report" / "summary.json"
-    pre = json.loads(summary.read_text()).get("premise") or {} if summary.is_file() else {}
+    pre = (json.loads(summary.read_text()).get("premise") or {}) if summary.is_file() else {}
     missing = dict(pre.get("missing_scores") or {}) | dict((pre.get("auc") or {}).get("missing_references") or {})
     table = {"instance_id": np.array(own["instance_id"]), "label": np.array(own["label"])}
     return ClaimInputs(table, _arrays(own["scores"]), None if proxy is None else _arrays(proxy["scores"]),
