@@ -143,7 +143,7 @@ def proxy_claim(inputs: ClaimInputs, score: str, *, level: float, n_boot: int, s
     """(c): AUC(own) - AUC(proxy) of ``score`` on the same candidates."""
     missing = {}
     if inputs.proxy is None:
-        missing["proxy"] = "no proxy run (premise --proxy-states not given)"
+        missing["proxy"] = "no proxy run: premise --proxy-states not given"
     elif score not in inputs.proxy:
         missing["proxy"] = f"{score} not in the proxy run"
     if score not in inputs.own:

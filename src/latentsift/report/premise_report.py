@@ -116,9 +116,10 @@ def claims_markdown(claims: Mapping, names: Mapping[str, str] | None = None) -> 
                                           f"at recall {ref['realized_recall']:.3f}")
         for s, row in t["scores"].items():
             d = row.get("difference")
-            got = "" if d is None else (f"{row['verifier_calls']:.2f} calls at recall "
-                                        + ("n/a" if row["realized_recall"] is None else f"{row['realized_recall']:.3f}")
-                                        + f", minus the rule {_diff({'estimate': d['mean'], 'lo': d['lo'], 'hi': d['hi']})}")
+            got = "no record" if d is None else (
+                f"{row['verifier_calls']:.2f} calls at recall "
+                + ("n/a" if row["realized_recall"] is None else f"{row['realized_recall']:.3f}")
+                + f", minus the rule {_diff({'estimate': d['mean'], 'lo': d['lo'], 'hi': d['hi']})}")
             lines.append(f"- (d) R = {r}, {names.get(s, s)} against the cheapest length rule ({base}): {got}"
                          f"{_missing(row.get('missing') or {}, names)}: **{row['outcome']}**.")
     return lines + ["", f"The earlier finding (the learned branch beats length) is **{claims['earlier_finding']}** "
