@@ -9,6 +9,10 @@ or model loaded, so the whole walk takes seconds.
 """
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
+
 import pytest
 import typer
 from click.testing import CliRunner
@@ -65,6 +69,29 @@ def test_every_large_command_has_a_settings_object_with_every_option_declared_on
                 want = defaults[name]
                 assert (tuple(got) if isinstance(got, (list, tuple)) else got) == \
                     (tuple(want) if isinstance(want, (list, tuple)) else want), (command, name, got, want)
+
+
+def test_no_default_is_written_in_a_command_signature():
+    """Each parameter of a command with a settings object is required (``...``) or reads its default from the
+    declaration by its own name (``_D["seed"]``, ``_D = FilterOptions.defaults()``): a default is written once,
+    in the settings object, and the command line cannot drift from it."""
+    for command, cls in CLASSES.items():
+        cmd = ROOT
+        for part in CLI_PATH.get(command, command).split():
+            cmd = cmd.commands[part]
+        fn = inspect.unwrap(cmd.callback)
+        args = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].args
+        defaults = dict(zip([a.arg for a in args.args][-len(args.defaults):], args.defaults))
+        assert set(defaults) == set(parameters(cls)), command
+        for name, node in defaults.items():
+            if isinstance(node, ast.Call):  # typer.Option(DEFAULT, "--flag", ...) / typer.Argument(DEFAULT, ...)
+                node = node.args[0]
+            if isinstance(node, ast.Constant) and node.value is Ellipsis:
+                assert name not in cls.defaults(), (command, name)
+                continue
+            assert isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name), (command, name, ast.unparse(node))
+            assert ast.literal_eval(node.slice) == name, (command, name, ast.unparse(node))
+            assert fn.__globals__[node.value.id] == cls.defaults(), (command, name, node.value.id)
 
 
 #: The options every value of which is valid (flags, outputs, names looked up in the inputs, state stores
