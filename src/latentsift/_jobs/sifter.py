@@ -20,7 +20,6 @@ from ..states.store import StateStore, check_recorded_settings
 __all__ = ["FALSE_ALARM", "fit_sifter", "run_sifter_filter", "run_sifter_filter_chosen"]
 
 
-@blas_fixed
 def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
                per_agent: bool = False, false_alarm: float | None = None, reference_kind: str | None = None,
                log=print, locked: bool = False) -> Sifter:
@@ -31,13 +30,24 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     settings (refused before any work otherwise, ``library.open_stores``). ``instances``: only the
     first N instances by id of each pools file (the rule of ``extract --max-instances N``). ``per_agent``:
     also a sub-bank and scorer per agent (``Sifter.fit``). ``locked``: the caller already holds ``out``'s
-    writer lock (``fit --target-recall`` holds it over the sifter and its operating point).
+    writer lock (``fit --target-recall`` holds it over the sifter and its operating point). The guard's
+    ``reference_kind`` and ``false_alarm`` are checked here, before the output is taken (the command line's
+    ``fit_command`` checks them as ``FitOptions`` and calls ``_fit_sifter``).
     """
+    if reference_kind is not None:
+        check_choice(reference_kind, "reference", "fit (--guard-reference)", REFERENCE_KINDS)
+    if false_alarm is not None:
+        check_false_alarm(false_alarm, "--guard-false-alarm", "fit")
+    return _fit_sifter(pools_path, states_dir, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
+                       per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference_kind, log=log,
+                       locked=locked)
+
+
+@blas_fixed
+def _fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int, seed: int, instances: int | None, per_agent: bool,
+                false_alarm: float | None, reference_kind: str | None, log, locked: bool) -> Sifter:
+    """``fit_sifter`` with checked arguments."""
     with owned_output(out, [pools_path, states_dir], kind="sifter", lock=not locked):  # a second 'fit' is refused
-        if reference_kind is not None:
-            check_choice(reference_kind, "reference", "fit (--guard-reference)", REFERENCE_KINDS)
-        if false_alarm is not None:
-            check_false_alarm(false_alarm, "--guard-false-alarm", "fit")
         pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
         states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
         trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)
