@@ -100,6 +100,7 @@ def test_no_default_is_written_in_a_command_signature():
 #: (command, the rule's place in its ``rules``) -> options that break that rule and no earlier one, added to ``BASE``.
 RULE_CASES = {
     ("extract", 0): ["--per-step", "--renderer", "test-plain"],  # a renderer registered by the test
+    ("extract", 1): ["--device-map", "auto", "--device", "cpu"],
     ("filter", 0): ["--distance-only", "--learned-only"],
     ("filter", 1): ["--ray", "local", "--approx", "ivf"],
     ("filter", 2): ["--bank-choice", "nearest"],
