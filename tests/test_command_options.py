@@ -45,6 +45,14 @@ CASES = [(command, name) for command, cls in sorted(CLASSES.items()) for name, p
          if p.bad_value() is not None]
 
 
+def _click_command(command: str):
+    """The click command of a settings object's command."""
+    cmd = ROOT
+    for part in CLI_PATH.get(command, command).split():
+        cmd = cmd.commands[part]
+    return cmd
+
+
 def _command_params(command: str) -> dict[str, object]:
     path = CLI_PATH.get(command, command)
     return {p.name: p for cmd, p in cli_parameters(ROOT) if cmd == path}
@@ -79,10 +87,7 @@ def test_no_default_is_written_in_a_command_signature():
     declaration by its own name (``_D["seed"]``, ``_D = FilterOptions.defaults()``): a default is written once,
     in the settings object, and the command line cannot drift from it."""
     for command, cls in CLASSES.items():
-        cmd = ROOT
-        for part in CLI_PATH.get(command, command).split():
-            cmd = cmd.commands[part]
-        fn = inspect.unwrap(cmd.callback)
+        fn = inspect.unwrap(_click_command(command).callback)
         args = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].args
         defaults = dict(zip([a.arg for a in args.args][-len(args.defaults):], args.defaults))
         assert set(defaults) == set(parameters(cls)), command
@@ -92,8 +97,9 @@ def test_no_default_is_written_in_a_command_signature():
             if isinstance(node, ast.Constant) and node.value is Ellipsis:
                 assert name not in cls.defaults(), (command, name)
                 continue
-            assert isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name), (command, name, ast.unparse(node))
-            assert ast.literal_eval(node.slice) == name, (command, name, ast.unparse(node))
+            shown = (command, name, ast.unparse(node))
+            assert isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name), shown
+            assert ast.literal_eval(node.slice) == name, shown
             assert fn.__globals__[node.value.id] == cls.defaults(), (command, name, node.value.id)
 
 
@@ -138,10 +144,7 @@ def test_a_broken_rule_of_every_command_is_its_one_line(tmp_path, command, i):
     rule = CLASSES[command].rules[i]
     args = _args(command, tmp_path, RULE_CASES[command, i])
     path = CLI_PATH.get(command, command).split()
-    parsed = ROOT.commands[path[0]]
-    for part in path[1:]:
-        parsed = parsed.commands[part]
-    params = parsed.make_context(path[-1], args[len(path):]).params
+    params = _click_command(command).make_context(path[-1], args[len(path):]).params
     message = rule.message(SimpleNamespace(**params)) if callable(rule.message) else rule.message
     before = sorted(x.name for x in tmp_path.iterdir())
     registry_add("renderer", "test-plain", _plain_renderer)

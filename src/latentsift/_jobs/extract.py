@@ -97,8 +97,9 @@ def run_extract(pools: str | Path, out: str | Path, *, log: Callable[[str], Any]
 def extract_to_store(s: ExtractOptions, *, log: Callable[[str], Any] = print,
                      progress: Callable[[Any], None] | None = None) -> ExtractReport:
     """``latentsift extract`` with the settings ``s`` (checked when built): what only the model can tell checked
-    (``check_model_options``), the backend opened, the trajectories of ``s.pools`` replayed into the store ``s.out`` (created
-    or resumed). ``log``: one line per step; ``progress``: called with the extraction's progress."""
+    (``check_model_options``), the backend opened, the trajectories of ``s.pools`` replayed into the store
+    ``s.out`` (created or resumed). ``log``: one line per step; ``progress``: called with the extraction's
+    progress."""
     with owned_output(s.out, [s.pools, s.model], kind="store"):  # a second writer is refused before the model loads
         s.check_paths()
         renderer = RENDER_PER_STEP if s.per_step else s.renderer

@@ -65,8 +65,8 @@ class FitOptions(CommandOptions):
 def fit_command(o: FitOptions, *, log=print) -> tuple:
     """``latentsift fit`` [``--target-recall R --calibration CAL``] with the options ``o`` (checked when built,
     its paths once the output is held, before any input is read): what the bound needs checked against the
-    calibration file and logged before any work, the sifter fitted and saved (``sifter.fit_sifter``'s work:
-    the options are checked), then, with a target, its operating point (``fit_operating_point_file``).
+    calibration file and logged before any work, the sifter fitted and saved (``fit_sifter`` without its
+    checks, which ``FitOptions`` made), then, with a target, its operating point (``fit_operating_point_file``).
     Returns (sifter, the operating point's record or None)."""
     states, out, target_recall, confidence = list(o.states), o.out, o.target_recall, o.confidence
     fit_kw = dict(scorer_epochs=o.scorer_epochs, seed=o.seed, instances=o.instances, per_agent=o.per_agent,
