@@ -1,10 +1,10 @@
 """Typer options shared by the commands: one flag name, type and help text per option, defined once.
 
-Each is an ``Annotated`` type; a command declares ``seed: Seed = 0`` and keeps its default in the
-signature (or reads it from its settings object), so the same option reads the same in every
-command's ``--help``::
+Each is an ``Annotated`` type; a command declares ``seed: Seed = _D["seed"]``, its default read from the
+declaration in its settings object (``_D = CrossvalOptions.defaults()``, ``latentsift._core.params``), so
+the same option reads the same in every command's ``--help`` and a default is written once::
 
-    def crossval_cmd(states: StatesDirs, folds: Folds = 4, k: Ks = (4, 5, 6), seed: Seed = 0): ...
+    def crossval_cmd(states: StatesDirs, folds: Folds = _D["folds"], k: Ks = _D["k"], seed: Seed = _D["seed"]): ...
 
 An option whose help differs between commands (``--out``) stays in its command; each name has one meaning
 in every command (``_vocabulary.MEANINGS``, docs/cli-vocabulary.md).
@@ -16,6 +16,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from .._jobs.crossval import TARGET_RECALLS
 from .._jobs.extract import AUTO_DTYPE, DTYPES
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -49,6 +50,10 @@ GenTestKey = Annotated[Optional[str], typer.Option(
                            "generation tokens). Default: no Stage 3 scores.")]
 TestgenTokens = Annotated[float, typer.Option(
     "--testgen-tokens", help="Tokens charged per pool when Stage 3 is reached (writing its tests).")]
+TargetRecalls = Annotated[Optional[List[float]], typer.Option(
+    "--target-recall", help="Target pool recalls of the operating-points evaluation (repeat; default "
+                            f"{', '.join(f'{r:g}' for r in TARGET_RECALLS)}); the paper's selection stays the "
+                            "report's default.")]
 
 # --- the calibration of a recall-targeted keep rule (filter and fit --target-recall) --------------
 CalibrationStates = Annotated[Optional[Path], typer.Option(

@@ -10,10 +10,13 @@ from typing import Optional
 
 import typer
 
-from .._jobs.extract import AUTO_DTYPE, RENDER, ExtractOptions, extract_to_store, extraction_backends, renderer_names
+from .._jobs.extract import ExtractOptions, extract_to_store, extraction_backends, renderer_names
 from ._help import listed
 from ._options import Device, Dtype, FirstInstances, Model, Threads, command_options
 from ._progress import StageProgress, messages
+
+#: The declared defaults (ExtractOptions): the command line shows these.
+_D = ExtractOptions.defaults()
 
 
 def register(app: typer.Typer) -> None:
@@ -25,40 +28,43 @@ def extract_cmd(
     pools: Path = typer.Argument(..., metavar="POOLS",
                                  help="Canonical trajectory JSONL (from 'latentsift import'), .gz allowed."),
     out: Path = typer.Option(..., "--out", help="STATES_DIR: the state store (created, or resumed)."),
-    model: Model = None,
-    dtype: Dtype = AUTO_DTYPE,
-    device: Device = None,
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Keep the first N tokens of each "
-                                             "rendered trajectory (later spans get no state)."),
-    instances: FirstInstances = None,
-    max_span_tokens: Optional[int] = typer.Option(None, "--max-span-tokens", help="Keep the first N tokens of "
-                                                  "every cot/obs/fn span (passed to render)."),
-    max_prompt_tokens: Optional[int] = typer.Option(None, "--max-prompt-tokens", help="Keep the first N tokens "
-                                                    "of each context message (passed to render)."),
-    layers: str = typer.Option("all", "--layers", help="Stored layers: all, final, or e.g. '10,20,30' "
+    model: Model = _D["model"],
+    dtype: Dtype = _D["dtype"],
+    device: Device = _D["device"],
+    max_tokens: Optional[int] = typer.Option(_D["max_tokens"], "--max-tokens", help="Keep the first N tokens of "
+                                             "each rendered trajectory (later spans get no state)."),
+    instances: FirstInstances = _D["instances"],
+    max_span_tokens: Optional[int] = typer.Option(_D["max_span_tokens"], "--max-span-tokens", help="Keep the first "
+                                                  "N tokens of every cot/obs/fn span (passed to render)."),
+    max_prompt_tokens: Optional[int] = typer.Option(_D["max_prompt_tokens"], "--max-prompt-tokens", help="Keep the "
+                                                    "first N tokens of each context message (passed to render)."),
+    layers: str = typer.Option(_D["layers"], "--layers", help="Stored layers: all, final, or e.g. '10,20,30' "
                                "(the scorer needs all)."),
-    chunk_tokens: int = typer.Option(2048, "--chunk-tokens", help="Prefill chunk size (memory bound)."),
-    shard_size: int = typer.Option(32, "--shard-size", help="Trajectories per shard (the resume unit)."),
-    pack_tokens: Optional[int] = typer.Option(None, "--pack-tokens", help="Replay several short trajectories "
-                                              "per forward, up to N tokens (0: one per forward; default: off on "
-                                              "a CPU, 16384 on CUDA; same states up to rounding)."),
-    threads: Threads = None,
-    per_step: bool = typer.Option(False, "--per-step", help="Replay each step in its own context (chat "
+    chunk_tokens: int = typer.Option(_D["chunk_tokens"], "--chunk-tokens", help="Prefill chunk size (memory bound)."),
+    shard_size: int = typer.Option(_D["shard_size"], "--shard-size", help="Trajectories per shard (the resume unit)."),
+    pack_tokens: Optional[int] = typer.Option(_D["pack_tokens"], "--pack-tokens", help="Replay several short "
+                                              "trajectories per forward, up to N tokens (0: one per forward; default: "
+                                              "off on a CPU, 16384 on CUDA; same states up to rounding)."),
+    threads: Threads = _D["threads"],
+    per_step: bool = typer.Option(_D["per_step"], "--per-step", help="Replay each step in its own context (chat "
                                   "templates that drop earlier <think> blocks, e.g. Qwen3; O(T^2) tokens): "
                                   "--renderer render_per_step."),
-    renderer: str = typer.Option(RENDER, "--renderer", help="The span renderer, a registered one: {renderers}."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="The extraction backend, a registered one: "
-                                          "{extraction_backends} (default: local, or ray with --ray)."),
-    patch_step_tokens: Optional[int] = typer.Option(None, "--patch-step-tokens", help="Keep the first N tokens "
-                                                    "of each span of the step that wrote the final patch "
-                                                    "instead of --max-span-tokens."),
-    ray: Optional[str] = typer.Option(None, "--ray", help="Extract on Ray workers: local, auto or HOST:PORT "
-                                      "(needs the optional extra: pip install ray==2.60.0; same states as one process)."),
-    workers: int = typer.Option(2, "--workers", help="Ray workers (each loads the model once)."),
-    gpus_per_worker: float = typer.Option(0, "--gpus-per-worker", help="GPUs each Ray worker claims."),
-    device_map: Optional[str] = typer.Option(None, "--device-map", help="auto: split a policy bigger than one GPU "
-                                             "over this machine's GPUs (then CPU, then disk) with accelerate; "
-                                             "with --ray, over each worker's --gpus-per-worker GPUs."),
+    renderer: str = typer.Option(_D["renderer"], "--renderer", help="The span renderer, a registered one: "
+                                 "{renderers}."),
+    backend: Optional[str] = typer.Option(_D["backend"], "--backend", help="The extraction backend, a registered "
+                                          "one: {extraction_backends} (default: local, or ray with --ray)."),
+    patch_step_tokens: Optional[int] = typer.Option(_D["patch_step_tokens"], "--patch-step-tokens", help="Keep the "
+                                                    "first N tokens of each span of the step that wrote the final "
+                                                    "patch instead of --max-span-tokens."),
+    ray: Optional[str] = typer.Option(_D["ray"], "--ray", help="Extract on Ray workers: local, auto or HOST:PORT "
+                                      "(needs the optional extra: pip install ray==2.60.0; same states as one "
+                                      "process)."),
+    workers: int = typer.Option(_D["workers"], "--workers", help="Ray workers (each loads the model once)."),
+    gpus_per_worker: float = typer.Option(_D["gpus_per_worker"], "--gpus-per-worker", help="GPUs each Ray worker "
+                                          "claims."),
+    device_map: Optional[str] = typer.Option(_D["device_map"], "--device-map", help="auto: split a policy bigger "
+                                             "than one GPU over this machine's GPUs (then CPU, then disk) with "
+                                             "accelerate; with --ray, over each worker's --gpus-per-worker GPUs."),
 ) -> None:
     """Replay trajectories through the policy and store their pooled hidden states (resumable)."""
     options = ExtractOptions(**command_options(ctx))  # every option checked here, before anything loads

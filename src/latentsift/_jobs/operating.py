@@ -11,22 +11,22 @@ from typing import ClassVar, Mapping, Sequence
 
 from .._core.outputs import owned_output
 from .._core.params import (FLAG, OUT, POSITIVE, RATE, RECALL, SEED, STATE_STORE, CommandOptions, Each, ExistingPath,
-                            OneOf, Registered, option)
+                            OneOf, Registered, Rule, option)
 from .._core.registry import registry_lookup
 from .._core.threads import blas_fixed
-from .._core.validation import LatentSiftError, check_choice, check_positive_int
+from .._core.validation import LatentSiftError
 from ..deploy.operating_file import OPERATING_POINT_JSON, load_operating_point, save_operating_point
 from ..sift.calibration import DEFAULT_CALIBRATION
 from ..sift.keep import (CalibrationPools, FixedKeep, KeepRule, RecallKeep, apply_keep, check_calibration_size,
-                         keep_rule, keep_rules, min_calibration_pools)
+                         keep_rule, min_calibration_pools)
 from ..sift.keep_confident import ConfidentRecallKeep, min_confident_pools
 from ..sift.retain import MIN_KEEP, TARGET_MIN_KEEP
 from .calibration import (calibration_pools_for_filter, check_calibration_disjoint, check_calibration_disjoint_ids,
                           check_calibration_inputs, count_positive_pools)
-from .sifter import FALSE_ALARM, fit_sifter
+from .sifter import FALSE_ALARM, _fit_sifter
 
 __all__ = ["COSTS", "FitOptions", "GUARD_REFERENCES", "check_saved_rule", "fit_command", "fit_operating_point_file",
-           "fit_sifter_with_operating_point", "keep_rule_choice", "keep_rule_filter", "saved_operating_point",
+           "keep_rule_choice", "keep_rule_filter", "saved_operating_point",
            "target_recall_options"]
 
 
@@ -36,10 +36,14 @@ GUARD_REFERENCES = {"repo": "repository", "instance": "instance"}
 
 @dataclass(frozen=True, kw_only=True)
 class FitOptions(CommandOptions):
-    """The options of ``latentsift fit``, each declared once with the values it allows (``_core.params``);
-    built = validated, before any file is read."""
+    """The options of ``latentsift fit``, each declared once with the values it allows (``_core.params``), and
+    its cross-option rule (the calibration states of several stores); built = validated, before any file is
+    read."""
 
     command: ClassVar[str] = "fit"
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(lambda s: s.target_recall is not None and s.calibration_states is None and len(s.states) > 1,
+             "fit --target-recall with several --states stores needs --calibration-states."),)
 
     pools: Sequence[Path] = option("POOLS", Each(ExistingPath("file")))
     states: Sequence[Path] = option("--states", Each(STATE_STORE))
@@ -59,44 +63,31 @@ class FitOptions(CommandOptions):
 
 
 def fit_command(o: FitOptions, *, log=print) -> tuple:
-    """``latentsift fit`` with the options ``o`` (checked when built; its paths once the output is held):
-    ``fit_sifter_with_operating_point``."""
-    return fit_sifter_with_operating_point(
-        o.pools, o.states, o.out, target_recall=o.target_recall, calibration=o.calibration,
-        calibration_states=o.calibration_states, confidence=o.confidence, calibration_method=o.calibration_method,
-        calibration_epochs=o.calibration_epochs, scorer_epochs=o.scorer_epochs, seed=o.seed, instances=o.instances,
-        per_agent=o.per_agent, false_alarm=o.guard_false_alarm, reference_kind=GUARD_REFERENCES[o.guard_reference],
-        log=log, held=o.check_paths)
-
-
-def fit_sifter_with_operating_point(pools, states, out, *, target_recall=None, calibration=None,
-                                    calibration_states=None, confidence=None, calibration_method: str = DEFAULT_CALIBRATION,
-                                    calibration_epochs: int = 40, log=print, held=lambda: None, **fit_kw) -> tuple:
-    """``latentsift fit`` [``--target-recall R --calibration CAL``]: the output taken (``held()`` called then,
-    before any input is read), the options checked before any work (what the bound needs logged), the sifter
-    fitted and saved (``sifter.fit_sifter``), then, with a target, its operating point
-    (``fit_operating_point_file``). Returns (sifter, the operating point's record or None)."""
-    check_positive_int(fit_kw.get("scorer_epochs", 40), "scorer_epochs", "fit (--scorer-epochs)")
-    several = not isinstance(states, (str, Path)) and len(list(states)) != 1
-    if target_recall is not None and calibration_states is None and several:
-        raise LatentSiftError("fit --target-recall with several --states stores needs --calibration-states.")
+    """``latentsift fit`` [``--target-recall R --calibration CAL``] with the options ``o`` (checked when built,
+    its paths once the output is held, before any input is read): what the bound needs checked against the
+    calibration file and logged before any work, the sifter fitted and saved (``fit_sifter`` without its
+    checks, which ``FitOptions`` made), then, with a target, its operating point (``fit_operating_point_file``).
+    Returns (sifter, the operating point's record or None)."""
+    states, out, target_recall, confidence = list(o.states), o.out, o.target_recall, o.confidence
+    fit_kw = dict(scorer_epochs=o.scorer_epochs, seed=o.seed, instances=o.instances, per_agent=o.per_agent,
+                  false_alarm=o.guard_false_alarm, reference_kind=GUARD_REFERENCES[o.guard_reference], log=log,
+                  locked=True)
     # one writer lock over the sifter and its operating point: no second 'fit' between the two
-    with owned_output(out, [pools, states, calibration, calibration_states], kind="sifter"):
-        held()
-        target = target_recall_options(target_recall=target_recall, calibration=calibration, confidence=confidence,
-                                       calibration_method=calibration_method, calibration_epochs=calibration_epochs,
-                                       command="fit")
+    with owned_output(out, [o.pools, o.states, o.calibration, o.calibration_states], kind="sifter"):
+        o.check_paths()
+        target = target_recall_options(target_recall=target_recall, calibration=o.calibration, confidence=confidence,
+                                       calibration_method=o.calibration_method,
+                                       calibration_epochs=o.calibration_epochs, command="fit")
         if target_recall is None:
-            return fit_sifter(pools, states, out, log=log, locked=True, **fit_kw), None
+            return _fit_sifter(o.pools, o.states, out, **fit_kw), None
         log(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
-            + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {calibration} "
+            + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {o.calibration} "
             f"has {target['have']}.")
-        states_dirs = [states] if isinstance(states, (str, Path)) else list(states)
-        cal_states = calibration_states or states_dirs[0]
-        check_calibration_inputs(calibration, cal_states, states_dirs, "fit --target-recall")  # before the fit
-        sifter = fit_sifter(pools, states, out, log=log, locked=True, **fit_kw)
-        return sifter, fit_operating_point_file(out, calibration, cal_states, target_recall, confidence=confidence,
-                                                method=calibration_method, calibration_epochs=calibration_epochs)
+        cal_states = o.calibration_states or states[0]
+        check_calibration_inputs(o.calibration, cal_states, states, "fit --target-recall")  # before the fit
+        sifter = _fit_sifter(o.pools, o.states, out, **fit_kw)
+        return sifter, fit_operating_point_file(out, o.calibration, cal_states, target_recall, confidence=confidence,
+                                                method=o.calibration_method, calibration_epochs=o.calibration_epochs)
 
 
 @blas_fixed
@@ -204,8 +195,7 @@ def _keep_rule_name(keep_rule: str | None = None, *, target_recall=None, confide
     recall = target_recall is not None or saved
     if keep_rule is None:
         return (ConfidentRecallKeep.name if confidence is not None else RecallKeep.name) if recall else FixedKeep.name
-    check_choice(keep_rule, "keep_rule", "filter (--keep-rule)", keep_rules())
-    cls = registry_lookup("keep_rule", keep_rule)
+    cls = registry_lookup("keep_rule", keep_rule)  # a registered name: FilterOptions' --keep-rule
     if keep_rule == RecallKeep.name and confidence is not None:
         keep_rule, cls = ConfidentRecallKeep.name, ConfidentRecallKeep  # the rule's high-probability mode
     if not (isinstance(cls, type) and issubclass(cls, RecallKeep)):

@@ -20,7 +20,6 @@ from ..states.store import StateStore, check_recorded_settings
 __all__ = ["FALSE_ALARM", "fit_sifter", "run_sifter_filter", "run_sifter_filter_chosen"]
 
 
-@blas_fixed
 def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
                per_agent: bool = False, false_alarm: float | None = None, reference_kind: str | None = None,
                log=print, locked: bool = False) -> Sifter:
@@ -31,13 +30,24 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     settings (refused before any work otherwise, ``library.open_stores``). ``instances``: only the
     first N instances by id of each pools file (the rule of ``extract --max-instances N``). ``per_agent``:
     also a sub-bank and scorer per agent (``Sifter.fit``). ``locked``: the caller already holds ``out``'s
-    writer lock (``fit --target-recall`` holds it over the sifter and its operating point).
+    writer lock (``fit --target-recall`` holds it over the sifter and its operating point). The guard's
+    ``reference_kind`` and ``false_alarm`` are checked here, before the output is taken (the command line's
+    ``fit_command`` checks them as ``FitOptions`` and calls ``_fit_sifter``).
     """
+    if reference_kind is not None:
+        check_choice(reference_kind, "reference", "fit (--guard-reference)", REFERENCE_KINDS)
+    if false_alarm is not None:
+        check_false_alarm(false_alarm, "--guard-false-alarm", "fit")
+    return _fit_sifter(pools_path, states_dir, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
+                       per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference_kind, log=log,
+                       locked=locked)
+
+
+@blas_fixed
+def _fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int, seed: int, instances: int | None, per_agent: bool,
+                false_alarm: float | None, reference_kind: str | None, log, locked: bool) -> Sifter:
+    """``fit_sifter`` with checked arguments."""
     with owned_output(out, [pools_path, states_dir], kind="sifter", lock=not locked):  # a second 'fit' is refused
-        if reference_kind is not None:
-            check_choice(reference_kind, "reference", "fit (--guard-reference)", REFERENCE_KINDS)
-        if false_alarm is not None:
-            check_false_alarm(false_alarm, "--guard-false-alarm", "fit")
         pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
         states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
         trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)
@@ -59,14 +69,19 @@ def _pool_states(store: StateStore, states_dir, pools) -> dict:
     return store.load(ids)
 
 
-def _open_sifter(pools_path, states_dir, sifter_dir, on_shift: str, on_leak: str, instances, settings,
-                 *, needs_library: str | None = None):
-    """What both sifter filter drivers start with: the checked settings, the selected pools, the store,
-    the saved sifter (refused when its bank came from other extraction settings, or, with
-    ``needs_library`` (the ``--bank-choice`` asked), when it has no bank library) and the leak rule
-    applied: (pools, store, sifter, leak, leak warnings)."""
+def _check_guards(on_shift: str, on_leak: str) -> None:
+    """The sifter filter drivers' guard settings, checked for Python callers (the command line checks them as
+    ``FilterOptions``)."""
     check_choice(on_shift, "on_shift", "filter", ON_SHIFT)
     check_choice(on_leak, "on_leak", "filter", ON_LEAK)
+
+
+def _open_sifter(pools_path, states_dir, sifter_dir, on_leak: str, instances, settings,
+                 *, needs_library: str | None = None):
+    """What both sifter filter drivers start with: the selected pools, the store, the saved sifter (refused
+    when its bank came from other extraction settings, or, with ``needs_library`` (the ``--bank-choice``
+    asked), when it has no bank library) and the leak rule applied: (pools, store, sifter, leak, leak
+    warnings)."""
     if states_dir is None:
         raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
     pools = load_selected_pools(pools_path, instances)
@@ -80,7 +95,6 @@ def _open_sifter(pools_path, states_dir, sifter_dir, on_shift: str, on_leak: str
     return pools, store, sifter, leak, leak_warnings
 
 
-@blas_fixed
 def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "warn", on_leak: str = "allow",
                       instances: Sequence[str] | None = None, **settings):
     """``latentsift filter --sifter``: the saved sifter on every pool, with the shift guard.
@@ -91,8 +105,16 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     attempts at a pool's task is knowledge, not leakage (``latentsift.deploy.leak``); each such pool is
     named in the output and in the warnings.
     """
-    pools, store, sifter, leak, leak_warnings = _open_sifter(pools_path, states_dir, sifter_dir, on_shift, on_leak,
-                                                            instances, settings)
+    _check_guards(on_shift, on_leak)
+    return _sifter_filter(pools_path, states_dir, sifter_dir, on_shift=on_shift, on_leak=on_leak, instances=instances,
+                          **settings)
+
+
+@blas_fixed
+def _sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str, on_leak: str, instances, **settings):
+    """``run_sifter_filter`` with checked arguments."""
+    pools, store, sifter, leak, leak_warnings = _open_sifter(pools_path, states_dir, sifter_dir, on_leak, instances,
+                                                            settings)
     states = _pool_states(store, states_dir, pools)
     results = sifter.score_pools(pools, states, fingerprint=store.fingerprint)
     shift, warnings = guard(results, pools, states, sifter.bank, sifter.reference_, on_shift)
@@ -108,7 +130,6 @@ def run_sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str = "wa
     return run, warnings
 
 
-@blas_fixed
 def run_sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice: str = "nearest",
                              on_shift: str = "warn", on_leak: str = "allow", instances: Sequence[str] | None = None,
                              **settings):
@@ -119,14 +140,24 @@ def run_sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice:
     and scorer score it, and the shift guard judges it against that sub-bank's reference. The
     ``FilterRun`` gains ``bank_choice`` (mode, sub-banks, per pool the choice and the distances).
     ``bank_choice="all"`` is ``run_sifter_filter``. ``on_leak`` as there, against the all-agent bank
-    (every sub-bank's trajectories are in it).
+    (every sub-bank's trajectories are in it). ``bank_choice``, ``on_shift`` and ``on_leak`` are checked here
+    (the command line checks them as ``FilterOptions`` and calls ``_sifter_filter_chosen``).
     """
     check_choice(bank_choice, "bank_choice", "filter", BANK_CHOICES)
+    _check_guards(on_shift, on_leak)
+    return _sifter_filter_chosen(pools_path, states_dir, sifter_dir, bank_choice=bank_choice, on_shift=on_shift,
+                                 on_leak=on_leak, instances=instances, **settings)
+
+
+@blas_fixed
+def _sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice: str, on_shift: str, on_leak: str,
+                          instances, **settings):
+    """``run_sifter_filter_chosen`` with checked arguments."""
     if bank_choice == "all":
-        return run_sifter_filter(pools_path, states_dir, sifter_dir, on_shift=on_shift, on_leak=on_leak,
-                                 instances=instances, **settings)
-    pools, store, sifter, leak, leak_warnings = _open_sifter(pools_path, states_dir, sifter_dir, on_shift, on_leak,
-                                                            instances, settings, needs_library=bank_choice)
+        return _sifter_filter(pools_path, states_dir, sifter_dir, on_shift=on_shift, on_leak=on_leak,
+                              instances=instances, **settings)
+    pools, store, sifter, leak, leak_warnings = _open_sifter(pools_path, states_dir, sifter_dir, on_leak, instances,
+                                                            settings, needs_library=bank_choice)
     for sub in sifter.library_:  # the overlap allowed on the all-agent bank holds for its parts too
         sub.bank.allowed_instances_ = set(getattr(sifter.bank, "allowed_instances_", set()))
     states = _pool_states(store, states_dir, pools)

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Sequence
 
 from .._core.validation import LatentSiftError, check_choice, check_positive_int
 from ..sift.keep import check_target_recall
+from ..deploy.operating import TARGET_RECALLS
 from ..deploy.shift import FALSE_ALARM, check_false_alarm
 from ..trajectories.trajectory import Trajectory
 
@@ -59,7 +60,7 @@ class ProtocolSettings:
     curve_fractions: tuple[float, ...] = (0.25, 0.5, 1.0)
     agent_transfer: bool = True
     guard_false_alarm: float = FALSE_ALARM
-    target_recalls: tuple[float, ...] = (0.90, 0.95, 0.99)
+    target_recalls: tuple[float, ...] = TARGET_RECALLS
     gen_test_key: str | None = None
     testgen_tokens: float = 0.0
 

@@ -6,9 +6,10 @@ results do not depend on the backend (one process, or N Ray workers give the sam
 distances). ``backends`` maps the command-line options onto this process or Ray workers. ``approx`` adds an optional FAISS IVF/HNSW bank backend (approximate, measured). Note: it is a second FAISS search path
 beside the exact one in ``latentsift.bank.knn``; kept apart for now (docs/scale.md).
 """
-from .backends import check_backend_options, open_backend
+from .backends import backend_from_options, check_backend_options, check_model_options, open_backend
 from .cluster import connect, require_ray
 from .extract import RayBackend
 from .bank import ShardedBank, shard_bank
 
-__all__ = ["check_backend_options", "open_backend", "connect", "require_ray", "RayBackend", "ShardedBank", "shard_bank"]
+__all__ = ["backend_from_options", "check_backend_options", "check_model_options", "open_backend", "connect",
+           "require_ray", "RayBackend", "ShardedBank", "shard_bank"]

@@ -21,12 +21,19 @@ from .extract import RayBackend
 
 def check_backend_options(model: str | os.PathLike | None, dtype: str, device: str | None,
                           layers: str | Sequence[int] = "all", device_map: str | None = None) -> None:
-    """The model options, checked before anything loads (the model load takes a while); a list of
-    ``layers`` is checked against the model's layer count, read from its config."""
+    """The model options, checked before anything loads (the model load takes a while): their values, then
+    what only the model can tell (``check_model_options``)."""
     if dtype != AUTO_DTYPE and dtype not in DTYPES:
         raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
     check_device(device, here=False)   # Ray workers may hold the GPUs; the policy's load checks its own
     check_device_map(device_map, device)
+    check_model_options(model, layers)
+
+
+def check_model_options(model: str | os.PathLike | None, layers: str | Sequence[int] = "all") -> None:
+    """What only the model can tell, before it loads: ``model`` holds a model (``check_model_path``) and a list
+    of ``layers`` is within its layer count, read from its config. (``latentsift extract`` checks the values of
+    its options as ``ExtractOptions``, then this.)"""
     if model is not None:
         check_model_path(model)
     if not isinstance(layers, str):
@@ -42,8 +49,17 @@ def open_backend(model: str | os.PathLike | None = None, *, dtype: str = AUTO_DT
     HOST:PORT), the Ray backend with ``workers`` actors (``threads`` each, default 1); ``backend``: another
     registered extraction backend by name (``latentsift._core.registry``, kind "extraction_backend").
     ``device_map`` (``--device-map``): each policy (here, or each Ray worker's over its GPUs) split by
-    accelerate."""
+    accelerate. The options are checked first (``check_backend_options``)."""
     check_backend_options(model, dtype, device, device_map=device_map)
+    return backend_from_options(model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
+                                gpus_per_worker=gpus_per_worker, backend=backend, device_map=device_map)
+
+
+def backend_from_options(model: str | os.PathLike | None, *, dtype: str, device: str | None, threads: int | None,
+                         ray: str | None, workers: int, gpus_per_worker: float, backend: str | None,
+                         device_map: str | None) -> ExtractionBackend:
+    """``open_backend`` with options already checked (``latentsift extract``: ``ExtractOptions`` and
+    ``check_model_options``)."""
     name = backend or (RayBackend if ray is not None else LocalExtractionBackend).name
     return registry_lookup("extraction_backend", name).from_options(
         model=model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,

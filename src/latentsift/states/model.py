@@ -175,8 +175,13 @@ def check_device_map(device_map, device: str | None = None) -> None:
     if not isinstance(device_map, dict) and device_map not in DEVICE_MAPS:
         raise LatentSiftError(f"--device-map must be one of {list(DEVICE_MAPS)}. Got {device_map!r} instead.")
     if device is not None:
-        raise LatentSiftError(f"--device-map {device_map if isinstance(device_map, str) else '(a dict)'} places the "
-                              f"model itself; leave --device {device} out.")
+        raise LatentSiftError(device_map_with_device(device_map, device))
+
+
+def device_map_with_device(device_map, device: str) -> str:
+    """The refusal of ``--device-map`` with ``--device`` (the map places the model itself)."""
+    return (f"--device-map {device_map if isinstance(device_map, str) else '(a dict)'} places the model itself; "
+            f"leave --device {device} out.")
 
 
 def check_device(device: str | None, *, here: bool = True) -> None:
