@@ -16,7 +16,10 @@ measured pass sits between two halves of its reference, so load from other proce
   SWE-agent), counted as 2 x non-embedding weights per token run (the issue's convention: attention
   score flops are not counted), next to the same linear layers on the same token counts
   (``gemm same tokens``, the floor for those shapes) and to ``gemm 2048`` (--ref-passes of them before
-  and as many after each extraction pass); once one trajectory per forward and once packed
+  and as many after each extraction pass); and to ``gemm + attention same tokens``: those layers plus
+  torch's causal attention kernel on the model's head shapes, once per decoder layer per trajectory (what
+  a forward must run at least with torch's own kernels; its flops are not counted, so this reference's
+  ratio is the share of extraction's time those two kernels take); once one trajectory per forward and once packed
   (``extraction packed N``: ``pack_tokens=N``, --pack-tokens), the two alternating within each round.
   The ratio to ``gemm 2048`` is issue 52's measure of the CPU path (goal >= 0.8).
 - ``verifier prefill``: ``EFVerifier.score`` (condense + one forward per prompt, shared system head
@@ -79,6 +82,34 @@ class Linears:
         return 2.0 * n_tokens * self.n_params
 
 
+class Attention:
+    """The model's self-attention kernel on its head shapes: ``scaled_dot_product_attention``, causal, no
+    mask, the key/value heads shared as the model's ``sdpa`` calls it for one sequence, once per decoder layer."""
+
+    def __init__(self, policy):
+        cfg = policy.model.config
+        cfg = getattr(cfg, "text_config", None) or cfg
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.n_layers, self.dtype = policy.n_layers, policy.model.dtype
+
+    def inputs(self, n: int) -> tuple:
+        """Query, key and value of ``n`` tokens, laid out as the model's projections give them."""
+        import torch
+
+        g = torch.Generator().manual_seed(n)
+        return tuple(torch.randn(1, n, h, self.head_dim, generator=g).to(self.dtype).transpose(1, 2)
+                     for h in (self.heads, self.kv_heads, self.kv_heads))
+
+    def run(self, qkv: tuple) -> None:
+        import torch
+
+        with torch.inference_mode():
+            for _ in range(self.n_layers):
+                torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=True,
+                                                                 enable_gqa=self.kv_heads != self.heads)
+
+
 def gemm_single(dtype, n=2048, k=576, m=1536):
     import torch
 
@@ -124,6 +155,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     policy = load_policy(dtype=a.dtype)
     lin = Linears(policy)
+    attn = Attention(policy)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model dtype {policy.fingerprint.dtype} "
           f"({policy.dtype_choice.reason if policy.dtype_choice else 'set explicitly'}), {lin.n_params / 1e6:.1f}M non-embedding weights in "
           f"{len(lin.weights)} linear layers, ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '-')}, "
@@ -159,13 +191,19 @@ def main() -> None:
                 tx = timed(lambda: out.extend(st for st, _, _ in extract_many(policy, trajs, settings)))
                 tref += timed(lambda: [lin.run(2048) for _ in range(a.ref_passes)])
                 tsame = sum(timed(lambda: lin.run(st.n_tokens)) for st in out)
+                tattn = 0.0
+                for st in out:
+                    qkv = attn.inputs(st.n_tokens)
+                    tattn += timed(lambda: attn.run(qkv))
                 if name not in best or tx < best[name][0]:
-                    best[name] = (tx, tsame, tref, sum(st.n_tokens for st in out))
-        for name, (tx, t_same, t_ref, n_tok) in best.items():
+                    best[name] = (tx, tsame, tattn, tref, sum(st.n_tokens for st in out))
+        for name, (tx, t_same, t_attn, t_ref, n_tok) in best.items():
             g_x, g_same, g_ref = rate(lin.flops(n_tok), tx), rate(lin.flops(n_tok), t_same), \
                 rate(lin.flops(2048) * 2 * a.ref_passes, t_ref)
-            print(f"{name}: {len(trajs)} trajectories, {n_tok:,} tokens, {n_tok / tx:,.0f} tokens per {a.clock} second")
-            rows += [(name, g_x, g_ref, "gemm 2048"), (name, g_x, g_same, "gemm same tokens")]
+            print(f"{name}: {len(trajs)} trajectories, {n_tok:,} tokens, {n_tok / tx:,.0f} tokens per {a.clock} second"
+                  f" (the same linear layers alone take {t_same / tx:.0%} of that time, the attention kernel {t_attn / tx:.0%})")
+            rows += [(name, g_x, g_ref, "gemm 2048"), (name, g_x, g_same, "gemm same tokens"),
+                     (name, g_x, rate(lin.flops(n_tok), t_same + t_attn), "gemm + attention same tokens")]
 
     if "verifier" not in skip:
         pool = import_paths(DATA / "sweagent" / "cost_2_1.tar.gz").trajectories[:a.verifier_n]
