@@ -152,3 +152,16 @@ def test_plain_progress_prints_at_a_steady_interval():
     assert [l.split()[1] for l in lines] == ["0/100", "20/100", "40/100", "100/100"]
     assert lines[1] == "[extract]  20/100  (20.0%)  140 tok/s  elapsed 0:31  ETA 2:04"
     assert "ETA" not in lines[-1] and "(100.0%)" in lines[-1]
+
+
+def test_a_model_from_the_process_cache_is_said_with_this_calls_dtype_reason():
+    """One load per (model, dtype, device) in a process, but each call says why it got that dtype: a load with
+    the dtype set explicitly, then one with "auto" that resolves to the same dtype, share the model and say
+    their own reasons (the second said "set explicitly" before)."""
+    auto = M.resolve_dtype(M.AUTO_DTYPE, "cpu", lambda: M.probe_shape(M.default_model_path()))
+    explicit = M.load_policy(dtype=auto.dtype, device="cpu")
+    chosen = M.load_policy(device="cpu")
+    assert chosen.model is explicit.model and chosen.fingerprint == explicit.fingerprint
+    assert explicit.dtype_choice.reason == "set explicitly"
+    assert chosen.dtype_choice == auto and chosen.dtype_choice.reason != "set explicitly"
+    assert f"({auto.reason})" in chosen.describe()

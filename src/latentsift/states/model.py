@@ -400,8 +400,8 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     choice = resolve_dtype(dtype, dev, lambda: probe_shape(p))
     dtype = choice.dtype
     key = (str(p.resolve()), dtype, dev) + ((repr(device_map), repr(max_memory)) if device_map is not None else ())
-    if cache and key in _CACHE:
-        return _CACHE[key]
+    if cache and key in _CACHE:   # the loaded model, said with this call's reason for its dtype
+        return replace(_CACHE[key], dtype_choice=choice)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     hf_logging.set_verbosity_error()
     kwargs: dict[str, Any] = {"local_files_only": True}
