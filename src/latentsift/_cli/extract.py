@@ -56,7 +56,7 @@ def extract_cmd(
     patch_step_tokens: Optional[int] = typer.Option(_D["patch_step_tokens"], "--patch-step-tokens", help="Keep the "
                                                     "first N tokens of each span of the step that wrote the final "
                                                     "patch instead of --max-span-tokens."),
-    ray: Optional[str] = typer.Option(_D["ray"], "--ray", help="Extract on Ray workers: local, auto or HOST:PORT "
+    ray_address: Optional[str] = typer.Option(_D["ray_address"], "--ray", help="Extract on Ray workers: local, auto or HOST:PORT "
                                       "(needs the optional extra: pip install ray==2.60.0; same states as one "
                                       "process)."),
     workers: int = typer.Option(_D["workers"], "--workers", help="Ray workers (each loads the model once)."),

@@ -67,7 +67,7 @@ def filter_cmd(
     instances: Optional[str] = typer.Option(_D["instances"], "--instance-ids", help="Only these instance ids "
                                             "(comma-separated)."),
     show: int = typer.Option(_D["show"], "--show", help="Print the table of at most N pools (the JSON has all)."),
-    ray: Optional[str] = typer.Option(_D["ray"], "--ray", help="Search the bank on Ray actors: local, auto or "
+    ray_address: Optional[str] = typer.Option(_D["ray_address"], "--ray", help="Search the bank on Ray actors: local, auto or "
                                       "HOST:PORT (needs the optional extra: pip install ray==2.60.0; same results)."),
     bank_shards: Optional[int] = typer.Option(_D["bank_shards"], "--bank-shards", help="Bank shards on Ray (default "
                                               "2 with --ray)."),

@@ -82,7 +82,7 @@ class ExtractOptions(CommandOptions):
     renderer: str = option("--renderer", Registered("renderer"), default=RENDER)
     backend: str | None = option("--backend", Registered("extraction_backend"), None, default=None)
     patch_step_tokens: int | None = option("--patch-step-tokens", *_OPTIONAL_POSITIVE, default=None)
-    ray: str | None = option("--ray", RAY_ADDRESS, None, default=None)
+    ray_address: str | None = option("--ray", RAY_ADDRESS, None, default=None)
     workers: int = option("--workers", POSITIVE, default=2)
     gpus_per_worker: float = option("--gpus-per-worker", Interval(Real, 0, None), default=0)
     device_map: str | None = option("--device-map", OneOf(DEVICE_MAPS), None, default=None)
@@ -110,7 +110,7 @@ def extract_to_store(s: ExtractOptions, *, log: Callable[[str], Any] = print,
             raise LatentSiftError(f"{s.pools} holds no trajectory: nothing to extract (write it with "
                                   "'latentsift import').")
         log(f"{len(trajs)} trajectories from {s.pools}; loading the model ...")
-        opened = backend_from_options(s.model, dtype=s.dtype, device=s.device, threads=s.threads, ray=s.ray,
+        opened = backend_from_options(s.model, dtype=s.dtype, device=s.device, threads=s.threads, ray=s.ray_address,
                                       workers=s.workers, gpus_per_worker=s.gpus_per_worker, device_map=s.device_map,
                                       backend=s.backend)
         log(opened.describe())

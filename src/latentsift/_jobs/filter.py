@@ -62,7 +62,7 @@ def _sifter_given(s) -> list[str]:
 
 
 def _on_ray(s) -> bool:
-    return s.ray is not None or s.bank_shards is not None
+    return s.ray_address is not None or s.bank_shards is not None
 
 
 #: The cross-option rules of ``filter`` (each a contradiction and its one line), checked in this order.
@@ -123,7 +123,7 @@ class FilterOptions(CommandOptions):
                                                              lambda t: any(x.strip() for x in t.split(",")), ","),
                                    None, default=None)
     show: int = option("--show", COUNT, default=10)
-    ray: str | None = option("--ray", RAY_ADDRESS, None, default=None)
+    ray_address: str | None = option("--ray", RAY_ADDRESS, None, default=None)
     bank_shards: int | None = option("--bank-shards", POSITIVE, None, default=None)
     approx: str | None = option("--approx", Registered("index_kind"), None, default=None)
     on_shift: str | None = option("--on-shift", OneOf(ON_SHIFT), None, default=None)
@@ -179,7 +179,7 @@ def filter_options(*, method: str = LatentSift.name, bank_dir=None, scorer_dir=N
     """
     s = SimpleNamespace(**FilterOptions.defaults() | dict(  # the other options at their defaults
         method=method, bank=bank_dir, scorer=scorer_dir, sifter=sifter_dir, bank_choice=bank_choice, on_leak=on_leak,
-        ray=ray_address, bank_shards=bank_shards, approx=approx, distance_only=distance_only, learned_only=learned_only,
+        ray_address=ray_address, bank_shards=bank_shards, approx=approx, distance_only=distance_only, learned_only=learned_only,
         channels=channels, distance=distance, weighting=weighting, fusion_weight=fusion_weight))
     for rule in FILTER_RULES:
         rule.check(s)
@@ -355,7 +355,7 @@ def filter_to_file(s: FilterOptions, *, log: Callable[[str], None] = lambda m: N
                 settings["n_evidence"] = s.evidence
             with status("scoring ..."):
                 run = _run_filter(pools, states, bank_dir=bank, scorer_dir=scorer, method=method, instances=instances,
-                                  ray_address=s.ray, bank_shards=s.bank_shards, approx=s.approx,
+                                  ray_address=s.ray_address, bank_shards=s.bank_shards, approx=s.approx,
                                   on_shift=on_shift if stateful else None, on_leak=resolved["on_leak"], **settings)
             warnings = list(run.extra.get("shift", {}).get("warnings", []))
         if cal is not None and target_recall is not None and not stateful:  # a rule has no bank: the guard
