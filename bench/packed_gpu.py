@@ -27,10 +27,11 @@ over all the sequences (the order rotated from round to round), ``torch.cuda.syn
 
 - ``bound@B``: the bare decoder stack (the base model: no LM head, no sequence x vocabulary logits), no hooks,
   every hidden state returned (``output_hidden_states=True``), the sequences packed by the library's own plan
-  into rows of at most B tokens, each attending to itself only: on CUDA one FlashAttention varlen call per layer
-  (``torch.nn.attention.varlen.varlen_attn``), elsewhere (or where it fails) one ``sdpa`` call per sequence;
-- ``bound-loop@B``: ``bound@B`` with the library's attention instead (``enable_packing``: one ``sdpa`` call per
-  sequence and layer): what the library's attention costs, apart from its pooling;
+  into rows of at most B tokens, each attending to itself only by the library's packed attention: on CUDA in
+  16 bits one FlashAttention varlen call per layer (``torch.nn.attention.varlen.varlen_attn``), elsewhere (or
+  where it fails) one ``sdpa`` call per sequence;
+- ``bound-loop@B``: ``bound@B`` with one ``sdpa`` call per sequence and layer on every device (the library's
+  fallback): what the varlen kernel buys;
 - ``rows@B``: the issue's bound, rows of 2,048 tokens of the same token stream, B / 2,048 rows per forward,
   each row causal over its whole length (across sequence bounds: more attention work than ``bound@B``);
 - ``bare-single``: the bare stack on one sequence per forward, hidden states returned (the issue's first column);
@@ -38,11 +39,12 @@ over all the sequences (the order rotated from round to round), ``torch.cuda.syn
   ``latentsift extract --pack-tokens 0`` runs it);
 - ``packed@B``: the library's packed path as ``latentsift extract --pack-tokens B`` runs it on one device:
   ``extract_settings``, ``pack_plan`` with ``pack_size``, ``extract_pack`` per pack (``replay_packed``: the
-  per-sequence attention of ``enable_packing``, ``PackedSums``' pooling, the states brought to the host); B as
+  packed attention of ``enable_packing``, ``PackedSums``' pooling, the states brought to the host); B as
   the settings record it (``extract_settings`` caps it at the model's context);
 - ``long``: the library's path for a trajectory longer than a chunk (``extract_pack`` of a pack of one:
   ``replay_many`` in 2,048-token chunks with a KV cache, the sliding window past the context), tokens counted
-  as the trajectory's, not the windows'.
+  as the trajectory's, not the windows'; ``long@C`` (``--long-chunks``): the same in chunks of C tokens (capped by
+  the window: a window in one chunk is one forward without a KV cache or mask).
 
 A mode whose estimated memory exceeds 85% of the free GPU memory is skipped, and so is one that runs out of
 memory, the reason printed. Rounds stop early at ``--seconds`` (shared between the shapes). Printed and written
@@ -57,7 +59,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
-import inspect
 import json
 import math
 import platform
@@ -82,7 +83,6 @@ ROW = 2048               # a row of rows@B, the issue's 8 x 2,048 and 32 x 2,048
 TEAM_TOKENS = 16 * 500 * 30_000   # a team's 16 samples x 500 SWE-bench tasks x ~30k tokens
 MEMORY_SHARE = 0.85      # of the free GPU memory a mode may be estimated to take
 F32_TOL = 1e-5
-VARLEN = "bench_varlen"  # this script's attention for bound@B
 
 #: the real shapes (config.json of HuggingFaceTB/SmolLM2-135M-Instruct and Qwen/Qwen2.5-1.5B)
 SHAPES = {
@@ -137,7 +137,8 @@ STAND_INS = _stand_ins()
 from latentsift.states.channel import Rendering  # noqa: E402  (after the stand-ins)
 from latentsift.states.extract import extract_pack, extract_settings, pack_size  # noqa: E402
 from latentsift.states.model import Fingerprint, Policy  # noqa: E402
-from latentsift.states.packing import BOUNDS, PACKED_ATTENTION, enable_packing, pack_plan, run_length  # noqa: E402
+from latentsift.states.packing import (BOUNDS, VARLEN, enable_packing,  # noqa: E402
+                                       pack_plan, run_length)
 from latentsift.states.states import replay_many  # noqa: E402
 from latentsift.trajectories.trajectory import CHANNEL_ID  # noqa: E402
 
@@ -238,65 +239,14 @@ def attention(policy: Policy, name: str):
             policy.model.set_attn_implementation(prev)
 
 
-class Varlen:
-    """bound@B's attention: each sequence of the row on its own. ``kind`` says which kernel ran."""
-
-    def __init__(self, device: str):
-        self.kind = "sdpa per sequence"
-        self.fn = None
-        self.why = "not a CUDA device" if device != "cuda" else ""
-        if device == "cuda":
-            try:
-                from torch.nn.attention.varlen import varlen_attn
-                self.fn, self.params = varlen_attn, set(inspect.signature(varlen_attn).parameters)
-                self.kind = "FlashAttention varlen"
-            except ImportError as e:
-                self.why = f"torch.nn.attention.varlen: {e}"
-
-    def __call__(self, module, query, key, value, attention_mask, **kwargs):
-        bounds = kwargs.pop(BOUNDS)
-        longest = kwargs.pop("max_length_q")
-        for k in ("cu_seq_lens_k", "max_length_k"):
-            kwargs.pop(k, None)
-        if self.fn is not None:
-            try:
-                return self._varlen(module, query, key, value, bounds, longest), None
-            except Exception as e:  # an unsupported head size, dtype or signature: per sequence, said once
-                self.fn, self.kind, self.why = None, "sdpa per sequence", f"varlen_attn failed: {str(e)[:200]}"
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
-        cuts = bounds.tolist()
-        outs = [sdpa(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
-                for a, b in zip(cuts[:-1], cuts[1:])]
-        return torch.cat(outs, dim=1), None
-
-    def _varlen(self, module, query, key, value, bounds, longest):
-        q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))   # (tokens, heads, head_dim)
-        kw = {}
-        if "enable_gqa" in self.params:
-            kw["enable_gqa"] = True
-        elif k.shape[1] != q.shape[1]:
-            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
-        if "is_causal" in self.params:
-            kw["is_causal"] = True
-        else:
-            kw["window_size"] = (-1, 0)
-        if "scale" in self.params:
-            kw["scale"] = module.scaling
-        out = self.fn(q, k, v, bounds, bounds, longest, longest, **kw)
-        return out[None]
-
-
-def _register(varlen: Varlen) -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(VARLEN, varlen)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN, sdpa_mask)
-
-
 # ---------------------------------------------------------------------- the modes
+def _attention_kind(device: str, dtype: torch.dtype) -> tuple[str, str]:
+    """Which attention the packed modes ran (after the warm-up: a refused kernel has fallen back by then)."""
+    if VARLEN.takes(torch.empty(0, device=device, dtype=dtype)):
+        return "FlashAttention varlen", ""
+    return "sdpa per sequence", VARLEN.why or ("not a CUDA device" if device != "cuda" else f"{dtype}")
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -308,22 +258,24 @@ def _bare(policy: Policy, ids: np.ndarray, **kw):
                        output_hidden_states=True, **kw)
 
 
-def run_bound(policy: Policy, packs: list[list[Rendering]], library_attention: bool = False) -> None:
-    """Bare packed forwards; ``library_attention``: the library's per-sequence attention (``enable_packing``,
-    bounds on the host as ``replay_packed`` passes them) instead of varlen."""
+def run_bound(policy: Policy, packs: list[list[Rendering]], loop: bool = False) -> None:
+    """Bare packed forwards with the library's packed attention (``enable_packing``: FlashAttention varlen on
+    a GPU in 16 bits, else ``sdpa`` per sequence); ``loop``: ``sdpa`` per sequence everywhere."""
     dev = policy.device
-    if library_attention:
-        enable_packing(policy)
-    with torch.inference_mode(), attention(policy, PACKED_ATTENTION if library_attention else VARLEN):
-        for pack in packs:
-            runs = [run_length(r) for r in pack]
-            ids = np.concatenate([r.input_ids[:n] for r, n in zip(pack, runs)])
-            pos = np.concatenate([np.arange(n) for n in runs])
-            cuts = torch.as_tensor(np.cumsum([0] + runs), dtype=torch.int32,
-                                   device="cpu" if library_attention else dev)
-            _bare(policy, ids[None], position_ids=torch.as_tensor(pos, device=dev)[None],
-                  attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev),
-                  **{BOUNDS: cuts, "max_length_q": max(runs)})
+    enable_packing(policy)
+    was, VARLEN.enabled = VARLEN.enabled, not loop
+    try:
+        with torch.inference_mode():
+            for pack in packs:
+                runs = [run_length(r) for r in pack]
+                ids = np.concatenate([r.input_ids[:n] for r, n in zip(pack, runs)])
+                pos = np.concatenate([np.arange(n) for n in runs])
+                cuts = torch.as_tensor(np.cumsum([0] + runs), dtype=torch.int32, device=dev)
+                _bare(policy, ids[None], position_ids=torch.as_tensor(pos, device=dev)[None],
+                      attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev),
+                      **{BOUNDS: cuts, "max_length_q": max(runs)})
+    finally:
+        VARLEN.enabled = was
 
 
 def run_rows(policy: Policy, stream: np.ndarray, rows_per_forward: int) -> None:
@@ -401,8 +353,6 @@ def bench_shape(shape: str, args, deadline: float) -> dict:
     short, long = sequences(args.lengths, args.budget_tokens, args.long_n, args.long_tokens, cfg.vocab_size)
     n_short = sum(run_length(r) for r in short)
     stream = np.concatenate([r.input_ids[:run_length(r)] for r in short])
-    varlen = Varlen(dev)
-    _register(varlen)
     print(f"\n== {shape}: {cfg.num_hidden_layers} layers, d_model {cfg.hidden_size}, {dtype}, built in {built:.1f} s; "
           f"{len(short)} sequences, {n_short:,} tokens (median {int(np.median([run_length(r) for r in short]))}), "
           f"{len(long)} long of {args.long_tokens:,}", flush=True)
@@ -436,11 +386,15 @@ def bench_shape(shape: str, args, deadline: float) -> dict:
         if name not in modes:
             add(name, lambda s=settings: run_library(policy, short, s), n_short,
                 estimate_bytes(policy, settings["pack_tokens"], False, True), library=True)
-    long_settings = extract_settings(policy)   # the device's default pack_tokens: a long trajectory is a pack of one
-    if long:
-        add("long", lambda: run_library(policy, long, long_settings), sum(r.n_tokens for r in long),
-            estimate_bytes(policy, chunk_settings["chunk_tokens"], False, True,
-                           min(args.long_tokens, chunk_settings["context"])), library=True)
+    # the device's default pack_tokens (a long trajectory is a pack of one); "long" at the default chunk, then
+    # long@C: chunks of C tokens (capped by the context window: a chunk as long as its window needs no KV cache)
+    long_settings = {"long": extract_settings(policy)}
+    long_settings |= {f"long@{c}": extract_settings(policy, chunk_tokens=c) for c in args.long_chunks}
+    for name, ls in long_settings.items() if long else ():
+        chunk = min(ls["chunk_tokens"], ls["context"], args.long_tokens)
+        keys = min(args.long_tokens, ls["context"]) if chunk < min(args.long_tokens, ls["context"]) else 0
+        add(name, lambda ls=ls: run_library(policy, long, ls), sum(r.n_tokens for r in long),
+            estimate_bytes(policy, chunk, False, True, keys), library=True)
     if args.modes:
         keep = set(args.modes)
         modes = {k: v for k, v in modes.items() if k.split("@")[0] in keep or k in keep}
@@ -456,9 +410,13 @@ def bench_shape(shape: str, args, deadline: float) -> dict:
     def attempt(name, fn):
         try:
             return fn()
-        except torch.OutOfMemoryError as e:
-            skipped[name] = f"out of memory: {str(e).splitlines()[0][:160]}"
+        except Exception as e:   # out of memory, or a kernel refusing: this mode is skipped, the others run
+            first = (str(e).splitlines() or [""])[0][:160]
+            skipped[name] = (f"out of memory: {first}" if isinstance(e, torch.OutOfMemoryError)
+                             else f"failed: {type(e).__name__}: {first}")
             print(f"   skip {name}: {skipped[name]}", flush=True)
+            if not isinstance(e, torch.OutOfMemoryError):
+                traceback.print_exc()
             if dev == "cuda":
                 torch.cuda.empty_cache()
             return None
@@ -475,15 +433,16 @@ def bench_shape(shape: str, args, deadline: float) -> dict:
             fn = lambda: run_rows(policy, stream[: 2 * ROW], max(1, b // ROW))  # noqa: E731
         elif name == "bare-single":
             fn = lambda: run_bare_single(policy, warm_short)  # noqa: E731
-        elif name == "long":
-            fn = lambda: run_library(policy, warm_long, long_settings)  # noqa: E731
+        elif name in long_settings:
+            fn = lambda: run_library(policy, warm_long, long_settings[name])  # noqa: E731
         else:
             fn = lambda: run_library(policy, warm_short, chunk_settings if name == "single"  # noqa: E731
                                      else extract_settings(policy, pack_tokens=b))
         attempt(name, fn)
     _sync(dev)
-    print(f"   warm-up {time.perf_counter() - t_warm:.1f} s; bound@B attention: {varlen.kind}"
-          + (f" ({varlen.why})" if varlen.why else ""), flush=True)
+    kind, why = _attention_kind(dev, dtype)
+    print(f"   warm-up {time.perf_counter() - t_warm:.1f} s; packed attention: {kind}" + (f" ({why})" if why else ""),
+          flush=True)
 
     seconds: dict[str, list[float]] = {n: [] for n in modes}
     digests: dict[str, list[str]] = {n: [] for n in modes if modes[n]["library"]}
@@ -515,7 +474,7 @@ def bench_shape(shape: str, args, deadline: float) -> dict:
                                                           "max_position_embeddings")},
                  "dtype": str(dtype).removeprefix("torch."), "built_s": built,
                  "sequences": len(short), "tokens": n_short, "long": {"n": len(long), "tokens": args.long_tokens},
-                 "bound_attention": varlen.kind, "bound_attention_note": varlen.why,
+                 "bound_attention": kind, "bound_attention_note": why,
                  "pack_tokens_recorded": {str(b): e for b, e in effective.items()},
                  "modes": {}, "skipped": skipped}
     for name, m in modes.items():
@@ -573,7 +532,8 @@ def table(results: dict) -> str:
             n.startswith("bound@") for n in hours) else None
         lines.append("  240 M tokens, computed from the measured rates: "
                      + "; ".join(f"{h:.2f} h at {n}" for h, n in
-                                 [(hours[k], k) for k in ("long", "single") if k in hours] + [packed, bound] if n))
+                                 [(hours[k], k) for k in hours if k.startswith("long")]
+                                 + [(hours[k], k) for k in ("single",) if k in hours] + [packed, bound] if n))
     lines.append(f"\n240 M tokens = 16 samples x 500 SWE-bench tasks x 30k tokens; the hours are computed from "
                  f"the measured rates (only {results['facts']['device']} rates were measured). A 30k-token "
                  "trajectory is longer than a chunk, so extract replays it as 'long' does, not packed.")
@@ -604,6 +564,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--pack", default="8192,16384,65536", help="tokens per packed forward (B), comma-separated")
     ap.add_argument("--long-n", type=int, default=2, help="trajectories of --long-tokens (0: none)")
     ap.add_argument("--long-tokens", type=int, default=30000)
+    ap.add_argument("--long-chunks", default="32768", help="chunk tokens of the long@C modes, comma-separated ('': none)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=240.0, help="stop starting rounds after this, all shapes")
     ap.add_argument("--modes", help="comma-separated subset (bound, rows, bare-single, single, packed, long)")
@@ -612,6 +573,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     args.pack = [int(b) for b in args.pack.split(",")]
     args.modes = args.modes.split(",") if args.modes else None
+    args.long_chunks = [int(c) for c in args.long_chunks.split(",") if c]
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench/packed_gpu.py: torch sees no CUDA device; use --device cpu.")
     if args.threads:

@@ -4,6 +4,7 @@ whatever order, and the same bytes twice. Short renderings (at most 160 tokens e
 from __future__ import annotations
 
 import hashlib
+import inspect
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ import pytest
 from latentsift._core.validation import LatentSiftError
 from latentsift.states.channel import render
 from latentsift.states.extract import check_settings, extract_many, extract_settings, pack_size
-from latentsift.states.packing import PACKED_ATTENTION, PackedSums, can_pack, pack_plan, replay_packed, run_length
+from latentsift.states.packing import (PACKED_ATTENTION, VARLEN, PackedSums, Varlen, can_pack, pack_plan,
+                                       packed_attention, replay_packed, run_length)
 from latentsift.states.states import has_hooks, replay_many
 
 F32_TOL = 1e-5
@@ -172,3 +174,66 @@ def test_a_store_resumes_at_another_pack_budget_and_the_option_is_checked(policy
     save_jsonl(trajs[:1], tmp_path / "pools.jsonl")
     with pytest.raises(LatentSiftError, match="--pack-tokens"):
         run_extract(tmp_path / "pools.jsonl", tmp_path / "t", pack_tokens=-1)
+
+
+def _fake_varlen_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                      window_size=(-1, -1), num_splits=None):
+    """torch.nn.attention.varlen.varlen_attn's contract on a CPU (no GQA keyword): causal by window_size."""
+    import torch
+    import torch.nn.functional as F
+
+    assert window_size == (-1, 0) and key.shape[1] == query.shape[1] and cu_seq_q is cu_seq_k and num_splits == 1
+    cuts = cu_seq_q.tolist()
+    assert max_q == max_k == max(b - a for a, b in zip(cuts[:-1], cuts[1:]))
+    return torch.cat([F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1) for x in (query, key, value)),
+                                                     is_causal=True, scale=scale).transpose(0, 1)
+                      for a, b in zip(cuts[:-1], cuts[1:])])
+
+
+def _fake_varlen_2_10(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+    assert is_causal
+    return _fake_varlen_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_size=(-1, 0), num_splits=1)
+
+
+def _failing_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+    raise RuntimeError("FlashAttention only supports head dimension at most 256")
+
+
+@pytest.fixture
+def attention_inputs():
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    module = LlamaAttention(LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2), 0)
+    module._latentsift_fallback = "sdpa"
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 20, 16, generator=g) for h in (4, 2, 2))
+    return module, q, k, v, torch.tensor([0, 5, 12, 20], dtype=torch.int32)
+
+
+def test_the_varlen_kernels_glue_matches_attention_per_sequence(attention_inputs):
+    """The packed attention's GPU-only path (layout, GQA, causal flag of either varlen_attn signature, no
+    split-KV), checked on a CPU against stand-ins keeping varlen_attn's contract: sdpa on each sequence."""
+    import torch
+
+    module, q, k, v, bounds = attention_inputs
+    ref, _ = packed_attention(module, q, k, v, None, cu_seq_lens_q=bounds, max_length_q=8, scaling=module.scaling)
+    assert ref.shape == (1, 20, 4, 16) and not VARLEN.takes(q)        # a CPU: the loop ran
+    for fake in (_fake_varlen_2_11, _fake_varlen_2_10):
+        varlen = Varlen()
+        varlen.fn, varlen.params = fake, frozenset(inspect.signature(fake).parameters)
+        torch.testing.assert_close(varlen(q, k, v, bounds, 8, module.scaling), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_a_refused_varlen_kernel_falls_back_to_the_loop_and_says_so(attention_inputs, monkeypatch, caplog):
+    module, q, k, v, bounds = attention_inputs
+    ref, _ = packed_attention(module, q, k, v, None, cu_seq_lens_q=bounds, max_length_q=8, scaling=module.scaling)
+    monkeypatch.setattr(VARLEN, "fn", _failing_varlen)
+    monkeypatch.setattr(VARLEN, "why", VARLEN.why)                      # restored after, as fn
+    monkeypatch.setattr(VARLEN, "params", frozenset(inspect.signature(_failing_varlen).parameters))
+    monkeypatch.setattr(Varlen, "takes", lambda self, query: self.enabled and self.fn is not None)
+    got, _ = packed_attention(module, q, k, v, None, cu_seq_lens_q=bounds, max_length_q=8, scaling=module.scaling)
+    assert VARLEN.fn is None and "head dimension" in VARLEN.why
+    assert "attention per sequence from here on" in caplog.text
+    assert (got == ref).all()

@@ -5,9 +5,13 @@ lengths and order alone), each with its own positions 0..n-1. The linear layers,
 run on all their tokens at once (one large GEMM instead of several small ones), while attention stays
 per sequence: :func:`packed_attention` cuts the row at the sequence bounds (transformers' varlen
 keyword ``cu_seq_lens_q``) and runs the model's own attention (``sdpa``) on each piece with
-its causal flag, exactly as a forward of that sequence alone would. No token sees a neighbour's, and
-no attention work is spent on the block-diagonal zeros (transformers' own packing by ``position_ids``
-builds a dense mask over the whole row: measured 0.6x of one sequence per forward on a CPU).
+its causal flag, exactly as a forward of that sequence alone would. On a GPU in bfloat16 or float16 the
+whole row's attention is instead one FlashAttention varlen call per layer (torch's ``varlen_attn``, the
+kernel a lone sequence's ``sdpa`` takes there, causal per sequence, split-KV off), with the per-sequence
+loop as its fallback (said once) where this torch has no such kernel or it refuses the shapes. No token
+sees a neighbour's, and no attention work is spent on the block-diagonal zeros (transformers' own packing
+by ``position_ids`` builds a dense mask over the whole row: measured 0.6x of one sequence per forward on a
+CPU).
 
 What can differ from one sequence per forward is only the rounding of the linear layers at another row
 count (tested to 1e-5 relative per span in float32; measured on an AVX-512 CPU: the same bytes, float32
@@ -22,6 +26,8 @@ chunked replay, the verifier).
 """
 from __future__ import annotations
 
+import inspect
+import logging
 import threading
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -37,6 +43,7 @@ BOUNDS = "cu_seq_lens_q"             # transformers' varlen keyword: cumulative 
 _FALLBACK = "_latentsift_fallback"  # attribute of each attention module: the implementation it had
 _LOCK = threading.Lock()
 _REGISTERED = False
+_LOG = logging.getLogger(__name__)
 
 
 def run_length(rendering, max_tokens: int | None = None) -> int:
@@ -85,18 +92,68 @@ def _implementation(name: str):
     return ALL_ATTENTION_FUNCTIONS[name]
 
 
+class Varlen:
+    """torch's FlashAttention varlen kernel for a packed row on a GPU (``varlen_attn``, torch >= 2.10;
+    either of its signatures: ``is_causal`` in 2.10, ``window_size`` after), or the reason it is not used.
+    ``enabled`` off runs the per-sequence loop everywhere (what the kernel buys: bench/packed_gpu.py)."""
+
+    def __init__(self):
+        self.enabled = True
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError as e:
+            self.fn, self.params, self.why = None, frozenset(), f"torch.nn.attention.varlen: {e}"
+        else:
+            self.fn, self.params, self.why = varlen_attn, frozenset(inspect.signature(varlen_attn).parameters), ""
+
+    def takes(self, query) -> bool:
+        """True for a query this kernel serves: on a GPU, in a 16-bit float (FlashAttention's types)."""
+        import torch
+
+        return (self.enabled and self.fn is not None and query.device.type == "cuda"
+                and query.dtype in (torch.bfloat16, torch.float16))
+
+    def __call__(self, query, key, value, bounds, longest: int, scale: float):
+        """Causal attention of each sequence of ``bounds`` on its own; (1, heads, tokens, head_dim) in,
+        (1, tokens, heads, head_dim) out, as transformers' attention functions return it."""
+        q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))   # (tokens, heads, head_dim)
+        kw: dict = {"scale": scale} if "scale" in self.params else {}
+        if "enable_gqa" in self.params:
+            kw["enable_gqa"] = True
+        elif k.shape[1] != q.shape[1]:
+            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+        if "is_causal" in self.params:
+            kw["is_causal"] = True
+        else:
+            kw["window_size"] = (-1, 0)
+        if "num_splits" in self.params:
+            kw["num_splits"] = 1          # no split-KV: a sequence's bits do not depend on its neighbours
+        return self.fn(q, k, v, bounds, bounds, longest, longest, **kw)[None]
+
+
+VARLEN = Varlen()
+
+
 def packed_attention(module, query, key, value, attention_mask, **kwargs):
-    """Attention of a packed row: each sequence of ``cu_seq_lens_q`` on its own, by the module's
-    original implementation (``sdpa``: its causal flag, no mask, as a forward of that sequence alone
-    calls it); without that keyword, the original as is."""
+    """Attention of a packed row: each sequence of ``cu_seq_lens_q`` on its own, by :data:`VARLEN` where
+    it takes the query, else by the module's original implementation (``sdpa``: its causal flag, no mask,
+    as a forward of that sequence alone calls it); without that keyword, the original as is."""
     import torch
 
     fallback = _implementation(getattr(module, _FALLBACK))
     bounds = kwargs.pop(BOUNDS, None)
     if bounds is None:
         return fallback(module, query, key, value, attention_mask, **kwargs)
-    for k in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
+    longest = kwargs.pop("max_length_q", None)
+    for k in ("cu_seq_lens_k", "max_length_k"):
         kwargs.pop(k, None)
+    if longest is not None and VARLEN.takes(query):
+        try:
+            return VARLEN(query, key, value, bounds.to(query.device), int(longest),
+                          kwargs.get("scaling") or module.scaling), None
+        except (RuntimeError, TypeError, ValueError) as e:   # shapes or a signature the kernel refuses
+            VARLEN.fn, VARLEN.why = None, f"varlen_attn failed: {str(e)[:200]}"
+            _LOG.warning("packed replay: attention per sequence from here on (%s)", VARLEN.why)
     cuts = bounds.tolist()
     outs = [fallback(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
             for a, b in zip(cuts[:-1], cuts[1:])]
@@ -227,7 +284,8 @@ def replay_packed(policy, renderings: Sequence, *, max_tokens: int | None = None
                         position_ids=torch.as_tensor(np.concatenate(pos), device=dev)[None],
                         # a prepared (4-D) mask is passed through untouched: no dense mask is built
                         attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=dev),
-                        use_cache=False, **{BOUNDS: torch.as_tensor(cuts, dtype=torch.int32)})
+                        use_cache=False, max_length_q=int(max(runs)),
+                        **{BOUNDS: torch.as_tensor(cuts, dtype=torch.int32, device=dev)})
     means = acc.means(int(offsets[-1]))
     return [states_of(r, means[a:b], acc.counts[a:b], keys, n, keep, layer_ids)
             for r, (_, keys), n, a, b in zip(renderings, index, ns, offsets[:-1], offsets[1:])]
