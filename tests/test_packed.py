@@ -131,7 +131,10 @@ def test_pack_tokens_is_checked_and_off_by_default_on_a_cpu(policy32):
     with pytest.raises(LatentSiftError, match="pack_tokens"):
         check_settings(pack_tokens=-1)
     assert extract_settings(policy32)["pack_tokens"] == 0
-    assert extract_settings(policy32, pack_tokens=10**6)["pack_tokens"] == policy32.context_length
+    # a pack longer than the context is kept: its renderings each have positions of their own
+    assert extract_settings(policy32, pack_tokens=10**6)["pack_tokens"] == 10**6 > policy32.context_length
+    assert extract_settings(policy32)["chunk_tokens"] == 2048                     # the CPU's default chunk
+    assert extract_settings(policy32, chunk_tokens=64)["chunk_tokens"] == 64
 
 
 def test_packed_sums_off_a_cpu_sum_each_renderings_spans_as_on_a_cpu():

@@ -40,7 +40,8 @@ def extract_cmd(
                                                     "first N tokens of each context message (passed to render)."),
     layers: str = typer.Option(_D["layers"], "--layers", help="Stored layers: all, final, or e.g. '10,20,30' "
                                "(the scorer needs all)."),
-    chunk_tokens: int = typer.Option(_D["chunk_tokens"], "--chunk-tokens", help="Prefill chunk size (memory bound)."),
+    chunk_tokens: Optional[int] = typer.Option(_D["chunk_tokens"], "--chunk-tokens", help="Prefill chunk size "
+                                               "(memory bound); default: the device's, 2048 on a CPU, 32768 on CUDA."),
     shard_size: int = typer.Option(_D["shard_size"], "--shard-size", help="Trajectories per shard (the resume unit)."),
     pack_tokens: Optional[int] = typer.Option(_D["pack_tokens"], "--pack-tokens", help="Replay several short "
                                               "trajectories per forward, up to N tokens (0: one per forward; default: "

@@ -74,7 +74,7 @@ class ExtractOptions(CommandOptions):
     max_prompt_tokens: int | None = option("--max-prompt-tokens", *_OPTIONAL_POSITIVE, default=None)
     layers: str = option("--layers", Matches("all, final or comma-separated layer indices", _layers_ok, "first"),
                          default="all")
-    chunk_tokens: int = option("--chunk-tokens", POSITIVE, default=2048)
+    chunk_tokens: int | None = option("--chunk-tokens", *_OPTIONAL_POSITIVE, default=None)
     shard_size: int = option("--shard-size", POSITIVE, default=32)
     pack_tokens: int | None = option("--pack-tokens", COUNT, None, default=None)
     threads: int | None = option("--threads", *_OPTIONAL_POSITIVE, default=None)

@@ -44,6 +44,11 @@ OWNER = "extract_pools"  # the function named in settings errors
 #: packing short trajectories measured no faster than one per forward at one thread each (docs/scale.md);
 #: on a GPU a forward of one ~700-token sequence runs at 0.05 of the rate of 8 x 2,048 tokens (issue 52).
 DEFAULT_PACK_TOKENS = {"cpu": 0, "cuda": 16384}
+#: ``chunk_tokens`` when it is not given, per device kind (else :data:`~latentsift.states.states.DEFAULT_CHUNK_TOKENS`).
+#: On a GPU a window in one chunk runs FlashAttention without a mask, where chunks after the first attend to
+#: their KV cache through a mask (the math kernel): a 30k-token trajectory of a 1.5B shape replayed 10x faster
+#: in chunks of 32,768 than of 2,048 (H200, bfloat16; docs/timings.md).
+DEFAULT_CHUNK = {"cpu": DEFAULT_CHUNK_TOKENS, "cuda": 32768}
 
 
 @dataclass
@@ -185,7 +190,7 @@ def resolve_layers(layers: str | Sequence[int], n_layers: int) -> list[int]:
 
 def check_settings(*, max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
                    max_tokens: int | None = None, layers: str | Sequence[int] = "all",
-                   store_dtype: str = "float16", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                   store_dtype: str = "float16", chunk_tokens: int | None = None,
                    shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = RENDER,
                    patch_step_tokens: int | None = None, pack_tokens: int | None = None) -> None:
     """The checks of :func:`extract_settings` that need no policy."""
@@ -197,7 +202,8 @@ def check_settings(*, max_span_tokens: int | None = None, max_prompt_tokens: int
             check_positive_int(v, name, OWNER)
     if store_dtype not in STORE_DTYPES:
         raise param_error("store_dtype", OWNER, f"one of {list(STORE_DTYPES)}", store_dtype)
-    check_positive_int(chunk_tokens, "chunk_tokens", OWNER)
+    if chunk_tokens is not None:
+        check_positive_int(chunk_tokens, "chunk_tokens", OWNER)
     check_positive_int(shard_size, "shard_size", OWNER)
     if pack_tokens is not None and (isinstance(pack_tokens, bool) or not isinstance(pack_tokens, int)
                                     or pack_tokens < 0):
@@ -206,7 +212,7 @@ def check_settings(*, max_span_tokens: int | None = None, max_prompt_tokens: int
 
 def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
                      max_tokens: int | None = None, layers: str | Sequence[int] = "all",
-                     store_dtype: str = "float16", chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                     store_dtype: str = "float16", chunk_tokens: int | None = None,
                      shard_size: int = DEFAULT_SHARD_SIZE, renderer: str = RENDER,
                      patch_step_tokens: int | None = None, pack_tokens: int | None = None) -> dict[str, Any]:
     """The manifest settings of an extraction (validated), with what fixes the states' bytes on this
@@ -215,14 +221,17 @@ def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_t
     ``pack_tokens``: the token budget of a packed forward (:func:`extract_many`); None: the device's
     default (:data:`DEFAULT_PACK_TOKENS`); recorded as used (0 where the model cannot be packed,
     :func:`~latentsift.states.packing.can_pack`). It changes the states by rounding only, so a store
-    is resumed at any value."""
+    is resumed at any value. ``chunk_tokens``: None: the device's default (:data:`DEFAULT_CHUNK`)."""
     check_settings(max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,
                    store_dtype=store_dtype, chunk_tokens=chunk_tokens, shard_size=shard_size, renderer=renderer,
                    patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens)
     ctx = policy.context_length
     if pack_tokens is None:
         pack_tokens = DEFAULT_PACK_TOKENS.get(policy.device.type, 0)
-    pack_tokens = min(pack_tokens, ctx) if can_pack(policy) else 0
+    if chunk_tokens is None:
+        chunk_tokens = DEFAULT_CHUNK.get(policy.device.type, DEFAULT_CHUNK_TOKENS)
+    # a pack may be longer than the context: each rendering in it has positions 0..n-1 of its own (pack_size)
+    pack_tokens = pack_tokens if can_pack(policy) else 0
     return {"max_span_tokens": max_span_tokens, "max_prompt_tokens": max_prompt_tokens, "max_tokens": max_tokens,
             "context": ctx, "window_stride": ctx // 2, "layers": resolve_layers(layers, policy.n_layers),
             "store_dtype": store_dtype, "dtype": policy.fingerprint.dtype, "chunk_tokens": chunk_tokens,
@@ -345,7 +354,7 @@ def extract_pools(backend, trajectories: Iterable, store: StateStore | str | os.
                   max_span_tokens: int | None = None, max_prompt_tokens: int | None = None,
                   max_tokens: int | None = None, instances: int | None = None,
                   layers: str | Sequence[int] = "all", store_dtype: str = "float16",
-                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, shard_size: int = DEFAULT_SHARD_SIZE,
+                  chunk_tokens: int | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
                   renderer: str = RENDER, patch_step_tokens: int | None = None, pack_tokens: int | None = None,
                   progress: Callable[[ExtractProgress], None] | None = None) -> ExtractReport:
     """Render each trajectory, replay it through the policy and append its states to ``store``.
@@ -365,7 +374,8 @@ def extract_pools(backend, trajectories: Iterable, store: StateStore | str | os.
     the disjoint spans are merged. ``patch_step_tokens`` keeps the first N tokens of each span of the
     step that wrote the final patch (``channel.patch_step``) instead of ``max_span_tokens``.
     ``pack_tokens``: several short trajectories per forward, up to that many tokens (0: one per forward;
-    None: the device's default, :data:`DEFAULT_PACK_TOKENS`; see :func:`extract_many`).
+    None: the device's default, :data:`DEFAULT_PACK_TOKENS`; see :func:`extract_many`); ``chunk_tokens``
+    None: the device's default, :data:`DEFAULT_CHUNK`.
     """
     backend = backend if isinstance(backend, ExtractionBackend) else LocalExtractionBackend(backend)
     settings_kw = dict(max_span_tokens=max_span_tokens, max_prompt_tokens=max_prompt_tokens, max_tokens=max_tokens,

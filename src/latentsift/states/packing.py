@@ -254,8 +254,8 @@ def replay_packed(policy, renderings: Sequence, *, max_tokens: int | None = None
     """:func:`~latentsift.states.states.replay_many` of renderings that fit the context, in one forward.
 
     Each rendering runs its first :func:`run_length` tokens at positions 0..n-1; its spans are pooled
-    as in a replay of it alone. The row must fit the model's context and a chunk (callers pack with
-    :func:`pack_plan`)."""
+    as in a replay of it alone. Each rendering must fit the model's context and a chunk; the row may be
+    longer (callers pack with :func:`pack_plan` and ``extract.pack_size``)."""
     import torch
 
     if max_tokens is not None:
