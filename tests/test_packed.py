@@ -12,8 +12,9 @@ import pytest
 from latentsift._core.validation import LatentSiftError
 from latentsift.states.channel import render
 from latentsift.states.extract import check_settings, extract_many, extract_settings, pack_size
-from latentsift.states.packing import (PACKED_ATTENTION, VARLEN, PackedSums, Varlen, can_pack, pack_plan,
-                                       packed_attention, replay_packed, run_length)
+from latentsift.states.packing import (PACKED_ATTENTION, VARLEN, PackedSums, Varlen, can_pack, memory_pack_tokens,
+                                       model_token_bytes, pack_plan, packed_attention, replay_packed, run_length,
+                                       token_bytes)
 from latentsift.states.states import has_hooks, replay_many
 
 F32_TOL = 1e-5
@@ -240,3 +241,13 @@ def test_a_refused_varlen_kernel_falls_back_to_the_loop_and_says_so(attention_in
     assert VARLEN.fn is None and "head dimension" in VARLEN.why
     assert "attention per sequence from here on" in caplog.text
     assert (got == ref).all()
+
+
+def test_the_gpus_default_pack_is_halved_until_its_transients_fit_the_memory_budget(policy32):
+    """SmolLM2's and a 1.5B's shapes keep 65,536 tokens in bfloat16; a 7B's (d 3,584, kv 512, ff 18,944)
+    is halved to 32,768, a 32B's to 16,384; never below 2,048 tokens."""
+    smol, q15, q7, q32 = (token_bytes(576, 192, 1536, 2), token_bytes(1536, 256, 8960, 2),
+                          token_bytes(3584, 512, 18944, 2), token_bytes(5120, 1024, 27648, 2))
+    assert [memory_pack_tokens(65536, b) for b in (smol, q15, q7, q32)] == [65536, 65536, 32768, 16384]
+    assert memory_pack_tokens(65536, 10**9) == 2048 and memory_pack_tokens(0, 10**9) == 0
+    assert model_token_bytes(policy32) == token_bytes(576, 192, 1536, 4)   # the embedded model, float32

@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 
-from .._jobs.extract import ExtractOptions, extract_to_store, extraction_backends, renderer_names
+from .._jobs.extract import (DEFAULT_CHUNK, DEFAULT_PACK_TOKENS, ExtractOptions, extract_to_store,
+                             extraction_backends, renderer_names)
 from ._help import listed
 from ._options import Device, Dtype, FirstInstances, Model, Threads, command_options
 from ._progress import StageProgress, messages
@@ -41,11 +42,13 @@ def extract_cmd(
     layers: str = typer.Option(_D["layers"], "--layers", help="Stored layers: all, final, or e.g. '10,20,30' "
                                "(the scorer needs all)."),
     chunk_tokens: Optional[int] = typer.Option(_D["chunk_tokens"], "--chunk-tokens", help="Prefill chunk size "
-                                               "(memory bound); default: the device's, 2048 on a CPU, 32768 on CUDA."),
+                                               f"(memory bound); default: the device's, {DEFAULT_CHUNK['cpu']} on a CPU, "
+                                               f"{DEFAULT_CHUNK['cuda']} on CUDA."),
     shard_size: int = typer.Option(_D["shard_size"], "--shard-size", help="Trajectories per shard (the resume unit)."),
     pack_tokens: Optional[int] = typer.Option(_D["pack_tokens"], "--pack-tokens", help="Replay several short "
                                               "trajectories per forward, up to N tokens (0: one per forward; default: "
-                                              "off on a CPU, 16384 on CUDA; same states up to rounding)."),
+                                              f"off on a CPU, {DEFAULT_PACK_TOKENS['cuda']} on CUDA, halved to fit "
+                                              "8 GiB of activations; same states up to rounding)."),
     threads: Threads = _D["threads"],
     per_step: bool = typer.Option(_D["per_step"], "--per-step", help="Replay each step in its own context (chat "
                                   "templates that drop earlier <think> blocks, e.g. Qwen3; O(T^2) tokens): "

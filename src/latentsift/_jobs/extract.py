@@ -15,7 +15,7 @@ from .._core.registry import registry_names
 from .._core.validation import LatentSiftError
 from ..scale.backends import backend_from_options, check_model_options
 from ..states.channel import RENDER, RENDER_PER_STEP, renderer_names
-from ..states.extract import ExtractReport, extract_pools
+from ..states.extract import DEFAULT_CHUNK, DEFAULT_PACK_TOKENS, ExtractReport, extract_pools  # noqa: F401 (the CLI's help)
 from ..states.model import AUTO_DTYPE, DEVICE_MAPS, DTYPES, device_map_with_device
 from ..trajectories.trajectory import load_jsonl
 

@@ -35,15 +35,17 @@ from .._core.validation import LatentSiftError, check_positive_int, param_error
 from .channel import RENDER, renderer_id, renderer_names, renderer_of
 from .hardware import kernel_record
 from .model import Fingerprint, load_policy
-from .packing import can_pack, pack_plan, replay_packed, run_length
+from .packing import can_pack, memory_pack_tokens, model_token_bytes, pack_plan, replay_packed, run_length
 from .states import DEFAULT_CHUNK_TOKENS, TrajectoryStates, merge_states, replay_many
 from .store import DEFAULT_SHARD_SIZE, STORE_DTYPES, EncodedShard, StateStore, encode_shard
 
 OWNER = "extract_pools"  # the function named in settings errors
-#: ``pack_tokens`` when it is not given, per device kind (0: one trajectory per forward). On a CPU
-#: packing short trajectories measured no faster than one per forward at one thread each (docs/scale.md);
-#: on a GPU a forward of one ~700-token sequence runs at 0.05 of the rate of 8 x 2,048 tokens (issue 52).
-DEFAULT_PACK_TOKENS = {"cpu": 0, "cuda": 16384}
+#: ``pack_tokens`` when it is not given, per device kind (0: one trajectory per forward), halved while a
+#: pack's transients would take more than ``packing.PACK_MEMORY`` (a 7B shape: 32,768). On a CPU packing
+#: short trajectories measured no faster than one per forward at one thread each (docs/scale.md); on an
+#: H200 SmolLM2's shapes replayed at 31k tok/s one per forward, 303k in packs of 16,384 tokens and 345k
+#: in packs of 65,536 (docs/timings.md).
+DEFAULT_PACK_TOKENS = {"cpu": 0, "cuda": 65536}
 #: ``chunk_tokens`` when it is not given, per device kind (else :data:`~latentsift.states.states.DEFAULT_CHUNK_TOKENS`).
 #: On a GPU a window in one chunk runs FlashAttention without a mask, where chunks after the first attend to
 #: their KV cache through a mask (the math kernel): a 30k-token trajectory of a 1.5B shape replayed 10x faster
@@ -227,7 +229,7 @@ def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_t
                    patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens)
     ctx = policy.context_length
     if pack_tokens is None:
-        pack_tokens = DEFAULT_PACK_TOKENS.get(policy.device.type, 0)
+        pack_tokens = memory_pack_tokens(DEFAULT_PACK_TOKENS.get(policy.device.type, 0), model_token_bytes(policy))
     if chunk_tokens is None:
         chunk_tokens = DEFAULT_CHUNK.get(policy.device.type, DEFAULT_CHUNK_TOKENS)
     # a pack may be longer than the context: each rendering in it has positions 0..n-1 of its own (pack_size)

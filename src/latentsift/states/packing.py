@@ -53,6 +53,34 @@ def run_length(rendering, max_tokens: int | None = None) -> int:
     return int(pooled[-1]) + 1 if len(pooled) else 0
 
 
+#: bytes a packed forward's transients may take when ``pack_tokens`` is the device's default
+PACK_MEMORY = 8 * 2**30
+
+
+def token_bytes(d_model: int, d_kv: int, d_ff: int, itemsize: int) -> int:
+    """Bytes per token of a packed forward's largest transients: one layer's query, attention output,
+    residual and norm (4 d_model), key and value (2 d_kv), MLP (3 d_ff), in the model's dtype, and the
+    pooling's float64 gather of a layer with its float32 sums (12 bytes per d_model)."""
+    return (4 * d_model + 2 * d_kv + 3 * d_ff) * itemsize + 12 * d_model
+
+
+def memory_pack_tokens(pack_tokens: int, per_token: int, budget: int = PACK_MEMORY) -> int:
+    """``pack_tokens`` halved until that many tokens of ``per_token`` bytes fit ``budget`` (at least 2,048)."""
+    while pack_tokens > 2048 and pack_tokens * per_token > budget:
+        pack_tokens //= 2
+    return pack_tokens
+
+
+def model_token_bytes(policy) -> int:
+    """:func:`token_bytes` of the policy's model, read from its config."""
+    cfg = policy.model.config
+    cfg = getattr(cfg, "text_config", None) or cfg
+    heads = cfg.num_attention_heads
+    d_head = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    d_kv = getattr(cfg, "num_key_value_heads", None) or heads
+    return token_bytes(cfg.hidden_size, d_kv * d_head, cfg.intermediate_size, policy.model.dtype.itemsize)
+
+
 def pack_plan(items: Iterable, size: Callable[[Any], int], pack_tokens: int) -> Iterator[list]:
     """``items`` grouped in order, each group's ``size`` total at most ``pack_tokens``; an item larger
     than the budget is a group of its own. Lazy: a group is yielded as soon as it is complete."""
