@@ -90,14 +90,14 @@ def test_two_workers_give_the_single_process_states(cluster, tiny_model, trajs, 
 
 def test_one_driver_runs_the_backend_the_options_name(cluster, tiny_model, trajs, single, tmp_path):
     local = open_backend(tiny_model, dtype="float32", device="cpu")
-    remote = open_backend(tiny_model, dtype="float32", device="cpu", ray="local", workers=2)
+    remote = open_backend(tiny_model, dtype="float32", device="cpu", ray_address="local", workers=2)
     assert isinstance(local, LocalExtractionBackend) and isinstance(remote, RayBackend) and remote.workers == 2
     reports = {name: extract_pools(b, trajs[:3], tmp_path / name, **EXTRACT)
                for name, b in (("local", local), ("ray", remote))}
     assert [(r.n_extracted, r.n_tokens, len(r.shards)) for r in reports.values()] == [(3, reports["local"].n_tokens, 2)] * 2
     assert_same_store(StateStore(tmp_path / "local").open(), StateStore(tmp_path / "ray").open())
     with pytest.raises(LatentSiftError, match="--dtype"):
-        open_backend(tiny_model, dtype="int8", ray="local")  # checked before any worker starts
+        open_backend(tiny_model, dtype="int8", ray_address="local")  # checked before any worker starts
 
 
 def test_killed_worker_loses_only_its_batch_and_a_rerun_completes(cluster, tiny_model, trajs, single, tmp_path):

@@ -110,9 +110,9 @@ def extract_to_store(s: ExtractOptions, *, log: Callable[[str], Any] = print,
             raise LatentSiftError(f"{s.pools} holds no trajectory: nothing to extract (write it with "
                                   "'latentsift import').")
         log(f"{len(trajs)} trajectories from {s.pools}; loading the model ...")
-        opened = backend_from_options(s.model, dtype=s.dtype, device=s.device, threads=s.threads, ray=s.ray_address,
-                                      workers=s.workers, gpus_per_worker=s.gpus_per_worker, device_map=s.device_map,
-                                      backend=s.backend)
+        opened = backend_from_options(s.model, dtype=s.dtype, device=s.device, threads=s.threads,
+                                      ray_address=s.ray_address, workers=s.workers, gpus_per_worker=s.gpus_per_worker,
+                                      device_map=s.device_map, backend=s.backend)
         log(opened.describe())
         return extract_pools(opened, trajs, s.out, max_span_tokens=s.max_span_tokens,
                              max_prompt_tokens=s.max_prompt_tokens, max_tokens=s.max_tokens, instances=s.instances,

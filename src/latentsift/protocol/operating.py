@@ -143,6 +143,9 @@ class KeepRecords:
     targets: tuple[float, ...]
     all_targets: tuple[float, ...]
     per_filter: dict[str, dict]
+    labels: dict[str, int]                 # trajectory id -> label
+    tokens: dict[str, float] | None        # trajectory id -> the EF verifier's tokens (None: no EF table)
+    clean: "CleanCalibration"              # the calibration the records were fitted on
 
     @property
     def order(self) -> list[str]:
@@ -211,7 +214,7 @@ def keep_records(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping | No
                                                                if k2 in ("threshold", "p_threshold",
                                                                          "n_calibration_pools", "n_lost_allowed")})})
         per_filter[name] = res
-    return KeepRecords(fold_pools, targets, all_targets, per_filter)
+    return KeepRecords(fold_pools, targets, all_targets, per_filter, labels, tokens, clean)
 
 
 def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping | None = None, *,
@@ -225,12 +228,10 @@ def operating_points(run, trajs, folds, filters: Mapping[str, Any], ef: Mapping 
                                                                targets=targets)
     targets, all_targets, per_filter, fold_pools = (records.targets, records.all_targets, records.per_filter,
                                                     records.fold_pools)
-    labels = {t.traj_id: int(t.label) for t in trajs}
-    tokens = {t: float(r.n_in + r.n_out) for t, r in ef.items()} if ef is not None else None
+    labels, tokens, clean = records.labels, records.tokens, records.clean
     n_pools = len(records.order)
     boot = bootstrap_indices(n_pools, s.n_boot, np.random.default_rng(s.seed))
     fixed_calls = np.array([PAPER_KEEP.count(len(p.candidates)) for _, ps in fold_pools for p in ps], dtype=np.float64)
-    clean = CleanCalibration(fold_pools, filters, labels, nested)
     out: dict[str, Any] = {
         "targets": list(targets), "curve_targets": list(all_targets), "reference": reference if reference in filters else None,
         "rule": "per pool: the best candidate and every candidate whose score reaches the fold's threshold; threshold by "

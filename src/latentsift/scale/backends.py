@@ -12,9 +12,8 @@ import os
 from typing import Sequence
 
 from .._core.registry import registry_lookup
-from .._core.validation import LatentSiftError
 from ..states.extract import ExtractionBackend, LocalExtractionBackend, resolve_layers
-from ..states.model import AUTO_DTYPE, DTYPES, check_device, check_device_map, n_layers_of
+from ..states.model import AUTO_DTYPE, check_device, check_device_map, check_dtype, n_layers_of
 from ..states.model_files import check_model_path
 from .extract import RayBackend
 
@@ -23,8 +22,7 @@ def check_backend_options(model: str | os.PathLike | None, dtype: str, device: s
                           layers: str | Sequence[int] = "all", device_map: str | None = None) -> None:
     """The model options, checked before anything loads (the model load takes a while): their values, then
     what only the model can tell (``check_model_options``)."""
-    if dtype != AUTO_DTYPE and dtype not in DTYPES:
-        raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
+    check_dtype(dtype)
     check_device(device, here=False)   # Ray workers may hold the GPUs; the policy's load checks its own
     check_device_map(device_map, device)
     check_model_options(model, layers)
@@ -41,26 +39,26 @@ def check_model_options(model: str | os.PathLike | None, layers: str | Sequence[
 
 
 def open_backend(model: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYPE, device: str | None = None,
-                 threads: int | None = None, ray: str | None = None, workers: int = 2,
+                 threads: int | None = None, ray_address: str | None = None, workers: int = 2,
                  gpus_per_worker: float = 0, backend: str | None = None,
                  device_map: str | None = None) -> ExtractionBackend:
     """The backend the command-line options name: :class:`LocalExtractionBackend` with the policy loaded here
-    (``threads``: torch threads of this process), or, when ``ray`` gives an address (local, auto or
+    (``threads``: torch threads of this process), or, when ``ray_address`` gives an address (local, auto or
     HOST:PORT), the Ray backend with ``workers`` actors (``threads`` each, default 1); ``backend``: another
     registered extraction backend by name (``latentsift._core.registry``, kind "extraction_backend").
     ``device_map`` (``--device-map``): each policy (here, or each Ray worker's over its GPUs) split by
     accelerate. The options are checked first (``check_backend_options``)."""
     check_backend_options(model, dtype, device, device_map=device_map)
-    return backend_from_options(model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
-                                gpus_per_worker=gpus_per_worker, backend=backend, device_map=device_map)
+    return backend_from_options(model, dtype=dtype, device=device, threads=threads, ray_address=ray_address,
+                                workers=workers, gpus_per_worker=gpus_per_worker, backend=backend, device_map=device_map)
 
 
 def backend_from_options(model: str | os.PathLike | None, *, dtype: str, device: str | None, threads: int | None,
-                         ray: str | None, workers: int, gpus_per_worker: float, backend: str | None,
+                         ray_address: str | None, workers: int, gpus_per_worker: float, backend: str | None,
                          device_map: str | None) -> ExtractionBackend:
     """``open_backend`` with options already checked (``latentsift extract``: ``ExtractOptions`` and
     ``check_model_options``)."""
-    name = backend or (RayBackend if ray is not None else LocalExtractionBackend).name
+    name = backend or (RayBackend if ray_address is not None else LocalExtractionBackend).name
     return registry_lookup("extraction_backend", name).from_options(
-        model=model, dtype=dtype, device=device, threads=threads, ray=ray, workers=workers,
+        model=model, dtype=dtype, device=device, threads=threads, ray_address=ray_address, workers=workers,
         gpus_per_worker=gpus_per_worker, device_map=device_map)

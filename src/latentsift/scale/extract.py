@@ -108,11 +108,11 @@ class RayBackend(ExtractionBackend):
 
     @classmethod
     def from_options(cls, *, model=None, dtype: str = "auto", device: str | None = None, threads: int | None = None,
-                     ray: str | None = RAY_LOCAL, workers: int = 2, gpus_per_worker: float = 0,
+                     ray_address: str | None = RAY_LOCAL, workers: int = 2, gpus_per_worker: float = 0,
                      device_map: str | None = None, **_: Any) -> "RayBackend":
-        """``workers`` actors at the address ``ray`` (``threads`` each, default 1)."""
+        """``workers`` actors at ``ray_address`` (``threads`` each, default 1)."""
         require_ray()
-        return cls(model, ray_address=ray, workers=workers, gpus_per_worker=gpus_per_worker, dtype=dtype,
+        return cls(model, ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker, dtype=dtype,
                    device=device, threads=threads or 1, device_map=device_map)
 
     def describe(self) -> str:

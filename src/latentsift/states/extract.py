@@ -123,7 +123,7 @@ class ExtractionBackend(abc.ABC):
     @classmethod
     def from_options(cls, **options: Any) -> "ExtractionBackend":
         """The backend ``latentsift extract`` builds from its options (``model``, ``dtype``, ``device``,
-        ``threads``, ``ray``, ``workers``, ``gpus_per_worker``; each backend reads those it needs)."""
+        ``threads``, ``ray_address``, ``workers``, ``gpus_per_worker``; each backend reads those it needs)."""
         raise LatentSiftError(f"The extraction backend {cls.__name__} cannot be built from command-line options.")
 
 

@@ -199,6 +199,12 @@ def check_device(device: str | None, *, here: bool = True) -> None:
                                   "machine. Use --device cpu, or leave --device out.")
 
 
+def check_dtype(dtype: str) -> None:
+    """``dtype`` is "auto" or one of :data:`DTYPES` (``--dtype``)."""
+    if dtype != AUTO_DTYPE and dtype not in DTYPES:
+        raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
+
+
 def resolve_dtype(dtype: str, device: str,
                   shape: tuple[int, int, int] | Callable[[], tuple[int, int, int]] = DEFAULT_PROBE_SHAPE
                   ) -> DtypeChoice:
@@ -206,9 +212,8 @@ def resolve_dtype(dtype: str, device: str,
     without bf16), on a CPU the rule of :func:`latentsift.states.hardware.cpu_dtype_choice` (AMX:
     bfloat16; no AVX512-BF16: float32; AVX512-BF16 without AMX: a matmul of ``shape`` measured once
     per machine and cached)."""
+    check_dtype(dtype)
     if dtype != AUTO_DTYPE:
-        if dtype not in DTYPES:
-            raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
         return DtypeChoice(dtype, "set explicitly")
     if str(device).startswith("cuda"):
         import torch
@@ -392,9 +397,7 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
     from transformers.utils import logging as hf_logging
 
     p = check_model_path(path, "--model") if path is not None else check_model_path(default_model_path(), None)
-    if dtype != AUTO_DTYPE and dtype not in DTYPES:
-        raise LatentSiftError(f"--dtype must be one of {[AUTO_DTYPE, *DTYPES]}. Got {dtype!r} instead.")
-    check_device(device)
+    check_device(device)   # the dtype is checked by resolve_dtype
     check_device_map(device_map, device)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     choice = resolve_dtype(dtype, dev, lambda: probe_shape(p))
