@@ -229,7 +229,9 @@ def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_t
                    patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens)
     ctx = policy.context_length
     if pack_tokens is None:
-        pack_tokens = memory_pack_tokens(DEFAULT_PACK_TOKENS.get(policy.device.type, 0), model_token_bytes(policy))
+        pack_tokens = DEFAULT_PACK_TOKENS.get(policy.device.type, 0)
+        if pack_tokens and can_pack(policy):
+            pack_tokens = memory_pack_tokens(pack_tokens, model_token_bytes(policy))
     if chunk_tokens is None:
         chunk_tokens = DEFAULT_CHUNK.get(policy.device.type, DEFAULT_CHUNK_TOKENS)
     # a pack may be longer than the context: each rendering in it has positions 0..n-1 of its own (pack_size)

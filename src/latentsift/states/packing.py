@@ -75,10 +75,12 @@ def model_token_bytes(policy) -> int:
     """:func:`token_bytes` of the policy's model, read from its config."""
     cfg = policy.model.config
     cfg = getattr(cfg, "text_config", None) or cfg
-    heads = cfg.num_attention_heads
-    d_head = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    d = cfg.hidden_size
+    heads = getattr(cfg, "num_attention_heads", None) or 1
+    d_head = getattr(cfg, "head_dim", None) or d // heads
     d_kv = getattr(cfg, "num_key_value_heads", None) or heads
-    return token_bytes(cfg.hidden_size, d_kv * d_head, cfg.intermediate_size, policy.model.dtype.itemsize)
+    d_ff = getattr(cfg, "intermediate_size", None) or 4 * d      # a config without it: the usual 4 d_model
+    return token_bytes(d, d_kv * d_head, d_ff, policy.model.dtype.itemsize)
 
 
 def pack_plan(items: Iterable, size: Callable[[Any], int], pack_tokens: int) -> Iterator[list]:
