@@ -78,3 +78,19 @@ def test_the_gpu_script_runs_on_a_cpu_with_only_torch_transformers_and_numpy(tmp
         assert all(r["same_bytes_every_round"].values())
         assert r["team_replay_hours"]["long"] > 0
     assert "240 M tokens" in proc.stdout and "computed from the measured rates" in proc.stdout
+
+
+def test_the_scripts_table_prints_a_run_of_some_modes_only():
+    """``--modes packed,single,long`` (the fresh-process check): no bound mode, and the table still prints."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("packed_gpu", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rates = {"single": 30000.0, "packed@65536": 120000.0, "long": 60000.0}
+    shape = {"dtype": "bfloat16", "sequences": 3, "tokens": 2000, "bound_attention": "FlashAttention varlen",
+             "modes": {n: {"tok_s": r, "seconds": [1.0]} for n, r in rates.items()}, "skipped": {}, "ratios": {},
+             "agreement": {}, "same_bytes_every_round": {n: True for n in rates}, "pack_tokens_recorded": {},
+             "team_replay_hours": bench.team_rows(rates)}
+    text = bench.table({"facts": {"device": "cuda"}, "shapes": {"smollm2": shape}})
+    assert "2.22 h at single; 1.11 h at long; 0.56 h at packed@65536" in text
