@@ -228,14 +228,15 @@ def extract_settings(policy, *, max_span_tokens: int | None = None, max_prompt_t
                    store_dtype=store_dtype, chunk_tokens=chunk_tokens, shard_size=shard_size, renderer=renderer,
                    patch_step_tokens=patch_step_tokens, pack_tokens=pack_tokens)
     ctx = policy.context_length
-    if pack_tokens is None:
+    # a pack may be longer than the context: each rendering in it has positions 0..n-1 of its own (pack_size)
+    if not can_pack(policy):
+        pack_tokens = 0
+    elif pack_tokens is None:
         pack_tokens = DEFAULT_PACK_TOKENS.get(policy.device.type, 0)
-        if pack_tokens and can_pack(policy):
+        if pack_tokens:   # the memory rule reads the model's config only where packing is on by default
             pack_tokens = memory_pack_tokens(pack_tokens, model_token_bytes(policy))
     if chunk_tokens is None:
         chunk_tokens = DEFAULT_CHUNK.get(policy.device.type, DEFAULT_CHUNK_TOKENS)
-    # a pack may be longer than the context: each rendering in it has positions 0..n-1 of its own (pack_size)
-    pack_tokens = pack_tokens if can_pack(policy) else 0
     return {"max_span_tokens": max_span_tokens, "max_prompt_tokens": max_prompt_tokens, "max_tokens": max_tokens,
             "context": ctx, "window_stride": ctx // 2, "layers": resolve_layers(layers, policy.n_layers),
             "store_dtype": store_dtype, "dtype": policy.fingerprint.dtype, "chunk_tokens": chunk_tokens,
