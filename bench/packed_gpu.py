@@ -40,9 +40,9 @@ over all the sequences (the order rotated from round to round), ``torch.cuda.syn
 - ``packed@B``: the library's packed path as ``latentsift extract --pack-tokens B`` runs it on one device:
   ``extract_settings``, ``pack_plan`` with ``pack_size``, ``extract_pack`` per pack (``replay_packed``: the
   packed attention of ``enable_packing``, ``PackedSums``' pooling, the states brought to the host); B as
-  the settings record it (``extract_settings`` caps it at the model's context);
+  the settings record it;
 - ``long``: the library's path for a trajectory longer than a chunk (``extract_pack`` of a pack of one:
-  ``replay_many`` in 2,048-token chunks with a KV cache, the sliding window past the context), tokens counted
+  ``replay_many`` in the device's default chunks, a KV cache past the first, the sliding window past the context), tokens counted
   as the trajectory's, not the windows'; ``long@C`` (``--long-chunks``): the same in chunks of C tokens (capped by
   the window: a window in one chunk is one forward without a KV cache or mask).
 
