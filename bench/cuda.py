@@ -91,13 +91,13 @@ def facts() -> None:
 def pooling() -> None:
     import torch
 
-    from latentsift.states.states import add_span_sums, span_matrix
+    from latentsift.states.states import add_span_sums, span_plan
 
     g = torch.Generator(device=DEV).manual_seed(0)
     x = torch.randn(2048, 576, device=DEV, generator=g, dtype=torch.bfloat16).float()
     lengths = np.random.default_rng(0).integers(8, 200, 64)
     tgt = torch.as_tensor(np.repeat(np.arange(len(lengths)), lengths)[:2048], device=DEV)
-    plan = span_matrix(tgt)
+    plan = span_plan(tgt)
     seen: dict[str, set] = {"index_add_": set(), "add_span_sums": set()}
     for _ in range(20):
         a = torch.zeros(len(lengths), 576, device=DEV).index_add_(0, tgt, x)

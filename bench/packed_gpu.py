@@ -39,7 +39,7 @@ over all the sequences (the order rotated from round to round), ``torch.cuda.syn
   ``latentsift extract --pack-tokens 0`` runs it);
 - ``packed@B``: the library's packed path as ``latentsift extract --pack-tokens B`` runs it on one device:
   ``extract_settings``, ``pack_plan`` with ``pack_size``, ``extract_pack`` per pack (``replay_packed``: the
-  packed attention of ``enable_packing``, ``PackedSums``' pooling, the states brought to the host); B as
+  packed attention of ``enable_packing``, the pooling of ``_SpanSums``, the states brought to the host); B as
   the settings record it;
 - ``long``: the library's path for a trajectory longer than a chunk (``extract_pack`` of a pack of one:
   ``replay_many`` in the device's default chunks, a KV cache past the first, the sliding window past the context), tokens counted

@@ -12,7 +12,7 @@ import pytest
 from latentsift._core.validation import LatentSiftError
 from latentsift.states.channel import render
 from latentsift.states.extract import check_settings, extract_many, extract_settings, pack_size
-from latentsift.states.packing import (PACKED_ATTENTION, VARLEN, PackedSums, Varlen, can_pack, memory_pack_tokens,
+from latentsift.states.packing import (PACKED_ATTENTION, VARLEN, Varlen, can_pack, memory_pack_tokens,
                                        model_token_bytes, pack_plan, packed_attention, replay_packed, run_length,
                                        token_bytes)
 from latentsift.states.states import has_hooks, replay_many
@@ -138,26 +138,31 @@ def test_pack_tokens_is_checked_and_off_by_default_on_a_cpu(policy32):
     assert extract_settings(policy32, chunk_tokens=64)["chunk_tokens"] == 64
 
 
-def test_packed_sums_off_a_cpu_sum_each_renderings_spans_as_on_a_cpu():
-    """The per-rendering span matrices used off a CPU give each span's sum (float64, rounded once)."""
+def test_a_packed_rows_span_sums_off_a_cpu_are_those_of_a_cpu():
+    """Off a CPU a packed row's tokens are grouped by span on the host (token order kept) and each layer is
+    pooled by one float64 segment sum, rounded once: forced here on a CPU, the sums and counts of a row whose
+    spans interleave and whose renderings include an empty one are the CPU's ordered index_add_."""
     import torch
 
+    from latentsift.states.states import _SpanSums
+
     rng = np.random.default_rng(0)
-    pieces = [(np.array([0, 1, 3]), np.array([0, 0, 1])), (np.array([], dtype=np.int64), np.array([], dtype=np.int64)),
-              (np.array([5, 6, 7]), np.array([2, 3, 2]))]
+    src = np.array([0, 1, 3, 5, 6, 7])        # three renderings: spans 0, 0, 1 | (none) | 2, 3, 2
+    tgt = np.array([0, 0, 1, 2, 3, 2])
     hidden = torch.as_tensor(rng.standard_normal((1, 8, 4)), dtype=torch.float32)
     sums = []
     for ordered in (True, False):
-        acc = PackedSums(2, 4, 4, "cpu")
+        acc = _SpanSums(2, 4, 4, "cpu")
         acc.ordered = ordered
-        acc.set_pieces(pieces)
+        acc.set_targets(src, tgt)
         for i in range(2):
             acc(i, hidden)
         sums.append((acc.sums.numpy().copy(), acc.counts.copy()))
     (a, ca), (b, cb) = sums
     assert ca.tolist() == cb.tolist() == [2, 1, 2, 1]
     np.testing.assert_allclose(a, b, rtol=1e-6)
-    np.testing.assert_allclose(a[0, 2], hidden[0, 5].numpy() + hidden[0, 7].numpy(), rtol=1e-6)
+    want = (hidden[0, 5].double() + hidden[0, 7].double()).float().numpy()
+    np.testing.assert_array_equal(b[0, 2], want)
 
 
 def test_a_store_resumes_at_another_pack_budget_and_the_option_is_checked(policy32, trajs, alone, tmp_path):

@@ -88,9 +88,9 @@ def test_window_plan_pools_every_token_once_with_half_context(n, context):
 @given(n=st.integers(1, 400), spans=st.integers(1, 40), seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=40, deadline=None)
 def test_span_sums_off_a_cpu_are_each_spans_exact_sum_rounded_once(n, spans, seed):
-    """The GPU's order-free pooling (one float64 product per span, forced here on a CPU) gives each
-    span's float64 sum rounded once to float32, added to what the span held; the CPU's ordered
-    index_add_ agrees with it to float32 rounding. Both leave the other spans alone."""
+    """The GPU's order-free pooling (each span's tokens summed in float64 in token order, forced here on a
+    CPU) gives each span's float64 sum rounded once to float32, added to what the span held; the CPU's
+    ordered index_add_ agrees with it to float32 rounding. Both leave the other spans alone."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((3, n, 8)).astype(np.float32)
     tgt = rng.integers(0, spans, n)

@@ -213,72 +213,6 @@ def enable_packing(policy) -> None:
         policy.model.set_attn_implementation(PACKED_ATTENTION)
 
 
-class PackedSums(_SpanSums):
-    """The span sums of a packed row. On a CPU as for one sequence (``index_add_``, token after
-    token); off a CPU each rendering's tokens are summed by a span matrix of its own (as
-    :func:`~latentsift.states.states.add_span_sums` does with one plan per rendering), since one matrix
-    over the row would cost (spans of the row) x (tokens of the row), the square of the pack.
-
-    Off a CPU the plans are made on the host and copied once per pack, and a layer's pooling is one gather
-    and one float64 conversion of the row's pooled tokens, one product per rendering into a shared buffer,
-    and one ``index_add_`` (every span row once: no two threads add to one row, so the same bits every run):
-    one kernel per rendering instead of six (a GPU runs a small model's packed forward in tens of
-    milliseconds, about as long as launching 30 layers x 20 renderings x 6 kernels); the same bits as
-    one ``add_span_sums`` per rendering (checked on a CPU)."""
-
-    def __init__(self, n_layers: int, d_model: int, capacity: int, device):
-        import torch
-
-        super().__init__(n_layers, d_model, capacity, device)
-        self.ordered = torch.device(device).type == "cpu"
-        self.pieces: list | None = None   # per rendering: its gathered tokens x0:x1, its span rows r0:r1, its matrix
-
-    def set_pieces(self, pieces: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
-        """``(positions in the row, span numbers)`` of each rendering's pooled tokens."""
-        import torch
-
-        if self.ordered:
-            self.set_targets(np.concatenate([p for p, _ in pieces]), np.concatenate([t for _, t in pieces]))
-            return
-        pieces = [(p, t) for p, t in pieces if len(p)]
-        self.pieces = []
-        if not pieces:
-            return
-        plans = [np.unique(t, return_inverse=True) for _, t in pieces]   # rows: a rendering's distinct spans
-        mats = np.zeros(sum(len(rows) * len(t) for (_, t), (rows, _) in zip(pieces, plans)), dtype=np.float64)
-        a = b = c = 0
-        spans = []
-        for (p, t), (rows, inv) in zip(pieces, plans):
-            m = mats[c:c + len(rows) * len(t)].reshape(len(rows), len(t))
-            m[inv.reshape(-1), np.arange(len(t))] = 1.0                  # M[r, p] = [tgt[p] == rows[r]]
-            spans.append((a, a + len(t), b, b + len(rows), c))
-            a, b, c = a + len(t), b + len(rows), c + m.size
-            np.add.at(self.counts, t, 1)
-        dev = self.device
-        self.src = torch.as_tensor(np.concatenate([p for p, _ in pieces]), dtype=torch.long, device=dev)
-        self.tgt = torch.as_tensor(np.concatenate([rows for rows, _ in plans]), dtype=torch.long, device=dev)
-        flat = torch.as_tensor(mats, device=dev)
-        self.pieces = [(x0, x1, r0, r1, flat[c0:c0 + (r1 - r0) * (x1 - x0)].view(r1 - r0, x1 - x0))
-                       for x0, x1, r0, r1, c0 in spans]
-
-    def __call__(self, i: int, hidden) -> None:
-        if self.pieces is None:
-            super().__call__(i, hidden)
-            return
-        if not self.pieces:
-            return
-        import torch
-
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        src = self.src if flat.device == self.src.device else self.src.to(flat.device)  # a layer of a split model
-        x = flat.index_select(0, src).to(self.src.device, torch.float64)
-        out = torch.empty(len(self.tgt), x.shape[1], dtype=torch.float64, device=x.device)
-        for x0, x1, r0, r1, m in self.pieces:
-            # sum_p h_l[p] over the span's tokens (numerator of the span mean), one rendering at a time
-            torch.matmul(m, x[x0:x1], out=out[r0:r1])
-        self.sums[i].index_add_(0, self.tgt, out.to(self.sums.dtype))
-
-
 def replay_packed(policy, renderings: Sequence, *, max_tokens: int | None = None,
                   layer_ids: Sequence[int] | None = None) -> list:
     """:func:`~latentsift.states.states.replay_many` of renderings that fit the context, in one forward.
@@ -297,7 +231,8 @@ def replay_packed(policy, renderings: Sequence, *, max_tokens: int | None = None
     runs = [run_length(r, max_tokens) for r in renderings]
     index = [r.span_index() for r in renderings]
     offsets = np.cumsum([0] + [len(keys) for _, keys in index])
-    acc = PackedSums(policy.n_layers, policy.d_model, int(offsets[-1]), dev)
+    # one pooling plan for the row: off a CPU a layer's pooling is one segment_reduce over all its spans
+    acc = _SpanSums(policy.n_layers, policy.d_model, int(offsets[-1]), dev)
     ids, pos, pieces = [], [], []
     start = 0
     for r, n_run, (span_of, _), off in zip(renderings, runs, index, offsets):
@@ -306,7 +241,7 @@ def replay_packed(policy, renderings: Sequence, *, max_tokens: int | None = None
         p = np.flatnonzero(span_of[:n_run] >= 0)
         pieces.append((p + start, span_of[p] + off))
         start += n_run
-    acc.set_pieces(pieces)
+    acc.set_targets(np.concatenate([p for p, _ in pieces]), np.concatenate([t for _, t in pieces]))
     if start:
         cuts = np.cumsum([0] + [n for n in runs if n])
         with torch.inference_mode(), fixed_threads(NUMERIC_THREADS), exact_attention(dev), layer_hooks(policy, acc):

@@ -177,15 +177,15 @@ def has_hooks(policy) -> bool:
                for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()))
 
 
-def span_matrix(tgt):
-    """``(rows, M)`` for :func:`add_span_sums` on a GPU: the distinct span numbers of ``tgt`` (sorted)
-    and the float64 0/1 matrix ``M[r, p] = [tgt[p] == rows[r]]``."""
+def span_plan(tgt):
+    """``(order, rows, lengths)`` for :func:`add_span_sums` on a GPU: the stable order that groups the
+    tokens of ``tgt`` by span, token order kept within a span (None where ``tgt`` is grouped already,
+    sorted), the distinct span numbers (sorted) and each one's token count."""
     import torch
 
-    rows, inv = torch.unique(tgt, return_inverse=True)
-    m = torch.zeros(len(rows), len(tgt), dtype=torch.float64, device=tgt.device)
-    m[inv, torch.arange(len(tgt), device=tgt.device)] = 1.0
-    return rows, m
+    rows, lengths = torch.unique(tgt, return_counts=True)
+    grouped = len(tgt) < 2 or bool((tgt[1:] >= tgt[:-1]).all())
+    return (None if grouped else torch.argsort(tgt, stable=True)), rows, lengths
 
 
 def add_span_sums(sums, dim: int, tgt, x, plan=None, *, ordered: bool | None = None) -> None:
@@ -193,19 +193,22 @@ def add_span_sums(sums, dim: int, tgt, x, plan=None, *, ordered: bool | None = N
 
     On a CPU (``ordered`` None there): ``index_add_``, one token after the other. Elsewhere a GPU's
     ``index_add_`` adds a span's tokens with atomics, in whatever order its threads arrive, so the same
-    inputs would give other float32 bits from run to run; there each span's tokens are summed as one
-    float64 product ``M @ x`` (``plan`` = :func:`span_matrix` of ``tgt``, made once for many calls) and
-    added once per span, which no thread order changes."""
+    inputs would give other float32 bits from run to run; there each span's tokens are summed in float64,
+    one after the other in token order (one ``torch.segment_reduce`` over all spans; ``plan`` =
+    :func:`span_plan` of ``tgt``, made once for many calls), and the sum is added once per span, which
+    no thread order changes."""
+    import torch
+
     if ordered is None:
         ordered = sums.device.type == "cpu"
     if ordered:
-        sums.index_add_(dim, tgt, x)
+        sums.index_add_(dim, tgt, x.to(sums.dtype))
         return
-    import torch
-
-    rows, m = plan if plan is not None else span_matrix(tgt)
+    order, rows, lengths = plan if plan is not None else span_plan(tgt)
+    x = (x if order is None else x.index_select(dim, order)).double()
     # sum_p h_l[p] over the span's tokens (numerator of the span mean), one row per distinct span
-    sums.index_add_(dim, rows, torch.matmul(m, x.double()).to(sums.dtype))
+    part = torch.segment_reduce(x, "sum", lengths=lengths.expand(*x.shape[:dim], -1), axis=dim)
+    sums.index_add_(dim, rows, part.to(sums.dtype))
 
 
 class _SpanSums:
@@ -219,7 +222,8 @@ class _SpanSums:
         self.counts = np.zeros(max(capacity, 1), dtype=np.int64)
         self.src = None  # flat token positions of the current forward to pool
         self.tgt = None  # their span numbers
-        self.plan = None  # span_matrix(tgt) off a CPU
+        self.plan = None  # span_plan(tgt) off a CPU
+        self.ordered = torch.device(device).type == "cpu"   # add_span_sums' order (forced off in tests)
 
     def reserve(self, n: int) -> None:
         import torch
@@ -234,12 +238,24 @@ class _SpanSums:
         self.counts = np.concatenate([self.counts, np.zeros(new - cap, dtype=np.int64)])
 
     def set_targets(self, src: np.ndarray, tgt: np.ndarray) -> None:
+        """The tokens of the next forwards to pool: positions ``src`` (in the flattened forward) into span
+        numbers ``tgt``. Off a CPU they are grouped by span on the host, token order kept, so a layer's
+        pooling is one gather, one float64 conversion and one ``segment_reduce`` (:func:`add_span_sums`)."""
         import torch
 
-        self.src = torch.as_tensor(src, dtype=torch.long, device=self.device) if len(src) else None
-        self.tgt = torch.as_tensor(tgt, dtype=torch.long, device=self.device) if len(src) else None
-        self.plan = span_matrix(self.tgt) if len(src) and torch.device(self.device).type != "cpu" else None
         np.add.at(self.counts, tgt, 1)
+        if not len(src):
+            self.src = self.tgt = self.plan = None
+            return
+        plan = None
+        if not self.ordered:
+            k = np.argsort(tgt, kind="stable")
+            src, tgt = src[k], tgt[k]
+            rows, lengths = np.unique(tgt, return_counts=True)
+            plan = (None, torch.as_tensor(rows, device=self.device), torch.as_tensor(lengths, device=self.device))
+        self.src = torch.as_tensor(src, dtype=torch.long, device=self.device)
+        self.tgt = torch.as_tensor(tgt, dtype=torch.long, device=self.device)
+        self.plan = plan
 
     def __call__(self, i: int, hidden) -> None:
         if self.src is None:
@@ -247,7 +263,8 @@ class _SpanSums:
         flat = hidden.reshape(-1, hidden.shape[-1])
         src = self.src if flat.device == self.src.device else self.src.to(flat.device)  # a layer of a split model
         # sum_p h_l[p] over the span's tokens (numerator of the span mean)
-        add_span_sums(self.sums[i], 0, self.tgt, flat.index_select(0, src).float().to(self.device), self.plan)
+        add_span_sums(self.sums[i], 0, self.tgt, flat.index_select(0, src).to(self.device), self.plan,
+                      ordered=self.ordered)
 
     def means(self, n_spans: int) -> np.ndarray:
         """(n_spans, L, d_model) float32: u[j][l] = sums / counts (the span mean)."""
