@@ -233,15 +233,16 @@ def replay_packed(policy, renderings: Sequence, *, max_tokens: int | None = None
     offsets = np.cumsum([0] + [len(keys) for _, keys in index])
     # one pooling plan for the row: off a CPU a layer's pooling is one segment_reduce over all its spans
     acc = _SpanSums(policy.n_layers, policy.d_model, int(offsets[-1]), dev)
-    ids, pos, pieces = [], [], []
+    ids, pos, src, tgt = [], [], [], []
     start = 0
     for r, n_run, (span_of, _), off in zip(renderings, runs, index, offsets):
         ids.append(np.asarray(r.input_ids[:n_run], dtype=np.int64))
         pos.append(np.arange(n_run))
         p = np.flatnonzero(span_of[:n_run] >= 0)
-        pieces.append((p + start, span_of[p] + off))
+        src.append(p + start)
+        tgt.append(span_of[p] + off)
         start += n_run
-    acc.set_targets(np.concatenate([p for p, _ in pieces]), np.concatenate([t for _, t in pieces]))
+    acc.set_targets(np.concatenate(src), np.concatenate(tgt))
     if start:
         cuts = np.cumsum([0] + [n for n in runs if n])
         with torch.inference_mode(), fixed_threads(NUMERIC_THREADS), exact_attention(dev), layer_hooks(policy, acc):

@@ -239,23 +239,22 @@ class _SpanSums:
 
     def set_targets(self, src: np.ndarray, tgt: np.ndarray) -> None:
         """The tokens of the next forwards to pool: positions ``src`` (in the flattened forward) into span
-        numbers ``tgt``. Off a CPU they are grouped by span on the host, token order kept, so a layer's
-        pooling is one gather, one float64 conversion and one ``segment_reduce`` (:func:`add_span_sums`)."""
+        numbers ``tgt``. Off a CPU they are grouped by span once (:func:`span_plan`, token order kept), so
+        a layer's pooling is one gather, one float64 conversion and one ``segment_reduce``
+        (:func:`add_span_sums`)."""
         import torch
 
         np.add.at(self.counts, tgt, 1)
+        self.src = self.tgt = self.plan = None
         if not len(src):
-            self.src = self.tgt = self.plan = None
             return
-        plan = None
-        if not self.ordered:
-            k = np.argsort(tgt, kind="stable")
-            src, tgt = src[k], tgt[k]
-            rows, lengths = np.unique(tgt, return_counts=True)
-            plan = (None, torch.as_tensor(rows, device=self.device), torch.as_tensor(lengths, device=self.device))
         self.src = torch.as_tensor(src, dtype=torch.long, device=self.device)
         self.tgt = torch.as_tensor(tgt, dtype=torch.long, device=self.device)
-        self.plan = plan
+        if not self.ordered:
+            order, rows, lengths = span_plan(self.tgt)
+            if order is not None:   # gather in span order once here, not in every layer's add_span_sums
+                self.src, self.tgt = self.src[order], self.tgt[order]
+            self.plan = (None, rows, lengths)
 
     def __call__(self, i: int, hidden) -> None:
         if self.src is None:
