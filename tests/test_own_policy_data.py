@@ -73,8 +73,9 @@ def test_the_dataset_re_exports_byte_for_byte(name, tmp_path):
     """Two shard folders rebuilt from the committed dataset (the odd and the even tasks: each task's file as
     the rollout wrote it, the manifest without the counts) export to the committed trajectories, byte for byte,
     and to its manifest; the datasets were made before a rollout recorded its tasks' digests, which the export
-    now copies (an empty table for them)."""
+    now copies (an empty table for them; a later dataset's shard folders get their own tasks' digests)."""
     man = json.loads((DATA / name / "manifest.json").read_text())
+    digests = man.get("task_digests", {})
     by_task: dict[str, list] = {}
     for t in load_jsonl(DATA / name / "trajectories.jsonl.gz"):
         by_task.setdefault(t.instance_id, []).append(t)
@@ -82,9 +83,11 @@ def test_the_dataset_re_exports_byte_for_byte(name, tmp_path):
     for i in range(2):
         out = tmp_path / f"run-s{i}"
         (out / "tasks").mkdir(parents=True)
-        (out / "manifest.json").write_text(json.dumps({k: v for k, v in man.items() if not k.startswith("n_")}
-                                                      | {"format": "latentsift-rollout", "task_digests": {}}))
-        for task_id in list(by_task)[i::2]:
+        mine = list(by_task)[i::2]
+        (out / "manifest.json").write_text(json.dumps(
+            {k: v for k, v in man.items() if not k.startswith("n_")}
+            | {"format": "latentsift-rollout", "task_digests": {t: digests[t] for t in mine if t in digests}}))
+        for task_id in mine:
             text = "".join(dumps(t) + "\n" for t in by_task[task_id])
             (out / "tasks" / task_file(task_id)).write_bytes(gzip_bytes(text))
         folders.append(out)
