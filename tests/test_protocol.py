@@ -4,6 +4,7 @@ Reuses the session's tiny end-to-end run (conftest ``tiny_run``): its pools, sta
 results, so nothing is extracted again.
 """
 import json
+import re
 import shutil
 
 import pytest
@@ -34,11 +35,11 @@ def cv(tiny_run, tmp_path_factory, one_torch_thread):
                                  "--seed", "0", "--verifier", str(run / "verifier"), "--bootstrap", "50",
                                  "--scorer-epochs", "2", "--no-variants"])
     assert r.exit_code == 0, r.output
-    return out, json.loads((out / "report" / "summary.json").read_text())
+    return out, json.loads((out / "report" / "summary.json").read_text()), r.output
 
 
 def test_crossval_gives_the_stage1_numbers_of_reproduce(tiny_run, cv):
-    out, got = cv
+    out, got, _ = cv
     rep = json.loads(tiny_run["summary"])
     filters = [f for f in rep["retention"] if not f.startswith("sweep:")]
     assert {"latentsift", "ef_verifier", "shortest_chars", "random"} <= set(filters)
@@ -53,8 +54,18 @@ def test_crossval_gives_the_stage1_numbers_of_reproduce(tiny_run, cv):
     assert "## Agent transfer" in (out / "report" / "report.md").read_text()
 
 
+def test_stage1_says_each_fold_as_it_ends(cv):
+    """Stage 1 runs minutes a fold on a large run: one line a fold tells the user it moves, in order, before
+    the stage's total time."""
+    _, _, output = cv
+    lines = output.splitlines()
+    folds = [i for i, ln in enumerate(lines) if ln.startswith("[stage1] fold ")]
+    total = [i for i, ln in enumerate(lines) if re.fullmatch(r"\[stage1\] [0-9.]+ s", ln)]
+    assert [lines[i].split()[2] for i in folds] == ["1/2", "2/2"] and len(total) == 1 and folds[-1] < total[0]
+
+
 def test_fit_on_some_folds_then_filter_with_the_sifter_keeps_the_crossval_fold(tiny_run, cv, tmp_path):
-    out, got = cv
+    out, got, _ = cv
     run = tiny_run["out"]
     trajs = load_jsonl(run / "pools.jsonl")
     for k, fold in enumerate(got["settings"]["meta"]["folds"]):

@@ -62,7 +62,8 @@ def nested_calibration(run, trajs: Sequence[Trajectory], folds, states, fingerpr
     eval_pools = {f.k: f.eval_pools for f in run.iter_folds(trajs, folds, pools=pools)}
     scorers: dict[int, dict[str, dict]] = {k: {} for k in eval_pools}
     pairs = []
-    for j, k in combinations(sorted(eval_pools), 2):
+    todo = list(combinations(sorted(eval_pools), 2))
+    for j, k in todo:
         split = pair_split(folds, j, k)
         bank = [t for t in trajs if run.group(t) in set(split[0])]
         n_pos = sum(t.label == 1 for t in bank)
@@ -78,5 +79,6 @@ def nested_calibration(run, trajs: Sequence[Trajectory], folds, states, fingerpr
             for held, cal in ((k, j), (j, k)):   # fold j's pools calibrate fold k, and the other way round
                 scorers[held].setdefault(name, {}).update({p.instance_id: filt for p in eval_pools[cal]})
         pairs.append({"folds": [j, k], "status": "ok", "n_bank_trajectories": len(bank), "filters": len(ds)})
+        run.log(f"[operating_nested] pair {len(pairs)}/{len(todo)} (folds {j}, {k}) {time.perf_counter() - t0:.0f} s")
     run.timed("operating_nested", t0)
     return {"scorers": scorers, "pairs": pairs}

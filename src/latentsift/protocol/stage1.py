@@ -64,6 +64,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
     """
     s = run.settings
     t0 = time.perf_counter()
+    stage = "stage1" if sweep is None else f"stage1:{sweep}"
     per_instance: dict[str, dict[str, tuple]] = {}   # filter -> instance -> (filter obj, prepared)
     fold_info = []
     evaluated: set[str] = set()  # the instances the folds score (all of trajs' but in a nested pair's run)
@@ -98,6 +99,9 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
             info["variants"] = variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
                                                per_instance, put, curves=sweep is None and not trained_only)
         fold_info.append(info)
+        # one line a fold: the stage runs minutes a fold on a large run (the nested pairs' runs log nothing)
+        run.log(f"[{stage}] fold {len(fold_info)}/{len(folds)} ({len(eval_pools)} pools scored) "
+                f"{time.perf_counter() - t0:.0f} s")
     missing = _drop_incomplete(per_instance, fold_info, evaluated)
     missing |= {k: f"not run: {why}" for k, why in absent.items() if why is not None}
     if sweep is not None:
@@ -107,7 +111,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
     full = {name: {t: v for i, (f, p) in table.items() for t, v in f.rank_subset(p, p.traj_ids).items()}
             for name, table in per_instance.items()}
     if sweep is not None:
-        run.timed(f"stage1:{sweep}", t0)
+        run.timed(stage, t0)
         return draw_scorers, full, {"folds": fold_info, "missing": missing}
     full |= run.curve_scores  # training-set size curves: per-candidate scores, diagnostics only
     channels = {}
@@ -116,7 +120,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
             channels.setdefault(f"q_{c}", {}).update(dict(zip(p.traj_ids, p.q[:, j].tolist())))
         if p.q_lin is not None:
             channels.setdefault("q_lin", {}).update(dict(zip(p.traj_ids, p.q_lin.tolist())))
-    run.timed("stage1", t0)
+    run.timed(stage, t0)
     return draw_scorers, full | {"_components": channels}, {"folds": fold_info, "missing": missing}
 
 
