@@ -152,6 +152,26 @@ def test_plain_progress_prints_at_a_steady_interval():
     assert [l.split()[1] for l in lines] == ["0/100", "20/100", "40/100", "100/100"]
     assert lines[1] == "[extract]  20/100  (20.0%)  140 tok/s  elapsed 0:31  ETA 2:04"
     assert "ETA" not in lines[-1] and "(100.0%)" in lines[-1]
+    # the same stage begun again (premise's proxy run after its own run): its lines and clock start afresh
+    for t, done in ((200, 0), (215, 50), (231, 60), (240, 100)):
+        now[0] = t
+        p.update("extract", done, 100, "")
+    again = out.getvalue().splitlines()[len(lines):]
+    assert [l.split()[1] for l in again] == ["0/100", "60/100", "100/100"]
+    assert again[1] == "[extract]  60/100  (60.0%)  elapsed 0:31  ETA 0:20" and again[2].endswith("elapsed 0:40")
+
+
+def test_a_stage_begun_again_restarts_its_bar_on_a_terminal():
+    from rich.console import Console
+
+    from latentsift._cli._progress import StageProgress
+    with StageProgress(Console(file=io.StringIO(), force_terminal=True), plain=False) as p:
+        p.update("stage1", 0, 4, "folds")
+        p.update("stage1", 4, 4, "folds")
+        (task,) = p._bar.tasks
+        assert task.finished
+        p.update("stage1", 0, 4, "folds")
+        assert p._bar.tasks == [task] and task.completed == 0 and not task.finished
 
 
 def test_a_model_from_the_process_cache_is_said_with_this_calls_dtype_reason():

@@ -58,6 +58,9 @@ class PlainProgress:
 
     def update(self, stage: str, done: int, total: int | None, info: str = "") -> None:
         now = self.clock()
+        if stage in self._finished and done == 0:  # the stage begins again (a command's second run): afresh
+            self._finished.discard(stage)
+            del self._start[stage]
         if stage not in self._start:
             self._start[stage] = now
             self._last[stage] = now
@@ -112,6 +115,8 @@ class StageProgress:
             return
         if stage not in self._tasks:
             self._tasks[stage] = self._bar.add_task(stage, total=total, info="")
+        elif done == 0 and next(t for t in self._bar.tasks if t.id == self._tasks[stage]).finished:
+            self._bar.reset(self._tasks[stage], total=total)  # the stage begins again: afresh, as plain lines
         self._bar.update(self._tasks[stage], completed=done, total=total, info=info)
 
     def print(self, message: str) -> None:

@@ -45,6 +45,7 @@ def _pair_run(run, j: int, k: int):
     sub.out = run.out / "nested" / f"pair-{j}-{k}"
     sub.timings, sub.curve_scores, sub.curve_sizes = {}, {}, {}
     sub.log = lambda m: None
+    sub.progress = lambda stage, done, total, info: None  # the outer stage says each pair
     return sub
 
 
@@ -63,6 +64,7 @@ def nested_calibration(run, trajs: Sequence[Trajectory], folds, states, fingerpr
     scorers: dict[int, dict[str, dict]] = {k: {} for k in eval_pools}
     pairs = []
     todo = list(combinations(sorted(eval_pools), 2))
+    run.progress("operating_nested", 0, len(todo), "pairs of folds")
     for j, k in todo:
         split = pair_split(folds, j, k)
         bank = [t for t in trajs if run.group(t) in set(split[0])]
@@ -70,6 +72,7 @@ def nested_calibration(run, trajs: Sequence[Trajectory], folds, states, fingerpr
         if n_pos == 0 or n_pos == len(bank):
             pairs.append({"folds": [j, k], "status": f"skipped: the bank without folds {j} and {k} holds "
                                                      f"{len(bank)} trajectories, {n_pos} resolved (needs both classes)"})
+            run.progress("operating_nested", len(pairs), len(todo), "pairs of folds")
             continue
         sub = _pair_run(run, j, k)
         ds, _, _ = stage1_filters(sub, trajs, [split], states, fingerprint, tokenizer, trained_only=True)
@@ -79,6 +82,6 @@ def nested_calibration(run, trajs: Sequence[Trajectory], folds, states, fingerpr
             for held, cal in ((k, j), (j, k)):   # fold j's pools calibrate fold k, and the other way round
                 scorers[held].setdefault(name, {}).update({p.instance_id: filt for p in eval_pools[cal]})
         pairs.append({"folds": [j, k], "status": "ok", "n_bank_trajectories": len(bank), "filters": len(ds)})
-        run.log(f"[operating_nested] pair {len(pairs)}/{len(todo)} (folds {j}, {k}) {time.perf_counter() - t0:.0f} s")
+        run.progress("operating_nested", len(pairs), len(todo), "pairs of folds")  # minutes a pair on a large run
     run.timed("operating_nested", t0)
     return {"scorers": scorers, "pairs": pairs}

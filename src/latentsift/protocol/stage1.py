@@ -69,6 +69,8 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
     fold_info = []
     evaluated: set[str] = set()  # the instances the folds score (all of trajs' but in a nested pair's run)
 
+    run.progress(stage, 0, len(folds), "folds")
+
     def put(name, filt, prep):
         per_instance.setdefault(name, {}).update({i: (filt, p) for i, p in prep.items()})
 
@@ -99,9 +101,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
             info["variants"] = variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
                                                per_instance, put, curves=sweep is None and not trained_only)
         fold_info.append(info)
-        # one line a fold: the stage runs minutes a fold on a large run (the nested pairs' runs log nothing)
-        run.log(f"[{stage}] fold {len(fold_info)}/{len(folds)} ({len(eval_pools)} pools scored) "
-                f"{time.perf_counter() - t0:.0f} s")
+        run.progress(stage, len(fold_info), len(folds), "folds")  # minutes a fold on a large run
     missing = _drop_incomplete(per_instance, fold_info, evaluated)
     missing |= {k: f"not run: {why}" for k, why in absent.items() if why is not None}
     if sweep is not None:
