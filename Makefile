@@ -102,12 +102,14 @@ confirm-0.5b: $(STAMP)
 		--states $(CONFIRM)-s2/states --proxy-states $(CONFIRM)-proxy --out $(CONFIRM)
 
 # The premise rerun on a committed dataset (its rollout stores are not committed): the policy's own states by
-# replay through its GGUF in float32 (each trajectory at one torch thread; --threads 2 replays two side by side,
-# the same states as --threads 1), the SmolLM2 replay, then the premise with its claims. Each step resumable.
+# replay through its GGUF in REPLAY_DTYPE (float32 unless set: bfloat16 on a host with AVX512-BF16, as the
+# 0.5B's rerun; each trajectory at one torch thread; --threads 2 replays two side by side, the same states as
+# --threads 1), the SmolLM2 replay, then the premise with its claims. Each step resumable.
 REPLAY_THREADS ?= 2
+REPLAY_DTYPE   ?= float32
 premise-rerun-0.5b premise-rerun-1.5b: premise-rerun-%: policy-%
 	$(BIN)/latentsift extract data/own-policy/qwen2.5-coder-$*/trajectories.jsonl.gz --out runs/premise-rerun-$*-own \
-		--model $(POLICIES)/qwen2.5-coder-$*-instruct-q4_k_m.gguf --dtype float32 --threads $(REPLAY_THREADS)
+		--model $(POLICIES)/qwen2.5-coder-$*-instruct-q4_k_m.gguf --dtype $(REPLAY_DTYPE) --threads $(REPLAY_THREADS)
 	$(BIN)/latentsift extract data/own-policy/qwen2.5-coder-$*/trajectories.jsonl.gz --out runs/premise-rerun-$*-proxy
 	$(BIN)/latentsift premise data/own-policy/qwen2.5-coder-$*/trajectories.jsonl.gz \
 		--states runs/premise-rerun-$*-own --proxy-states runs/premise-rerun-$*-proxy --out runs/premise-rerun-$*
