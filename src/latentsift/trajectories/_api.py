@@ -5,7 +5,7 @@ import json
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterable
 
 from .._core.validation import LatentSiftError, check_choice
@@ -51,6 +51,8 @@ class ImportSummary:
     skipped_files: list[tuple[str, str]]
     warnings: list[str]
     label_files: dict[str, int] = field(default_factory=dict)  # label file -> trajectories it labelled
+    # what the import inferred and from where: ids and runs from names, the run each report labels
+    inferred: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -66,6 +68,7 @@ class ImportSummary:
                "labels: " + ", ".join(f"{k} {v}" for k, v in self.labels.items()),
                "files read: " + ", ".join(f"{k} {v}" for k, v in sorted(self.files.items()))]
         out += [f"labels from {f}: {n} of {self.n_trajectories} trajectories" for f, n in self.label_files.items()]
+        out += [f"inferred: {line}" for line in self.inferred]
         out.append(f"{'run':<16} {'agent':<10} {'cands':>5} {'resolved':>8} {'unres':>6} {'unknown':>7} "
                    f"{'steps med(max)':>14}")
         for run, r in sorted(self.runs.items()):
@@ -121,6 +124,7 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
     skipped: list[SkippedRecord] = []
     skipped_files: list[tuple[str, str]] = []
     trajs: list[tuple[Trajectory, str]] = []   # with the source group
+    how: dict[int, dict[str, str]] = {}        # id(trajectory) -> what was inferred of it, from where
     reports: list[Report] = []
     tables: list[tuple[str, dict[tuple[str, str], LabelRow]]] = []   # (source, rows)
     files: Counter = Counter()
@@ -131,22 +135,26 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
         skipped.append(SkippedRecord(e.source, e.line, e.field, e.reason))
 
     for src in iter_sources(paths, skipped_files):
+        n_before = len(trajs)
         try:
             kind = _read_source(src, format, trajs, reports, tables, fail)
         except RecordError as e:
             fail(e)
             kind = "bad"
+        for t, _ in trajs[n_before:]:
+            how[id(t)] = dict(src.inferred)
         files[kind] += 1
         if kind.startswith("not read:"):
             skipped_files.append((src.name, kind[len("not read: "):]))
     files = Counter({k: v for k, v in files.items() if not k.startswith("not read:")})
 
-    given: list[str] = []  # the label files named with --labels: each must label something
+    given: list[tuple[str, list[str]]] = []  # each --labels file or folder, its files: it must label something
     for lp in label_paths:
-        extra_srcs = list(iter_sources([lp], skipped_files))
-        for src in extra_srcs:
+        names: list[str] = []
+        given.append((str(lp), names))
+        for src in iter_sources([lp], skipped_files):
             text = src.text()
-            given.append(src.name)
+            names.append(src.name)
             if src.basename.endswith(".csv"):
                 tables.append((src.name, read_candidates_csv(text, src.name)))
             else:
@@ -157,13 +165,15 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
                 rep = parse_report(obj, src.name, group="")
                 if rep is None:
                     raise RecordError(src.name, None, None, "not a candidates.csv or a SWE-bench report")
+                rep.harness_run = _harness_run(src, rep)
                 reports.append(rep)
 
     trajs = _dedupe(trajs, fail)
-    warnings, labelled = _apply_labels(trajs, reports, tables)
-    for name in given:
-        if trajs and not labelled[name]:
-            raise LatentSiftError(_labels_nothing(name, len(trajs), reports, tables))
+    warnings, labelled, inferred = _apply_labels(trajs, reports, tables)
+    for arg, names in given:
+        if trajs and not any(labelled[_label_key(n, reports)] for n in names):
+            raise LatentSiftError(_labels_nothing(names[0] if len(names) == 1 else arg, len(trajs), reports,
+                                                  tables, names))
     out = [t for t, _ in trajs]
     if scaffold is not None:
         if not isinstance(scaffold, str) or not scaffold.strip():
@@ -174,6 +184,7 @@ def import_paths(paths: str | Path | Iterable[str | Path], format: str = "auto",
     leaking = _mark_leaks(out)
     summary = _summarise(out, files, leaking, skipped, skipped_files, warnings)
     summary.label_files = dict(labelled)
+    summary.inferred = _identity_inferred(trajs, how) + inferred
     return ImportResult(out, summary, skipped)
 
 
@@ -195,6 +206,7 @@ def _read_source(src: Source, fmt: str, trajs, reports, tables, fail) -> str:
         raise RecordError(src.name, e.lineno, None, f"not valid JSON ({e.msg})") from None
     rep = parse_report(obj, src.name, src.group) if fmt == "auto" or not _is_traj_shape(obj) else None
     if rep is not None:
+        rep.harness_run = _harness_run(src, rep)
         reports.append(rep)
         return "report"
     if _is_predictions(obj):
@@ -302,88 +314,190 @@ def nothing_read(paths: Iterable[str | Path], summary: ImportSummary) -> str:
     return f"read 0 trajectories from {named}: " + "; ".join(parts) + ". Nothing to import."
 
 
-def _labels_nothing(name: str, n: int, reports: list[Report], tables) -> str:
-    """The one line of a --labels file that labels none of the ``n`` imported trajectories."""
-    rows = next((r for src, r in tables if src == name), None)
-    if rows is not None:
-        what = (f"its {len(rows)} rows name runs {sorted({k[0] for k in rows})[:3]}" if rows
-                else "it holds no row, a header only")
+def _labels_nothing(name: str, n: int, reports: list[Report], tables, names: list[str]) -> str:
+    """The one line of a --labels file (or folder) that labels none of the ``n`` imported trajectories."""
+    rows = next((r for src, r in tables if src == names[0]), None)
+    if len(names) > 1:
+        what = f"none of its {len(names)} label files matches an imported run and instance"
+    elif rows is not None:
+        runs = sorted({k[0] for k in rows if k[0] is not None})
+        what = (f"its {len(rows)} rows name runs {runs[:3]}" if runs else f"its {len(rows)} rows name instances "
+                f"{sorted(k[1] for k in rows)[:3]}") if rows else "it holds no row, a header only"
     else:
-        rep = next(r for r in reports if r.source == name)
+        rep = next(r for r in reports if r.source == names[0])
         ids = sorted(rep.per_instance) if rep.resolved is None else sorted(rep.resolved | (rep.covered or set()))
         what = (f"it names {len(ids)} instance(s), e.g. {ids[0]!r}" if ids else "it names no instance")
     return (f"{name} labels none of the {n} imported trajectories ({what}); pass the labels of these runs "
-            "(a candidates.csv row matches by run and instance_id, a report by instance id).")
+            "(a candidates.csv row matches by run and instance_id, a report by run and instance id).")
+
+
+def _harness_run(src: Source, rep: Report) -> str | None:
+    """The harness's ``run_id`` of a per-instance report at
+    ``logs/run_evaluation/<run_id>/<model>/<instance_id>/report.json`` (``swebench/harness/constants``:
+    ``RUN_EVALUATION_LOG_DIR``, ``LOG_REPORT``), else None."""
+    if rep.resolved is not None or src.basename != "report.json":
+        return None
+    parts = PurePosixPath(src.group.rsplit(":", 1)[-1]).parts + (src.basename,)
+    if len(parts) >= 5 and parts[-5] == "run_evaluation" and parts[-2] in rep.per_instance:
+        return parts[-4]
+    return None
+
+
+def _shown(rep: Report) -> str:
+    """The name a report is counted under in the summary: a harness run's per-instance reports as one
+    (``.../run_evaluation/<run_id>/*/*/report.json``)."""
+    if rep.harness_run is None:
+        return rep.source
+    path = PurePosixPath(rep.source)
+    return f"{path.parents[2]}/*/*/report.json" if len(path.parts) >= 4 else rep.source
+
+
+def _label_key(name: str, reports: list[Report]) -> str:
+    return next((_shown(r) for r in reports if r.source == name), name)
+
+
+def _identity_inferred(trajs: list[tuple[Trajectory, str]], how: dict[int, dict[str, str]]) -> list[str]:
+    """'instance id from the file name for 3 trajectories (e.g. x.traj), ...': what was inferred of the
+    trajectories' identity and from where."""
+    seen: dict[tuple[str, str], list[Trajectory]] = defaultdict(list)
+    for t, _ in trajs:
+        for what, where in how.get(id(t), {}).items():
+            seen[(what, where)].append(t)
+    out = []
+    for (what, where), ts in sorted(seen.items()):
+        value = {"instance_id": "instance id", "run": "run", "repo": "repository"}.get(what, what)
+        values = sorted({getattr(t, "instance_id" if what == "instance_id" else what) for t in ts})
+        out.append(f"{value} from {where} for {len(ts)} trajectories ({', '.join(values[:3])}"
+                   + (f" and {len(values) - 3} more" if len(values) > 3 else "") + ")")
+    return out
+
+
+def _report_run(rep: Report, trajs: list[tuple[Trajectory, str]]) -> tuple[str | None, str]:
+    """The one imported run a report labels, and how it was found; None (with a warning) for a report
+    among the inputs that no run can be matched to. A report that could label several runs is an error
+    naming them, never a guess.
+
+    In order: the run its name says (the harness's ``run_id``: ``<model>.<run_id>.json``,
+    ``run_evaluation/<run_id>/``), the one run in its folder and below (a report found among the
+    inputs), the one run imported."""
+    runs = sorted({t.run for t, _ in trajs})
+    base = PurePosixPath(rep.source.rsplit(":", 1)[-1]).name
+    if rep.harness_run is not None:
+        named, claim = [r for r in runs if r == rep.harness_run], f"its run_id {rep.harness_run!r} (from its path)"
+    elif rep.run_report:
+        named = [r for r in runs if base.endswith(f".{r}.json")]
+        claim = f"the run_id in its name {base!r}"
+    else:
+        named, claim = [], ""
+    if len(named) == 1:
+        return named[0], (claim if rep.harness_run is not None
+                          else f"its name {base!r} ends in .{named[0]}.json (the harness's <model>.<run_id>.json)")
+    if len(named) > 1:
+        raise LatentSiftError(f"{rep.source}: {claim} matches {len(named)} imported runs ({', '.join(named)}); "
+                              "rename the run folders so that one run carries the harness's run_id.")
+    beside = sorted({t.run for t, g in trajs if rep.group and _under(g, rep.group)})
+    unmatched = f"{claim} matches none of the imported runs; " if claim else ""
+    if len(beside) == 1:
+        return beside[0], f"{unmatched}the one run beside it"
+    if len(beside) > 1:
+        raise LatentSiftError(f"{rep.source}: {unmatched}{len(beside)} runs sit beside it ({', '.join(beside)}) "
+                              f"and it labels one; {_how_to_name(rep)}")
+    if rep.group and not claim:
+        return None, "no trajectory beside it"
+    if len(runs) == 1:
+        return runs[0], f"{unmatched}the only run imported"
+    if rep.resolved is None and not claim:
+        return None, ""   # a per-instance report given with --labels: matched by instance id
+    raise LatentSiftError(f"{rep.source}: {unmatched}it labels one of the {len(runs)} imported runs "
+                          f"({', '.join(runs[:6])}{' ...' if len(runs) > 6 else ''}); {_how_to_name(rep)}")
+
+
+def _how_to_name(rep: Report) -> str:
+    if rep.harness_run is not None or rep.run_report:
+        return "name each run's folder by the harness's run_id, or import and label one run at a time."
+    return "put it beside its run's files, or import and label one run at a time."
 
 
 def _apply_labels(trajs: list[tuple[Trajectory, str]], reports: list[Report],
-                  tables: list[tuple[str, dict[tuple[str, str], LabelRow]]]) -> tuple[list[str], Counter]:
+                  tables: list[tuple[str, dict[tuple[str | None, str], LabelRow]]]
+                  ) -> tuple[list[str], Counter, list[str]]:
     """Apply the reports and tables; (warnings, source -> number of trajectories it labelled or gave
-    test counts)."""
+    test counts, what was inferred: the run each report labels and how it was found)."""
     warnings: list[str] = []
     mismatch: list[str] = []
     labelled: Counter = Counter()
+    matched: dict[tuple[str, str, str], int] = {}   # (shown report, run, how) -> reports
 
-    def set_reward(t: Trajectory, r: float, where: str) -> None:
-        labelled[where.rsplit(":", 1)[0] if where.rsplit(":", 1)[-1].isdigit() else where] += 1
+    def set_reward(t: Trajectory, r: float, where: str, key: str) -> None:
+        labelled[key] += 1
         if t.reward is None:
             t.reward = r
             t.meta["label_source"] = where
         elif (t.reward >= 0.5) != (r >= 0.5):
             mismatch.append(f"{t.traj_id}: reward {t.reward} in the trajectory, {r} in {where}")
 
-    by_group: dict[str, list[Trajectory]] = defaultdict(list)
+    by_run: dict[str, list[Trajectory]] = defaultdict(list)
     by_instance: dict[str, list[Trajectory]] = defaultdict(list)
-    for t, g in trajs:
-        by_group[g].append(t)
+    for t, _ in trajs:
+        by_run[t.run].append(t)
         by_instance[t.instance_id].append(t)
     for rep in reports:
-        if rep.group:   # found among the inputs: applies to the trajectories in its folder and below
-            targets = [t for g, ts in by_group.items() if _under(g, rep.group) for t in ts]
-            if not targets:
-                warnings.append(f"{rep.source}: report with no trajectory beside it (not applied)")
-        else:           # given with --labels
-            runs = {t.run for t, _ in trajs}
-            if rep.resolved is not None and len(runs) > 1:
-                raise LatentSiftError(f"{rep.source}: a run-level report given with --labels applies to one run, "
-                                      f"but {len(runs)} runs were imported; put it beside the run's files instead.")
-            targets = [t for t, _ in trajs]
+        key = _shown(rep)
+        run, how = _report_run(rep, trajs)
+        if run is None and how:
+            warnings.append(f"{rep.source}: report with {how} (not applied)")
+            continue
+        if run is not None:
+            matched[(key, run, how)] = matched.get((key, run, how), 0) + 1
+        targets = by_run[run] if run is not None else [t for t, _ in trajs]
         for t in targets:
             if rep.resolved is not None:
                 if rep.covered is None or t.instance_id in rep.covered:
-                    set_reward(t, float(t.instance_id in rep.resolved), rep.source)
+                    set_reward(t, float(t.instance_id in rep.resolved), rep.source, key)
             elif t.instance_id in rep.per_instance:
-                if not rep.group and len(by_instance[t.instance_id]) > 1:
+                if run is None and len(by_instance[t.instance_id]) > 1:
+                    runs = sorted(x.run for x in by_instance[t.instance_id])
                     raise LatentSiftError(f"{rep.source}: per-instance report for {t.instance_id!r} matches "
-                                          f"{len(by_instance[t.instance_id])} candidates of several runs; "
-                                          "put it beside its run's files instead.")
+                                          f"candidates of {len(runs)} runs ({', '.join(runs)}); put it beside its "
+                                          "run's files, or pass the harness's logs/ folder (its run_id names the run).")
                 r, tests = rep.per_instance[t.instance_id]
-                set_reward(t, r, rep.source)
+                set_reward(t, r, rep.source, key)
                 t.tests.update(tests)
     for source, table in tables:
         used = set()
         missing = 0
+        by_id = any(k[0] is None for k in table)
         for t, _ in trajs:
-            row = table.get((t.run, t.instance_id))
+            k = (None, t.instance_id) if by_id else (t.run, t.instance_id)
+            row = table.get(k)
             if row is None:
                 missing += 1
                 continue
-            used.add((t.run, t.instance_id))
+            if by_id and len(by_instance[t.instance_id]) > 1:
+                runs = sorted(x.run for x in by_instance[t.instance_id])
+                raise LatentSiftError(f"{row.where}: {t.instance_id!r} is in {len(runs)} imported runs "
+                                      f"({', '.join(runs)}); add a 'run' column to say which row labels which.")
+            used.add(k)
             t.tests.update(row.tests)
             if row.resolved is not None:
-                set_reward(t, float(row.resolved), row.where)
+                set_reward(t, float(row.resolved), row.where, source)
             else:
                 labelled[source] += 1  # test counts only
+        if by_id and used:
+            matched[(source, ", ".join(sorted({t.run for t, _ in trajs if (None, t.instance_id) in used})),
+                     "no run column: each instance id is in one imported run")] = 1
         unused = [k for k in table if k not in used]
         if missing:
             warnings.append(f"{missing} trajectories have no row in the labels table")
         if unused:
             warnings.append(f"{len(unused)} labels-table rows match no imported trajectory "
-                            f"(e.g. {unused[0][0]}/{unused[0][1]})")
+                            f"(e.g. {unused[0][1] if by_id else f'{unused[0][0]}/{unused[0][1]}'})")
     if mismatch:
         warnings.append(f"{len(mismatch)} label disagreement(s) (the trajectory's own reward is kept): "
                         + "; ".join(mismatch[:5]) + (" ..." if len(mismatch) > 5 else ""))
-    return warnings, labelled
+    inferred = [f"{key}{f' ({n} reports)' if n > 1 else ''} labels run {run}: {how}"
+                for (key, run, how), n in matched.items()]
+    return warnings, labelled, inferred
 
 
 def _under(group: str, folder: str) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from .._core.validation import LatentSiftError
@@ -55,10 +56,11 @@ def _tname(typ) -> str:
     return names.get(typ, typ.__name__)
 
 
+_SWEBENCH_ID = re.compile(r"^([\w.-]+)__([\w.-]+)-(\d+)$")
+
+
 def repo_from_instance(instance_id: str) -> str:
-    """SWE-bench ids are ``owner__repo-NUMBER``: ``django__django-11099`` -> ``django/django``."""
-    if "__" not in instance_id:
-        return ""
-    owner, rest = instance_id.split("__", 1)
-    repo = rest.rsplit("-", 1)[0] if rest.rsplit("-", 1)[-1].isdigit() else rest
-    return f"{owner}/{repo}"
+    """The repository a SWE-bench id names (``owner__repo-NUMBER``: ``django__django-11099`` ->
+    ``django/django``); "" for any other id (never a repository made up from an id of another form)."""
+    m = _SWEBENCH_ID.match(instance_id)
+    return f"{m.group(1)}/{m.group(2)}" if m else ""

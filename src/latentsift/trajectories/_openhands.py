@@ -55,8 +55,10 @@ def looks_like(record: Any) -> bool:
                    describe="an OpenHands output.jsonl", priority=12)
 def read(record: dict, where: Where, src: Source) -> Trajectory:
     """One ``output.jsonl`` line; run = the record's ``run``, else the folder holding the file."""
-    run = record.get("run") if isinstance(record.get("run"), str) else \
-        src.folder or src.basename.rsplit(".jsonl", 1)[0]
+    run = record.get("run") if isinstance(record.get("run"), str) else None
+    if run is None:
+        run = src.folder or src.basename.rsplit(".jsonl", 1)[0]
+        src.inferred["run"] = "the folder name" if src.folder else "the file name"
     return parse(record, where, run=run)
 
 

@@ -8,10 +8,9 @@ beside it.
 from __future__ import annotations
 
 import gzip
-import re
 import tarfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
@@ -28,6 +27,9 @@ class Source:
     path: str       # path inside its container (POSIX), used to derive run / instance names
     group: str      # container + folder: files with the same group belong to the same run
     data: bytes
+    # what the importer inferred from this file's name or folders, and from where ("instance_id" ->
+    # "the file name"); the import summary says it
+    inferred: dict[str, str] = field(default_factory=dict)
 
     @property
     def basename(self) -> str:
@@ -121,11 +123,15 @@ def _tar_sources(f: Path, skipped_files: list[tuple[str, str]]) -> Iterator[Sour
             yield Source(name=f"{f}:{m.name}", path=inner, group=f"{f.resolve()}:{parent}", data=data)
 
 
-_SWEBENCH_ID = re.compile(r"^[\w.-]+__[\w.-]+-\d+$")
-
-
 def names_of(src: Source, obj: Any) -> tuple[str, str]:
-    """(instance_id, run) of a one-trajectory file: from the record, else the file and folder names."""
+    """(instance_id, run) of a one-trajectory file: from the record, else inferred from the file's own
+    name (``<instance_id>.traj``, ``<instance_id>.traj.json``) and the folder holding the run; what is
+    inferred is noted in ``src.inferred``.
+
+    The file's own name wins over any folder name, however much a folder looks like an instance id;
+    only OpenHands' completion logs (``llm_completions/<instance_id>/<model>-<time>.json``) take the
+    instance from their folder.
+    """
     rec = obj if isinstance(obj, dict) else {}
     iid = None
     for holder in (rec, rec.get("metadata"), rec.get("instance"), rec.get("info")):
@@ -138,12 +144,17 @@ def names_of(src: Source, obj: Any) -> tuple[str, str]:
         if stem.endswith(suf):
             stem = stem[: -len(suf)]
             break
-    if iid is None:   # OpenHands keeps completion logs in llm_completions/<instance_id>/<model>-<time>.json
-        folder = PurePosixPath(src.path).parent.name
-        iid = folder if _SWEBENCH_ID.match(folder) and not _SWEBENCH_ID.match(stem) else stem
+    parents = PurePosixPath(src.path).parent.parts
+    if iid is None:
+        if len(parents) >= 2 and parents[-2] == "llm_completions":
+            iid = parents[-1]
+            src.inferred["instance_id"] = "its llm_completions/<instance_id>/ folder"
+        else:
+            iid = stem
+            src.inferred["instance_id"] = "the file name"
     run = rec.get("run") if isinstance(rec.get("run"), str) else None
     if run is None:
-        parents = PurePosixPath(src.path).parent.parts
-        parents = [p for p in parents if p not in (iid, "llm_completions")]
-        run = parents[-1] if parents else Path(src.group.split(":")[0]).name
+        folders = [p for p in parents if p not in (iid, "llm_completions")]
+        run = folders[-1] if folders else Path(src.group.split(":")[0]).name
+        src.inferred["run"] = "the folder name"
     return iid, run

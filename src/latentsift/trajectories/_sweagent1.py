@@ -16,6 +16,7 @@ rendered before the text.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from .._core import words
@@ -43,9 +44,44 @@ def looks_like(record: Any) -> bool:
                    missing=("trajectory", "is missing (not a SWE-agent .traj file)"),
                    describe="a SWE-agent 1.x", priority=15)
 def read(record: dict, where: Where, src: Source) -> Trajectory:
-    """One ``.traj`` file: instance from the file name, run from its folder; agent ``sweagent``."""
+    """One ``.traj`` file: instance from ``replay_config`` (``problem_statement.id``), else the file
+    name; run from its folder; agent ``sweagent``."""
     iid, run = names_of(src, record)
-    return parse(record, where, instance_id=iid, run=run)
+    replay = _replay_config(record)
+    ps = replay.get("problem_statement")
+    if isinstance(ps, dict) and isinstance(ps.get("id"), str) and ps["id"]:
+        if ps["id"] != iid:
+            src.inferred["instance_id"] = "replay_config.problem_statement.id (not the file name)"
+        else:
+            src.inferred.pop("instance_id", None)
+        iid = ps["id"]
+    t = parse(record, where, instance_id=iid, run=run)
+    if not t.repo:
+        t.repo = _github_repo(replay)
+        if t.repo:
+            src.inferred["repo"] = "replay_config.env.repo.github_url"
+    return t
+
+
+def _replay_config(record: dict) -> dict:
+    """The run's configuration that SWE-agent 1.x keeps as a JSON string (``replay_config``), or {}."""
+    rc = record.get("replay_config")
+    if isinstance(rc, str):
+        try:
+            rc = json.loads(rc)
+        except json.JSONDecodeError:
+            return {}
+    return rc if isinstance(rc, dict) else {}
+
+
+def _github_repo(replay: dict) -> str:
+    """``owner/name`` of ``env.repo.github_url`` (``https://github.com/SWE-agent/test-repo/``), or ""."""
+    repo = (replay.get("env") or {}).get("repo") if isinstance(replay.get("env"), dict) else None
+    url = repo.get("github_url") if isinstance(repo, dict) else None
+    if not isinstance(url, str) or "github.com/" not in url:
+        return ""
+    parts = url.split("github.com/", 1)[1].strip("/").split("/")
+    return "/".join(parts[:2]) if len(parts) >= 2 else ""
 
 
 def task_of(prompt: str) -> str:
@@ -100,11 +136,15 @@ def parse(record: dict, where: Where, *, instance_id: str, run: str) -> Trajecto
             turns.append((i, m, []))
         else:
             turns[-1][2].append((i, m))
-    if len(turns) != len(traj):
+    if len(turns) > len(traj) or (len(turns) < len(traj) and not _history_ends_early(turns, traj)):
         raise where.error("history", f"has {len(turns)} assistant messages for {len(traj)} trajectory steps")
-    steps = [_one_step(traj[k], i, m, replies, where, k, last=k == len(turns) - 1)
+    steps = [_one_step(traj[k], i, m, replies, where, k, last=k == len(traj) - 1)
              for k, (i, m, replies) in enumerate(turns)]
+    # the steps SWE-agent ran but did not add to ``history`` (its test data's final ``submit``)
+    steps += [_trajectory_step(traj[k], where, k, last=k == len(traj) - 1) for k in range(len(turns), len(traj))]
     meta: dict[str, Any] = {"exit_status": info.get("exit_status"), "environment": record.get("environment")}
+    if len(turns) < len(traj):
+        meta["steps_only_in_trajectory"] = len(traj) - len(turns)
     for key in ("model_stats", "swe_agent_version", "best_attempt_idx"):
         if key in info:
             meta[key] = info[key]
@@ -130,6 +170,34 @@ def _one_step(s: Any, i: int, m: dict[str, Any], replies: list[tuple[int, dict[s
         if m.get("reasoning_content"):
             raise where.error(f"history[{i}].thinking_blocks", "thinking blocks without a tool call cannot be imported")
         step = _text_step(m["content"], action, observation, [r["content"] for _, r in replies], last)
+    if last:
+        step.meta["obs_sent"] = False   # the run ended: the model never read the last observation
+    return step
+
+
+def _history_ends_early(turns: list, traj: list) -> bool:
+    """``history`` holds the first steps of ``trajectory`` and stops before its end: each assistant
+    message's text is its step's ``response`` (or ``thought``) where the step records one."""
+    for k, (_, m, _) in enumerate(turns):
+        s = traj[k] if isinstance(traj[k], dict) else {}
+        said = s.get("response") if isinstance(s.get("response"), str) else s.get("thought")
+        if isinstance(said, str) and said.strip() and said.strip() not in (m.get("content") or ""):
+            return False
+    return True
+
+
+def _trajectory_step(s: Any, where: Where, k: int, *, last: bool) -> Step:
+    """A step found only in ``trajectory``: the model's ``response`` (else ``thought``) is its message,
+    ``action`` its command as text; its observation was never sent back to the model."""
+    p = f"trajectory[{k}]."
+    action = where.get(s, "action", str, prefix=p)
+    observation = where.get(s, "observation", str, prefix=p)
+    said = where.get(s, "response", str, prefix=p, optional=True, default=None)
+    if said is None:
+        said = where.get(s, "thought", str, prefix=p)
+    # rendered as SWE-agent 0.x's text steps are: the message, a blank line, the command
+    step = Step(cot=said, fn=action, obs=observation, fn_style="text", obs_role="user",
+                meta={"only_in_trajectory": True})
     if last:
         step.meta["obs_sent"] = False   # the run ended: the model never read the last observation
     return step
