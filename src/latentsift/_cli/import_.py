@@ -19,7 +19,10 @@ def register(app: typer.Typer) -> None:
         format: str = typer.Option("auto", "--format",
                                    help="The input's format: {formats}."),
         labels: Optional[List[Path]] = typer.Option(None, "--labels",
-                                                    help="candidates.csv or SWE-bench report.json (repeatable)."),
+                                                    help="Labels: a CSV (instance_id,resolved; with a run "
+                                                         "column when an instance is in several runs), a SWE-bench "
+                                                         "harness report, or the harness's logs/ folder "
+                                                         "(repeatable)."),
         skip_bad: bool = typer.Option(False, "--skip-bad",
                                       help="Skip records that cannot be imported and report each one."),
         summary_json: Optional[Path] = typer.Option(None, "--summary-json",

@@ -227,12 +227,74 @@ def _v1_answer(ev: dict, where: Where, p: str) -> str:
     if kind == "UserRejectObservation":
         return f"Action rejected: {where.get(ev, 'rejection_reason', str, prefix=p)}"
     obs = where.get(ev, "observation", dict, prefix=p)
-    text = _texts(obs.get("content"), where, f"{p}observation.content")
-    if isinstance(obs.get("metadata"), dict):          # a terminal's output
-        text = command_text(text, obs["metadata"])
-    parts = ([_ERROR_HEADER] if obs.get("is_error") else []) + [text]
+    parts = sdk_observation_parts(obs, where, f"{p}observation.")
     extended = _texts(ev.get("extended_content"), where, f"{p}extended_content")
     return "\n".join(parts + ([extended] if extended else []))
+
+
+def sdk_observation_parts(obs: dict, where: Where, p: str) -> list[str]:
+    """The text parts of an SDK observation as its ``to_llm_content`` gives them to the model, by its
+    ``kind`` (images left out). Two generations of the SDK are followed:
+
+    - since the ``Observation`` base class was standardised (SDK 1.1, ``openhands-sdk/.../tool/schema.py``):
+      ``content`` (text parts) after the ``ERROR_MESSAGE_HEADER`` line when ``is_error``; a terminal's
+      (``TerminalObservation``, ``ExecuteBashObservation``) text with its ``metadata`` lines;
+    - before it (SDK 1.0, ``openhands-tools``): each kind its own fields: ``ExecuteBashObservation``
+      ``output`` (with ``metadata``, after "[There was an error during command execution.]" on
+      ``error``), ``FileEditorObservation`` ``error`` else ``output``, ``BrowserObservation`` "Error:
+      ``error``" else ``output``, ``FinishObservation`` / ``DelegateObservation`` ``message``,
+      ``ThinkObservation`` / ``TaskTrackerObservation`` ``content``, ``GlobObservation`` /
+      ``GrepObservation`` their file lists, ``MCPToolObservation`` the "[Tool ... executed.]" line.
+
+    An observation of another kind is an error naming it, never read by a guessed field. The SDK's
+    cut of outputs over its limits (``maybe_truncate``) is not redone: a record holds what the tool gave.
+    """
+    kind = where.get(obs, "kind", str, prefix=p)
+    g = lambda key, typ=str, **kw: where.get(obs, key, typ, prefix=p, **kw)   # noqa: E731
+    md = obs.get("metadata") if isinstance(obs.get("metadata"), dict) else None
+    if kind == "MCPToolObservation":
+        head = f"[Tool '{g('tool_name')}' executed.]\n" + (_ERROR_HEADER if obs.get("is_error") else "")
+        return [head] + ([_texts(obs["content"], where, f"{p}content")] if obs.get("content") else [])
+    if isinstance(obs.get("content"), list):           # the standardised base class
+        text = _texts(obs["content"], where, f"{p}content")
+        if kind in _SDK_TERMINALS and md is not None:
+            text = command_text(text, md)
+        return ([_ERROR_HEADER] if obs.get("is_error") else []) + ([text] if text or kind in _SDK_TERMINALS else [])
+    if kind in _SDK_TERMINALS:
+        text = command_text(g("output"), md)
+        return [("[There was an error during command execution.]\n" if obs.get("error") else "") + text]
+    if kind in ("FileEditorObservation", "PlanningFileEditorObservation", "StrReplaceEditorObservation"):
+        return [g("error") if obs.get("error") else g("output", optional=True, default="")]
+    if kind == "BrowserObservation":
+        return [f"Error: {g('error')}" if obs.get("error") else g("output")]
+    if kind in ("FinishObservation", "DelegateObservation"):
+        return [g("message")]
+    if kind in ("ThinkObservation", "TaskTrackerObservation"):
+        return [g("content", optional=True, default="")]
+    if kind in ("GlobObservation", "GrepObservation"):
+        return [_found_files(obs, kind, where, p)]
+    raise where.error(f"{p}kind", f"observation kind {kind!r} is not one whose rendering is known; import it "
+                                  "with --skip-bad to leave its record out, or say which SDK wrote it")
+
+
+_SDK_TERMINALS = ("TerminalObservation", "ExecuteBashObservation")
+
+
+def _found_files(obs: dict, kind: str, where: Where, p: str) -> str:
+    """``GlobObservation`` / ``GrepObservation.to_llm_content`` of SDK 1.0."""
+    if obs.get("error"):
+        return f"Error: {where.get(obs, 'error', str, prefix=p)}"
+    files = where.get(obs, "files" if kind == "GlobObservation" else "matches", list, prefix=p)
+    pattern, path = where.get(obs, "pattern", str, prefix=p), where.get(obs, "search_path", str, prefix=p)
+    inc = obs.get("include_pattern")
+    inc = f" (filtered by '{inc}')" if kind == "GrepObservation" and inc else ""
+    what = "matching pattern" if kind == "GlobObservation" else "containing pattern"
+    if not files:
+        return f"No files found {what} '{pattern}' in directory '{path}'{inc}"
+    text = f"Found {len(files)} file(s) {what} '{pattern}' in '{path}'{inc}:\n" + "\n".join(map(str, files))
+    if obs.get("truncated"):
+        text += "\n\n[Results truncated to first 100 files. Consider using a more specific pattern.]"
+    return text
 
 
 def v1_messages(events: list[tuple[str, dict]], where: Where) -> tuple[list[dict], int]:
