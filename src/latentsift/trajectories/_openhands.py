@@ -250,7 +250,10 @@ def sdk_observation_parts(obs: dict, where: Where, p: str) -> list[str]:
     cut of outputs over its limits (``maybe_truncate``) is not redone: a record holds what the tool gave.
     """
     kind = where.get(obs, "kind", str, prefix=p)
-    g = lambda key, typ=str, **kw: where.get(obs, key, typ, prefix=p, **kw)   # noqa: E731
+
+    def g(key: str, **kw: Any) -> str:
+        return where.get(obs, key, str, prefix=p, **kw)
+
     md = obs.get("metadata") if isinstance(obs.get("metadata"), dict) else None
     if kind == "MCPToolObservation":
         head = f"[Tool '{g('tool_name')}' executed.]\n" + (_ERROR_HEADER if obs.get("is_error") else "")

@@ -8,6 +8,10 @@ a list of text parts), ``message_type``, ``agent``, ``is_demo``, ``tool_calls``,
 text, ``tool_calls`` in function-calling mode) and one observation message (``role`` ``tool`` with
 ``tool_call_ids`` after a tool call, else ``user``), the last step's included though it was never sent.
 A ``RetryAgent`` file holds the chosen attempt at the top level and all of them in ``attempts``.
+Steps at the end of ``trajectory`` that ``history`` does not hold (SWE-agent's own test data ends with
+a ``submit`` found only there) are read from ``trajectory``: the ``response`` and the ``action`` as
+text (``meta["only_in_trajectory"]``). The instance is ``replay_config``'s ``problem_statement.id``
+(else the file name), the repository its ``env.repo.github_url`` when the id is not a SWE-bench one.
 
 An assistant message with ``tool_calls`` (the default ``function_calling`` parser) becomes a
 tool-call step as in the chat formats (``_chat``); one without (``thought_action`` parser, fenced
