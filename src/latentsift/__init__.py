@@ -34,10 +34,11 @@ _LAZY = {"LatentSiftError": "_core.errors", "NotFittedError": "_core.errors", "F
          "select_retained": "sift", "order_by_score": "sift"}
 _EQUATIONS = ["nearest_distances", "normalized_ranks", "grouped_normalized_ranks", "min_channel_rank", "step_margins",
               "fuse", "retain_count", "select_retained", "order_by_score"]
-_TRAJECTORY = ["CHANNELS", "Step", "Trajectory", "Pool", "load_jsonl", "save_jsonl", "group_pools", "load_pools"]
 
 __all__ = ["LatentSiftError", "NotFittedError", "FingerprintMismatch",
-           *(n for n in _LAZY if n not in _EQUATIONS and n not in _TRAJECTORY and _LAZY[n] != "_core.errors"),
+           # the estimators
+           "import_paths", "load_policy", "StateStore", "Bank", "LinearScorer", "LatentSift", "Sifter", "crossval",
+           "RuleFilter", "register_filter",
            # the canonical trajectory model
            "CHANNELS", "Step", "Trajectory", "Pool", "load_jsonl", "save_jsonl", "group_pools", "load_pools",
            # the paper's equations
