@@ -26,6 +26,7 @@ from latentsift._core.registry import registry_add, registry_remove
 from latentsift.cli import app
 
 ROOT = typer.main.get_command(app)
+dict(ROOT.commands)   # the command line imports a command's module when it runs: here every one, for its settings
 #: The command path of a settings object's command where they differ ('latentsift rollout' runs 'rollout run').
 CLI_PATH = {"rollout": "rollout run"}
 #: command -> a valid command line: {file} an (empty) existing file, {dir} an existing folder, {tmp} the output's.

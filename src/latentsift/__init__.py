@@ -6,9 +6,9 @@ on labelled trajectories, ``LatentSift(bank, scorer)`` to score candidate pools,
 (bank, scorer and shift guard fitted and saved as one), and ``crossval`` to evaluate it all on your
 own labelled pools.
 
-The estimators and equations are imported on first use (PEP 562 ``__getattr__``) from the subpackage
-that exports them: ``import latentsift`` stays as light as the trajectory model, so the command line
-starts fast, and no stage module imports the package's top level.
+Every name is imported on first use (PEP 562 ``__getattr__``) from the subpackage that exports it:
+``import latentsift`` imports nothing else, so the command line starts fast (``latentsift --help`` needs
+no numpy), and no stage module imports the package's top level.
 
 The subpackages, bottom up (each imports only from those below it; tests/test_imports.py):
 ``_core`` (errors, validation, files) -> ``trajectories`` -> ``states`` (policy, rendering, replay,
@@ -19,13 +19,13 @@ rollout folder) -> ``bank`` -> ``scale`` -> ``sift`` (Stage-1 filters, the equat
 """
 import importlib
 
-from ._core.validation import FingerprintMismatch, LatentSiftError, NotFittedError
-from .trajectories.trajectory import CHANNELS, Pool, Step, Trajectory, group_pools, load_jsonl, load_pools, save_jsonl
-
 __version__ = "0.1.0"
 
-#: The names imported on first access -> the subpackage that exports them (``fuse``: its module).
-_LAZY = {"import_paths": "trajectories", "load_policy": "states", "StateStore": "states", "Bank": "bank",
+#: The names imported on first access -> the module or subpackage that exports them.
+_LAZY = {"LatentSiftError": "_core.errors", "NotFittedError": "_core.errors", "FingerprintMismatch": "_core.errors",
+         **dict.fromkeys(["CHANNELS", "Pool", "Step", "Trajectory", "group_pools", "load_jsonl", "load_pools",
+                          "save_jsonl"], "trajectories.trajectory"),
+         "import_paths": "trajectories", "load_policy": "states", "StateStore": "states", "Bank": "bank",
          "LinearScorer": "sift", "LatentSift": "sift", "Sifter": "deploy", "crossval": "protocol",
          "RuleFilter": "sift", "register_filter": "sift",
          # the paper's equations
@@ -36,7 +36,9 @@ _EQUATIONS = ["nearest_distances", "normalized_ranks", "grouped_normalized_ranks
               "fuse", "retain_count", "select_retained", "order_by_score"]
 
 __all__ = ["LatentSiftError", "NotFittedError", "FingerprintMismatch",
-           *(n for n in _LAZY if n not in _EQUATIONS),
+           # the estimators
+           "import_paths", "load_policy", "StateStore", "Bank", "LinearScorer", "LatentSift", "Sifter", "crossval",
+           "RuleFilter", "register_filter",
            # the canonical trajectory model
            "CHANNELS", "Step", "Trajectory", "Pool", "load_jsonl", "save_jsonl", "group_pools", "load_pools",
            # the paper's equations

@@ -66,7 +66,7 @@ def build_cmd(
                   + ", ".join(f"{c} {v['pos']}+/{v['neg']}-" for c, v in sc.items()) + f". Written to {out}.")
 
 
-@scorer_app.command("train")
+@scorer_app.command("train", cls=listed())
 def train_cmd(
     bank_dir: Path = typer.Argument(..., metavar="BANK_DIR", help="BANK_DIR from 'latentsift bank build'."),
     out: Path = typer.Option(..., "--out", help="SCORER_DIR to write (scorer.json, scorer.safetensors, PNG)."),

@@ -9,6 +9,7 @@ import typer
 from .._jobs.crossval import CrossvalOptions, crossval_command
 from ._options import (Boot, Draws, FirstInstances, Folds, GenTestKey, GuardFalseAlarm, Ks, ScorerEpochs, Seed,
                        StatesDirs, TargetRecalls, TestgenTokens, Variants, command_options)
+from ._help import listed
 from ._progress import StageProgress, messages
 
 #: The declared defaults (CrossvalOptions): the command line shows these.
@@ -16,7 +17,7 @@ _D = CrossvalOptions.defaults()
 
 
 def register(app: typer.Typer) -> None:
-    app.command("crossval")(crossval_cmd)
+    app.command("crossval", cls=listed(CrossvalOptions))(crossval_cmd)
 
 
 def crossval_cmd(

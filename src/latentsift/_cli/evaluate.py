@@ -21,8 +21,8 @@ _V = VerifyOptions.defaults()
 
 
 def register(app: typer.Typer) -> None:
-    app.command("evaluate")(evaluate_cmd)
-    app.command("verify", cls=listed(verifier_backends=verifier_backends))(verify_cmd)
+    app.command("evaluate", cls=listed(EvaluateOptions))(evaluate_cmd)
+    app.command("verify", cls=listed(VerifyOptions, verifier_backends=verifier_backends))(verify_cmd)
 
 
 def evaluate_cmd(

@@ -10,11 +10,12 @@ from typing import Optional
 import typer
 
 from .._jobs.explore import write_explorer
+from ._help import listed
 from ._progress import messages
 
 
 def register(app: typer.Typer) -> None:
-    app.command("explore")(explore_cmd)
+    app.command("explore", cls=listed())(explore_cmd)
 
 
 def explore_cmd(

@@ -21,7 +21,7 @@ _D = ExtractOptions.defaults()
 
 
 def register(app: typer.Typer) -> None:
-    app.command("extract", cls=listed(renderers=renderer_names, extraction_backends=extraction_backends))(extract_cmd)
+    app.command("extract", cls=listed(ExtractOptions, renderers=renderer_names, extraction_backends=extraction_backends))(extract_cmd)
 
 
 def extract_cmd(

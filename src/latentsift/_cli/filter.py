@@ -6,12 +6,13 @@ there), the work ``filter_to_file``.
 from __future__ import annotations
 
 import functools
-import sys
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -28,7 +29,7 @@ _D = FilterOptions.defaults()
 
 
 def register(app: typer.Typer) -> None:
-    app.command("filter", cls=listed(filters=method_names, keep_rules=keep_rules,
+    app.command("filter", cls=listed(FilterOptions, filters=method_names, keep_rules=keep_rules,
                                      calibrations=calibration_methods))(filter_cmd)
 
 
@@ -119,14 +120,19 @@ def filter_cmd(
     # latentsift._jobs.filter.FilterOptions), runs the job and prints (_pool_table). (A note here, not in the
     # docstring: typer shows the whole docstring in the command list, '' included.)
     s = FilterOptions(**command_options(ctx))  # every option checked here, before any file is read
-    console = Console(width=None if sys.stdout.isatty() else 160)   # the tables' width
+    console = Console(width=shutil.get_terminal_size().columns)   # the tables fit the terminal (or COLUMNS)
     say = functools.partial(console.print, soft_wrap=True)           # a message: one line, never broken
     done = filter_to_file(s, log=say, status=lambda m: messages().status(m))
     show, out = s.show, s.out
     run, warnings, settings, op = done.run, done.warnings, done.settings, done.operating_point
     on_shift, target_recall = done.on_shift, done.target_recall
+    left_out = set()
     for res in run.pools[:show]:
-        console.print(_pool_table(res, settings))
+        table, dropped = _pool_table(res, settings, console)
+        console.print(table)
+        left_out |= set(dropped)
+    if left_out:
+        say(f"(columns {', '.join(sorted(left_out))} left out to fit {console.width} columns: they are in {out})")
     if 0 < show < len(run.pools):
         say(f"... {len(run.pools) - show} more pools in {out}")
     for c in run.extra.get("bank_choice", {}).get("pools", [])[:show]:
@@ -161,22 +167,37 @@ def _reasons(rows) -> dict[str, int]:
     return dict(Counter(w for r in rows for w in r["not_guaranteed"]))
 
 
-def _pool_table(res, settings: dict) -> Table:
-    """One pool's candidates, best first: per-channel q and r, the branch scores, s and kept."""
-    t = Table(title=cell(f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}"), title_justify="left")
-    t.add_column("candidate")
+#: The candidate column's least width, the width it is given when the columns are chosen (a longer id folds
+#: onto more lines), and a width no table reaches.
+_MIN_ID, _FIT_ID, _UNBOUNDED = 16, 24, 10_000
+
+
+def _pool_table(res, settings: dict, console: Console) -> tuple[Table, list[str]]:
+    """One pool's candidates, best first: per-channel q and r, the branch scores, s and kept, as wide as the
+    console: where all columns do not fit, the per-channel r, then q, are left out (they are in the JSON; their
+    names are returned) and long candidate ids fold."""
     chans = list(settings.get("channels", ())) if res.candidates and res.candidates[0].q is not None else []
-    for c in chans:
-        t.add_column(f"q_{c}", justify="right")
-    for c in chans:
-        t.add_column(f"r_{c}", justify="right")
     extra = (["s_dist"] if chans else []) + (["q_lin", "s_lin"] if res.candidates and
                                              res.candidates[0].q_lin is not None else [])
     extra += ["raw"] if res.candidates and res.candidates[0].raw is not None else []
+    wide = console.options.update_width(_UNBOUNDED)
+    for shown in ((("q", "r") if chans else ()), ("q",) if chans else (), ()):
+        if console.measure(_table(res, chans, shown, extra, _FIT_ID), options=wide).maximum <= console.width:
+            break
+    return _table(res, chans, shown, extra), [f"{kind}_{c}" for kind in ("q", "r") if kind not in shown for c in chans]
+
+
+def _table(res, chans: list[str], shown: tuple[str, ...], extra: list[str], id_width: int | None = None) -> Table:
+    t = Table(title=cell(f"{res.instance_id}: keep {res.n_keep} of {len(res.candidates)}"), title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("candidate", overflow="fold", min_width=_MIN_ID, max_width=id_width)
+    for kind in shown:
+        for c in chans:
+            t.add_column(f"{kind}_{c}", justify="right", no_wrap=True)
     for c in extra + ["s", "kept"]:
-        t.add_column(c, justify="right")
+        t.add_column(c, justify="right", no_wrap=True)
     for c in sorted(res.candidates, key=lambda c: -c.s):
-        row = [cell(c.traj_id)] + [_fmt(c.q[ch]) for ch in chans] + [_fmt(c.r[ch]) for ch in chans]
+        row = [cell(c.traj_id)] + [_fmt(getattr(c, kind)[ch]) for kind in shown for ch in chans]
         row += [_fmt(getattr(c, k)) for k in extra] + [_fmt(c.s), "yes" if c.retained else ""]
         t.add_row(*row)
     return t

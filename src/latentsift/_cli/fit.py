@@ -18,7 +18,7 @@ _D = FitOptions.defaults()
 
 
 def register(app: typer.Typer) -> None:
-    app.command("fit", cls=listed(calibrations=calibration_methods))(fit_cmd)
+    app.command("fit", cls=listed(FitOptions, calibrations=calibration_methods))(fit_cmd)
 
 
 def fit_cmd(

@@ -12,7 +12,7 @@ from ._progress import messages
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("import", cls=listed(formats=format_names))
+    @app.command("import", cls=listed(choices={"format": format_names}, formats=format_names))
     def import_cmd(
         inputs: List[Path] = typer.Argument(..., metavar="INPUT", help="Files, folders, .gz or .tar.gz archives."),
         out: Path = typer.Option(..., "--out", help="Canonical JSONL to write (.jsonl or .jsonl.gz)."),

@@ -8,6 +8,7 @@ import typer
 
 from .._jobs.premise import PremiseOptions, premise_command
 from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed, TestgenTokens, command_options
+from ._help import listed
 from ._progress import StageProgress, messages
 
 #: The declared defaults (PremiseOptions): the command line shows these.
@@ -15,7 +16,7 @@ _D = PremiseOptions.defaults()
 
 
 def register(app: typer.Typer) -> None:
-    app.command("premise")(premise_cmd)
+    app.command("premise", cls=listed(PremiseOptions))(premise_cmd)
 
 
 def premise_cmd(

@@ -8,6 +8,7 @@ import typer
 
 from .._jobs.reproduce import ReproduceOptions, reproduce_command
 from ._options import Draws, Dtype, Folds, Ks, Model, Seed, TargetRecalls, Variants, command_options
+from ._help import listed
 from ._progress import StageProgress, messages
 
 #: The declared defaults (ReproduceOptions): the command line shows these.
@@ -15,7 +16,7 @@ _D = ReproduceOptions.defaults()
 
 
 def register(app: typer.Typer) -> None:
-    app.command("reproduce")(reproduce_cmd)
+    app.command("reproduce", cls=listed(ReproduceOptions))(reproduce_cmd)
 
 
 def reproduce_cmd(

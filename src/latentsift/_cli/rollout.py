@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(rollout_app, name="rollout")
 
 
-@rollout_app.command(RUN, cls=listed(sandboxes=sandboxes, task_sources=task_sources))
+@rollout_app.command(RUN, cls=listed(RolloutOptions, sandboxes=sandboxes, task_sources=task_sources))
 def rollout_cmd(
     ctx: typer.Context,
     tasks: Optional[Path] = typer.Argument(_D["tasks"], metavar="TASKS",
@@ -95,7 +95,7 @@ def rollout_cmd(
                   f"{report.trajectories}, states in {report.states}.")
 
 
-@rollout_app.command("export")
+@rollout_app.command("export", cls=listed())
 def export_cmd(
     folders: List[Path] = typer.Argument(..., help="Rollout folders ('latentsift rollout --out') of the same model and "
                                          "settings: one, or the folders of its --shard runs."),

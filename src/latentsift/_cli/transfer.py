@@ -7,12 +7,13 @@ from typing import List
 import typer
 
 from .._jobs.transfer import transfer_matrix
+from ._help import listed
 from ._progress import StageProgress, messages
 from ._options import Boot, Draws, Folds, Ks, ScorerEpochs, Seed, StatesDirs
 
 
 def register(app: typer.Typer) -> None:
-    app.command("transfer")(transfer_cmd)
+    app.command("transfer", cls=listed())(transfer_cmd)
 
 
 def transfer_cmd(

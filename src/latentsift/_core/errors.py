@@ -4,7 +4,8 @@
 command line (``latentsift.cli``) calls it around every command, so no command maps errors itself.
 Covered: ``LatentSiftError``; a file system that refuses a write (permission, read-only, full disk,
 quota); a missing or wrong-kind path; a truncated or corrupt archive; JSON that does not parse; text
-that is not UTF-8.
+that is not UTF-8. The error classes live here (``validation`` re-exports them): the command line maps
+errors without importing numpy.
 """
 from __future__ import annotations
 
@@ -14,7 +15,18 @@ import json
 import tarfile
 import zlib
 
-from .validation import LatentSiftError
+
+class LatentSiftError(ValueError):
+    """A problem the user can fix (bad input, mismatched files). Printed without a traceback."""
+
+
+class NotFittedError(LatentSiftError):
+    """An estimator was used before ``fit``."""
+
+
+class FingerprintMismatch(LatentSiftError):
+    """States from different models were mixed."""
+
 
 #: errno -> what went wrong and what to change.
 _OS_ERRORS = {

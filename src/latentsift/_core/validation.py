@@ -10,20 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from .errors import FingerprintMismatch, LatentSiftError, NotFittedError  # noqa: F401 (their home for callers)
+
 #: The package's name: its cache folder, the key of its metadata in saved files, the first word of its commands.
 PACKAGE = __name__.partition(".")[0]
-
-
-class LatentSiftError(ValueError):
-    """A problem the user can fix (bad input, mismatched files). Printed without a traceback."""
-
-
-class NotFittedError(LatentSiftError):
-    """An estimator was used before ``fit``."""
-
-
-class FingerprintMismatch(LatentSiftError):
-    """States from different models were mixed."""
 
 
 def param_error(name: str, owner: str, expected: str, got: Any) -> LatentSiftError:

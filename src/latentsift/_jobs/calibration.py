@@ -82,7 +82,7 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = LatentSi
                               "or the --states store).")
     if sifter_dir is not None:
         sifter = Sifter.load(sifter_dir)
-        bank, params, scorer = sifter.bank, sifter.get_params(), sifter.scorer
+        bank, params, scorer = sifter.bank, sifter.filter_params(), sifter.scorer
         check_recorded_settings(bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
         trained_on = bank.instance_ids_   # a sifter's scorer is fitted on its bank's trajectories
     else:

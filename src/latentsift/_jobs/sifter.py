@@ -123,7 +123,7 @@ def _sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str, on_leak
               "bank_label_counts": sifter.bank.label_counts()}
     eval_repos = sorted({c.repo for p in pools for c in p.candidates})
     inputs["repos_shared_with_bank"] = sorted(set(eval_repos) & set(sifter.bank.repo_names_))
-    run = FilterRun(method=sifter.name, settings=sifter.get_params(), inputs=inputs,
+    run = FilterRun(method=sifter.name, settings=sifter.filter_params(), inputs=inputs,
                     fingerprint=store.fingerprint.to_dict(), pools=results)
     run.extra = {"configuration": {"config": sifter.config_, "seen": sifter.seen_},
                  "shift": shift, "leak": {**leak, "warnings": leak_warnings}}
@@ -164,7 +164,7 @@ def _sifter_filter_chosen(pools_path, states_dir, sifter_dir, *, bank_choice: st
     dist = pool_distances(pools, states, sifter.library_)
     chosen = nearest_choice(dist)
     subs = {s.name: s for s in sifter.library_}
-    params = sifter.get_params()
+    params = sifter.filter_params()
     results, shift_pools, warnings = [], [], []
     for name in sorted(set(chosen.values())):
         sub = subs[name]

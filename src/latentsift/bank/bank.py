@@ -32,6 +32,7 @@ import numpy as np
 
 from .._core.validation import (FingerprintMismatch, LatentSiftError, NotFittedError, check_choice,
                                 check_positive_int, param_error, check_states)
+from .._core.estimator import Estimator
 from .._core.io import ArtefactKind, read_artefact, replaced_folder, write_artefact
 from .._core.manifests import BankManifest, manifest_values
 from .knn import TORCH_KNN, bank_sqnorms, knn_backends, nearest_distances
@@ -91,8 +92,9 @@ def fit_whitening(x: np.ndarray, shrinkage: float = WHITEN_SHRINKAGE) -> tuple[n
     return mu.astype(np.float32), w.astype(np.float32)
 
 
-class Bank:
-    """Positive and negative banks of per-channel distance states.
+class Bank(Estimator):
+    """Positive and negative banks of per-channel distance states (scikit-learn's estimator contract:
+    ``get_params``/``set_params``, ``fit`` returns self, ``sklearn.base.clone`` gives an unfitted copy).
 
     Settings (stored, never learned):
       layer:     index into ``TrajectoryStates.layers`` axis 1 used for distance states
@@ -120,13 +122,10 @@ class Bank:
         self.layer = layer
         self.normalize = normalize
         self.center = center
-        self.channels = tuple(channels)
+        self.channels = channels
         self.backend = backend
 
     # ------------------------------------------------------------------ settings
-    def get_params(self) -> dict:
-        return {"layer": self.layer, "normalize": self.normalize, "center": self.center,
-                "channels": list(self.channels), "backend": self.backend}
 
     def _check_params(self) -> None:
         if isinstance(self.layer, bool) or not isinstance(self.layer, (int, np.integer)):
@@ -359,7 +358,7 @@ class Bank:
         return {
             "format": BANK_FORMAT, "version": BANK_VERSION,
             "fingerprint": self.fingerprint_.to_dict(),
-            "settings": self.get_params(),
+            "settings": {**self.get_params(), "channels": list(self.channels)},
             "label_counts": self.label_counts(),
             "state_counts": self.state_counts(),
             "repos": self.repo_names_,

@@ -26,17 +26,20 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._core.estimator import Estimator
 from .._core.io import ArtefactKind, jsonable, member, read_artefact, replaced_folder, write_artefact
 from .._core.manifests import SifterManifest, manifest_values
 from .._core.validation import FingerprintMismatch, LatentSiftError, check_labelled
 from ..bank.bank import Bank, Fold, as_fingerprint, inner_folds
 from ..metrics.diagnostics import within_pool_auc
 from .library import SubBank, fit_sub_banks, load_sub_banks, save_sub_banks
+from ..sift.fuse import FUSION_WEIGHT
 from ..sift.rank import grouped_channel_ranks, min_channel_rank
+from ..sift.retain import KEEP_FRAC, MIN_KEEP
 from ..sift.scorer import LinearScorer, early_stopping_groups
 from .shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
-from ..sift.sift import LatentSift, resolve_states
-from ..trajectories.trajectory import Trajectory
+from ..sift.sift import N_EVIDENCE, LatentSift, resolve_states
+from ..trajectories.trajectory import CHANNELS, Trajectory
 
 SIFTER_FORMAT = "latentsift-sifter"
 SIFTER_VERSION = 1
@@ -46,22 +49,41 @@ SIFTER_ARTEFACT = ArtefactKind(SIFTER_FORMAT, SIFTER_VERSION, SIFTER_JSON, noun=
                                schema=SifterManifest)
 
 
-class Sifter(LatentSift):
+class Sifter(Estimator, LatentSift):
     """The paper's Stage-1 filter with its provenance: fitted on labelled trajectories, saved, loaded.
 
-    Extra attributes after ``fit`` / ``load``: ``config_`` (method, settings, choice and its
-    evidence), ``seen_`` (agents, scaffolds, repositories, counts), ``reference_`` (the shift guard's
-    ``shift.Reference``).
+    scikit-learn's estimator contract: the constructor stores the settings (``scorer_epochs`` and
+    ``LatentSift``'s filter settings), ``fit`` learns and returns self, ``get_params``/``set_params``,
+    ``sklearn.base.clone`` gives an unfitted copy. Learned by ``fit`` (or read by ``load``): ``bank`` and
+    ``scorer`` (named as ``LatentSift``'s, whose scoring uses them), ``config_`` (method, settings, choice
+    and its evidence), ``seen_`` (agents, scaffolds, repositories, counts), ``reference_`` (the shift guard's
+    ``shift.Reference``). ``filter_params()``: the filter settings alone, as a ``LatentSift`` takes them.
     """
 
     name = "latentsift-sifter"
 
-    def __init__(self, bank: Bank | None = None, scorer: LinearScorer | None = None, *, scorer_epochs: int = 40,
-                 **settings):
+    def __init__(self, *, scorer_epochs: int = 40, channels: Sequence[str] = CHANNELS, distance: str = "two-sided",
+                 weighting: str = "linear", branches: str = "both", fusion_weight: float = FUSION_WEIGHT,
+                 min_keep: int = MIN_KEEP, frac: float = KEEP_FRAC, seed: int = 0, n_evidence: int = N_EVIDENCE):
         self.scorer_epochs = scorer_epochs
-        self._settings = settings
-        if bank is not None:
-            super().__init__(bank, scorer, **settings)
+        self.channels = channels
+        self.distance = distance
+        self.weighting = weighting
+        self.branches = branches
+        self.fusion_weight = fusion_weight
+        self.min_keep = min_keep
+        self.frac = frac
+        self.seed = seed
+        self.n_evidence = n_evidence
+
+    def filter_params(self) -> dict:
+        """The filter settings (``LatentSift``'s parameters, channels as a list: what a filter run records)."""
+        return LatentSift.get_params(self)
+
+    def _attach(self, bank: Bank, scorer: LinearScorer) -> None:
+        """Take the fitted bank and scorer: ``LatentSift``'s constructor checks them with the settings."""
+        LatentSift.__init__(self, bank, scorer, **{k: v for k, v in self.get_params(deep=False).items()
+                                                   if k != "scorer_epochs"})
 
     # ------------------------------------------------------------------ fit
     def fit(self, trajs: Sequence[Trajectory], states, *, fingerprint: Any = None, per_agent: bool = False,
@@ -79,12 +101,12 @@ class Sifter(LatentSift):
         ids = sorted(t.traj_id for t in trajs)
         sts, fp = resolve_states(states, ids, fingerprint, owner="fit")
         labels = {t.traj_id: int(t.label) for t in trajs}
-        seed = self._settings.get("seed", 0)
+        seed = self.seed
         bank = Bank.from_trajectories(trajs, sts, fp)
         log(f"[fit] bank: {bank.label_counts()}; training the scorer ({self.scorer_epochs} epochs)")
         scorer = LinearScorer(max_epochs=self.scorer_epochs, seed=seed).fit(
             [sts[i] for i in ids], [labels[i] for i in ids], fingerprint=fp, groups=early_stopping_groups(trajs))
-        super().__init__(bank, scorer, **self._settings)
+        self._attach(bank, scorer)
         agents = sorted({t.agent for t in trajs})
         scaffolds = sorted({scaffold_of(t) for t in trajs})
         self.config_ = {"method": LatentSift.name, "settings": LatentSift.get_params(self),
@@ -149,9 +171,11 @@ class Sifter(LatentSift):
         params["channels"] = tuple(params["channels"])
         epochs = man["config"].get("scorer_epochs", 40)
         with manifest_values(mpath, "config.settings", SIFTER_ARTEFACT.redo):  # the saved settings: the file's fault
-            s = cls(bank, scorer, scorer_epochs=epochs, **params)
+            s = cls(scorer_epochs=epochs, **params)
+            s._attach(bank, scorer)
         if settings:  # the caller's: its fault, never the file's
-            s = cls(bank, scorer, scorer_epochs=epochs, **(params | settings))
+            s = cls(scorer_epochs=epochs, **(params | settings))
+            s._attach(bank, scorer)
         s.config_, s.seen_ = man["config"], man["seen"]
         s.reference_ = Reference(**man["shift_reference"])
         s.library_ = load_sub_banks(man.get("library", []), path, mpath)

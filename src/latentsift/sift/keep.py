@@ -12,7 +12,8 @@ A keep rule is an estimator in the scikit-learn manner::
   (seed, traj_id) hash, so the decision does not depend on candidate order.
 - ``count(k) -> int | None``: how many of a pool of K it keeps when that depends on K alone (the
   paper's rule; evaluation then takes the top of a pool-wide order), None otherwise.
-- ``get_params()`` / ``to_dict()``: the settings, and settings plus what was fitted (for the files).
+- ``get_params(deep=True)`` / ``set_params(**p)`` (``sklearn.base.clone`` works: ``_core.estimator``) and
+  ``to_dict()``: the settings, and settings plus what was fitted (for the files).
 
 Two rules are built in and registered (``latentsift._core.registry``, kind "keep_rule"):
 
@@ -55,7 +56,6 @@ guarantee needs).
 """
 from __future__ import annotations
 
-import inspect
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -63,6 +63,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._core.estimator import Estimator
 from .._core.registry import registry_add, registry_lookup, registry_names
 from .._core.validation import LatentSiftError, NotFittedError, check_choice, check_positive_int
 from .calibration import DEFAULT_CALIBRATION, calibration_methods, fit_calibration
@@ -99,7 +100,7 @@ class CalibrationPools:
         return [min(k), max(k)] if k else None
 
 
-class KeepRule(ABC):
+class KeepRule(Estimator, ABC):
     """Which candidates of a scored pool Stage 1 keeps (module docstring)."""
 
     #: the registered name
@@ -116,11 +117,6 @@ class KeepRule(ABC):
     def count(self, k: int) -> int | None:
         """Candidates kept of any pool of ``k`` when that depends on K alone, else None."""
         return None
-
-    def get_params(self) -> dict:
-        """The constructor's settings (scikit-learn's ``get_params``)."""
-        return {p: getattr(self, p) for p in inspect.signature(type(self).__init__).parameters
-                if p != "self" and hasattr(self, p)}
 
     def to_dict(self) -> dict:
         """The settings and what was fitted, for the files."""

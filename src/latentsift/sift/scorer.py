@@ -51,6 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .._core.validation import LatentSiftError, NotFittedError, param_error, check_positive_int
+from .._core.estimator import Estimator
 from .._core.io import ArtefactKind, atomic_path, read_artefact, replaced_folder, write_artefact
 from .._core.manifests import ScorerManifest, manifest_values
 from .._core.threads import one_thread_workers
@@ -167,8 +168,9 @@ def early_stopping_groups(trajectories, group: Callable[[Any], str] = lambda t: 
     return {t.traj_id: group(t) if by_group else t.instance_id for t in trajs}
 
 
-class LinearScorer:
-    """Gated linear head on all-layer span states (sklearn style: settings in, ``fit`` -> self).
+class LinearScorer(Estimator):
+    """Gated linear head on all-layer span states (scikit-learn's estimator contract: the constructor stores
+    the settings, ``fit`` returns self, ``get_params``/``set_params``, ``sklearn.base.clone``).
 
     Learned attributes: ``W_`` (n_layers, d_model, 2) float32, ``b_`` (2,) float32 (the best
     checkpoint), ``history_`` (one dict per epoch, epoch 0 = before training: ``train_loss``,
@@ -191,11 +193,6 @@ class LinearScorer:
         # the training set's loss each epoch, for history_ only: a forward over the training
         # trajectories that nothing fitted depends on (the protocol's fits skip it)
         self.train_loss = train_loss
-
-    def get_params(self) -> dict:
-        return {"lr": self.lr, "weight_decay": self.weight_decay, "accumulation": self.accumulation,
-                "max_epochs": self.max_epochs, "val_frac": self.val_frac, "seed": self.seed,
-                "init": self.init, "patience": self.patience, "train_loss": self.train_loss}
 
     def __repr__(self) -> str:
         return "LinearScorer(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"

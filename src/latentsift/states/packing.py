@@ -129,12 +129,19 @@ class Varlen:
 
     def __init__(self):
         self.enabled = True
+
+    def __getattr__(self, name: str):
+        """``fn``, ``params`` and ``why``, looked up on first use: importing this module (every command line's
+        start) does not import torch."""
+        if name not in ("fn", "params", "why"):
+            raise AttributeError(name)
         try:
             from torch.nn.attention.varlen import varlen_attn
         except ImportError as e:
             self.fn, self.params, self.why = None, frozenset(), f"torch.nn.attention.varlen: {e}"
         else:
             self.fn, self.params, self.why = varlen_attn, frozenset(inspect.signature(varlen_attn).parameters), ""
+        return getattr(self, name)
 
     def takes(self, query) -> bool:
         """True for a query this kernel serves: on a GPU, in a 16-bit float (FlashAttention's types)."""
