@@ -415,9 +415,11 @@ class _Candidate:
                 if set(message) == {"ok"}:
                     return _decode(message["ok"])
                 name, text = message["raise"]
-                raise _rebuilt(name, text)
-        except (ValueError, KeyError, TypeError, RecursionError) as e:  # not the protocol: its process's doing
+                exc = _rebuilt(name, text)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # not the protocol
             raise _Ended(f"the candidate's process broke the protocol ({type(e).__name__})") from None
+        if message is not None:
+            raise exc
         _, code = os.waitpid(self.pid, 0)
         if os.WIFSIGNALED(code):
             sig = os.WTERMSIG(code)
