@@ -448,11 +448,18 @@ class _Candidate:
 def _run_test(source, task, cfg):
     """The label: the candidate's program runs in a child process (no status descriptor, nothing of
     this process's memory: ``PR_SET_DUMPABLE`` 0 keeps it from reading or tracing this one); the
-    task's prompt and hidden test run here, the entry point a stub that sends each call's arguments
-    to the child and returns the plain value that comes back. The outcome is this process's: the
-    candidate only ever returns values or raises."""
+    task's prompt (its helpers: ``poly``, ``encode_cyclic``, ...) and hidden test run here, the entry
+    point a stub that sends each call's arguments to the child and returns the plain value that
+    comes back. The outcome is this process's: the candidate only ever returns values or raises.
+    The prompt runs before the fork (the child inherits what it imported), the test after it (the
+    child never holds it), while the child loads the program."""
     if _LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         _fail("set the test's process non-dumpable")
+    ns = {"__name__": "__latentsift_test__", "__builtins__": __builtins__}
+    try:
+        exec(compile(task["prompt"], "prompt", "exec"), ns)
+    except BaseException as e:  # noqa: BLE001 - a task whose prompt does not run labels nothing
+        return _outcome(e)
     requests, replies = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -465,12 +472,10 @@ def _run_test(source, task, cfg):
     os.close(replies[1])
     candidate = _Candidate(pid, requests[1], replies[0])
     try:
-        candidate.reply()  # the program loaded (or this raises what it raised)
-        ns = {"__name__": "__latentsift_test__", "__builtins__": __builtins__}
-        exec(compile(task["prompt"], "prompt", "exec"), ns)  # the task's own helpers (poly, encode_cyclic, ...)
         entry = candidate.function(task["entry_point"])
         ns[task["entry_point"]] = entry
         exec(compile(task["test"], "test", "exec"), ns)
+        candidate.reply()  # the program loaded (or this raises what it raised)
         ns["check"](entry)
         exc = None
     except BaseException as e:  # noqa: BLE001 - every exception is the test's outcome

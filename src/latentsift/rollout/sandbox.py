@@ -75,8 +75,8 @@ WORK = "/sandbox"
 #: The program's private temporary folders; with its folder, all on one size-bounded tmpfs of its own.
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 #: What of the host's system is bound read-only into the program's new root (besides the interpreter).
-SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc/ld.so.cache", "/etc/localtime",
-          "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc/ld.so.cache", "/dev/null",
+          "/dev/zero", "/dev/urandom")
 TEST_FILE = "test.json"
 CHILD = Path(__file__).with_name("_sandbox_child.py")
 PROGRAM_FILE = "program.py"
