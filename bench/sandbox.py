@@ -3,11 +3,11 @@ this checkout's code against a baseline commit's, side by side in one run:
 
     .venv/bin/python bench/sandbox.py [--tasks 20] [--rounds 3] [--baseline e7d4d80]
 
-The workload: the reference solutions of HumanEval's first ``--tasks`` tasks, labelled one at a time
-(one worker). Each run is timed around the whole call (the temporary folder, ``unshare``, the
-confinement, the program and the test, the clean-up). The baseline runs the same workload in a
-subprocess on that commit's ``src`` (``git archive``), rounds alternating with this code's, so that
-the machine's load falls on both alike. Printed: the median seconds per run of each, and their
+The workload: the reference solutions of HumanEval's first ``--tasks`` tasks, labelled one at a time.
+Each run is timed around the whole call (the temporary folder, ``unshare``, the confinement, the
+program and the test, the clean-up). The baseline's code runs in a second worker process on that
+commit's ``src`` (``git archive``); each task is labelled by one worker right after the other, so
+that the machine's load (a shared machine's) falls on both alike. Printed: the median seconds per run of each, and their
 ratio (the acceptance of issue 65: within 1.2 of the baseline's).
 """
 from __future__ import annotations
@@ -25,28 +25,34 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The workload, run as a script (here, or in a subprocess on the baseline's ``src``): one line of JSON,
-#: the seconds of each run.
-WORKLOAD = """
-import json, sys, time
+#: The worker, run as a script on one ``src``: after a warm-up it reads a task index per line of
+#: stdin, labels that task's reference and prints the seconds of the whole call.
+WORKER = """
+import sys, time
 from latentsift.rollout.execution import label
 from latentsift.rollout.tasks import load_tasks
-tasks = load_tasks(check=False)[:int(sys.argv[1])]
+tasks = load_tasks(check=False)
 label(tasks[0], tasks[0].canonical_solution)  # warm: the isolation probe, the page cache
-seconds = []
-for task in tasks:
+print("ready", flush=True)
+for line in sys.stdin:
+    task = tasks[int(line)]
     t0 = time.perf_counter()
     r = label(task, task.canonical_solution)
-    seconds.append(time.perf_counter() - t0)
-    assert r.passed, (task.task_id, r)
-print(json.dumps(seconds))
+    print(time.perf_counter() - t0 if r.passed else f"not passed {task.task_id}: {r}", flush=True)
 """
 
 
-def run_workload(src: Path, n_tasks: int) -> list[float]:
-    out = subprocess.run([sys.executable, "-c", WORKLOAD, str(n_tasks)], env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def start_worker(src: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", WORKER], env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def one_run(proc: subprocess.Popen, index: int) -> float:
+    proc.stdin.write(f"{index}\n")
+    proc.stdin.flush()
+    return float(proc.stdout.readline())
 
 
 def baseline_src(commit: str, into: Path) -> Path:
@@ -65,14 +71,20 @@ def main() -> None:
     args = parser.parse_args()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="latentsift-bench-") as tmp:
-        old_src = baseline_src(args.baseline, Path(tmp)) if args.baseline else None
-        now, old = [], []
+        workers = {"now": start_worker(ROOT / "src")}
+        if args.baseline:
+            workers["old"] = start_worker(baseline_src(args.baseline, Path(tmp)))
+        times: dict[str, list[float]] = {k: [] for k in workers}
         for _ in range(args.rounds):
-            now += run_workload(ROOT / "src", args.tasks)
-            if old_src is not None:
-                old += run_workload(old_src, args.tasks)
+            for index in range(args.tasks):
+                for name, proc in workers.items():  # the same task on each, one right after the other
+                    times[name].append(one_run(proc, index))
+        for proc in workers.values():
+            proc.stdin.close()
+            proc.wait()
+    now, old = times["now"], times.get("old", [])
     med = statistics.median(now)
-    print(f"this code: median {med:.3f} s per label run ({len(now)} runs, {args.rounds} rounds of {args.tasks})")
+    print(f"this code: median {med:.3f} s per label run ({len(now)} runs: {args.rounds} rounds of {args.tasks} tasks)")
     if old:
         base = statistics.median(old)
         print(f"{args.baseline}: median {base:.3f} s per label run ({len(old)} runs)")
