@@ -84,6 +84,34 @@ def test_a_hostile_candidate_cannot_write_its_own_label(isolated, threat):
     assert (beside.passed, honest.passed) == (False, True), (beside, honest)
 
 
+def test_the_candidate_never_holds_the_hidden_test(isolated):
+    """It searches its objects (inherited from the test's process at the fork, too), its descriptors
+    and the files its sandbox was started with for the hidden test's text, and would answer right
+    only if it found it."""
+    task = Task("T/secret", TASK.prompt, "double",
+                "SECRET = 'latentsift-' + 'hidden-7f3a'\ndef check(candidate):\n    assert candidate(2) == SECRET\n")
+    code = ("import gc, json, os\nneedle = 'hidden-' + '7f3a'\n"  # (never the whole text in its source)
+            "def search():\n    found = []\n"
+            "    for o in gc.get_objects():\n"
+            "        if isinstance(o, dict):\n"
+            "            found += [k for k, v in o.items() if isinstance(v, str) and needle in v and k != 'needle']\n"
+            "    for fd in os.listdir('/proc/self/fd'):\n"
+            "        try:\n            if needle.encode() in os.pread(int(fd), 1 << 16, 0):\n"
+            "                found.append(fd)\n        except OSError:\n            pass\n"
+            "    try:\n"
+            "        cfg = json.loads(open('/proc/1/cmdline', 'rb').read().split(b'\\0')[-2])\n"
+            "        found += [p for p in cfg.values() if isinstance(p, str) and os.path.isfile(p)\n"
+            "                  and needle in open(p, errors='replace').read()]\n"
+            "    except (OSError, ValueError, IndexError, AttributeError):\n        pass\n"
+            "    return found\n"
+            "def double(x):\n    return 'latentsift-' + needle if search() else 'not found'\n")
+    r = label_many([(task, _complete(code))], FAST)[0]
+    assert (r.status, r.detail) == ("failed", "AssertionError (a test did not hold)"), r
+    # the same search in one process with the test (HumanEval's own harness) finds it
+    one = run_program(task.program(_complete(code)) + f"\n{task.test}\ncheck(double)\n", FAST)
+    assert one.passed, one
+
+
 def test_an_object_equal_to_everything_passed_before_and_is_an_error_now(isolated):
     """The same program as one process (HumanEval's own harness) passes; the label does not."""
     hostile = _complete(HOSTILE["an object equal to everything"])

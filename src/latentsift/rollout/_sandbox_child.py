@@ -463,6 +463,7 @@ def _run_test(source, task, cfg):
     requests, replies = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(task["test_fd"])
         os.close(cfg["status_fd"])
         os.close(requests[1])
         os.close(replies[0])
@@ -474,7 +475,9 @@ def _run_test(source, task, cfg):
     try:
         entry = candidate.function(task["entry_point"])
         ns[task["entry_point"]] = entry
-        exec(compile(task["test"], "test", "exec"), ns)
+        with os.fdopen(task["test_fd"], encoding="utf-8") as f:
+            test = f.read()
+        exec(compile(test, "test", "exec"), ns)
         candidate.reply()  # the program loaded (or this raises what it raised)
         ns["check"](entry)
         exc = None
@@ -496,9 +499,12 @@ def main():
     with open(cfg["program"], encoding="utf-8") as f:
         source = f.read()
     task = None
-    if cfg["test"]:
-        with open(cfg["test"], encoding="utf-8") as f:
+    if cfg["task"]:
+        with open(cfg["task"], encoding="utf-8") as f:
             task = json.load(f)
+        # the hidden test is read after the fork, by the test's process only (the candidate's process
+        # closes this descriptor first): the candidate never holds it, not even in inherited memory
+        task["test_fd"] = os.open(cfg["test"], os.O_RDONLY)
     try:
         if cfg["namespaces"]:
             _new_root(cfg)

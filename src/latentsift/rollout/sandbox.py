@@ -78,7 +78,7 @@ WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 #: What of the host's system is bound read-only into the program's new root (besides the interpreter).
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc/ld.so.cache", "/dev/null",
           "/dev/zero", "/dev/urandom")
-TEST_FILE = "test.json"
+TASK_FILE, TEST_FILE = "task.json", "test.py"
 CHILD = Path(__file__).with_name("_sandbox_child.py")
 PROGRAM_FILE = "program.py"
 #: Environment of the program: nothing of the caller's (no tokens, no proxies), one thread per library.
@@ -281,10 +281,12 @@ def _run(program: str, test: dict | None, limits: SandboxLimits) -> SandboxResul
         (root / PROGRAM_FILE).write_text(program, encoding="utf-8")
         (root / "work").mkdir(mode=0o700)  # the program's folder without namespaces
         if test is not None:
-            (root / TEST_FILE).write_text(json.dumps(test), encoding="utf-8")
+            (root / TASK_FILE).write_text(json.dumps({k: test[k] for k in ("prompt", "entry_point")}), encoding="utf-8")
+            (root / TEST_FILE).write_text(test["test"], encoding="utf-8")  # read by the test's process only
         uid = _UIDS.uid(slot) if drop else os.getuid()
         gid = uid if drop else os.getgid()
-        cfg = {"program": str(root / PROGRAM_FILE), "test": str(root / TEST_FILE) if test is not None else None,
+        cfg = {"program": str(root / PROGRAM_FILE), "task": str(root / TASK_FILE) if test is not None else None,
+               "test": str(root / TEST_FILE) if test is not None else None,
                "root": str(root), "work": WORK if kind != "none" else str(root / "work"), "uid": uid, "gid": gid,
                "drop": drop, "namespaces": kind != "none", "world_writable": list(WORLD_WRITABLE),
                "expose": _exposed() if kind != "none" else [], "tmpfs_bytes": limits.tmpfs_mb << 20,
