@@ -13,7 +13,6 @@ ratio (the acceptance of issue 65: within 1.2 of the baseline's).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys

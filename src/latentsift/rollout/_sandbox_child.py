@@ -1,32 +1,30 @@
-"""The sandbox's child: run by ``sandbox.run_program`` as a script (``python -I _sandbox_child.py
-CONFIG``), never imported. It runs inside the namespaces ``unshare`` made (network, PID, mount) and,
-before it reads the candidate program, confines itself:
+"""The sandbox's child: run by ``sandbox.run_program`` / ``run_test`` as a script (``python -I
+_sandbox_child.py CONFIG``), never imported. It reads the program (and, for a label, the task's
+prompt and entry point; the hidden test's file only opened), then, inside the namespaces ``unshare``
+made (network, IPC, PID, mount), confines itself:
 
-1. (mount namespace) the host becomes read-only and private to the program: its own ``/proc``
-   (a fresh proc of its PID namespace, listing only its own processes; an empty read-only tmpfs
-   where the kernel refuses a new proc); its working folder bound onto itself; then every mount,
-   recursively, read-only and ``nosuid`` (``mount_setattr``, or a remount of each mount in
-   ``/proc/self/mountinfo`` on kernels before 5.12); then the working folder writable again and a
-   fresh, size-bounded tmpfs over ``/tmp``, ``/var/tmp`` and ``/dev/shm``. So the rule is "read-only
-   except its own folder and its private temporary mounts", whatever else the host leaves
-   world-writable (``/run/lock``, a shared cache, ...). The interpreter's own folders that the
-   unprivileged user could not enter (``/root/.pyenv`` under a ``0700`` ``/root``) are bound
-   read-only into a fresh tmpfs at the closed folder, so the interpreter still finds its standard
-   library while the rest of that folder stays hidden;
+1. (mount namespace) a new root: a fresh tmpfs with the system's and the interpreter's folders
+   bound read-only (``nosuid``; ``mount_setattr``, or a remount of each mount on kernels before
+   5.12), the folders above them execute-only (``0111``); one size- and inode-bounded tmpfs whose
+   folders are bound as the program's folder, ``/tmp``, ``/var/tmp`` and ``/dev/shm``; a proc of its
+   PID namespace (an empty read-only tmpfs where the kernel refuses one); then ``pivot_root`` into it
+   and the old root detached: nothing else of the host is in its mount namespace;
 2. resource limits (address space, CPU seconds, file size, processes, open files, no core dumps);
 3. no new privileges (``PR_SET_NO_NEW_PRIVS``: a set-uid program gains nothing); as root it drops to
-   the unprivileged ``uid``/``gid`` with no supplementary groups; in a user namespace (the program
-   keeps the caller's uid) it drops every capability, bounding set included, so that it cannot
-   undo the read-only mounts; then it asks the kernel to kill it when its parent (``unshare``) dies
-   (``PR_SET_PDEATHSIG``, set after the uid change that clears it);
+   its own unprivileged ``uid``/``gid`` with no supplementary groups; in a user namespace (the
+   program keeps the caller's uid) it drops every capability, bounding set included, so that it
+   cannot undo the read-only mounts; then it asks the kernel to kill it when its parent (``unshare``)
+   dies (``PR_SET_PDEATHSIG``, set after the uid change that clears it);
 4. (without a network namespace) an audit hook that refuses Python's socket calls.
 
-Then (in namespaces) it forks, so that the program is not the PID namespace's init, writes a
-"started" line to the status file descriptor, executes the program as the module ``candidate`` and
-writes one JSON status line after it:
-``passed`` (ran to its end), ``failed`` (an ``AssertionError`` or an early ``SystemExit``),
-``memory`` (``MemoryError``) or ``error`` (any other exception), with a one-line detail. A process
-that dies without writing one is judged by the parent (timeout, crash).
+Then (in namespaces) it forks, so that the program is not the PID namespace's init, and writes a
+"started" line to the status descriptor. A program (:func:`_run_program`) runs here as the module
+``candidate``; a label (:func:`_run_test`) runs the candidate's program in a further child that
+closes the status descriptor and the hidden test's before any of its code, and the test here. One
+JSON status line follows: ``passed``, ``failed`` (an ``AssertionError`` or an early
+``SystemExit``), ``memory`` (``MemoryError``), ``crashed`` (the candidate's process ended before the
+test did) or ``error`` (any other exception), with a one-line detail. A process that dies without
+writing one is judged by the parent (timeout, crash).
 """
 import builtins
 import ctypes
@@ -72,22 +70,22 @@ def _umount(target):
     _LIBC.umount2(target.encode(), MNT_DETACH)
 
 
-def _set_attr(path, set_=0, clear=0, recursive=False):
-    """``mount_setattr``: change only these attributes of the mount at ``path`` (and those below it);
-    False where the kernel has no such call (before 5.12)."""
-    attr = _MountAttr(set_, clear, 0, 0)
+def _set_read_only(path):
+    """``mount_setattr``: the mount at ``path`` and those below it read-only and ``nosuid``, its other
+    attributes kept; False where the kernel has no such call (before 5.12)."""
+    attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
     if _LIBC.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_long(AT_FDCWD), ctypes.c_char_p(path.encode()),
-                     ctypes.c_long(AT_RECURSIVE if recursive else 0), ctypes.byref(attr),
-                     ctypes.c_long(ctypes.sizeof(attr))) == 0:
+                     ctypes.c_long(AT_RECURSIVE), ctypes.byref(attr), ctypes.c_long(ctypes.sizeof(attr))) == 0:
         return True
     if ctypes.get_errno() == errno.ENOSYS:
         return False
-    _fail(f"make {path} read-only" if set_ else f"make {path} writable")
+    _fail(f"make {path} read-only")
 
 
-def _remount(path, options, read_only):
-    """The pre-5.12 way: remount one mount, keeping the options it has (``options`` as in mountinfo)."""
-    flags = MS_REMOUNT | MS_BIND | (MS_RDONLY | MS_NOSUID if read_only else 0)
+def _remount_read_only(path, options):
+    """The pre-5.12 way: remount one mount read-only, keeping the options it has (``options`` as in
+    mountinfo; a user namespace may not drop them)."""
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID
     for option in options.split(","):
         flags |= _KEPT.get(option, 0)
     _mount("none", path, None, flags)
@@ -107,12 +105,12 @@ def _mountinfo():
 def _read_only(point):
     """The mount at ``point`` and every mount below it read-only and ``nosuid`` (``mount_setattr``, or a
     remount of each one on kernels before 5.12, keeping the options a user namespace may not drop)."""
-    if _set_attr(point, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, recursive=True):
+    if _set_read_only(point):
         return
     for mount_point, options in _mountinfo():
         if mount_point == point or mount_point.startswith(point.rstrip("/") + "/"):
             try:
-                _remount(mount_point, options, True)
+                _remount_read_only(mount_point, options)
             except OSError:
                 if os.path.ismount(mount_point):
                     raise

@@ -1,50 +1,56 @@
 """Executing untrusted Python programs (a policy's candidate solutions, and the tests that label them).
 
-One subprocess per program, in a fresh temporary folder, under limits (:class:`SandboxLimits`):
+One subprocess per run, under limits (:class:`SandboxLimits`); docs/own-policy.md lists the threats,
+what stops each and what is out of scope:
 
-- **wall clock**: the process (and all it started) is killed at ``timeout_s``; the result says
-  ``timeout``. ``RLIMIT_CPU`` backs it up inside the child;
-- **memory**: ``RLIMIT_AS`` (address space); a ``MemoryError`` says ``memory``;
-- **processes**: ``RLIMIT_NPROC`` for the unprivileged user (a fork bomb stops there), and every
-  process the program started dies with it: it runs as PID 1 of its own PID namespace (the kernel
-  kills the namespace's processes when PID 1 exits), in its own session (killed as a group), with
-  ``PR_SET_PDEATHSIG``;
-- **files**: it runs as an unprivileged user (``nobody``) with no new privileges, in its own mount
-  namespace where the whole host is read-only except its own folder (only that user owns it) and
-  fresh, throwaway tmpfs mounts over ``/tmp``, ``/var/tmp`` and ``/dev/shm``: the rule is "read-only
-  unless it is the program's own", not a list of folders to cover, so a world-writable folder the
-  host adds (``/run/lock``) is read-only too. ``RLIMIT_FSIZE`` bounds each file it writes;
-- **processes it can see**: its own ``/proc``, of its own PID namespace (it lists the program's
-  processes only, not the host's command lines);
-- **network and IPC**: its own network namespace (no interface but a down loopback) and its own IPC
-  namespace (no host shared memory, semaphores or message queues);
+- **a label only the hidden test writes** (:func:`run_test`): the candidate's program runs in one
+  process, the task's prompt, hidden test and ``check(entry_point)`` in another (the test's), whose
+  entry point is a stub that sends each call's arguments to the candidate's process and returns the
+  plain value that comes back (or raises the built-in exception of the name that comes back). The
+  verdict is the test process's: ``passed`` when ``check`` returned. It reaches the caller on a
+  status descriptor that the candidate's process closes before any of its code runs; the test's
+  process is non-dumpable (the candidate cannot read or trace it), and the hidden test is read by
+  it after the fork (the candidate never holds it). :func:`run_program` (the agent's tool) runs a
+  program with its harness in one process: its status is the program's own run, not a label;
+- **a minimal root of its own**: a fresh tmpfs as ``/`` (``pivot_root``; the host's tree detached),
+  with the system's ``/usr``, the loader's cache, a few devices and the interpreter's folders bound
+  read-only (:data:`SYSTEM`, :func:`_exposed`); the folders above them execute-only. No host file
+  beyond those is readable, no host Unix socket reachable (abstract ones: its network namespace);
+- **one size-bounded tmpfs for all it writes**: its folder (:data:`WORK`), ``/tmp``, ``/var/tmp``
+  and ``/dev/shm`` share ``tmpfs_mb`` and an inode bound; ``RLIMIT_FSIZE`` bounds each file;
+- **limits of its own**: as root, a user id of its own per sandbox (:class:`_Uids`; ``RLIMIT_NPROC``
+  counts per user, so a neighbour's fork bomb is not its failure); in user namespaces, a user
+  namespace of its own (counted apart since Linux 5.14). ``RLIMIT_AS`` (``memory``), ``RLIMIT_CPU``
+  backing the wall clock (``timeout``: the whole tree killed, learnt from a pidfd the moment it ends),
+  ``RLIMIT_NOFILE``; no cgroup (this kernel's are v1 and the machine supervisor's);
+- **its own PID, network and IPC namespaces**: every process it started dies with it (it runs under
+  PID 1 of its namespace, in its own session, with ``PR_SET_PDEATHSIG``), its ``/proc`` lists its
+  own processes only, no interface but a down loopback;
 - **output**: stdout and stderr go to files (bounded by ``RLIMIT_FSIZE``), of which the last
   ``output_chars`` characters are kept.
 
 The program runs as the module ``candidate``, not ``__main__``: a candidate's own ``if __name__ ==
-"__main__":`` demo block does not run (as in HumanEval's harness), so its demo cannot fail its label.
+"__main__":`` demo does not run (as in HumanEval's harness), so its demo cannot fail its label.
 
 The namespaces come from util-linux's ``unshare`` (``--net --ipc --pid --fork --kill-child
 --mount``), which needs root (as here and in CI) or unprivileged user namespaces (then ``--user
 --map-root-user`` is added: the program keeps the caller's uid and loses every capability, so it
 cannot undo the read-only mounts). :func:`isolation` probes once which one works. The confinement
-itself (``_sandbox_child.py``) needs ``mount_setattr`` (Linux 5.12) or falls back to remounting each
-mount read-only; a kernel that refuses a fresh ``/proc`` (some containers) gets an empty one instead;
-a confinement step that fails stops the run (``LatentSiftError``), it never runs the program half
-confined.
+itself (``_sandbox_child.py``) needs ``pivot_root`` and makes mounts read-only with
+``mount_setattr`` (Linux 5.12) or a remount of each; a kernel that refuses a fresh ``/proc`` (some
+containers) gets an empty one instead; a confinement step that fails stops the run
+(``LatentSiftError``), it never runs the program half confined.
 Without either (no ``unshare``, or a kernel that refuses), programs still run in a fresh folder
-under the same limits and process-group kill, but with **no** network namespace (an audit hook
-refuses Python's socket calls, which a program could get around through ``ctypes`` or a child
-process), no PID namespace (a child that leaves the session survives until its CPU limit), the
-host's ``/proc``, no read-only host and no private ``/tmp`` (it may write wherever the caller may),
-and as the caller (root's files are not protected); ``SandboxLimits.require``
-turns that case into an error, and every result records its ``isolation``.
+under the same limits and process-group kill, and a label still runs the test in its own process,
+but with **no** network namespace (an audit hook refuses Python's socket calls, which a program
+could get around through ``ctypes`` or a child process), no PID namespace (a child that leaves the
+session survives until its CPU limit), the host's files and ``/proc``, no bound on total disk, and as
+the caller (shared process limits); ``SandboxLimits.require`` turns that case into an error, and
+every result records its ``isolation``.
 
 What it does not guarantee: it is not a defence against a program written to escape a Linux
-container (kernel exploits), nor against one that forges its own verdict by writing to the
-status descriptor the harness holds; disk writes inside its folder are bounded per file, not in
-number. Results are deterministic for deterministic programs (``seconds`` is the only measured
-field; a program near its time limit may land on either side).
+container (kernel exploits). Results are deterministic for deterministic programs (``seconds`` is
+the only measured field; a program near its time limit may land on either side).
 """
 from __future__ import annotations
 
@@ -89,10 +95,12 @@ _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSE
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """The limits of one run. ``timeout_s``: wall clock; ``memory_mb``: address space; ``processes``:
-    processes and threads of the unprivileged user; ``file_mb``: the largest file it may write (its
-    output included); ``output_chars``: kept of stdout and of stderr (the end); ``require``: refuse to
-    run (``LatentSiftError``) unless the network, PID and mount namespaces are available."""
+    """The limits of one run. ``timeout_s``: wall clock; ``memory_mb``: address space (per process);
+    ``processes``: processes and threads of its user (its own); ``file_mb``: the largest file it may
+    write (its output included); ``open_files``: descriptors; ``tmpfs_mb``: all it may write in its
+    folder, ``/tmp``, ``/var/tmp`` and ``/dev/shm`` together (and ``tmpfs_mb`` x 256 files);
+    ``output_chars``: kept of stdout and of stderr (the end); ``require``: refuse to run
+    (``LatentSiftError``) unless the network, PID and mount namespaces are available."""
 
     timeout_s: float = 10.0
     memory_mb: int = 1024
@@ -115,10 +123,11 @@ class SandboxLimits:
 class SandboxResult:
     """How one program's run ended.
 
-    ``status``: one of :data:`STATUSES`: ``passed`` (ran to its end), ``failed`` (an
-    ``AssertionError``, i.e. a test that did not hold, or an early exit), ``timeout`` (killed at the
-    wall-clock limit), ``memory`` (over the memory limit), ``crashed`` (killed by a signal or exited
-    without a verdict, e.g. ``os._exit``), ``error`` (any other exception: a syntax error, a
+    ``status``: one of :data:`STATUSES`: ``passed`` (a label: the test's ``check`` returned; a
+    program: it ran to its end), ``failed`` (an ``AssertionError``, i.e. a test that did not hold, or
+    an early exit), ``timeout`` (killed at the wall-clock limit), ``memory`` (over the memory limit),
+    ``crashed`` (killed by a signal, or ended without a verdict, e.g. ``os._exit``; for a label, the
+    candidate's process ended before the test did), ``error`` (any other exception: a syntax error, a
     ``NameError``, ...). ``detail``: one line saying why. ``stdout`` / ``stderr``: their last
     ``output_chars`` characters. ``seconds``: wall time. ``isolation``: ``"namespaces"`` (root),
     ``"user-namespaces"`` (unprivileged) or ``"none"`` (see the module docstring).
@@ -151,7 +160,7 @@ def _unshare_argv(kind: str) -> list[str]:
 
 def isolation() -> str:
     """Which isolation this machine gives (probed once per process, a few milliseconds):
-    ``"namespaces"`` (root: network, PID and mount namespaces, and the drop to ``nobody``),
+    ``"namespaces"`` (root: network, PID and mount namespaces, and the drop to a user of its own),
     ``"user-namespaces"`` (the same namespaces inside a user namespace, without the uid drop), or
     ``"none"``."""
     with _ISOLATION_LOCK:
