@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -16,6 +15,7 @@ from latentsift.rollout import sandbox
 from latentsift.rollout.execution import label_many
 from latentsift.rollout.sandbox import SandboxLimits, run_program
 from latentsift.rollout.tasks import Task
+from test_sandbox import _kinds  # the isolations this machine gives
 
 FAST = SandboxLimits(timeout_s=4.0, memory_mb=512, processes=16)
 TASK = Task("T/double", 'def double(x):\n    """Twice x."""\n', "double",
@@ -201,14 +201,6 @@ def test_the_hosts_private_folders_cannot_be_listed(isolated):
                                  (TASK, HONEST)], FAST, workers=2)
     assert (r.status, r.stdout) == ("passed", "[]\n"), r
     assert (beside.status, honest.passed) == ("failed", True)
-
-
-def _kinds() -> list[str]:
-    kinds = [sandbox.isolation()] if sandbox.isolation() != "none" else []
-    if sandbox.isolation() == "namespaces" and subprocess.run(
-            sandbox._unshare_argv("user-namespaces") + ["true"], capture_output=True).returncode == 0:
-        kinds.append("user-namespaces")
-    return kinds
 
 
 @pytest.mark.parametrize("kind", ["namespaces", "user-namespaces"])
