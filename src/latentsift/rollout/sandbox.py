@@ -45,8 +45,9 @@ under the same limits and process-group kill, and a label still runs the test in
 but with **no** network namespace (an audit hook refuses Python's socket calls, which a program
 could get around through ``ctypes`` or a child process), no PID namespace (a child that leaves the
 session survives until its CPU limit), the host's files and ``/proc``, no bound on total disk, and as
-the caller (shared process limits); ``SandboxLimits.require`` turns that case into an error, and
-every result records its ``isolation``.
+the caller (shared process limits; and a candidate could write the status file by its path, so a
+label without namespaces holds against mistakes, not against a hostile candidate);
+``SandboxLimits.require`` turns that case into an error, and every result records its ``isolation``.
 
 What it does not guarantee: it is not a defence against a program written to escape a Linux
 container (kernel exploits). Results are deterministic for deterministic programs (``seconds`` is
@@ -277,7 +278,8 @@ def run_test(program: str, prompt: str, test: str, entry_point: str,
     return _run(program, {"prompt": prompt, "test": test, "entry_point": entry_point}, limits or SandboxLimits())
 
 
-def _run(program: str, test: dict | None, limits: SandboxLimits) -> SandboxResult:
+def _run(program: str, task: dict | None, limits: SandboxLimits) -> SandboxResult:
+    """One run: ``task`` (the prompt, hidden test and entry point) makes it a label."""
     kind = isolation()
     if limits.require and kind == "none":
         raise LatentSiftError("The sandbox cannot isolate programs on this machine (util-linux 'unshare' "
@@ -289,13 +291,13 @@ def _run(program: str, test: dict | None, limits: SandboxLimits) -> SandboxResul
     try:
         (root / PROGRAM_FILE).write_text(program, encoding="utf-8")
         (root / "work").mkdir(mode=0o700)  # the program's folder without namespaces
-        if test is not None:
-            (root / TASK_FILE).write_text(json.dumps({k: test[k] for k in ("prompt", "entry_point")}), encoding="utf-8")
-            (root / TEST_FILE).write_text(test["test"], encoding="utf-8")  # read by the test's process only
+        if task is not None:
+            (root / TASK_FILE).write_text(json.dumps({k: task[k] for k in ("prompt", "entry_point")}), encoding="utf-8")
+            (root / TEST_FILE).write_text(task["test"], encoding="utf-8")  # read by the test's process only
         uid = _UIDS.uid(slot) if drop else os.getuid()
         gid = uid if drop else os.getgid()
-        cfg = {"program": str(root / PROGRAM_FILE), "task": str(root / TASK_FILE) if test is not None else None,
-               "test": str(root / TEST_FILE) if test is not None else None,
+        cfg = {"program": str(root / PROGRAM_FILE), "task": str(root / TASK_FILE) if task is not None else None,
+               "test": str(root / TEST_FILE) if task is not None else None,
                "root": str(root), "work": WORK if kind != "none" else str(root / "work"), "uid": uid, "gid": gid,
                "drop": drop, "namespaces": kind != "none", "world_writable": list(WORLD_WRITABLE),
                "expose": _exposed() if kind != "none" else [], "tmpfs_bytes": limits.tmpfs_mb << 20,
