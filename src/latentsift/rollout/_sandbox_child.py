@@ -147,13 +147,6 @@ def _new_root(cfg):
     new = os.path.join(cfg["root"], "newroot")
     os.mkdir(new, 0o755)
     _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
-    for path in cfg["expose"]:
-        if os.path.islink(path) and os.path.dirname(path) == "/":  # /lib -> usr/lib on merged-/usr systems
-            os.symlink(os.readlink(path), os.path.join(new, path.lstrip("/")))
-        elif os.path.exists(path):
-            target = _skeleton(new, os.path.realpath(path), os.path.isdir(path))
-            _mount(os.path.realpath(path), target, None, MS_BIND | MS_REC)
-            _read_only(target)
     # one size-bounded tmpfs for all the program may write: its folder, /tmp, /var/tmp, /dev/shm
     disk = os.path.join(cfg["root"], "disk")
     os.mkdir(disk, 0o700)
@@ -167,10 +160,21 @@ def _new_root(cfg):
             os.chown(inside, cfg["uid"], cfg["gid"])
         _mount(inside, _skeleton(new, folder), None, MS_BIND)
     _umount(disk)
+    # then what it may read (after: an interpreter under /tmp, a CI clone's, shows through its /tmp)
+    for path in cfg["expose"]:
+        if os.path.islink(path) and os.path.dirname(path) == "/":  # /lib -> usr/lib on merged-/usr systems
+            os.symlink(os.readlink(path), os.path.join(new, path.lstrip("/")))
+        elif os.path.exists(path):
+            target = _skeleton(new, os.path.realpath(path), os.path.isdir(path))
+            _mount(os.path.realpath(path), target, None, MS_BIND | MS_REC)
+            _read_only(target)
     _own_proc(_skeleton(new, "/proc"))
     _mount("none", new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(new)
-    if _LIBC.syscall(ctypes.c_long(SYS_PIVOT_ROOT[os.uname().machine]), b".", b".") != 0:
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(errno.ENOSYS, f"pivot_root: no syscall number known for {os.uname().machine}")
+    if _LIBC.syscall(ctypes.c_long(number), b".", b".") != 0:
         _fail("pivot_root")
     _LIBC.umount2(b".", MNT_DETACH)  # the old root, stacked under the new one
     os.chdir(cfg["work"])
