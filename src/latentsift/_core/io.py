@@ -283,8 +283,8 @@ def no_writer(path: str | os.PathLike, *, what: str | os.PathLike, doing: str):
         try:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise LatentSiftError(f"{what} is still being written by another process (a running rollout?): "
-                                  f"{doing} only what it has finished would be partial; wait for it to end, "
+            raise LatentSiftError(f"{what} is still being written by another process (a running rollout?); "
+                                  f"{doing} now would hold only what it has finished: wait for it to end, "
                                   "or stop it first.") from None
         try:
             yield

@@ -166,7 +166,7 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
     # silently hold only the tasks finished so far), and none may start writing while they are read
     with contextlib.ExitStack() as reading:
         for out in outs:
-            reading.enter_context(no_writer(out / LOCK, what=repr(str(out)), doing="exporting it now"))
+            reading.enter_context(no_writer(out / LOCK, what=repr(str(out)), doing="exporting it"))
         reading.enter_context(owned_output(dest, outs, kind="rollout-dataset"))
         mans = []
         for out in outs:

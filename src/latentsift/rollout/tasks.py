@@ -84,9 +84,9 @@ class Task:
 
     def label_run(self, completion: str) -> tuple[str, str, str, str]:
         """What ``sandbox.run_test`` labels a candidate with (HumanEval's harness runs them as one
-        program; here they run apart): its program, and for the test's own
-        process the prompt (closed with a ``pass`` body where it ends at the candidate's body; its
-        helpers are the test's), the hidden test and the entry point."""
+        program; here they run apart): its program, and for the test's own process the prompt (closed
+        with a ``pass`` body where it ends at the candidate's body; its helpers are the test's), the
+        hidden test and the entry point."""
         prompt = self.prompt
         try:
             ast.parse(prompt)
