@@ -195,9 +195,14 @@ def test_shard_folders_export_as_one_dataset(full_run, tasks, tmp_path):
     that ran them all: the same bytes; overlapping or unlike folders are refused."""
     import shutil
 
-    from latentsift.rollout.folder import MANIFEST, export_dataset
+    from latentsift._core.io import WriterLock
+    from latentsift.rollout.folder import LOCK, MANIFEST, export_dataset
 
     ref, _ = full_run
+    with WriterLock(ref / LOCK, what=ref):  # a rollout still writing the folder: refused, nothing written
+        with pytest.raises(LatentSiftError, match="still being written by another process"):
+            export_dataset(ref, tmp_path / "running")
+    assert not (tmp_path / "running").exists()
     whole = export_dataset(ref, tmp_path / "whole")
     assert whole["n_tasks"] == 2 and whole["n_samples"] == 4 and whole["format"] == "latentsift-rollout-dataset"
     shards = []

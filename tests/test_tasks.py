@@ -138,8 +138,9 @@ def test_a_user_task_file_loads_and_a_malformed_one_is_one_line(tmp_path):
 
 
 def test_a_reference_solution_must_pass_its_own_test_and_a_passed_one_is_not_run_again(tmp_path, monkeypatch):
-    """The sandbox runs each task's canonical_solution once; a task whose reference fails its own test
-    cannot label anything and is refused (file and line); HumanEval's shipped file runs none."""
+    """The sandbox runs each task's canonical_solution (REFERENCE_RUNS times); a task whose reference
+    fails its own test cannot label anything and is refused (file and line); HumanEval's shipped file
+    runs none."""
     from latentsift.rollout import tasks as tasks_module
 
     monkeypatch.setenv("LATENTSIFT_CACHE", str(tmp_path / "cache"))
@@ -156,7 +157,7 @@ def test_a_reference_solution_must_pass_its_own_test_and_a_passed_one_is_not_run
         assert programs == [], "a checked task ran again"
         return []
 
-    monkeypatch.setattr(tasks_module, "run_programs", no_runs)
+    monkeypatch.setattr(tasks_module, "run_tests", no_runs)
     assert len(load_tasks(tmp_path / "good.jsonl.gz", limits=FAST)) == 1  # from the cache
     assert len(load_tasks()) == 164  # the shipped HumanEval, trusted by its sha256
     hanging = task | {"canonical_solution": "    while True:\n        pass\n"}
@@ -164,3 +165,18 @@ def test_a_reference_solution_must_pass_its_own_test_and_a_passed_one_is_not_run
     monkeypatch.setenv("LATENTSIFT_CACHE", "off")
     with pytest.raises(LatentSiftError, match="hang.jsonl.gz:1: .*\\(timeout: killed after the 1.5 s"):
         load_tasks(_write(tmp_path / "hang.jsonl.gz", [hanging]), limits=SandboxLimits(timeout_s=1.5))
+
+
+def test_a_task_whose_verdict_changes_between_runs_is_refused(tmp_path, monkeypatch):
+    """A hidden test that passes the reference half the time (a coin in the test) is refused, not
+    trusted on one lucky run; 20 runs make a coin pass them all 1 time in 2^20."""
+    from latentsift.rollout import tasks as tasks_module
+
+    monkeypatch.setenv("LATENTSIFT_CACHE", "off")
+    monkeypatch.setattr(tasks_module, "REFERENCE_RUNS", 20)
+    coin = {"task_id": "mine/coin", "prompt": "def double(x):\n", "entry_point": "double",
+            "test": "import random\ndef check(candidate):\n    assert candidate(3) == 6 and random.random() < 0.5\n",
+            "canonical_solution": "    return 2 * x\n"}
+    with pytest.raises(LatentSiftError, match=r"coin.jsonl.gz:1: the task's hidden test gives its canonical_solution "
+                                              r"different verdicts in the sandbox \(passed \d+ of 20 runs"):
+        load_tasks(_write(tmp_path / "coin.jsonl.gz", [coin]), limits=FAST, workers=2)

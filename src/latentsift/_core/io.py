@@ -269,6 +269,29 @@ class WriterLock:
                 break
 
 
+@contextlib.contextmanager
+def no_writer(path: str | os.PathLike, *, what: str | os.PathLike, doing: str):
+    """Read ``what`` only while no process holds its :class:`WriterLock` at ``path`` (a shared lock
+    held meanwhile, so that no writer starts either); one line if a writer holds it. Nothing is
+    created: a folder without a lock file has no writer."""
+    try:
+        f = open(path)
+    except FileNotFoundError:
+        yield
+        return
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LatentSiftError(f"{what} is still being written by another process (a running rollout?); "
+                                  f"{doing} now would hold only what it has finished: wait for it to end, "
+                                  "or stop it first.") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def output_lock(out: str | os.PathLike) -> WriterLock:
     """The writer lock of a command's output ``out`` (a file or a folder that is replaced whole):
     the hidden file ``.NAME.lock`` beside it, removed on release."""

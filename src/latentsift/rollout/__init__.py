@@ -11,12 +11,12 @@ from .execution import ExampleOutcome, ExamplesReport, label, label_many, run_ex
 from .folder import (RolloutProgress, RolloutReport, assemble_trajectories, export_dataset, run_rollouts, sandbox_env,
                      sandboxes)
 from .policies import PolicyPin, fetch_policy, policy_pin, policy_pins, verify_model_file
-from .sandbox import SandboxLimits, SandboxResult, run_program, run_programs
+from .sandbox import SandboxLimits, SandboxResult, run_program, run_programs, run_test, run_tests
 from .tasks import Example, Task, docstring_examples, humaneval_path, load_tasks, task_sources
 
 __all__ = ["EXAMPLES_KEY", "Example", "ExampleOutcome", "ExamplesReport", "PolicyPin", "Rollout",
            "RolloutProgress", "RolloutReport", "RolloutSettings", "SandboxLimits", "SandboxResult", "Task",
            "ToolReport", "assemble_trajectories", "docstring_examples", "export_dataset", "fetch_policy",
            "humaneval_path", "label", "label_many", "load_tasks", "policy_pin", "policy_pins", "rollout_task", "run_examples",
-           "run_examples_many", "run_program", "run_programs", "run_rollouts", "sandbox_env", "sandboxes", "task_sources",
+           "run_examples_many", "run_program", "run_programs", "run_test", "run_tests", "run_rollouts", "sandbox_env", "sandboxes", "task_sources",
            "verify_model_file"]

@@ -1,7 +1,8 @@
 """Executing a task's candidates in the sandbox, for two uses:
 
-- the **label** (:func:`label`, :func:`label_many`): the candidate's program, the task's hidden test
-  and ``check(entry_point)``; the candidate passes when that program runs to its end;
+- the **label** (:func:`label`, :func:`label_many`): the candidate's program in one process, the
+  task's hidden test and ``check(entry_point)`` in another (``sandbox.run_test``); the candidate
+  passes when ``check`` returns, as the test's process sees it;
 - the **agent's tool** (:func:`run_examples`, :func:`run_examples_many`): the candidate's program and
   only the docstring's examples (never the hidden test), each run on its own (doctest semantics for
   ``>>>`` examples, where equal literals written differently also pass; value equality for
@@ -17,7 +18,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from .sandbox import SandboxLimits, SandboxResult, run_programs
+from .sandbox import SandboxLimits, SandboxResult, run_programs, run_tests
 from .tasks import Example, Task
 
 #: Prefix of the harness's lines on stdout (one per example run); stripped from the output kept.
@@ -163,8 +164,8 @@ def _example_limits(limits: SandboxLimits | None, tasks: Sequence[Task]) -> Sand
 def label_many(items: Sequence[tuple[Task, str]], limits: SandboxLimits | None = None, *, workers: int = 2,
                progress: Callable[[int, int], None] | None = None) -> list[SandboxResult]:
     """Label each ``(task, completion)`` by its hidden test, in the order given (see :func:`label`)."""
-    return run_programs([task.label_program(completion) for task, completion in items], limits,
-                        workers=workers, progress=progress)
+    return run_tests([task.label_run(completion) for task, completion in items], limits,
+                     workers=workers, progress=progress)
 
 
 def label(task: Task, completion: str, limits: SandboxLimits | None = None) -> SandboxResult:

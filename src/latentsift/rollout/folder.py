@@ -21,6 +21,7 @@ The manifest is read through the schema check of ``_core.manifests`` (``RolloutM
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .._core.io import WriterLock, atomic_write_bytes, atomic_write_json, read_json
+from .._core.io import WriterLock, atomic_write_bytes, atomic_write_json, no_writer, read_json
 from .._core.manifests import RolloutManifest, check_manifest
 from .._core.outputs import owned_output
 from .._core.registry import registry_add, registry_names
@@ -161,9 +162,12 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
     wrote; returns the manifest written."""
     outs = [Path(outs)] if isinstance(outs, (str, os.PathLike)) else [Path(o) for o in outs]
     dest = Path(dest)
-    # the rollout folders are only read (each task file was written whole, atomically): a running rollout
-    # can be exported, and the dataset holds the tasks it had finished
-    with owned_output(dest, outs, kind="rollout-dataset"):
+    # the rollout folders are only read; one a rollout is still writing is refused (its export would
+    # silently hold only the tasks finished so far), and none may start writing while they are read
+    with contextlib.ExitStack() as reading:
+        for out in outs:
+            reading.enter_context(no_writer(out / LOCK, what=repr(str(out)), doing="exporting it"))
+        reading.enter_context(owned_output(dest, outs, kind="rollout-dataset"))
         mans = []
         for out in outs:
             if not (out / MANIFEST).is_file():

@@ -1,56 +1,64 @@
 """Executing untrusted Python programs (a policy's candidate solutions, and the tests that label them).
 
-One subprocess per program, in a fresh temporary folder, under limits (:class:`SandboxLimits`):
+One subprocess per run, under limits (:class:`SandboxLimits`); docs/own-policy.md lists the threats,
+what stops each and what is out of scope:
 
-- **wall clock**: the process (and all it started) is killed at ``timeout_s``; the result says
-  ``timeout``. ``RLIMIT_CPU`` backs it up inside the child;
-- **memory**: ``RLIMIT_AS`` (address space); a ``MemoryError`` says ``memory``;
-- **processes**: ``RLIMIT_NPROC`` for the unprivileged user (a fork bomb stops there), and every
-  process the program started dies with it: it runs as PID 1 of its own PID namespace (the kernel
-  kills the namespace's processes when PID 1 exits), in its own session (killed as a group), with
-  ``PR_SET_PDEATHSIG``;
-- **files**: it runs as an unprivileged user (``nobody``) with no new privileges, in its own mount
-  namespace where the whole host is read-only except its own folder (only that user owns it) and
-  fresh, throwaway tmpfs mounts over ``/tmp``, ``/var/tmp`` and ``/dev/shm``: the rule is "read-only
-  unless it is the program's own", not a list of folders to cover, so a world-writable folder the
-  host adds (``/run/lock``) is read-only too. ``RLIMIT_FSIZE`` bounds each file it writes;
-- **processes it can see**: its own ``/proc``, of its own PID namespace (it lists the program's
-  processes only, not the host's command lines);
-- **network and IPC**: its own network namespace (no interface but a down loopback) and its own IPC
-  namespace (no host shared memory, semaphores or message queues);
+- **a label only the hidden test writes** (:func:`run_test`): the candidate's program runs in one
+  process, the task's prompt, hidden test and ``check(entry_point)`` in another (the test's), whose
+  entry point is a stub that sends each call's arguments to the candidate's process and returns the
+  plain value that comes back (or raises the built-in exception of the name that comes back). The
+  verdict is the test process's: ``passed`` when ``check`` returned. It reaches the caller on a
+  status descriptor that the candidate's process closes before any of its code runs; the test's
+  process is non-dumpable (the candidate cannot read or trace it), and the hidden test is read by
+  it after the fork (the candidate never holds it). :func:`run_program` (the agent's tool) runs a
+  program with its harness in one process: its status is the program's own run, not a label;
+- **a minimal root of its own**: a fresh tmpfs as ``/`` (``pivot_root``; the host's tree detached),
+  with the system's ``/usr``, the loader's cache, a few devices and the interpreter's folders bound
+  read-only (:data:`SYSTEM`, :func:`_exposed`); the folders above them execute-only. No host file
+  beyond those is readable, no host Unix socket reachable (abstract ones: its network namespace);
+- **one size-bounded tmpfs for all it writes**: its folder (:data:`WORK`), ``/tmp``, ``/var/tmp``
+  and ``/dev/shm`` share ``tmpfs_mb`` and an inode bound; ``RLIMIT_FSIZE`` bounds each file;
+- **limits of its own**: as root, a user id of its own per sandbox (:class:`_Uids`; ``RLIMIT_NPROC``
+  counts per user, so a neighbour's fork bomb is not its failure); in user namespaces, a user
+  namespace of its own (counted apart since Linux 5.14). ``RLIMIT_AS`` (``memory``), ``RLIMIT_CPU``
+  backing the wall clock (``timeout``: the whole tree killed, learnt from a pidfd the moment it ends),
+  ``RLIMIT_NOFILE``; no cgroup (this kernel's are v1 and the machine supervisor's);
+- **its own PID, network and IPC namespaces**: every process it started dies with it (it runs under
+  PID 1 of its namespace, in its own session, with ``PR_SET_PDEATHSIG``), its ``/proc`` lists its
+  own processes only, no interface but a down loopback;
 - **output**: stdout and stderr go to files (bounded by ``RLIMIT_FSIZE``), of which the last
   ``output_chars`` characters are kept.
 
 The program runs as the module ``candidate``, not ``__main__``: a candidate's own ``if __name__ ==
-"__main__":`` demo block does not run (as in HumanEval's harness), so its demo cannot fail its label.
+"__main__":`` demo does not run (as in HumanEval's harness), so its demo cannot fail its label.
 
 The namespaces come from util-linux's ``unshare`` (``--net --ipc --pid --fork --kill-child
 --mount``), which needs root (as here and in CI) or unprivileged user namespaces (then ``--user
 --map-root-user`` is added: the program keeps the caller's uid and loses every capability, so it
 cannot undo the read-only mounts). :func:`isolation` probes once which one works. The confinement
-itself (``_sandbox_child.py``) needs ``mount_setattr`` (Linux 5.12) or falls back to remounting each
-mount read-only; a kernel that refuses a fresh ``/proc`` (some containers) gets an empty one instead;
-a confinement step that fails stops the run (``LatentSiftError``), it never runs the program half
-confined.
+itself (``_sandbox_child.py``) needs ``pivot_root`` and makes mounts read-only with
+``mount_setattr`` (Linux 5.12) or a remount of each; a kernel that refuses a fresh ``/proc`` (some
+containers) gets an empty one instead; a confinement step that fails stops the run
+(``LatentSiftError``), it never runs the program half confined.
 Without either (no ``unshare``, or a kernel that refuses), programs still run in a fresh folder
-under the same limits and process-group kill, but with **no** network namespace (an audit hook
-refuses Python's socket calls, which a program could get around through ``ctypes`` or a child
-process), no PID namespace (a child that leaves the session survives until its CPU limit), the
-host's ``/proc``, no read-only host and no private ``/tmp`` (it may write wherever the caller may),
-and as the caller (root's files are not protected); ``SandboxLimits.require``
-turns that case into an error, and every result records its ``isolation``.
+under the same limits and process-group kill, and a label still runs the test in its own process,
+but with **no** network namespace (an audit hook refuses Python's socket calls, which a program
+could get around through ``ctypes`` or a child process), no PID namespace (a child that leaves the
+session survives until its CPU limit), the host's files and ``/proc``, no bound on total disk, and as
+the caller (shared process limits; and a candidate could write the status file by its path, so a
+label without namespaces holds against mistakes, not against a hostile candidate);
+``SandboxLimits.require`` turns that case into an error, and every result records its ``isolation``.
 
 What it does not guarantee: it is not a defence against a program written to escape a Linux
-container (kernel exploits), nor against one that forges its own verdict by writing to the
-status descriptor the harness holds; disk writes inside its folder are bounded per file, not in
-number. Results are deterministic for deterministic programs (``seconds`` is the only measured
-field; a program near its time limit may land on either side).
+container (kernel exploits). Results are deterministic for deterministic programs (``seconds`` is
+the only measured field; a program near its time limit may land on either side).
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -67,10 +75,17 @@ from .._core.validation import LatentSiftError, check_positive_int
 
 #: The statuses a run can end with; only ``passed`` is a pass.
 STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "error")
-#: The unprivileged user and group the program runs as when the sandbox starts as root (``nobody``).
-NOBODY = 65534
-#: The program's private temporary folders: each a fresh tmpfs in its mount namespace (all else is read-only).
+#: The first user id of the sandboxes' programs when the sandbox starts as root: each sandbox its own
+#: (``UID_BASE`` + 256 x the caller's process id + a slot; no such user exists on the host).
+UID_BASE = 1 << 30
+#: The program's folder (its working directory and ``HOME``) inside its new root.
+WORK = "/sandbox"
+#: The program's private temporary folders; with its folder, all on one size-bounded tmpfs of its own.
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+#: What of the host's system is bound read-only into the program's new root (besides the interpreter).
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc/ld.so.cache", "/dev/null",
+          "/dev/zero", "/dev/urandom")
+TASK_FILE, TEST_FILE = "task.json", "test.py"
 CHILD = Path(__file__).with_name("_sandbox_child.py")
 PROGRAM_FILE = "program.py"
 #: Environment of the program: nothing of the caller's (no tokens, no proxies), one thread per library.
@@ -81,10 +96,12 @@ _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSE
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """The limits of one run. ``timeout_s``: wall clock; ``memory_mb``: address space; ``processes``:
-    processes and threads of the unprivileged user; ``file_mb``: the largest file it may write (its
-    output included); ``output_chars``: kept of stdout and of stderr (the end); ``require``: refuse to
-    run (``LatentSiftError``) unless the network, PID and mount namespaces are available."""
+    """The limits of one run. ``timeout_s``: wall clock; ``memory_mb``: address space (per process);
+    ``processes``: processes and threads of its user (its own); ``file_mb``: the largest file it may
+    write (its output included); ``open_files``: descriptors; ``tmpfs_mb``: all it may write in its
+    folder, ``/tmp``, ``/var/tmp`` and ``/dev/shm`` together (and ``tmpfs_mb`` x 256 files);
+    ``output_chars``: kept of stdout and of stderr (the end); ``require``: refuse to run
+    (``LatentSiftError``) unless the network, PID and mount namespaces are available."""
 
     timeout_s: float = 10.0
     memory_mb: int = 1024
@@ -107,10 +124,11 @@ class SandboxLimits:
 class SandboxResult:
     """How one program's run ended.
 
-    ``status``: one of :data:`STATUSES`: ``passed`` (ran to its end), ``failed`` (an
-    ``AssertionError``, i.e. a test that did not hold, or an early exit), ``timeout`` (killed at the
-    wall-clock limit), ``memory`` (over the memory limit), ``crashed`` (killed by a signal or exited
-    without a verdict, e.g. ``os._exit``), ``error`` (any other exception: a syntax error, a
+    ``status``: one of :data:`STATUSES`: ``passed`` (a label: the test's ``check`` returned; a
+    program: it ran to its end), ``failed`` (an ``AssertionError``, i.e. a test that did not hold, or
+    an early exit), ``timeout`` (killed at the wall-clock limit), ``memory`` (over the memory limit),
+    ``crashed`` (killed by a signal, or ended without a verdict, e.g. ``os._exit``; for a label, the
+    candidate's process ended before the test did), ``error`` (any other exception: a syntax error, a
     ``NameError``, ...). ``detail``: one line saying why. ``stdout`` / ``stderr``: their last
     ``output_chars`` characters. ``seconds``: wall time. ``isolation``: ``"namespaces"`` (root),
     ``"user-namespaces"`` (unprivileged) or ``"none"`` (see the module docstring).
@@ -143,7 +161,7 @@ def _unshare_argv(kind: str) -> list[str]:
 
 def isolation() -> str:
     """Which isolation this machine gives (probed once per process, a few milliseconds):
-    ``"namespaces"`` (root: network, PID and mount namespaces, and the drop to ``nobody``),
+    ``"namespaces"`` (root: network, PID and mount namespaces, and the drop to a user of its own),
     ``"user-namespaces"`` (the same namespaces inside a user namespace, without the uid drop), or
     ``"none"``."""
     with _ISOLATION_LOCK:
@@ -166,11 +184,46 @@ def isolation() -> str:
 
 
 def _exposed() -> list[str]:
-    """The interpreter's folders the program must still read (its standard library and packages),
-    outermost first, nested ones left out."""
-    paths = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.base_exec_prefix,
-                                                  sys.exec_prefix)})
+    """What the program may read of the host (each bound read-only into its new root): the system's
+    programs and shared libraries, the loader's cache, a few devices, and the interpreter's folders
+    (its standard library and packages), outermost first, nested ones left out."""
+    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix)}
+    paths = sorted(prefixes | {p for p in SYSTEM if os.path.lexists(p)})
     return [p for p in paths if not any(p != q and p.startswith(q + os.sep) for q in paths)]
+
+
+class _Uids:
+    """A user id of its own for each sandbox running at once in this process (``UID_BASE`` + this
+    process's id x 256 + a free slot), so that no two share a process count (``RLIMIT_NPROC`` is
+    counted per user)."""
+
+    def __init__(self) -> None:
+        self.busy: set[int] = set()
+        self.lock = threading.Lock()
+
+    def take(self) -> int:
+        with self.lock:
+            slot = next((i for i in range(256) if i not in self.busy), None)
+            if slot is None:
+                raise LatentSiftError("More than 256 sandboxes at once in one process; use fewer workers.")
+            self.busy.add(slot)
+        return slot
+
+    def give(self, slot: int) -> None:
+        with self.lock:
+            self.busy.discard(slot)
+
+    @staticmethod
+    def uid(slot: int) -> int:
+        return UID_BASE + ((os.getpid() & 0x3FFFFF) << 8) + slot
+
+
+_UIDS = _Uids()
+
+
+def is_sandbox_uid(uid: int) -> bool:
+    """Whether ``uid`` is one the sandbox gives its programs when it starts as root."""
+    return UID_BASE <= uid < UID_BASE + (1 << 30)
 
 
 def _tail(path: Path, chars: int) -> str:
@@ -183,6 +236,23 @@ def _tail(path: Path, chars: int) -> str:
     return text[-chars:]
 
 
+def _exited(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Whether ``proc`` exits within ``timeout_s``, learnt the moment it does (a pidfd, Linux 5.3;
+    ``Popen.wait``'s timeout polls with sleeps growing to 50 ms, which a run would wait out)."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # an older kernel or Python
+        try:
+            proc.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        os.close(fd)
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -191,11 +261,25 @@ def _kill_group(pid: int) -> None:
 
 
 def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run the Python source ``program`` in the sandbox (see the module docstring). Never raises for
-    anything the program does; raises ``LatentSiftError`` when the machine cannot run it as asked:
-    ``limits.require`` without namespaces, or a sandbox that failed before the program started
-    (``unshare`` or the confinement refused), so that no candidate is labelled by a broken sandbox."""
-    limits = limits or SandboxLimits()
+    """Run the Python source ``program`` in the sandbox (see the module docstring); its status is the
+    program's own run as a harness in its process sees it (the agent's tool, not a label: for a label
+    see :func:`run_test`). Never raises for anything the program does; raises ``LatentSiftError``
+    when the machine cannot run it as asked: ``limits.require`` without namespaces, or a sandbox
+    that failed before the program started (``unshare`` or the confinement refused), so that no
+    candidate is labelled by a broken sandbox."""
+    return _run(program, None, limits or SandboxLimits())
+
+
+def run_test(program: str, prompt: str, test: str, entry_point: str,
+             limits: SandboxLimits | None = None) -> SandboxResult:
+    """The label of a candidate: its ``program`` in one process, the task's ``prompt`` (its helpers),
+    hidden ``test`` and ``check(entry_point)`` in another, the test's, which alone writes the verdict
+    (the module docstring): ``passed`` only when ``check`` returned."""
+    return _run(program, {"prompt": prompt, "test": test, "entry_point": entry_point}, limits or SandboxLimits())
+
+
+def _run(program: str, task: dict | None, limits: SandboxLimits) -> SandboxResult:
+    """One run: ``task`` (the prompt, hidden test and entry point) makes it a label."""
     kind = isolation()
     if limits.require and kind == "none":
         raise LatentSiftError("The sandbox cannot isolate programs on this machine (util-linux 'unshare' "
@@ -203,20 +287,24 @@ def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxRes
                               "unprivileged user namespaces.")
     drop = kind == "namespaces"
     root = Path(tempfile.mkdtemp(prefix="latentsift-sandbox-"))  # mode 0700: only we may enter
+    slot = _UIDS.take()
     try:
-        work = root / "work"
-        work.mkdir(mode=0o700)
-        (work / PROGRAM_FILE).write_text(program, encoding="utf-8")
-        if drop:
-            for p in (work, work / PROGRAM_FILE):
-                os.chown(p, NOBODY, NOBODY)
-        cfg = {"program": PROGRAM_FILE, "uid": NOBODY if drop else os.getuid(), "gid": NOBODY if drop else os.getgid(),
-               "drop": drop, "namespaces": kind != "none",
-               "world_writable": list(WORLD_WRITABLE), "expose": _exposed() if drop else [],
-               "tmpfs_bytes": limits.tmpfs_mb << 20, "memory_bytes": int(limits.memory_mb) << 20,
+        (root / PROGRAM_FILE).write_text(program, encoding="utf-8")
+        (root / "work").mkdir(mode=0o700)  # the program's folder without namespaces
+        if task is not None:
+            (root / TASK_FILE).write_text(json.dumps({k: task[k] for k in ("prompt", "entry_point")}), encoding="utf-8")
+            (root / TEST_FILE).write_text(task["test"], encoding="utf-8")  # read by the test's process only
+        uid = _UIDS.uid(slot) if drop else os.getuid()
+        gid = uid if drop else os.getgid()
+        cfg = {"program": str(root / PROGRAM_FILE), "task": str(root / TASK_FILE) if task is not None else None,
+               "test": str(root / TEST_FILE) if task is not None else None,
+               "root": str(root), "work": WORK if kind != "none" else str(root / "work"), "uid": uid, "gid": gid,
+               "drop": drop, "namespaces": kind != "none", "world_writable": list(WORLD_WRITABLE),
+               "expose": _exposed() if kind != "none" else [], "tmpfs_bytes": limits.tmpfs_mb << 20,
+               "inodes": max(1024, limits.tmpfs_mb << 8), "memory_bytes": int(limits.memory_mb) << 20,
                "cpu_seconds": math.ceil(limits.timeout_s) + 1, "file_bytes": int(limits.file_mb) << 20,
                "open_files": int(limits.open_files), "processes": int(limits.processes)}
-        env = dict(_ENV, HOME=str(work), TMPDIR="/tmp")
+        env = dict(_ENV, HOME=cfg["work"], TMPDIR="/tmp")
         with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err, \
                 open(root / "status", "wb") as status:
             cfg["status_fd"] = status.fileno()
@@ -224,13 +312,10 @@ def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxRes
             if kind != "none":
                 argv = _unshare_argv(kind) + ["--"] + argv
             t0 = time.perf_counter()
-            proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            proc = subprocess.Popen(argv, cwd=root / "work", env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     pass_fds=(status.fileno(),), start_new_session=True)
             try:
-                proc.wait(timeout=limits.timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                timed_out = not _exited(proc, limits.timeout_s)
             finally:
                 _kill_group(proc.pid)  # also what it left behind in its session
                 proc.wait()
@@ -239,6 +324,7 @@ def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxRes
         status, detail = _verdict(root / "status", proc.returncode, timed_out, limits, stderr)
         return SandboxResult(status, detail, stdout, stderr, round(seconds, 3), kind)
     finally:
+        _UIDS.give(slot)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -277,20 +363,31 @@ def run_programs(programs: Sequence[str], limits: SandboxLimits | None = None, *
                  progress: Callable[[int, int], None] | None = None) -> list[SandboxResult]:
     """:func:`run_program` for each program, ``workers`` at a time (a thread each, waiting on its
     subprocess), results in the order of ``programs``; ``progress(done, total)`` after each."""
-    workers = check_positive_int(workers, "workers", "run_programs")
+    return _many(lambda program, lim: _run(program, None, lim), programs, limits, workers, progress, "run_programs")
+
+
+def run_tests(items: Sequence[tuple[str, str, str, str]], limits: SandboxLimits | None = None, *, workers: int = 2,
+              progress: Callable[[int, int], None] | None = None) -> list[SandboxResult]:
+    """:func:`run_test` for each ``(program, prompt, test, entry_point)``, as :func:`run_programs` does."""
+    return _many(lambda item, lim: run_test(*item, limits=lim), items, limits, workers, progress, "run_tests")
+
+
+def _many(run: Callable, items: Sequence, limits: SandboxLimits | None, workers: int,
+          progress: Callable[[int, int], None] | None, caller: str) -> list[SandboxResult]:
+    workers = check_positive_int(workers, "workers", caller)
     limits = limits or SandboxLimits()
     isolation()  # probed once, before the threads
     done = 0
     lock = threading.Lock()
 
-    def one(program: str) -> SandboxResult:
+    def one(item) -> SandboxResult:
         nonlocal done
-        result = run_program(program, limits)
+        result = run(item, limits)
         with lock:
             done += 1
             if progress is not None:
-                progress(done, len(programs))
+                progress(done, len(items))
         return result
 
-    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(programs)))) as pool:
-        return list(pool.map(one, programs))  # map keeps the order of ``programs``
+    with ThreadPoolExecutor(max_workers=min(workers, max(1, len(items)))) as pool:
+        return list(pool.map(one, items))  # map keeps the order of ``items``

