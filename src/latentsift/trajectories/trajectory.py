@@ -256,6 +256,8 @@ def iter_jsonl(path: str | Path) -> Iterator[Trajectory]:
 
 
 def load_jsonl(path: str | Path) -> list[Trajectory]:
+    """Read canonical JSONL (``.jsonl`` or ``.jsonl.gz``): every trajectory, in file order; a repeated traj_id is
+    an error."""
     trajs = list(iter_jsonl(path))
     seen: set[str] = set()
     for t in trajs:

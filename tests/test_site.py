@@ -1,0 +1,156 @@
+"""The documentation site (mkdocs.yml: MkDocs, the Material theme, mkdocstrings): it builds in strict mode (a
+broken link, a missing anchor, a page left out of the navigation or an unresolved API reference fails the
+build), every page stays under 400 lines, and the reference is generated: the API pages from the docstrings
+(each public name of ``latentsift`` and of its subpackages is in the built site), the command-line pages from
+the commands' declarations (docs/cli.md and docs/cli-lab.md hold what ``markdown_reference`` writes).
+
+Rewrite the generated pages after changing a command or ``latentsift.__all__``: ``.venv/bin/python
+tests/test_site.py``.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+import latentsift
+from latentsift._cli._help import markdown_reference
+from latentsift.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+MAX_LINES = 400
+#: the subpackages whose ``__all__`` the API reference renders, one page each (docs/api/<name>.md)
+SUBPACKAGES = ["trajectories", "states", "rollout", "bank", "scale", "sift", "cascade", "metrics", "deploy",
+               "report", "protocol"]
+#: the command-line pages: the commands of a team's own runs, then the lab's (the studies, the own policy)
+CLI_PAGES = {
+    "cli.md": ("The command line: your own runs",
+               ["import", "extract", "crossval", "premise", "fit", "filter", "transfer", "explore"]),
+    "cli-lab.md": ("The command line: the studies, the cascade, the own policy",
+                   ["reproduce", "evaluate", "verify", "bank", "scorer", "rollout", "policy"]),
+}
+
+
+def cli_page(page: str) -> str:
+    title, commands = CLI_PAGES[page]
+    other = next(p for p in CLI_PAGES if p != page)
+    return (f"# {title}\n\nEvery option of {', '.join(f'`{c}`' for c in commands)}, generated from the commands' "
+            f"declarations (typer's generator, `latentsift._cli._help.markdown_reference`; `tests/test_site.py` "
+            f"checks that this page is current). The other commands: [{other}]({other}); what each option "
+            f"name means in every command: [cli-vocabulary.md](cli-vocabulary.md).\n\n"
+            + markdown_reference(typer.main.get_command(app), commands))
+
+
+def documented_id(package: str, name: str) -> str:
+    """The API reference's anchor of ``package.name``: at the package that exports it, or, where a submodule
+    has the same name (``latentsift.protocol.crossval``), at the module that defines it."""
+    obj = getattr(importlib.import_module(package), name)
+    if importlib.util.find_spec(f"{package}.{name}") is not None:
+        return f"{obj.__module__}.{name}"
+    return f"{package}.{name}"
+
+
+def reference_id(name: str) -> str:
+    """Where the API reference documents ``latentsift.<name>``: the subpackage that exports it."""
+    lazy = latentsift._LAZY.get(name)
+    if lazy:
+        return documented_id(f"latentsift.{lazy}", name) if "." not in lazy else f"latentsift.{lazy}.{name}"
+    for sub in [*SUBPACKAGES, "_core"]:
+        if name in importlib.import_module(f"latentsift.{sub}").__all__:
+            return documented_id(f"latentsift.{sub}", name)
+    raise LookupError(name)
+
+
+def first_line(obj) -> str:
+    if inspect.isclass(obj) or inspect.isroutine(obj):
+        return (inspect.getdoc(obj) or "").strip().splitlines()[0].replace("|", "\\|")
+    return f"constant: `{obj!r}`"
+
+
+API_HEAD, API_TAIL = "<!-- generated: the top-level names -->", "<!-- end generated -->"
+
+
+def api_table() -> str:
+    rows = ["| name | what it is (its docstring's first line) |", "| --- | --- |"]
+    rows += [f"| [`{n}`][{reference_id(n)}] | {first_line(getattr(latentsift, n))} |" for n in latentsift.__all__]
+    return "\n".join([API_HEAD, *rows, API_TAIL])
+
+
+def _pages() -> list[Path]:
+    return sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.relative_to(DOCS).parts)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return out
+
+
+def test_the_site_builds_in_strict_mode(site):
+    """What is tested: mkdocs builds with --strict (every link and anchor between pages resolves, every page of
+    docs/ is in the navigation, every cross-reference of the API pages resolves), and every page has its HTML."""
+    for page in _pages():
+        rel = page.relative_to(DOCS).with_suffix("")
+        html = site / ("index.html" if rel.name == "index" and rel.parent == Path(".") else
+                       rel.parent / "index.html" if rel.name == "index" else rel / "index.html")
+        assert html.is_file(), f"{page.relative_to(ROOT)} has no page on the site"
+
+
+def test_every_public_name_is_in_the_built_reference(site):
+    """What is tested: each name of ``latentsift.__all__`` and of every subpackage's ``__all__`` has its entry
+    (an element id, mkdocstrings' anchor) in the built API pages."""
+    ids = set()
+    for html in (site / "api").rglob("*.html"):
+        ids |= set(re.findall(r'id="(latentsift[\w.]*)"', html.read_text()))
+    wanted = {reference_id(n) for n in latentsift.__all__}
+    wanted |= {documented_id(f"latentsift.{sub}", n) for sub in SUBPACKAGES
+               for n in importlib.import_module(f"latentsift.{sub}").__all__}
+    assert len(wanted) > 200 and sorted(wanted - ids) == []
+
+
+def test_no_page_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in [ROOT / "README.md", *_pages()]
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_the_command_line_pages_are_generated_from_the_commands():
+    """What is tested: docs/cli.md and docs/cli-lab.md are what the commands' declarations give (a new option or
+    a changed help fails here until the pages are rewritten), and together they hold every command."""
+    root = typer.main.get_command(app)
+    assert sorted(c for _, cs in CLI_PAGES.values() for c in cs) == sorted(root.commands)
+    for page in CLI_PAGES:
+        assert (DOCS / page).read_text() == cli_page(page), f"docs/{page} is stale: python tests/test_site.py"
+    assert "--target-recall" in (DOCS / "cli.md").read_text() and "{filters}" not in (DOCS / "cli.md").read_text()
+
+
+def test_the_api_index_lists_every_top_level_name():
+    text = (DOCS / "api" / "index.md").read_text()
+    assert api_table() in text, "docs/api/index.md is stale: python tests/test_site.py"
+    assert all(f"`{n}`" in text for n in latentsift.__all__)
+
+
+def _rewrite() -> None:
+    for page in CLI_PAGES:
+        (DOCS / page).write_text(cli_page(page))
+    index = DOCS / "api" / "index.md"
+    text = index.read_text()
+    a, b = text.index(API_HEAD), text.index(API_TAIL) + len(API_TAIL)
+    index.write_text(text[:a] + api_table() + text[b:])
+
+
+if __name__ == "__main__":
+    _rewrite()
