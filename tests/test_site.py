@@ -85,6 +85,27 @@ def api_table() -> str:
     return "\n".join([API_HEAD, *rows, API_TAIL])
 
 
+VERDICT_HEAD, VERDICT_TAIL = "<!-- generated: this study's rows of findings.md -->", "<!-- end generated -->"
+STUDIES = DOCS / "studies"
+
+
+def findings_rows() -> dict[str, list[str]]:
+    """findings.md's table rows by the study page they link to (the page's name, before any '#')."""
+    rows: dict[str, list[str]] = {}
+    for line in (STUDIES / "findings.md").read_text().splitlines():
+        m = re.match(r"\| \[[^\]]+\]\(([\w.-]+\.md)(?:#[\w-]+)?\) \|(.*)", line)
+        if m:
+            rows.setdefault(m.group(1), []).append("|" + m.group(2))
+    return rows
+
+
+def verdict_block(page: str) -> str:
+    """A study page's verdict: its rows of the findings table, the one source of these numbers."""
+    rows = findings_rows()[page]
+    return "\n".join([VERDICT_HEAD, "| data | the comparison | number [95%] | verdict |", "| --- | --- | --- | --- |",
+                       *rows, VERDICT_TAIL])
+
+
 def _pages() -> list[Path]:
     return sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.relative_to(DOCS).parts)
 
@@ -143,6 +164,32 @@ def test_the_api_index_lists_every_top_level_name():
     assert all(f"`{n}`" in text for n in latentsift.__all__)
 
 
+def test_each_study_opens_with_its_verdict_from_the_findings_table():
+    """What is tested: each study page that the findings table links to shows, near its top, exactly its rows of
+    that table (so a number changed in one place and not the other fails here), and each page is linked."""
+    rows = findings_rows()
+    assert len(rows) >= 8 and sum(map(len, rows.values())) >= 25
+    for page in rows:
+        text = (STUDIES / page).read_text()
+        assert verdict_block(page) in text, f"docs/studies/{page}: its verdict is stale: python tests/test_site.py"
+        assert text.index(VERDICT_HEAD) < text.index("\n| "), f"docs/studies/{page}: the verdict comes before the tables"
+
+
+#: an interval as the docs write it: "+0.058 [-0.004, +0.121]", "29.1% [26.5, 31.5]"
+INTERVAL = re.compile(r"[+\-−]?\d[\d.,]*%? \[[+\-−]?\d[\d.,]*%?, [+\-−]?\d[\d.,]*%?\]")
+#: guide pages whose intervals are their own run's, not a study's
+OWN_NUMBERS = {"quickstart.md": "the small labelled example's run, which the page itself makes"}
+
+
+def test_the_guide_quotes_the_studies_numbers_as_they_are():
+    """What is tested: every interval the README and the guide's pages quote ("+0.058 [-0.004, +0.121]") is
+    written the same way on a study's page: a number moved or rerun in the studies and not in the guide fails."""
+    studies = " ".join(re.sub(r"\s+", " ", p.read_text()) for p in STUDIES.glob("*.md"))
+    quoted = {f"{p.relative_to(ROOT)}: {m}" for p in [ROOT / "README.md", *DOCS.glob("*.md")]
+              if p.name not in OWN_NUMBERS for m in INTERVAL.findall(re.sub(r"\s+", " ", p.read_text()))}
+    assert len(quoted) >= 2 and sorted(q for q in quoted if q.split(": ", 1)[1] not in studies) == []
+
+
 def _rewrite() -> None:
     for page in CLI_PAGES:
         (DOCS / page).write_text(cli_page(page))
@@ -150,6 +197,11 @@ def _rewrite() -> None:
     text = index.read_text()
     a, b = text.index(API_HEAD), text.index(API_TAIL) + len(API_TAIL)
     index.write_text(text[:a] + api_table() + text[b:])
+    for page in findings_rows():
+        path = STUDIES / page
+        text = path.read_text()
+        a, b = text.index(VERDICT_HEAD), text.index(VERDICT_TAIL) + len(VERDICT_TAIL)
+        path.write_text(text[:a] + verdict_block(page) + text[b:])
 
 
 if __name__ == "__main__":
