@@ -62,8 +62,8 @@ class ReproduceSettings(ProtocolSettings):
 
     Budget of the default run (20 minutes from a cold cache on a 2-core AVX2 CPU in float32; measured
     20.9 under the full AVX2 emulation and about 40 on a real AVX2-only CPU, over budget,
-    docs/timings.md; until 2026-11 (docs/studies/history-speed.md) the defaults were n_unresolved=30 and
-    max_span_tokens=32):
+    docs/timings.md; until 2026-11 the defaults were n_unresolved=30 and
+    max_span_tokens=32, docs/studies/history-speed.md):
     ``instances="default"``: every instance with at least one resolved candidate among the selected
     runs (the only instances where retention is defined and where Best@K can differ between
     filters) plus ``n_unresolved`` instances resolved by no candidate, chosen by a hash of the
