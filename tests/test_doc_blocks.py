@@ -36,7 +36,7 @@ BLOCKS = _blocks()
 def test_the_marker_is_only_used_above_python_blocks():
     """A marker elsewhere (a typo, a shell block) would silently run nothing."""
     n_markers = sum(doc.read_text().count(MARKER) for doc in DOCS)
-    assert n_markers == len(BLOCKS) and any(d == "docs/states.md" for d, _, _ in BLOCKS)
+    assert n_markers == len(BLOCKS) and any(d == "docs/capture.md" for d, _, _ in BLOCKS)
 
 
 @pytest.mark.model
