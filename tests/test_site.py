@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import logging
 import os
 import re
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from mkdocs.config import load_config
 
 import latentsift
 from latentsift._cli._help import markdown_reference
@@ -125,9 +127,18 @@ def test_the_site_builds_in_strict_mode(site):
     docs/ is in the navigation, every cross-reference of the API pages resolves), and every page has its HTML."""
     for page in _pages():
         rel = page.relative_to(DOCS).with_suffix("")
-        html = site / ("index.html" if rel.name == "index" and rel.parent == Path(".") else
-                       rel.parent / "index.html" if rel.name == "index" else rel / "index.html")
+        html = site / (rel.parent if rel.name == "index" else rel) / "index.html"
         assert html.is_file(), f"{page.relative_to(ROOT)} has no page on the site"
+
+
+def test_strict_mode_fails_on_what_a_reader_would_hit():
+    """What is tested: the checks strict mode turns into failures are on: a link to a missing page or heading, a
+    page left out of the navigation, a navigation entry without its page."""
+    cfg = load_config(str(ROOT / "mkdocs.yml"))   # mkdocs' own reader (the YAML holds a Python tag)
+    assert cfg["strict"] is True
+    v = cfg["validation"]
+    levels = [v["links"]["not_found"], v["links"]["anchors"], v["nav"]["omitted_files"], v["nav"]["not_found"]]
+    assert levels == [logging.WARNING] * 4
 
 
 def test_every_public_name_is_in_the_built_reference(site):
@@ -166,13 +177,13 @@ def test_the_api_index_lists_every_top_level_name():
 
 def test_each_study_opens_with_its_verdict_from_the_findings_table():
     """What is tested: each study page that the findings table links to shows, near its top, exactly its rows of
-    that table (so a number changed in one place and not the other fails here), and each page is linked."""
+    that table, before any other table (so a number changed in one place and not the other fails here)."""
     rows = findings_rows()
     assert len(rows) >= 8 and sum(map(len, rows.values())) >= 25
     for page in rows:
         text = (STUDIES / page).read_text()
         assert verdict_block(page) in text, f"docs/studies/{page}: its verdict is stale: python tests/test_site.py"
-        assert text.index(VERDICT_HEAD) < text.index("\n| "), f"docs/studies/{page}: the verdict comes before the tables"
+        assert text.index(VERDICT_HEAD) < text.index("\n| "), f"docs/studies/{page}: a table above the verdict"
 
 
 #: an interval as the docs write it: "+0.058 [-0.004, +0.121]", "29.1% [26.5, 31.5]"
