@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,8 @@ MAX_LINES = 400
 #: the subpackages whose ``__all__`` the API reference renders, one page each (docs/api/<name>.md)
 SUBPACKAGES = ["trajectories", "states", "rollout", "bank", "scale", "sift", "cascade", "metrics", "deploy",
                "report", "protocol"]
+#: the program's name, as a user types it: the console script of pyproject.toml
+PROG, = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 #: the command-line pages: the commands of a team's own runs, then the lab's (the studies, the own policy)
 CLI_PAGES = {
     "cli.md": ("The command line: your own runs",
@@ -49,7 +52,7 @@ def cli_page(page: str) -> str:
             f"declarations (typer's generator, `latentsift._cli._help.markdown_reference`; `tests/test_site.py` "
             f"checks that this page is current). The other commands: [{other}]({other}); what each option "
             f"name means in every command: [cli-vocabulary.md](cli-vocabulary.md).\n\n"
-            + markdown_reference(typer.main.get_command(app), commands))
+            + markdown_reference(typer.main.get_command(app), commands, prog=PROG))
 
 
 def documented_id(package: str, name: str) -> str:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable
 
-import click
 import typer
 from typer.cli import get_docs_for_click
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 _FIELD = re.compile(r"\{(\w+)\}")
 
@@ -34,11 +33,11 @@ def listed(**names: Callable[[], Iterable[str]]) -> type[TyperCommand]:
     return Listed
 
 
-def markdown_reference(root: click.Group, commands: Iterable[str], prog: str = "latentsift") -> str:
-    """The named commands' reference in Markdown (docs/cli.md): typer's own generator (what ``typer MODULE utils
-    docs`` writes) per command, its subcommands included, each option's help with its registered names filled in
-    as ``--help`` shows them."""
-    def fill(cmd: click.Command) -> None:
+def markdown_reference(root: TyperGroup, commands: Iterable[str], prog: str) -> str:
+    """The named commands' reference in Markdown (docs/cli.md), each called as ``prog COMMAND``: typer's own
+    generator (what ``typer MODULE utils docs`` writes) per command, its subcommands included, each option's help
+    with its registered names filled in as ``--help`` shows them."""
+    def fill(cmd: TyperCommand | TyperGroup) -> None:
         getattr(cmd, "fill_help", lambda: None)()
         for sub in getattr(cmd, "commands", {}).values():
             fill(sub)
