@@ -25,7 +25,6 @@ import typer
 from mkdocs.config import load_config
 
 import latentsift
-from latentsift._cli._help import markdown_reference
 from latentsift.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,14 +44,33 @@ CLI_PAGES = {
 }
 
 
+#: the width the generated help is written at (click's formatter; no terminal is asked, so any machine gives the
+#: same page)
+HELP_WIDTH = 100
+
+
+def command_help(cmd, path: str, depth: int = 2) -> list[str]:
+    """A command's ``--help`` as the command line prints it, under a heading, then each subcommand's."""
+    ctx = typer.Context(cmd, info_name=path, max_content_width=HELP_WIDTH, terminal_width=HELP_WIDTH)
+    out = [f"{'#' * depth} `{path}`", "", "```text", cmd.get_help(ctx).rstrip(), "```", ""]
+    for name in getattr(cmd, "commands", {}):
+        out += command_help(cmd.commands[name], f"{path} {name}", depth + 1)
+    return out
+
+
 def cli_page(page: str) -> str:
+    """A command-line page: each of its commands' help, generated from the commands' declarations."""
     title, commands = CLI_PAGES[page]
     other = next(p for p in CLI_PAGES if p != page)
-    return (f"# {title}\n\nEvery option of {', '.join(f'`{c}`' for c in commands)}, generated from the commands' "
-            f"declarations (typer's generator, `latentsift._cli._help.markdown_reference`; `tests/test_site.py` "
-            f"checks that this page is current). The other commands: [{other}]({other}); what each option "
-            f"name means in every command: [cli-vocabulary.md](cli-vocabulary.md).\n\n"
-            + markdown_reference(typer.main.get_command(app), commands, prog=PROG))
+    root = typer.main.get_command(app)
+    lines = [f"# {title}", "",
+             f"Every option of {', '.join(f'`{c}`' for c in commands)}:",
+             "each command's `--help`, generated from the commands' declarations (`tests/test_site.py` checks that this",
+             f"page is current; `python tests/test_site.py` rewrites it). The other commands: [{other}]({other}); what",
+             "each option name means in every command: [cli-vocabulary.md](cli-vocabulary.md).", ""]
+    for name in commands:
+        lines += command_help(root.commands[name], f"{PROG} {name}")
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def documented_id(package: str, name: str) -> str:
@@ -64,15 +82,16 @@ def documented_id(package: str, name: str) -> str:
     return f"{package}.{name}"
 
 
+def subpackage_of(name: str) -> str | None:
+    """The public subpackage whose ``__all__`` exports ``latentsift.<name>`` (its page shows it), if any."""
+    return next((sub for sub in SUBPACKAGES if name in importlib.import_module(f"latentsift.{sub}").__all__), None)
+
+
 def reference_id(name: str) -> str:
-    """Where the API reference documents ``latentsift.<name>``: the subpackage that exports it."""
-    lazy = latentsift._LAZY.get(name)
-    if lazy:
-        return documented_id(f"latentsift.{lazy}", name) if "." not in lazy else f"latentsift.{lazy}.{name}"
-    for sub in [*SUBPACKAGES, "_core"]:
-        if name in importlib.import_module(f"latentsift.{sub}").__all__:
-            return documented_id(f"latentsift.{sub}", name)
-    raise LookupError(name)
+    """Where the API reference documents ``latentsift.<name>``: the page of the subpackage that exports it, else
+    (the errors, ``fuse``) the index page, at the module that defines it."""
+    sub = subpackage_of(name)
+    return documented_id(f"latentsift.{sub}", name) if sub else f"{getattr(latentsift, name).__module__}.{name}"
 
 
 def first_line(obj) -> str:
@@ -85,9 +104,15 @@ API_HEAD, API_TAIL = "<!-- generated: the top-level names -->", "<!-- end genera
 
 
 def api_table() -> str:
+    """The index page's generated part: the table of ``latentsift.__all__``, then the entries of the names that no
+    subpackage page shows."""
     rows = ["| name | what it is (its docstring's first line) |", "| --- | --- |"]
     rows += [f"| [`{n}`][{reference_id(n)}] | {first_line(getattr(latentsift, n))} |" for n in latentsift.__all__]
-    return "\n".join([API_HEAD, *rows, API_TAIL])
+    own = [reference_id(n) for n in latentsift.__all__ if subpackage_of(n) is None]
+    entries = ["", "## Defined outside the subpackages' pages", ""]
+    for ref in own:
+        entries += [f"::: {ref}", "    options:", "      show_root_heading: true", "      heading_level: 3", ""]
+    return "\n".join([API_HEAD, *rows, *entries, API_TAIL])
 
 
 VERDICT_HEAD, VERDICT_TAIL = "<!-- generated: this study's rows of findings.md -->", "<!-- end generated -->"
