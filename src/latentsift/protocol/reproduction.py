@@ -46,7 +46,9 @@ from .run import Run, evaluate_protocol, open_run
 from .settings import ProtocolSettings, digest, hash_key
 from .stage1 import stage1_filters
 
+#: The six runs of the shared SWE-bench Lite pools the default run reads (AutoCodeRover, SWE-agent).
 CLEAN_RUNS = ("acr-run-1", "acr-run-2", "acr-run-3", "cost_2_1", "cost_2_2", "cost_2_3")
+#: The two AutoCodeRover runs told the hidden tests' result: left out unless ``--include-leaky``.
 LEAKY_RUNS = ("acr-val-only", "acr-val-sbfl")
 #: Which instances a run selects: the default rule (``ReproduceSettings``) or all of them.
 INSTANCES_DEFAULT = words.DEFAULT  # the instance-selection rule, not the default filter
@@ -133,6 +135,7 @@ class ReproduceSettings(ProtocolSettings):
 
 
 def check_data_dir(data: str | Path) -> Path:
+    """The shared dataset folder ``data``, refused with one clear error when it is missing or incomplete."""
     d = Path(data)
     if not (d / "candidates.csv").is_file() or not all((d / sub).is_dir() for sub in DATA_DIRS):
         raise LatentSiftError(

@@ -40,7 +40,9 @@ from .._core.io import atomic_path
 from .._core.io import iter_jsonl as _iter_records
 from .._core.validation import LatentSiftError
 
+#: The span channels of a step: the model's reasoning (cot), the observation it read (obs), its function call (fn).
 CHANNELS: tuple[str, ...] = ("cot", "obs", "fn")
+#: Each channel's index (the ``channel`` column of stored states).
 CHANNEL_ID: dict[str, int] = {c: i for i, c in enumerate(CHANNELS)}
 
 
