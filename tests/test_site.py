@@ -1,17 +1,19 @@
 """The documentation site (mkdocs.yml: MkDocs, the Material theme, mkdocstrings): it builds in strict mode (a
 broken link, a missing anchor, a page left out of the navigation or an unresolved API reference fails the
 build), every page stays under 400 lines, and the reference is generated: the API pages from the docstrings
-(each public name of ``latentsift`` and of its subpackages is in the built site), the command-line pages from
-the commands' declarations (docs/cli.md and docs/cli-lab.md hold what ``markdown_reference`` writes).
+(each public name of ``latentsift`` and of its subpackages is in the built site, with a docstring), the
+command-line pages from the commands' declarations (docs/cli.md and docs/cli-lab.md hold each command's
+``--help``). The studies: each page opens with its rows of the findings table, and the guide quotes the
+studies' intervals as they are written there.
 
-Rewrite the generated pages after changing a command or ``latentsift.__all__``: ``.venv/bin/python
-tests/test_site.py``.
+Rewrite the generated parts (the command-line pages, the API index's table, each study's verdict) after changing
+a command, ``latentsift.__all__`` or the findings table: ``.venv/bin/python tests/test_site.py``.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
-import functools
 import logging
 import os
 import re
