@@ -97,6 +97,13 @@ def reference_id(name: str) -> str:
     return documented_id(f"latentsift.{sub}", name) if sub else f"{getattr(latentsift, name).__module__}.{name}"
 
 
+def public_refs() -> set[str]:
+    """The API reference's anchor of every public name: ``latentsift.__all__`` and each subpackage's ``__all__``."""
+    refs = {reference_id(n) for n in latentsift.__all__}
+    return refs | {documented_id(f"latentsift.{sub}", n) for sub in SUBPACKAGES
+                   for n in importlib.import_module(f"latentsift.{sub}").__all__}
+
+
 @functools.cache
 def package() -> griffe.Module:
     """The package as the API pages see it: griffe's static reading of src/ (mkdocstrings' own loader), with the
@@ -190,18 +197,14 @@ def test_every_public_name_is_in_the_built_reference(site):
     ids = set()
     for html in (site / "api").rglob("*.html"):
         ids |= set(re.findall(r'id="(latentsift[\w.]*)"', html.read_text()))
-    wanted = {reference_id(n) for n in latentsift.__all__}
-    wanted |= {documented_id(f"latentsift.{sub}", n) for sub in SUBPACKAGES
-               for n in importlib.import_module(f"latentsift.{sub}").__all__}
+    wanted = public_refs()
     assert len(wanted) > 200 and sorted(wanted - ids) == []
 
 
 def test_every_public_name_has_a_docstring():
     """What is tested: each name of ``latentsift.__all__`` and of every subpackage's ``__all__`` has a docstring
     where the API pages read it (a constant's "#:" comment counts), so its entry is never a bare name."""
-    refs = {reference_id(n) for n in latentsift.__all__}
-    refs |= {documented_id(f"latentsift.{sub}", n) for sub in SUBPACKAGES
-             for n in importlib.import_module(f"latentsift.{sub}").__all__}
+    refs = public_refs()
     assert len(refs) > 200 and sorted(r for r in refs if not docstring(r)) == []
 
 
