@@ -78,7 +78,7 @@ own-%: policy-%
 	$(BIN)/latentsift premise runs/own-$*/trajectories.jsonl.gz --states runs/own-$*/states \
 		--proxy-states runs/own-$*-proxy --out runs/premise-$*
 
-# The confirmation run (docs/results.md, its rules written before its data): the 0.5B, one turn, no tool,
+# The confirmation run (docs/studies/confirmation.md, its rules written before its data): the 0.5B, one turn, no tool,
 # K = 16, --seed 1, float32, in two shards (one per core; each resumable: rerun the target to continue).
 CONFIRM_PROMPT := 'You are an expert Python programmer. You solve a task by reasoning briefly, then writing the complete function in one ```python code block.'
 confirm-0.5b-s%: policy-0.5b

@@ -1,7 +1,7 @@
 """Every code block the docs say runs is run here.
 
 A doc marks such a block with the line ``<!-- doc-test: runs -->`` right above its ```` ```python ````
-fence (README.md and docs/*.md). Each marked block runs as written, on its own (a fresh namespace), in an
+fence (README.md and docs/**/*.md). Each marked block runs as written, on its own (a fresh namespace), in an
 empty temporary working folder that stands where the checkout does (``../shared`` is the shared data
 beside the checkout, so a block may read it as a user in the project root would; what it writes stays in
 the temporary folder), in this process (so the packaged model loads once). Unmarked blocks are API
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MARKER = "<!-- doc-test: runs -->"
 MARKED = re.compile(re.escape(MARKER) + r"\n```python\n(.*?)```", re.S)
 
@@ -26,7 +26,7 @@ def _blocks() -> list[tuple[str, int, str]]:
     for doc in DOCS:
         text = doc.read_text()
         for m in MARKED.finditer(text):
-            out.append((doc.name, text[:m.start(1)].count("\n"), m.group(1)))
+            out.append((str(doc.relative_to(ROOT)), text[:m.start(1)].count("\n"), m.group(1)))
     return out
 
 
@@ -36,7 +36,7 @@ BLOCKS = _blocks()
 def test_the_marker_is_only_used_above_python_blocks():
     """A marker elsewhere (a typo, a shell block) would silently run nothing."""
     n_markers = sum(doc.read_text().count(MARKER) for doc in DOCS)
-    assert n_markers == len(BLOCKS) and any(d == "states.md" for d, _, _ in BLOCKS)
+    assert n_markers == len(BLOCKS) and any(d == "docs/capture.md" for d, _, _ in BLOCKS)
 
 
 @pytest.mark.model

@@ -1,5 +1,5 @@
 """The documentation's code imports what the package has: every ``from latentsift... import ...`` in a
-Python block of README.md and docs/*.md names a module and names that exist (so a moved module or a
+Python block of README.md and docs/**/*.md names a module and names that exist (so a moved module or a
 renamed function cannot leave the docs behind)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 
@@ -22,9 +22,10 @@ def _imports() -> list[tuple[str, str, str]]:
         for block in BLOCK.findall(doc.read_text()):
             for node in ast.walk(ast.parse(block)):
                 if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "latentsift":
-                    out += [(doc.name, node.module, a.name) for a in node.names]
+                    out += [(str(doc.relative_to(ROOT)), node.module, a.name) for a in node.names]
                 elif isinstance(node, ast.Import):
-                    out += [(doc.name, a.name, "") for a in node.names if a.name.split(".")[0] == "latentsift"]
+                    out += [(str(doc.relative_to(ROOT)), a.name, "") for a in node.names
+                            if a.name.split(".")[0] == "latentsift"]
     return out
 
 
@@ -52,7 +53,7 @@ def _slugs(path: Path) -> set[str]:
 
 
 def test_every_link_between_the_docs_resolves():
-    """Each [text](file.md#anchor) of README.md and docs/*.md names a file and a heading that exist."""
+    """Each [text](file.md#anchor) of README.md and docs/**/*.md names a file and a heading that exist."""
     broken = []
     for doc in DOCS:
         for target, anchor in LINK.findall(doc.read_text()):
@@ -60,9 +61,9 @@ def test_every_link_between_the_docs_resolves():
                 continue
             path = (doc.parent / target).resolve() if target else doc
             if not path.is_file():
-                broken.append(f"{doc.name}: {target}")
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
             elif anchor and anchor[1:] not in _slugs(path):
-                broken.append(f"{doc.name}: {target}{anchor}")
+                broken.append(f"{doc.relative_to(ROOT)}: {target}{anchor}")
     assert broken == []
 
 

@@ -154,7 +154,7 @@ def test_no_doc_writes_an_old_name_in_a_command_line():
     reader copying it gets a note); a command line is a 'latentsift COMMAND' line and its continuation lines."""
     root = DOC.parents[1]
     old = []
-    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+    for doc in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
         if doc == DOC:
             continue
         command = None
@@ -164,6 +164,7 @@ def test_no_doc_writes_an_old_name_in_a_command_line():
             if command is None:
                 continue
             tokens = set(re.findall(r"--[\w-]+", line))
-            old += [f"{doc.name}:{i}: {command} {name}" for (c, name) in ALIASES if c == command and name in tokens]
-            old += [f"{doc.name}:{i}: {c} {o}" for (c, o) in COMMAND_ALIASES if f"latentsift {c} {o}" in line]
+            where = f"{doc.relative_to(root)}:{i}"
+            old += [f"{where}: {command} {name}" for (c, name) in ALIASES if c == command and name in tokens]
+            old += [f"{where}: {c} {o}" for (c, o) in COMMAND_ALIASES if f"latentsift {c} {o}" in line]
     assert old == []

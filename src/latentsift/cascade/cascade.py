@@ -70,6 +70,7 @@ class VerifierRecord(Protocol):
     n_out: int           # output tokens charged
 
 
+#: EF-verifier results by trajectory id, as the cascade reads them.
 VerifierTable = Mapping[str, VerifierRecord]
 ScoreTable = Mapping[str, float]
 DrawScorer = Callable[[str, Sequence[str]], Mapping[str, float]]

@@ -1,6 +1,6 @@
 """Shift guard: is a candidate pool like what the bank (or a saved sifter) was built from?
 
-The finding of docs/results.md is that the state scores mostly encode which agent wrote a trajectory; a bank
+The finding of docs/studies/findings.md is that the state scores mostly encode which agent wrote a trajectory; a bank
 applied to an agent or scaffold it never saw can do worse than random, silently. Per pool:
 
 - metadata: the candidates' agents and scaffolds absent from what the bank/sifter has seen

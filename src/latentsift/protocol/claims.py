@@ -1,6 +1,6 @@
 """The confirmation run's claims (a)-(d), computed from a premise run exactly as its rules say.
 
-The rules are docs/results.md, "The confirmation run: its rules, written before any data"; this module is
+The rules are docs/studies/confirmation.md, "The confirmation run: its rules, written before any data"; this module is
 their code. Read from the premise run's saved records (``protocol.premise``: the per-candidate scores of the
 own and proxy runs, the own run's per-pool operating record and the filters it names missing):
 
@@ -229,7 +229,7 @@ def premise_claims(inputs: ClaimInputs, *, n_boot: int = 1000, seed: int = 0, al
     and the earlier finding's (confirmed when (a) is)."""
     m, level = family_size(), family_level(alpha)
     kw = {"level": level, "n_boot": n_boot, "seed": seed}
-    out = {"rules": "docs/results.md, 'The confirmation run: its rules, written before any data'",
+    out = {"rules": "docs/studies/confirmation.md, 'The confirmation run: its rules, written before any data'",
            "claims": dict(CLAIMS),
            "family": {"m": m, "alpha": alpha, "level": level, "n_boot": n_boot, "seed": seed,
                       "intervals": "percentile bootstrap over tasks (AUC differences, the same resamples for both "

@@ -27,6 +27,7 @@ from .folds import check_folds, check_group_by, leaking_pools
 from .run import Run, evaluate_protocol
 from .settings import ProtocolSettings
 
+#: ``crossval --on-leak``: a pool straddling fold groups is an error, or is left out (``skip``).
 ON_LEAK_CROSSVAL = ("error", "skip")
 
 

@@ -1,6 +1,6 @@
 """The comparisons that decide (summary.json ``decision``), each paired over instances with its interval.
 
-Decision rules (stated before any number; docs/evaluation.md repeats them):
+Decision rules (stated before any number; docs/studies/default-run.md repeats them):
 
 - **Beats a reference** (within-pool AUC): filter F beats reference R when the paired bootstrap
   interval of AUC(F) - AUC(R) lies above 0; R beats F when it lies below 0; otherwise the

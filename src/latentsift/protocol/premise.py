@@ -1,6 +1,6 @@
 """The premise test on one policy's pools: do the states of the policy that wrote the candidates beat length?
 
-Rules (stated before any number; docs/results.md repeats them):
+Rules (stated before any number; docs/studies/premise.md repeats them):
 
 - **What is compared**: the paper's method (``latentsift``), its two branches (``branch:distance``,
   ``branch:learned``) and the logistic probe (``variant:probe``), each against shortest-in-characters,

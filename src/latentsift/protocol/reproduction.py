@@ -46,7 +46,9 @@ from .run import Run, evaluate_protocol, open_run
 from .settings import ProtocolSettings, digest, hash_key
 from .stage1 import stage1_filters
 
+#: The six runs of the shared SWE-bench Lite pools the default run reads (AutoCodeRover, SWE-agent).
 CLEAN_RUNS = ("acr-run-1", "acr-run-2", "acr-run-3", "cost_2_1", "cost_2_2", "cost_2_3")
+#: The two AutoCodeRover runs told the hidden tests' result: left out unless ``--include-leaky``.
 LEAKY_RUNS = ("acr-val-only", "acr-val-sbfl")
 #: Which instances a run selects: the default rule (``ReproduceSettings``) or all of them.
 INSTANCES_DEFAULT = words.DEFAULT  # the instance-selection rule, not the default filter
@@ -62,8 +64,8 @@ class ReproduceSettings(ProtocolSettings):
 
     Budget of the default run (20 minutes from a cold cache on a 2-core AVX2 CPU in float32; measured
     20.9 under the full AVX2 emulation and about 40 on a real AVX2-only CPU, over budget,
-    docs/results.md "Timings"; until 2026-11 the defaults were n_unresolved=30 and
-    max_span_tokens=32):
+    docs/timings.md; until 2026-11 the defaults were n_unresolved=30 and
+    max_span_tokens=32, docs/studies/history-speed.md):
     ``instances="default"``: every instance with at least one resolved candidate among the selected
     runs (the only instances where retention is defined and where Best@K can differ between
     filters) plus ``n_unresolved`` instances resolved by no candidate, chosen by a hash of the
@@ -133,6 +135,7 @@ class ReproduceSettings(ProtocolSettings):
 
 
 def check_data_dir(data: str | Path) -> Path:
+    """The shared dataset folder ``data``, refused with one clear error when it is missing or incomplete."""
     d = Path(data)
     if not (d / "candidates.csv").is_file() or not all((d / sub).is_dir() for sub in DATA_DIRS):
         raise LatentSiftError(

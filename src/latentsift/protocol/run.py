@@ -46,6 +46,7 @@ from .tables import ablation_tables, candidate_table, per_agent_retention, reten
 from .transfer_agents import agent_transfer
 from .verdict import verdict_lines
 
+#: What a run without verifier results records: Stage 4 keeps every survivor and charges no tokens.
 NO_VERIFIER = "no verifier results given: Stage 4 keeps every survivor (Best@K = expected label of a " \
               "uniform pick among them) and no verifier tokens are charged; 'EF calls' counts the survivors " \
               "a verifier would have scored"

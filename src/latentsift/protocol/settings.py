@@ -19,6 +19,7 @@ from ..deploy.operating import TARGET_RECALLS
 from ..deploy.shift import FALSE_ALARM, check_false_alarm
 from ..trajectories.trajectory import Trajectory
 
+#: What the folds are disjoint by (``--group-by``): repository, agent or instance.
 GROUP_BY = ("repo", "agent", "instance")
 
 

@@ -44,6 +44,7 @@ def ablation_tables(filters: Sequence[str]) -> dict[str, dict]:
 
 
 def candidate_table(trajs: Sequence[Trajectory]) -> dict[str, np.ndarray]:
+    """One row per candidate, by traj_id: instance, agent, label, characters and steps (the diagnostics' input)."""
     ts = sorted(trajs, key=lambda t: t.traj_id)
     return {"instance_id": np.array([t.instance_id for t in ts]), "traj_id": np.array([t.traj_id for t in ts]),
             "agent": np.array([t.agent for t in ts]), "label": np.array([int(t.label) for t in ts]),

@@ -27,6 +27,7 @@ from ..sift.keep import PAPER_KEEP
 from ..sift.prune import STATE_POLICIES
 from ..sift.rules import RANDOM
 
+#: The PNG files ``write_figures`` writes into a report folder.
 FIGURES = ("score_distributions.png", "best_at_k_tokens.png", "best_vs_tokens.png", "token_savings.png")
 
 

@@ -40,7 +40,7 @@ SYSTEM_PROMPT = ("You are an expert Python programmer. You solve a task by reaso
                  "complete function in one ```python code block. Each code block you write is run on the "
                  "examples in the function's docstring and you are shown which passed and which failed.")
 #: The system prompt of a one-turn run without the tool (``--turns 1 --system-prompt``): the scaffold's own
-#: without its sentence on running the examples (the confirmation run's rules, docs/results.md).
+#: without its sentence on running the examples (the confirmation run's rules, docs/studies/confirmation.md).
 ONE_TURN_SYSTEM_PROMPT = SYSTEM_PROMPT[:SYSTEM_PROMPT.index(" Each code block")]
 USER_TEMPLATE = ("Complete this Python function:\n\n```python\n{prompt}```\n\nReason briefly, then write the "
                  "complete function (signature, body and any imports it needs) in one ```python block.")

@@ -84,6 +84,9 @@ class RolloutProgress:
 
 @dataclass
 class RolloutReport:
+    """What one rollout call did: tasks run and skipped, samples and passes, tokens generated, forward passes,
+    wall and tool time, and the files it wrote to."""
+
     n_tasks: int
     n_skipped: int = 0
     n_run: int = 0

@@ -44,12 +44,12 @@ OWNER = "extract_pools"  # the function named in settings errors
 #: pack's transients would take more than ``packing.PACK_MEMORY`` (a 7B shape: 32,768). On a CPU packing
 #: short trajectories measured no faster than one per forward at one thread each (docs/scale.md); on an
 #: H200 SmolLM2's shapes replayed at 31k tok/s one per forward, 303k in packs of 16,384 tokens and 345k
-#: in packs of 65,536 (docs/states.md).
+#: in packs of 65,536 (docs/studies/scale.md).
 DEFAULT_PACK_TOKENS = {"cpu": 0, "cuda": 65536}
 #: ``chunk_tokens`` when it is not given, per device kind (else :data:`~latentsift.states.states.DEFAULT_CHUNK_TOKENS`).
 #: On a GPU a window in one chunk runs FlashAttention without a mask, where chunks after the first attend to
 #: their KV cache through a mask (the math kernel): a 30k-token trajectory of a 1.5B shape replayed 9.7x faster
-#: in chunks of 32,768 than of 2,048 (H200, bfloat16; docs/states.md).
+#: in chunks of 32,768 than of 2,048 (H200, bfloat16; docs/studies/scale.md).
 DEFAULT_CHUNK = {"cpu": DEFAULT_CHUNK_TOKENS, "cuda": 32768}
 
 

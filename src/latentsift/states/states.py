@@ -69,7 +69,7 @@ class TrajectoryStates:
         return int(self.layers.shape[2])
 
     def distance_states(self, layer: int = -1) -> np.ndarray:
-        """(n_spans, d_model) float32: the distance states z[t][c] (final layer by default)."""
+        """(n_spans, d_model) float32: the distance states ``z[t][c]`` (final layer by default)."""
         return np.asarray(self.layers[:, layer, :], dtype=np.float32)
 
     def scorer_mask(self) -> np.ndarray:
@@ -77,7 +77,7 @@ class TrajectoryStates:
         return self.channel != CHANNEL_ID["obs"]
 
     def scorer_states(self) -> np.ndarray:
-        """(n_model_spans, n_layers, d_model): u[j][l] for cot and fn spans in trajectory order."""
+        """(n_model_spans, n_layers, d_model): ``u[j][l]`` for cot and fn spans in trajectory order."""
         return self.layers[self.scorer_mask()]
 
 

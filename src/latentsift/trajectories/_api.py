@@ -16,6 +16,7 @@ from ._labels import LabelRow, Report, is_candidates_csv, parse_report, read_can
 from ._registry import described, format_names, importers
 from ._sources import Source, iter_sources
 
+#: The ``import --format`` names of the package's own importers, ``auto`` first (plugins left out).
 FORMATS = format_names(plugins=False)  # the package's own formats (``_registry``), "auto" first
 # Runs whose trajectories contain the evaluation outcome (dataset README caveat). Any AutoCodeRover
 # run whose harness replies report the test outcome is marked too (LEAK_MARKERS).
@@ -39,6 +40,9 @@ class SkippedRecord:
 
 @dataclass
 class ImportSummary:
+    """What an import read: counts of trajectories, instances, steps and labels, per run and per file, and what
+    was skipped or warned about (``latentsift import`` prints it; ``to_dict`` is its JSON)."""
+
     n_trajectories: int
     n_instances: int
     n_steps: int
@@ -91,6 +95,8 @@ class ImportSummary:
 
 @dataclass
 class ImportResult:
+    """What ``import_paths`` returns: the trajectories read, their summary and the records skipped."""
+
     trajectories: list[Trajectory]
     summary: ImportSummary
     skipped: list[SkippedRecord] = field(default_factory=list)

@@ -40,7 +40,9 @@ from .._core.io import atomic_path
 from .._core.io import iter_jsonl as _iter_records
 from .._core.validation import LatentSiftError
 
+#: The span channels of a step: the model's reasoning (cot), the observation it read (obs), its function call (fn).
 CHANNELS: tuple[str, ...] = ("cot", "obs", "fn")
+#: Each channel's index (the ``channel`` column of stored states).
 CHANNEL_ID: dict[str, int] = {c: i for i, c in enumerate(CHANNELS)}
 
 
@@ -256,6 +258,8 @@ def iter_jsonl(path: str | Path) -> Iterator[Trajectory]:
 
 
 def load_jsonl(path: str | Path) -> list[Trajectory]:
+    """Read canonical JSONL (``.jsonl`` or ``.jsonl.gz``): every trajectory, in file order; a repeated traj_id is
+    an error."""
     trajs = list(iter_jsonl(path))
     seen: set[str] = set()
     for t in trajs:
