@@ -8,7 +8,9 @@ import dataclasses
 import gzip
 import json
 import math
+import pickle
 import shutil
+import struct
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -76,10 +78,77 @@ def not_models(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     (d / "x.gguf").mkdir()
     (d / "noweights").mkdir()
     (d / "noweights" / "config.json").write_text('{"model_type": "llama"}')
+    edited = d / "edited.gguf"   # one tensor's shape halved in the header: its data no longer tile the file
+    edited.write_bytes(_with_dims(real, "blk.0.ffn_up.weight", lambda dims: [dims[0] // 2, *dims[1:]]))
+    tiny = _tiny_folder(d / "tiny")
+    folders = {}
+    for case in ("other config", "empty config", "cut weights", "pickle weights"):
+        folders[case] = shutil.copytree(tiny, d / case.replace(" ", "-"))
+    (folders["other config"] / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 8, "n_layer": 2, "n_head": 2,
+         "vocab_size": 64, "n_positions": 32}))
+    (folders["empty config"] / "config.json").write_text("{}")
+    weights = folders["cut weights"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    (folders["pickle weights"] / "model.safetensors").unlink()
+    (folders["pickle weights"] / "pytorch_model.bin").write_bytes(pickle.dumps(_Touch(d / "unpickled")))
     return {"text": (text, "not a GGUF model"), "cut": (cut, f"the file has 3,000,000"),
             "head": (head, "cut short inside its GGUF header"), "empty folder": (d / "empty", "without a config.json"),
             "folder x.gguf": (d / "x.gguf", "without a config.json"),
-            "no weights": (d / "noweights", "without weights")}
+            "no weights": (d / "noweights", "without weights"),
+            "edited shape": (edited, "tensor 'blk.0.ffn_up.weight' of shape [288, 1536] needs 276,480 bytes, and "
+                                     "552,960 lie before the next tensor"),
+            "other config": (folders["other config"], "its weights are not the model its config.json builds"),
+            "empty config": (folders["empty config"], "its config.json names no model_type"),
+            "cut weights": (folders["cut weights"], "model.safetensors is cut short"),
+            "pickle weights": (folders["pickle weights"], "holds pickle weights (pytorch_model.bin)")}
+
+
+class _Touch:
+    """A pickle that, when read, creates the file ``path``: pickle weights run code."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return Path.touch, (self.path,)
+
+
+def _with_dims(gguf: bytes, tensor: str, edit) -> bytes:
+    """The GGUF file's bytes with the header's dimensions of ``tensor`` replaced by ``edit(dims)`` (as many)."""
+    out = bytearray(gguf)
+    name = tensor.encode()
+    at = out.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    n = struct.unpack_from("<I", out, at)[0]
+    struct.pack_into(f"<{n}Q", out, at + 4, *edit(list(struct.unpack_from(f"<{n}Q", out, at + 4))))
+    return bytes(out)
+
+
+def _tiny_folder(d: Path) -> Path:
+    """A Hugging Face model folder of a two-layer Llama of width 8: its config and its weights (zeros, as
+    safetensors), written from the config's own model built on the meta device: nothing loads."""
+    import numpy as np
+    import torch
+    from safetensors.numpy import save_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=64, max_position_embeddings=32, tie_word_embeddings=True)
+    d.mkdir()
+    config.save_pretrained(d)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    save_file({k: np.zeros(tuple(v.shape), np.float32) for k, v in model.state_dict().items()
+               if k != "lm_head.weight"}, str(d / "model.safetensors"))
+    return d
+
+
+def test_a_whole_model_folder_passes_the_check(not_models):
+    """The folders refused below are copies of this one, which the check takes (its weights fit its config)."""
+    from latentsift.states.model_files import check_model_path
+
+    tiny = not_models["other config"][0].parent / "tiny"
+    assert check_model_path(tiny) == tiny
 
 
 @pytest.fixture(scope="module")
@@ -90,16 +159,31 @@ def canonical(tmp_path_factory) -> Path:
     return d / "pools.jsonl"
 
 
-@pytest.mark.parametrize("case", ["text", "cut", "head", "empty folder", "folder x.gguf", "no weights"])
+@pytest.mark.parametrize("case", ["text", "cut", "head", "empty folder", "folder x.gguf", "no weights", "edited shape",
+                                  "other config", "empty config", "cut weights", "pickle weights"])
 def test_a_model_path_that_is_not_a_model_is_one_line_in_rollout_extract_and_verify(case, not_models, canonical,
-                                                                                     tmp_path):
+                                                                                     tmp_path, no_model):
     model, words = not_models[case]
     tasks = _task_file(tmp_path / "tasks.jsonl")
     for args in (["rollout", tasks, "--out", tmp_path / "o"], ["extract", canonical, "--out", tmp_path / "o"],
                  ["verify", canonical, "--out", tmp_path / "o"]):
         r = cli(*args, "--model", model)
         refused(r, "--model", str(model), words)
-        assert not (tmp_path / "o").exists(), args[0]
+        assert _written(tmp_path, tmp_path / "o") == [], args[0]
+    assert not (not_models["text"][0].parent / "unpickled").exists()   # the pickle was never read
+
+
+@pytest.mark.model
+def test_a_gguf_whose_shapes_were_swapped_is_one_line_when_it_loads(tmp_path, canonical):
+    """Dimensions swapped in the header keep the data's size (the header check passes); the load compares
+    each weight with the model the header describes and refuses in one line, before any trajectory is
+    replayed, nothing written, nothing cached."""
+    swapped = tmp_path / "swapped.gguf"
+    swapped.write_bytes(_with_dims(default_model_path().read_bytes(), "blk.0.ffn_up.weight", lambda d: d[::-1]))
+    r = cli("extract", canonical, "--out", tmp_path / "o", "--model", swapped, "--dtype", "float32")
+    refused(r, f"--model {str(swapped)!r}: its weight 'model.layers.0.mlp.up_proj.weight' has shape [576, 1536] "
+               "where the model it describes wants [1536, 576]")
+    assert _written(tmp_path, tmp_path / "o") == []
 
 
 def test_the_header_walk_reads_what_the_tensors_need():

@@ -368,6 +368,40 @@ def _save_converted(model, tokenizer, target: Path, marker: dict) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _load_files(p: Path, src: str, option: str | None, files: dict, **model_kwargs):
+    """(tokenizer, model) of the model files at ``p`` (read from ``src`` with ``files``, the model with
+    ``model_kwargs`` too), or one line naming them
+    by ``option`` when they do not load (they passed :func:`check_model_path`: a header edited, a tensor whose
+    shape is not the config's) or load only in part (a weight the files lack, which transformers would leave
+    randomly initialised with a warning). A folder's pickle weights are never read (safetensors only)."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = f"{option} {str(p)!r}" if option else f"The model {str(p)!r}"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src, **files)
+        model, info = AutoModelForCausalLM.from_pretrained(src, **files, **model_kwargs, use_safetensors=p.is_dir() or None,
+                                                           ignore_mismatched_sizes=True, output_loading_info=True)
+    except (torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever transformers raises, these files are not a model it reads
+        what = (str(e).strip().splitlines() or [""])[0]
+        raise LatentSiftError(f"{name} does not load with transformers {transformers.__version__} "
+                              f"({type(e).__name__}: {what}); its files may be edited or damaged: download or copy "
+                              "them again.") from None
+    if info["mismatched_keys"]:
+        key, have, want = sorted(info["mismatched_keys"])[0]
+        raise LatentSiftError(f"{name}: its weight {key!r} has shape {list(have)} where the model it describes wants "
+                              f"{list(want)} ({len(info['mismatched_keys'])} such): the file was edited or damaged, or "
+                              "mixes two models; download or copy it again.")
+    if info["missing_keys"]:
+        raise LatentSiftError(f"{name} lacks {len(info['missing_keys'])} of its model's weights (e.g. "
+                              f"{sorted(info['missing_keys'])[0]!r}), which would be random: the files were edited "
+                              "or are another model's; download or copy them again.")
+    return tokenizer, model
+
+
 def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYPE,
                 device: str | None = None, cache: bool = True, disk_cache: bool = True,
                 device_map: str | dict | None = None, max_memory: dict | None = None) -> Policy:
@@ -432,8 +466,8 @@ def load_policy(path: str | os.PathLike | None = None, *, dtype: str = AUTO_DTYP
             except Exception:  # a copy this installation cannot read back: the GGUF file, as without a cache
                 model = tokenizer = None
         if model is None:
-            tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype), **kwargs, **placed)
+            tokenizer, model = _load_files(p, src, "--model" if path is not None else None, kwargs,
+                                           dtype=getattr(torch, dtype), **placed)
             if converted is not None and device_map is None and not (converted / CONVERTED_MARKER).is_file():
                 _save_converted(model, tokenizer, converted, {"gguf": str(p), "weights_sha": weights_sha,
                                                               "dtype": dtype})
