@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -236,3 +237,49 @@ def test_help_imports_no_plugin_until_a_command_lists_one(installed):
         assert r.returncode == 0 and r.stdout.split()[-1] == "False", (args, r.stdout[-300:], r.stderr)
     r = installed(IMPORTED, "rollout", "--help")
     assert r.returncode == 0 and "echo-sandbox" in r.stdout and r.stdout.split()[-1] == "True", r.stderr
+
+
+#: Plugins that fail at import, each in its own way, by module name.
+BROKEN = {"p_raises": "raise RuntimeError('the plugin is broken')\n",
+          "p_missing_dep": "import a_module_nobody_installed\n",
+          "p_syntax": "def (:\n",
+          "p_exits": "import sys\nsys.exit(3)\n"}
+
+
+def test_a_plugin_that_fails_at_import_is_one_warning_and_the_rest_works(installed, tmp_path):
+    """Broken plugins named in LATENTSIFT_PLUGINS and one broken installed entry point: each is one warning line
+    naming it (no traceback), the command that needs none of them works and writes its output, the working
+    installed plugin's extensions still show, and a broken plugin's name given to an option is one error line."""
+    site = Path(installed("import echo_plugin; print(echo_plugin.__file__)").stdout.strip()).parent
+    for name, code in BROKEN.items():
+        (tmp_path / f"{name}.py").write_text(code)
+    (site / "broken_ep.py").write_text("raise ValueError('bad entry point')\n")
+    info = site / "broken_ep-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-ep\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[latentsift.plugins]\nbroken = broken_ep\n")
+    (info / "RECORD").write_text("")
+    env = dict(os.environ, COLUMNS="400", LATENTSIFT_PLUGINS=",".join(BROKEN),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(site), str(SRC)]))
+    try:
+        def run(*args):
+            return subprocess.run([sys.executable, "-m", "latentsift.cli", *map(str, args)], env=env,
+                                  capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        r = run("import", FIXTURE, "--out", tmp_path / "pools.jsonl")
+        assert r.returncode == 0 and (tmp_path / "pools.jsonl").is_file(), r.stderr
+        warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: the plugin")]
+        assert "Traceback" not in r.stderr and len(warnings) == len(BROKEN) + 1, r.stderr
+        for name, words in (("p_raises", "RuntimeError: the plugin is broken"),
+                            ("p_missing_dep", "ModuleNotFoundError: No module named 'a_module_nobody_installed'"),
+                            ("p_syntax", "SyntaxError"), ("p_exits", "SystemExit: 3"),
+                            ("broken", "(broken_ep, entry point of the package broken-ep)")):
+            assert sum(f"'{name}'" in w and words in w for w in warnings) == 1, (name, warnings)
+        r = run("extract", "--help")
+        assert r.returncode == 0 and "echo-render" in " ".join(r.stdout.split()), r.stderr
+        r = run("extract", tmp_path / "pools.jsonl", "--out", tmp_path / "s", "--renderer", "broken-render")
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+        assert r.returncode == 2 and len(errors) == 1 and "--renderer" in errors[0], r.stderr
+        assert not (tmp_path / "s").exists()
+    finally:
+        shutil.rmtree(info)
+        (site / "broken_ep.py").unlink()

@@ -216,6 +216,23 @@ def test_rollout_checks_its_options_before_the_model_loads_and_writes_nothing(tm
     assert not out.exists()
 
 
+def test_a_prompt_that_cannot_fit_the_context_is_refused_before_the_model_loads(tmp_path, no_model):
+    """The packaged model's context is 8,192 tokens (its GGUF header): a prompt of more than 8,192 x 256 bytes
+    cannot fit whatever its tokens, and is refused in one line naming the file, the task and what helps; one
+    under that bound goes on to the model (where the exact count decides)."""
+    def with_docstring(n_bytes: int) -> dict:
+        return {**TASKS[0], "prompt": TASKS[0]["prompt"].replace('"""\n    >>>', '"""' + "word " * (n_bytes // 5)
+                                                                                 + "\n    >>>", 1)}
+    out = tmp_path / "o"
+    tasks = _task_file(tmp_path / "tasks.jsonl", [TASKS[1], with_docstring(2_200_000)])
+    r = cli("rollout", tasks, "--out", out)
+    refused(r, f"{tasks}: the prompt of task 'T/0' is 2,20", "past the model's context of 8,192: shorten the prompt "
+            "or leave the task out of the file, or use a --model with a longer context")
+    assert _written(tmp_path, out) == []
+    r = cli("rollout", _task_file(tmp_path / "tasks.jsonl", [with_docstring(2_000_000)]), "--out", out)
+    assert isinstance(r.exception, no_model), r.output
+
+
 def test_rollout_help_names_options_and_files_not_functions():
     r = CliRunner().invoke(app, ["rollout", "--help"], env={"COLUMNS": "400"})
     assert r.exit_code == 0 and "--shard" in r.output and "docs/own-policy.md" in r.output

@@ -14,7 +14,8 @@ Modules outside the package register when they are imported: those named in the 
 variable ``LATENTSIFT_PLUGINS`` (comma-separated module names) and those of the entry-point group
 ``latentsift.plugins`` (and, for filters, the older group ``latentsift.filters``). They are imported
 on the first listing of a kind and whenever a lookup misses, so a plugin's extensions show
-everywhere, the command line included.
+everywhere, the command line included. A plugin that fails to import (any exception) is one warning
+line naming it; the rest works without its extensions.
 """
 from __future__ import annotations
 
@@ -109,15 +110,24 @@ def load_plugins(*, force: bool = False) -> None:
         return
     _loaded = True
     for m in (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",")):
-        if not m:
-            continue
-        try:
-            importlib.import_module(m)
-        except ImportError as e:
-            raise LatentSiftError(f"{PLUGINS_ENV}: cannot import the module {m!r} ({e}).") from None
+        if m:
+            _import_plugin(f"{m!r} (named in {PLUGINS_ENV})", lambda m=m: importlib.import_module(m))
     for group in ENTRY_POINT_GROUPS:
         for ep in entry_points(group=group):
-            ep.load()
+            dist = f" of the package {ep.dist.name}" if ep.dist is not None else ""
+            _import_plugin(f"{ep.name!r} ({ep.value}, entry point{dist})", ep.load)
+
+
+def _import_plugin(label: str, load) -> None:
+    """``load()`` a plugin; when it raises anything (a missing module, an error of its own, a ``sys.exit``),
+    one warning line naming it on stderr: its extensions are missing, and the package's own commands, and the
+    other plugins', keep working. A command given one of its names refuses that name in one line."""
+    try:
+        load()
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a plugin's failure is its own
+        what = (str(e).strip().splitlines() or [""])[0]
+        print(f"warning: the plugin {label} failed to import ({type(e).__name__}{': ' if what else ''}{what}); "
+              "its extensions are not available.", file=sys.stderr)
 
 
 def registry_entries(kind: str, *, plugins: bool = True) -> list[Entry]:

@@ -18,7 +18,7 @@ from ..rollout.folder import SUBPROCESS_SANDBOX, RolloutReport, check_resume, ex
 from ..rollout.sandbox import SandboxLimits
 from ..rollout.tasks import HUMANEVAL_SOURCE, task_sources
 from ..states.model import AUTO_DTYPE, DTYPES, check_device, default_model_path, load_policy
-from ..states.model_files import check_model_path
+from ..states.model_files import check_model_path, context_length_of
 
 __all__ = ["AUTO_DTYPE", "HUMANEVAL_SOURCE", "SUBPROCESS_SANDBOX", "RolloutOptions", "RolloutSettings",
            "export_dataset", "parse_shard", "rollout_command", "sandboxes", "task_sources"]
@@ -118,6 +118,7 @@ def rollout_command(o: RolloutOptions, *, log: Callable[[str], object] = print,
             chosen = f"(--tasks {first})" if first else f"in {path}"
             raise LatentSiftError(f"--shard {part[0]}/{part[1]} selects no task: there are {pool} {chosen}; use "
                                   f"--shard I/N with I at most {pool}.")
+        settings.check_fits(task_list, context_length_of(model_path), str(path))
         stem = model_path.name.removesuffix(".gguf")
         check_resume(out, settings, run=run or stem, agent=stem, threads=threads, dtype=dtype, tasks=task_list)
         log(f"{len(task_list)} tasks from {path}; loading the model ...")

@@ -32,6 +32,7 @@ import numpy as np
 
 from .._core.validation import LatentSiftError, check_positive_int, param_error
 from ..states.channel import EXCLUDED, Rendering, render
+from ..states.model_files import MAX_TOKEN_BYTES
 from ..states.online import OnlineBatch, Sampling
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import Step, Trajectory
@@ -103,6 +104,22 @@ class RolloutSettings:
             raise LatentSiftError("The rollout's user_template needs '{prompt}' and its feedback_template '{report}'.")
         self.sampling.check()
         return self
+
+    def check_fits(self, tasks: Sequence[Any], context: int | None, where: str) -> None:
+        """Refuse, before the model loads (and before a huge prompt is tokenised: 140 s and 6 GB for 49 MB), a
+        task whose first message cannot fit the model's ``context`` (tokens, from its files; None: unknown, not
+        checked): its system prompt and user message hold more bytes than ``context`` tokens of
+        :data:`MAX_TOKEN_BYTES` each could. Nearer the limit the exact count refuses after the load (``turn``)."""
+        if context is None:
+            return
+        for task in tasks:
+            n = len(self.system_prompt.encode()) + len(self.user_template.format(prompt=task.prompt).encode())
+            if n > context * MAX_TOKEN_BYTES:
+                raise LatentSiftError(
+                    f"{where}: the prompt of task {task.task_id!r} is {n:,} bytes with the system prompt, at least "
+                    f"{-(-n // MAX_TOKEN_BYTES):,} tokens (no token spans more than {MAX_TOKEN_BYTES} bytes), past "
+                    f"the model's context of {context:,}: shorten the prompt or leave the task out of the file, or "
+                    "use a --model with a longer context.")
 
     def to_dict(self) -> dict:
         return asdict(self)

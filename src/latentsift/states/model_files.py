@@ -34,6 +34,9 @@ from .._core.validation import LatentSiftError
 #: What every refusal ends with: what a model path may be.
 _WANTED = "pass a .gguf file or a Hugging Face model directory (config.json and safetensors weights)"
 WEIGHT_PATTERNS = ("*.safetensors",)
+#: At most this many bytes per token in the tokenizers we know (SmolLM2's longest token: 81 bytes, a run of
+#: spaces 64 per token): a text of more bytes than this times a context cannot fit it, told before tokenising.
+MAX_TOKEN_BYTES = 256
 #: Weights stored as Python pickles: reading one can run any code it holds, so they are never read.
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
@@ -92,7 +95,13 @@ class _Header:
 
 
 def gguf_data_end(path: Path) -> tuple[int, int]:
-    """(bytes the GGUF file's tensors need, from its header; the file's size). Raises ``DamagedHeader``
+    """(bytes the GGUF file's tensors need, from its header; the file's size): :func:`gguf_layout`'s first two."""
+    return gguf_layout(path)[:2]
+
+
+def gguf_layout(path: Path) -> tuple[int, int, int | None]:
+    """(bytes the GGUF file's tensors need, from its header; the file's size; its context in tokens, the
+    header's ``<architecture>.context_length``, or None). Raises ``DamagedHeader``
     (the tensors' shapes do not tile the data: each must end where the next begins, after the alignment),
     ``ValueError`` (not GGUF, an unknown type) or ``EOFError`` (the header itself is cut short)."""
     import gguf
@@ -108,12 +117,14 @@ def gguf_data_end(path: Path) -> tuple[int, int]:
         if h.u32() not in (2, 3):
             raise ValueError("an unknown GGUF version")
         n_tensors, n_kv = h.u64(), h.u64()
-        alignment = gguf.GGUF_DEFAULT_ALIGNMENT
+        alignment, context = gguf.GGUF_DEFAULT_ALIGNMENT, None
         for _ in range(n_kv):
             key, vtype = h.string(), h.u32()
             value = h.skip_value(vtype, scalar_sizes)
             if key == "general.alignment" and value:
                 alignment = int(value)
+            elif key.endswith(".context_length") and value:
+                context = int(value)
         tensors = []   # (offset, bytes, name, dims)
         for _ in range(n_tensors):
             name = h.string()
@@ -132,7 +143,7 @@ def gguf_data_end(path: Path) -> tuple[int, int]:
     end = tensors[-1][0] + tensors[-1][1] if tensors else 0
     if _aligned(start + end, alignment) < size:
         raise DamagedHeader(f"its tensors need {start + end:,} bytes and the file has {size:,}")
-    return start + end, size
+    return start + end, size, context
 
 
 class DamagedHeader(ValueError):
@@ -144,10 +155,26 @@ def _aligned(n: int, alignment: int) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _walked(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
-    """:func:`gguf_data_end` once per file version (its size and modification time) in this process: a command
+def _walked(path: str, size: int, mtime_ns: int) -> tuple[int, int, int | None]:
+    """:func:`gguf_layout` once per file version (its size and modification time) in this process: a command
     checks ``--model`` and then loads it (which checks it again), a test session loads the model many times."""
-    return gguf_data_end(Path(path))
+    return gguf_layout(Path(path))
+
+
+def _layout(p: Path) -> tuple[int, int, int | None]:
+    st = p.stat()
+    return _walked(str(p.resolve()), st.st_size, st.st_mtime_ns)
+
+
+def context_length_of(path: Path) -> int | None:
+    """The context in tokens of the model at ``path`` (checked by :func:`check_model_path`), read from its files
+    without loading it: a GGUF header's ``<architecture>.context_length``, a config.json's
+    ``max_position_embeddings`` (its ``text_config``'s for a multimodal one); None when they do not say."""
+    if path.is_file():
+        return _layout(path)[2]
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    value = (config.get("text_config") or config).get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def check_model_path(path: str | os.PathLike, option: str | None = "--model") -> Path:
@@ -190,8 +217,7 @@ def check_model_path(path: str | os.PathLike, option: str | None = "--model") ->
     if p.suffix != ".gguf":
         raise LatentSiftError(f"{name} is not a .gguf file; {_WANTED}.")
     try:
-        st = p.stat()
-        need, size = _walked(str(p.resolve()), st.st_size, st.st_mtime_ns)
+        need, size, _ = _layout(p)
     except EOFError:
         raise LatentSiftError(f"{name} is cut short inside its GGUF header: download or copy it again.") from None
     except DamagedHeader as e:

@@ -272,8 +272,9 @@ class OnlineBatch:
         sampling.check()
         longest = max(t.n_tokens for t in targets) + sampling.max_new_tokens
         if longest > self.policy.context_length:
-            raise LatentSiftError(f"The conversation would reach {longest} tokens, past the model's context of "
-                                  f"{self.policy.context_length}; use fewer turns or a lower max_new_tokens.")
+            raise LatentSiftError(f"The conversation would reach {longest:,} tokens, past the model's context of "
+                                  f"{self.policy.context_length:,}; use fewer --turns, a lower --max-new-tokens or a "
+                                  "shorter task prompt.")
         for r, t in zip(rows, targets):
             self._settle(r, t)
         n, dev = sampling.max_new_tokens, self.policy.device
