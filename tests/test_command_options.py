@@ -40,6 +40,7 @@ BASE = {
     "premise": ["premise", "{file}", "--states", "{dir}", "--out", "{tmp}/p"],
     "reproduce": ["reproduce", "--data", "{dir}", "--out", "{tmp}/r"],
     "rollout": ["rollout", "{file}", "--out", "{tmp}/o"],
+    "transfer": ["transfer", "{file}", "--states", "{dir}", "--out", "{tmp}/t"],
 }
 CLASSES = {cls.command: cls for cls in options_classes()}
 CASES = [(command, name) for command, cls in sorted(CLASSES.items()) for name, p in parameters(cls).items()
@@ -171,6 +172,7 @@ FREE = {
     "reproduce": ("--out", "--full", "--include-leaky", "--variants"),
     "rollout": ("--out", "--run"),
     "verify": ("--out", "--api-model", "--cache"),
+    "transfer": ("--states", "--out"),
 }
 
 
@@ -186,7 +188,7 @@ def test_only_flags_outputs_and_names_have_no_invalid_value():
                 kinds = {type(getattr(c, "item", c)) for c in p.constraints if c is not None}
                 assert kinds == {Kind}, p
     total = sum(len(parameters(cls)) for cls in CLASSES.values())
-    assert len(CASES) == total - sum(map(len, FREE.values())) == 146, (len(CASES), total)
+    assert len(CASES) == total - sum(map(len, FREE.values())) == 154, (len(CASES), total)
 
 
 @pytest.mark.parametrize("command, name", CASES)

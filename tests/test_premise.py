@@ -2,7 +2,8 @@
 bank between two policies' pools with the shift guard's flags (``latentsift transfer --group-by instance``).
 
 Synthetic states in real state stores for the structure (fast), and the packaged SmolLM2 on the tiny run's
-pools for real states: two span settings of the same trajectories stand in for own and proxy.
+pools for real states: two dtypes of the same trajectories' replay stand in for own and proxy (their spans
+cut alike: a proxy of other span settings is refused).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from latentsift.sift.ablations import BRANCH_LEARNED
 from latentsift.sift.rules import EXAMPLES_PASSED, PAPER, PURE_LENGTH, REFERENCE
 from latentsift._jobs.premise import premise
 from latentsift.states.extract import extract_pools
+from latentsift.states.model import load_policy
 from latentsift.trajectories.trajectory import load_jsonl, save_jsonl
 from synthetic import PROXY_FP, write_single_policy
 
@@ -246,6 +248,21 @@ def test_claims_refuse_a_proxy_run_of_other_candidates(synthetic_premise, tmp_pa
         run_claims(tmp_path / "proxy")
 
 
+def test_premise_refuses_a_proxy_whose_spans_are_cut_otherwise(synthetic_premise, tmp_path):
+    """Own and proxy stores of the same candidates whose span settings differ: own - proxy would measure the
+    spans, not the encoders; one line naming both stores and both settings, nothing written."""
+    d = synthetic_premise[0]
+    proxy = shutil.copytree(d / "proxy" / "states", tmp_path / "proxy")
+    manifest = json.loads((proxy / "manifest.json").read_text())
+    manifest["settings"] |= {"max_span_tokens": 4, "renderer": "render_per_step"}
+    (proxy / "manifest.json").write_text(json.dumps(manifest))
+    r = _cli("premise", d / "own" / "pools.jsonl", "--states", d / "own" / "states", "--proxy-states", proxy,
+             "--out", tmp_path / "out", *FAST)
+    refused(r, f"--states {d / 'own' / 'states'} and --proxy-states {proxy} cut the spans with other settings "
+               "(max_span_tokens=None vs 4, renderer=None vs 'render_per_step')")
+    assert not (tmp_path / "out").exists()
+
+
 def test_premise_refuses_stores_of_other_candidates_and_pools_smaller_than_every_k(synthetic_premise, tmp_path):
     d = synthetic_premise[0]
     pools, _ = write_single_policy(tmp_path / "other", n_instances=16, k=8, prefix="Other")
@@ -310,15 +327,18 @@ def test_transfer_between_two_policies_on_the_same_tasks_reports_the_guard_flags
 
 
 @pytest.mark.model
-def test_premise_on_real_states_of_two_span_settings(tiny_run, policy, tmp_path, one_torch_thread):
-    """The tiny run's pools of one agent, its SmolLM2 states (spans of 8 tokens) as 'own' and a replay with
-    spans of 4 tokens as 'proxy': the same candidates, the same folds, paired."""
+def test_premise_on_real_states_of_two_dtypes(tiny_run, policy, tmp_path, one_torch_thread):
+    """The tiny run's pools of one agent, its SmolLM2 states as 'own' and a replay with the same spans in
+    another dtype as 'proxy' (another encoder's stand-in: other numerics, another fingerprint): the same
+    candidates, the same folds, paired."""
     run, tiny = tiny_run["out"], tiny_run["settings"]
     trajs = load_jsonl(run / "pools.jsonl")
     agent = sorted({t.agent for t in trajs})[0]
     one = [t for t in trajs if t.agent == agent]
     save_jsonl(one, tmp_path / "pools.jsonl")
-    extract_pools(policy, one, tmp_path / "proxy", max_span_tokens=4, max_prompt_tokens=tiny["max_prompt_tokens"])
+    other = load_policy(dtype="float32" if policy.fingerprint.dtype != "float32" else "bfloat16")
+    extract_pools(other, one, tmp_path / "proxy", max_span_tokens=tiny["max_span_tokens"],
+                  max_prompt_tokens=tiny["max_prompt_tokens"])
     k = max(len([t for t in one if t.instance_id == i]) for i in {t.instance_id for t in one})
     out = premise(tmp_path / "pools.jsonl", run / "states", tmp_path / "out", proxy_states=tmp_path / "proxy",
                   ks=(k,), n_folds=2, n_draws=5, n_boot=50, scorer_epochs=tiny["scorer_epochs"], log=lambda m: None)
@@ -326,12 +346,12 @@ def test_premise_on_real_states_of_two_span_settings(tiny_run, policy, tmp_path,
     assert s["runs"]["own"]["composition"]["agents"] == [agent]
     assert s["runs"]["own"]["composition"]["group_by"] == "instance"
     own_fp, proxy_fp = s["runs"]["own"]["fingerprint"], s["runs"]["proxy"]["fingerprint"]
-    assert own_fp["architecture"] == proxy_fp["architecture"]  # one model, two span settings
+    assert own_fp["architecture"] == proxy_fp["architecture"]  # one model, two dtypes
     cmp = s["own_vs_proxy"]
     assert cmp["n_candidates"] == len(one)
     for n, row in cmp["filters"].items():
         assert row["estimate"] == pytest.approx(row["a"] - row["b"])
-    # the scores differ between the two stores (other spans, other states), the length rules do not
+    # the scores differ between the two stores (other states), the length rules do not
     own_scores = json.loads((out / "own" / "premise" / "scores.json").read_text())
     proxy_scores = json.loads((out / "proxy" / "premise" / "scores.json").read_text())
     assert own_scores["traj_id"] == proxy_scores["traj_id"]

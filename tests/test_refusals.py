@@ -158,10 +158,11 @@ def _cal(rec):
     (lambda r: r["rule"].update(n_calibration_pools=3, n_lost_allowed=0), "fewer than the 9"),
     (lambda r: r["rule"].update(n_lost_allowed=0), "field 'rule.n_lost_allowed'"),
     (lambda r: r["calibration_pools"].update(pool_sizes=[6, 4]), "field 'calibration_pools.pool_sizes'"),
+    (lambda r: r.update(calibration_instances=[]), "field 'calibration_instances'"),   # the leak check's list
 ])
 def test_a_hand_edited_operating_point_is_refused_in_one_line(sifted, tmp_path, edit, words):
     """What is tested: an operating_point.json edited by hand (an empty or unequal calibration map, a null
-    or huge threshold, counts no fit gives) is refused by 'filter' with one line naming the file and the
+    or huge threshold, counts no fit gives, no calibration instance for filter to refuse pools of) is refused by 'filter' with one line naming the file and the
     field, instead of a numpy traceback or every pool kept at one and marked guaranteed."""
     sifter = _edited(sifted, tmp_path, edit)
     r = _cli("filter", sifted / "pools.jsonl", "--states", sifted / "states", "--sifter", sifter, "--target-recall",

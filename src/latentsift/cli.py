@@ -19,7 +19,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from ._cli._vocabulary import advise
+from ._cli._vocabulary import advise, in_option_words
 from ._core.errors import LatentSiftError, user_message
 
 #: command -> (its module in ``latentsift._cli``, its line in ``latentsift --help``), in the help's order.
@@ -92,7 +92,11 @@ class _Commands(TyperGroup):
         ``--k 4 8`` in one line: an option given once per value (``--k 4 --k 8``) would take the
         4, and the command would read the 8 as one of its files (any repeatable option followed by two
         numbers: none of ours takes a number and then a positional one)."""
-        args = advise(args, lambda line: typer.secho(f"note: {line}", fg="yellow", err=True))
+        try:
+            args = advise(args, lambda line: typer.secho(f"note: {line}", fg="yellow", err=True))
+        except LatentSiftError as e:   # an old name beside its new one with another value
+            _report(e)
+            ctx.exit(2)
         command = self.get_command(ctx, args[0]) if args else None
         if command is not None:
             repeat = {o for p in command.params if getattr(p, "multiple", False) for o in getattr(p, "opts", ())}
@@ -127,7 +131,7 @@ def _report(e: BaseException) -> bool:
     message = user_message(e)
     if message is None:
         return False
-    typer.secho(f"error: {' '.join(message.split())}", fg="red", err=True)
+    typer.secho(f"error: {' '.join(in_option_words(message).split())}", fg="red", err=True)
     return True
 
 

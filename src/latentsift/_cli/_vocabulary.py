@@ -8,7 +8,10 @@ before it is parsed and prints one line of advice per old name used, so old scri
 """
 from __future__ import annotations
 
+import re
 from typing import Callable, Iterator
+
+from .._core.errors import LatentSiftError
 
 #: name -> its one meaning (the commands that take it are read from the commands themselves).
 MEANINGS: dict[str, str] = {
@@ -167,12 +170,36 @@ ALIASES: dict[tuple[str, str], str] = {
     ("verify", "--trajectories"): "",
     ("verify", "--max-prompt-tokens"): "--verifier-max-tokens",
 }
+#: command -> the new names its old ones stand for (a value given under both names must be one).
+_TARGETS: dict[str, set[str]] = {c: {new for (c2, _), new in ALIASES.items() if c2 == c and new} for c, _ in ALIASES}
 #: (command, option, old value) -> new value.
 VALUE_ALIASES: dict[tuple[str, str, str], str] = {("fit", "--guard-reference", "repository"): "repo"}
 #: old subcommand -> new one.
 COMMAND_ALIASES: dict[tuple[str, str], str] = {("policy", "verify"): "check"}
 #: command -> (old order of its inputs, new order): the command itself reads the old one (its ``--pools`` is hidden).
 ORDER_ALIASES: dict[str, tuple[str, str]] = {"bank build": ("STATES_DIR --pools POOLS", "POOLS --states STATES_DIR")}
+
+
+#: (owner, parameter) of a library check a command reaches -> the option that sets it: its refusal ("The 'layer'
+#: parameter of Bank must be ...") is printed in the command line's words ("--layer must be ...").
+PARAMETER_OPTIONS: dict[tuple[str, str], str] = {
+    ("Bank", "layer"): "--layer", ("Bank", "channels"): "--channels", ("Bank", "normalize"): "--normalize",
+    ("Bank", "center"): "--center", ("Bank", "backend"): "--backend",
+    ("select_by_repo", "include"): "--repos", ("select_by_repo", "exclude"): "--exclude-repos",
+    ("LinearScorer", "lr"): "--lr", ("LinearScorer", "weight_decay"): "--weight-decay",
+    ("LinearScorer", "accumulation"): "--accumulation", ("LinearScorer", "max_epochs"): "--max-epochs",
+    ("LinearScorer", "init"): "--init", ("LinearScorer", "patience"): "--patience",
+    ("import_paths", "scaffold"): "--scaffold", ("EFVerifier", "max_prompt_tokens"): "--verifier-max-tokens",
+    ("reproduce", "sweep"): "--sweep", ("evaluate_run", "final_verifier"): "--final-verifier",
+}
+_PARAMETER = re.compile(r"The '(\w+)' parameter of (\w+)[\w.]* ")
+
+
+def in_option_words(message: str) -> str:
+    """``message`` with a library parameter that an option sets (:data:`PARAMETER_OPTIONS`) named as that option."""
+    m = _PARAMETER.match(message)
+    option = PARAMETER_OPTIONS.get((m[2], m[1])) if m else None
+    return f"{option} {message[m.end():]}" if option else message
 
 
 def order_advice(command: str) -> str:
@@ -189,7 +216,30 @@ def advise(args: list[str], say: Callable[[str], None]) -> list[str]:
         new = COMMAND_ALIASES[tuple(args[:2])]
         say(f"'{args[0]} {args[1]}' is now '{args[0]} {new}'; it works for now.")
         args[1] = new
-    return list(_renamed(command_path(args), args, say))
+    command = command_path(args)
+    _check_one_spelling(command, args)
+    return list(_renamed(command, args, say))
+
+
+def _check_one_spelling(command: str, args: list[str]) -> None:
+    """Refuse an old name given beside its new one with another value (``rollout --samples 0 --k 2`` would run
+    the last one given): one line naming both."""
+    given: dict[str, list[tuple[str, str]]] = {}   # option as given -> [(its new name, value)]
+    for i, a in enumerate(args):
+        if a == "--":
+            break
+        name, eq, value = a.partition("=")
+        if not name.startswith("--"):
+            continue
+        new = ALIASES.get((command, name)) or (name if name in _TARGETS.get(command, ()) else None)
+        if new:
+            given.setdefault(new, []).append((name, value if eq else (args[i + 1] if i + 1 < len(args) else "")))
+    for new, uses in given.items():
+        if len({name for name, _ in uses}) > 1 and len({value for _, value in uses}) > 1:
+            said = " and ".join(f"{name} {value}" for name, value in uses)
+            old = next(name for name, _ in uses if name != new)
+            raise LatentSiftError(f"{old} is the old name of {new} in {command}; give one of them, not both with "
+                                  f"other values ({said}).")
 
 
 def command_path(args: list[str]) -> str:

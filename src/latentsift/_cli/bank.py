@@ -14,7 +14,7 @@ from ._help import listed
 from .._jobs.scorer import CURVE_PNG, train_scorer_to_file
 from .._core.validation import LatentSiftError
 from ._options import Channels, Seed, StatesDir, csv_list
-from ._vocabulary import order_advice
+from ._vocabulary import ORDER_ALIASES, order_advice
 from ._progress import StageProgress, messages
 
 bank_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -50,6 +50,10 @@ def build_cmd(
 ) -> None:
     """Build positive and negative banks from stored states and outcome labels."""
     console = messages()
+    if old_pools is not None and states is not None:   # the old order's first argument is the states: one is lost
+        old, new = ORDER_ALIASES["bank build"]
+        raise LatentSiftError(f"bank build: --pools belongs to the old order ({old}), whose first argument is the "
+                              f"states; with --states {states} give the new one ({new}), without --pools.")
     if old_pools is not None:   # the old order: STATES_DIR --pools POOLS
         typer.secho(f"note: {order_advice('bank build')}", fg="yellow", err=True)
         states, pools = pools, old_pools

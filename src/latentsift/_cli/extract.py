@@ -53,8 +53,8 @@ def extract_cmd(
     per_step: bool = typer.Option(_D["per_step"], "--per-step", help="Replay each step in its own context (chat "
                                   "templates that drop earlier <think> blocks, e.g. Qwen3; O(T^2) tokens): "
                                   "--renderer render_per_step."),
-    renderer: str = typer.Option(_D["renderer"], "--renderer", help="The span renderer, a registered one: "
-                                 "{renderers}."),
+    renderer: Optional[str] = typer.Option(_D["renderer"], "--renderer", help="The span renderer, a registered "
+                                           "one: {renderers} (default: render)."),
     backend: Optional[str] = typer.Option(_D["backend"], "--backend", help="The extraction backend, a registered "
                                           "one: {extraction_backends} (default: local, or ray with --ray)."),
     patch_step_tokens: Optional[int] = typer.Option(_D["patch_step_tokens"], "--patch-step-tokens", help="Keep the "

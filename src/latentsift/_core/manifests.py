@@ -373,7 +373,7 @@ class OperatingPointManifest(Artefact):
     params: KeepParams
     calibration_pools: OperatingPointCalibration
     calibration_fingerprint: str
-    calibration_instances: list[str]
+    calibration_instances: Annotated[list[str], Field(min_length=1)]   # filter refuses pools among them
     not_guaranteed: list[str]
     sifter: OperatingPointSifter
 

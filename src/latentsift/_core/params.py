@@ -348,6 +348,8 @@ def options_classes(root: type = CommandOptions) -> Iterator[type]:
 # ---------------------------------------------------------------- constraints several commands declare
 #: A positive count (``--workers``, ``--shard-size``, ...).
 POSITIVE = Interval(Integral, 1, None)
+#: Bootstrap resamples (``--bootstrap``): an interval needs two or more.
+BOOTSTRAP = Interval(Integral, 2, None)
 #: A count that may be 0 (``--evidence``, ``--show``) and a seed.
 COUNT = Interval(Integral, 0, None)
 SEED = COUNT

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Callable, ClassVar, Sequence
 
 from .._core.outputs import owned_output
-from .._core.params import (FLAG, OUT, POSITIVE, RATE, RECALL, SEED, CommandOptions, Each, ExistingPath, Interval,
-                            Kind, OneOf, option)
+from .._core.params import (BOOTSTRAP, FLAG, OUT, POSITIVE, RATE, RECALL, SEED, CommandOptions, Each, ExistingPath,
+                            Interval, Kind, OneOf, option)
 from ..deploy.leak import ON_LEAK
 from ..protocol.crossval import CrossvalSettings, crossval
 from ..protocol.settings import GROUP_BY
@@ -42,7 +42,7 @@ class CrossvalOptions(CommandOptions):
     seed: int = option("--seed", SEED, default=_D["seed"])
     verifier: Path | None = option("--verifier", ExistingPath("path"), None, default=None)
     instances: int | None = option("--max-instances", POSITIVE, None, default=_D["first_instances"])
-    boot: int = option("--bootstrap", POSITIVE, default=_D["n_boot"])
+    boot: int = option("--bootstrap", BOOTSTRAP, default=_D["n_boot"])
     scorer_epochs: int = option("--scorer-epochs", POSITIVE, default=_D["scorer_epochs"])
     variants: bool = option("--variants", FLAG, default=_D["variants"])
     agent_transfer: bool = option("--agent-transfer", FLAG, default=_D["agent_transfer"])

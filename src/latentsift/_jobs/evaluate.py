@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Callable, ClassVar, Sequence
 
 from .._core.outputs import owned_output
-from .._core.params import (FLAG, OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPath, Kind, OneOf,
-                            option)
+from .._core.params import (BOOTSTRAP, FLAG, OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPath, Kind,
+                            OneOf, option)
 from .._core.validation import LatentSiftError
 from ..cascade.cascade import MISSING_RULES, TIE_RULES
 from ..metrics.evaluate import SMALL_POOL_RULES, EvaluateSettings, evaluate_run
@@ -38,7 +38,7 @@ class EvaluateOptions(CommandOptions):
     seed: int = option("--seed", SEED, default=0)
     tie: str = option("--tie", OneOf(TIE_RULES), default="mean")
     missing: str = option("--missing", OneOf(MISSING_RULES), default="skip-stage")
-    bootstrap: int = option("--bootstrap", POSITIVE, default=1000)
+    bootstrap: int = option("--bootstrap", BOOTSTRAP, default=1000)
     small_pools: str = option("--small-pools", OneOf(SMALL_POOL_RULES), default="error")
     exact: bool = option("--exact", FLAG, default=True)
     stop_when_single: bool = option("--stop-when-single", FLAG, default=True)

@@ -52,14 +52,15 @@ _OPTIONAL_POSITIVE = (POSITIVE, None)
 @dataclass(frozen=True, kw_only=True)
 class ExtractOptions(CommandOptions):
     """The options of ``latentsift extract``, each declared once with the values it allows (``_core.params``);
-    built = validated, before anything loads. ``renderer``: a registered span renderer (``per_step`` is
-    shorthand for ``render_per_step``); ``backend``: a registered extraction backend (default: the local one,
+    built = validated, before anything loads. ``renderer``: a registered span renderer (None: ``render``;
+    ``per_step`` is shorthand for ``render_per_step`` and excludes it); ``backend``: a registered extraction backend (default: the local one,
     or Ray's with ``ray``)."""
 
     command: ClassVar[str] = "extract"
     rules: ClassVar[tuple[Rule, ...]] = (
-        Rule(lambda s: s.per_step and s.renderer not in (RENDER, RENDER_PER_STEP),
-             lambda s: f"--per-step is --renderer {RENDER_PER_STEP}; it cannot go with --renderer {s.renderer}."),
+        Rule(lambda s: s.per_step and s.renderer is not None,
+             lambda s: f"--per-step is --renderer {RENDER_PER_STEP}; give one of them, not both (--renderer "
+                       f"{s.renderer} and --per-step)."),
         Rule(lambda s: s.device_map is not None and s.device is not None,
              lambda s: device_map_with_device(s.device_map, s.device)))
 
@@ -79,7 +80,7 @@ class ExtractOptions(CommandOptions):
     pack_tokens: int | None = option("--pack-tokens", COUNT, None, default=None)
     threads: int | None = option("--threads", *_OPTIONAL_POSITIVE, default=None)
     per_step: bool = option("--per-step", FLAG, default=False)
-    renderer: str = option("--renderer", Registered("renderer"), default=RENDER)
+    renderer: str | None = option("--renderer", Registered("renderer"), None, default=None)
     backend: str | None = option("--backend", Registered("extraction_backend"), None, default=None)
     patch_step_tokens: int | None = option("--patch-step-tokens", *_OPTIONAL_POSITIVE, default=None)
     ray_address: str | None = option("--ray", RAY_ADDRESS, None, default=None)
@@ -102,9 +103,15 @@ def extract_to_store(s: ExtractOptions, *, log: Callable[[str], Any] = print,
     progress."""
     with owned_output(s.out, [s.pools, s.model], kind="store"):  # a second writer is refused before the model loads
         s.check_paths()
-        renderer = RENDER_PER_STEP if s.per_step else s.renderer
+        renderer = RENDER_PER_STEP if s.per_step else s.renderer or RENDER
         layer_sel = parse_layers(s.layers)
         check_model_options(s.model, layer_sel)
+        if s.device_map is not None and s.ray_address is None:
+            import torch
+
+            if not torch.cuda.is_available():   # said, not silently the same as no map
+                log(f"note: --device-map {s.device_map}: torch sees no GPU on this machine, so the whole policy is "
+                    "placed on the CPU (and on the disk, what does not fit in memory).")
         trajs = load_jsonl(s.pools)
         if not trajs:  # said before the model loads; no empty store is made
             raise LatentSiftError(f"{s.pools} holds no trajectory: nothing to extract (write it with "

@@ -11,7 +11,8 @@ from typing import Callable, ClassVar, Sequence, Union
 
 from .._core.io import atomic_write_json, atomic_write_text
 from .._core.outputs import PREMISE_OWN, owned_output
-from .._core.params import OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPath, Kind, OneOf, option
+from .._core.params import (BOOTSTRAP, OUT, POSITIVE, SEED, CommandOptions, Each, ExistingPath, Kind, OneOf,
+                            option)
 from .._core.validation import check_states_present
 from ..deploy.library import open_stores
 from ..metrics.formats import check_gen_test_key
@@ -49,7 +50,7 @@ class PremiseOptions(CommandOptions):
     folds: int = option("--folds", POSITIVE, default=_D["n_folds"])
     k: Sequence[int] = option("--k", Each(POSITIVE), default=PREMISE_KS)
     draws: int = option("--draws", POSITIVE, default=_D["n_draws"])
-    boot: int = option("--bootstrap", POSITIVE, default=_D["n_boot"])
+    boot: int = option("--bootstrap", BOOTSTRAP, default=_D["n_boot"])
     scorer_epochs: int = option("--scorer-epochs", POSITIVE, default=_D["scorer_epochs"])
     seed: int = option("--seed", SEED, default=_D["seed"])
     verifier: Path | None = option("--verifier", ExistingPath("path"), None, default=None)

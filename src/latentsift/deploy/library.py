@@ -69,10 +69,15 @@ def store_difference(a: StateStore, b: StateStore) -> str | None:
         diff = [f"{k} {getattr(fa, k)!r} vs {getattr(fb, k)!r}" for k in fa.__dataclass_fields__
                 if k != "digest" and getattr(fa, k) != getattr(fb, k)]
         return f"another model ({', '.join(diff) or 'fingerprint ' + fa.digest + ' vs ' + fb.digest})"
-    sa, sb = a.settings, b.settings
-    diff = [f"{k}={sa.get(k, SETTING_DEFAULTS.get(k))!r} vs {sb.get(k, SETTING_DEFAULTS.get(k))!r}"
-            for k in MATCHED_SETTINGS if sa.get(k, SETTING_DEFAULTS.get(k)) != sb.get(k, SETTING_DEFAULTS.get(k))]
+    diff = settings_difference(a.settings, b.settings)
     return f"other settings ({', '.join(diff)})" if diff else None
+
+
+def settings_difference(sa: dict, sb: dict, keys: Sequence[str] = MATCHED_SETTINGS) -> list[str]:
+    """``key=a vs b`` for each of ``keys`` whose value differs between two stores' settings (a store written
+    before a setting existed: its default)."""
+    return [f"{k}={sa.get(k, SETTING_DEFAULTS.get(k))!r} vs {sb.get(k, SETTING_DEFAULTS.get(k))!r}"
+            for k in keys if sa.get(k, SETTING_DEFAULTS.get(k)) != sb.get(k, SETTING_DEFAULTS.get(k))]
 
 
 def open_stores(dirs: Sequence[str | Path], owner: str) -> StoreUnion:

@@ -45,11 +45,12 @@ import numpy as np
 
 from .._core.io import atomic_write_json
 from .._core.validation import LatentSiftError
-from ..deploy.library import store_difference
+from ..deploy.library import settings_difference, store_difference
 from ..metrics.diagnostics import CI_LEVEL, auc_difference_ci, interval_outcome
 from ..sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
 from ..sift.rules import EXAMPLES_PASSED, FEWEST_STEPS, PURE_LENGTH, RANDOM, REFERENCE
 from ..sift.variants import PROBE
+from ..states.store import SPAN_SETTINGS
 from .decide import PAPER, REF_LENGTH_STACK, auc_comparisons, n_auc_intervals
 from .operating import KeepRecords
 
@@ -90,7 +91,8 @@ def check_premise_stores(trajs: Sequence, own, proxy=None) -> None:
     its model fingerprint's digest, as ``rollout`` writes it), they are one policy's, the own states carry
     that fingerprint (in any dtype: a replay in another dtype is the policy's) and the proxy's does not (the stores swapped, or the policy's states given as the
     proxy, are refused); without that record, the proxy is neither one of the own stores nor a store of
-    the same model and value-changing settings (own - proxy would compare the states with themselves).
+    the same model and value-changing settings (own - proxy would compare the states with themselves). Both
+    stores cut the spans with the same settings (``store.SPAN_SETTINGS``): else own - proxy measures the spans.
     """
     policies = sorted({str(t.meta["policy"]) for t in trajs if t.meta.get("policy") is not None})
     if len(policies) > 1:
@@ -116,6 +118,11 @@ def check_premise_stores(trajs: Sequence, own, proxy=None) -> None:
         raise LatentSiftError(f"premise: --proxy-states {proxy.path} holds the policy's own states (fingerprint "
                               f"{proxy_digest}, the candidates' meta.policy); the proxy is the same candidates "
                               "encoded by another model.")
+    spans = settings_difference(own.settings, proxy.settings, SPAN_SETTINGS)
+    if spans:
+        raise LatentSiftError(f"premise: --states {own.path} and --proxy-states {proxy.path} cut the spans with other "
+                              f"settings ({', '.join(spans)}): own - proxy would compare other spans, not other "
+                              "encoders; extract the proxy with the own store's span settings.")
     if not policies and store_difference(own.stores[0], proxy.stores[0]) is None:
         raise LatentSiftError(f"premise: --proxy-states {proxy.path} holds states of the same model and settings as "
                               f"--states {own.path} (fingerprint {own_digest}); the proxy is the same candidates "

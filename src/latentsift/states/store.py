@@ -53,6 +53,9 @@ STORE_DTYPES = ("float16", "float32")
 # settings that change the stored values: they must match when a store is re-opened for writing
 MATCHED_SETTINGS = ("max_span_tokens", "max_prompt_tokens", "max_tokens", "context", "layers", "store_dtype",
                     "renderer", "patch_step_tokens")
+#: The settings that cut the spans (a trajectory's spans and their tokens): two models' stores of the same
+#: candidates compare their encoders only when these match (``latentsift premise``: own against proxy).
+SPAN_SETTINGS = ("max_span_tokens", "max_prompt_tokens", "max_tokens", "patch_step_tokens", "renderer")
 #: The settings entry recording what fixes the bytes besides the model and settings
 #: (``hardware.kernel_record``); a store is resumed only under the same.
 KERNELS = "kernels"
