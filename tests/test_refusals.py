@@ -162,8 +162,9 @@ def _cal(rec):
 ])
 def test_a_hand_edited_operating_point_is_refused_in_one_line(sifted, tmp_path, edit, words):
     """What is tested: an operating_point.json edited by hand (an empty or unequal calibration map, a null
-    or huge threshold, counts no fit gives, no calibration instance for filter to refuse pools of) is refused by 'filter' with one line naming the file and the
-    field, instead of a numpy traceback or every pool kept at one and marked guaranteed."""
+    or huge threshold, counts no fit gives, no calibration instance for filter to refuse pools of) is
+    refused by 'filter' with one line naming the file and the field, instead of a numpy traceback or every
+    pool kept at one and marked guaranteed."""
     sifter = _edited(sifted, tmp_path, edit)
     r = _cli("filter", sifted / "pools.jsonl", "--states", sifted / "states", "--sifter", sifter, "--target-recall",
              "0.9", "--out", tmp_path / "f.json")

@@ -53,8 +53,8 @@ _OPTIONAL_POSITIVE = (POSITIVE, None)
 class ExtractOptions(CommandOptions):
     """The options of ``latentsift extract``, each declared once with the values it allows (``_core.params``);
     built = validated, before anything loads. ``renderer``: a registered span renderer (None: ``render``;
-    ``per_step`` is shorthand for ``render_per_step`` and excludes it); ``backend``: a registered extraction backend (default: the local one,
-    or Ray's with ``ray``)."""
+    ``per_step`` is shorthand for ``render_per_step`` and excludes it); ``backend``: a registered extraction
+    backend (default: the local one, or Ray's with ``ray``)."""
 
     command: ClassVar[str] = "extract"
     rules: ClassVar[tuple[Rule, ...]] = (

@@ -370,10 +370,10 @@ def _save_converted(model, tokenizer, target: Path, marker: dict) -> None:
 
 def _load_files(p: Path, src: str, option: str | None, files: dict, **model_kwargs):
     """(tokenizer, model) of the model files at ``p`` (read from ``src`` with ``files``, the model with
-    ``model_kwargs`` too), or one line naming them
-    by ``option`` when they do not load (they passed :func:`check_model_path`: a header edited, a tensor whose
-    shape is not the config's) or load only in part (a weight the files lack, which transformers would leave
-    randomly initialised with a warning). A folder's pickle weights are never read (safetensors only)."""
+    ``model_kwargs`` too), or one line naming them by ``option`` when they do not load (they passed
+    :func:`check_model_path`: a header edited, a tensor whose shape is not the config's) or load only in part
+    (a weight the files lack, which transformers would leave randomly initialised with a warning). A folder's
+    pickle weights are never read (safetensors only)."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -381,7 +381,8 @@ def _load_files(p: Path, src: str, option: str | None, files: dict, **model_kwar
     name = f"{option} {str(p)!r}" if option else f"The model {str(p)!r}"
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, **files)
-        model, info = AutoModelForCausalLM.from_pretrained(src, **files, **model_kwargs, use_safetensors=p.is_dir() or None,
+        model, info = AutoModelForCausalLM.from_pretrained(src, **files, **model_kwargs,
+                                                           use_safetensors=p.is_dir() or None,
                                                            ignore_mismatched_sizes=True, output_loading_info=True)
     except (torch.OutOfMemoryError, MemoryError):
         raise
