@@ -133,5 +133,15 @@ def test_transfer_checks_its_options_before_any_work(data, tmp_path, args, words
     assert not (tmp_path / "t").exists()
 
 
+def test_transfer_says_when_a_set_has_fewer_groups_than_folds(data, tmp_path):
+    """Each evaluation set is cut into at most as many folds as it has groups (16 tasks here): said per set."""
+    r = cli("transfer", data["pools"], data["pools_b"], "--states", data["states"], "--states", data["states_b"],
+            "--out", tmp_path / "t", "--group-by", "instance", "--folds", "99", "--k", "2", "--draws", "2",
+            "--bootstrap", "20", "--scorer-epochs", "1")
+    assert r.exit_code == 0, r.output
+    said = [line for line in r.output.splitlines() if "--folds 99 is more than its 16 instances; 16 folds" in line]
+    assert len(said) == 2, r.output   # one per agent's set
+
+
 def test_every_library_parameter_named_as_an_option_is_one_of_the_command_line():
     assert set(PARAMETER_OPTIONS.values()) <= set(MEANINGS)

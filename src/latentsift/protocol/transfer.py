@@ -213,6 +213,9 @@ def evaluate_set(es: EvalSet, trajs: Sequence[Trajectory], states: Mapping[str, 
     if n_groups < 2:
         raise LatentSiftError(f"transfer: the pools of {es.name} come from one {group_noun(s.group_by, 1)}; folds "
                               f"need two or more (use --group-by instance for one repository).")
+    if s.n_folds > n_groups:   # said, not silently fewer
+        log(f"[transfer] {es.name}: --folds {s.n_folds} is more than its {n_groups} {group_noun(s.group_by)}; "
+            f"{n_groups} folds (one {group_noun(s.group_by, 1)} each).")
     folds = split_by_repo(groups, n_folds=min(s.n_folds, n_groups), seed=s.seed)
     configs = ["all", "nearest"] + [f"agent:{a}" for a in others]
     scored = {c: _Scored() for c in configs}
