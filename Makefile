@@ -152,6 +152,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/explore_size.py
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/rollout.py
+	$(BIN)/python bench/decode.py --models smollm2,qwen0.5b
 	$(BIN)/python bench/operating_point.py
 	$(BIN)/python bench/adaptive_keep.py --data $(DATA)
 	@if [ -f runs/demo/timings.json ]; then $(BIN)/python bench/timings.py; \

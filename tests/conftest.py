@@ -69,6 +69,27 @@ def policy():
 
 
 @pytest.fixture(scope="module")
+def policy32():
+    """The packaged model in float32 (rollouts: online capture and replay agree to float32 rounding)."""
+    from latentsift.states.model import load_policy
+    return load_policy(dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    """The first two HumanEval tasks (a module may define its own ``tasks``)."""
+    from latentsift.rollout.tasks import load_tasks
+    return load_tasks()[:2]
+
+
+@pytest.fixture(scope="module")
+def env():
+    """The rollout's sandbox: the agent's tool and the judge."""
+    from latentsift.rollout.folder import sandbox_env
+    return sandbox_env()
+
+
+@pytest.fixture(scope="module")
 def one_torch_thread():
     """One torch thread for a module (restored after): on a 2-core machine, 2 OpenMP threads next
     to any other busy process run 10-25x slower (measured: 153 tokens 7.5 s vs 0.28 s)."""

@@ -16,36 +16,19 @@ from typer.testing import CliRunner
 
 from latentsift._core.io import WriterLock
 from latentsift._core.validation import LatentSiftError
-from latentsift.rollout.folder import STATES_DIR, TASKS_DIR, TRAJECTORIES, run_rollouts, sandbox_env, task_file
+from latentsift.rollout.folder import STATES_DIR, TASKS_DIR, TRAJECTORIES, run_rollouts, task_file
 from latentsift.cli import app
 from latentsift.states.channel import render
 from latentsift.states.online import Sampling, sample_token
 from latentsift.rollout.agent import RolloutSettings, parse_reply, sample_seeds
 from latentsift.states.states import replay
 from latentsift.states.store import StateStore
-from latentsift.rollout.tasks import load_tasks
 from latentsift.trajectories.trajectory import load_jsonl
 
 F32_TOL = 1e-4
 SETTINGS = RolloutSettings(k=2, max_turns=2, max_new_tokens=24, seed=3)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def policy32():
-    from latentsift.states.model import load_policy
-    return load_policy(dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def tasks():
-    return load_tasks()[:2]
-
-
-@pytest.fixture(scope="module")
-def env():
-    return sandbox_env()
 
 
 @pytest.fixture(scope="module")

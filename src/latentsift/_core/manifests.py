@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Annotated, Any, Iterator, Mapping
+from typing import Annotated, Any, Iterator, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -396,7 +396,9 @@ class RolloutSettingsFields(Closed):
 
 class RolloutManifest(Artefact):
     """A rollout folder's ``manifest.json`` (``latentsift.rollout.folder``); ``task_digests``: the content
-    digest of every task begun (absent in folders written before it was recorded)."""
+    digest of every task begun (absent in folders written before it was recorded); ``decode_layout``: the
+    weights' layout while sampling (``latentsift.states.decode.DECODE_LAYOUTS``; absent in folders made
+    before it was recorded, which ran in the stored layout)."""
 
     model: str
     fingerprint: FingerprintFields
@@ -405,6 +407,7 @@ class RolloutManifest(Artefact):
     agent: str
     threads: Positive
     tasks: str
+    decode_layout: Literal["out-in", "in-out", "mkl-packed"] | None = None
     task_digests: dict[str, str] = Field(default_factory=dict)
 
 

@@ -191,6 +191,65 @@ def cheapest_length_rule(operating: Mapping, r: str, target: float, missing: Map
             "missing": gone}
 
 
+@dataclass(frozen=True)
+class RecallMatchedCalls:
+    """A rule's calls read off its recall-against-calls curve at a target recall (``recall_matched_calls``):
+    ``calls`` per pool (or one mean), the mixing ``weight`` w of the upper point, and the indices ``lo``, ``hi``
+    (into the curve as given) of the two operating points mixed (``lo == hi``, w = 0: a point at the target)."""
+
+    calls: np.ndarray
+    weight: float
+    lo: int
+    hi: int
+
+    @property
+    def mean_calls(self) -> float:
+        return float(np.mean(self.calls))
+
+
+def recall_matched_calls(recalls, calls, target: float) -> RecallMatchedCalls:
+    """The calls of a keep rule at exactly the realized recall ``target``, read off its recall-against-calls
+    curve by mixing the two neighbouring operating points (a rule that overshoots its target is not
+    charged for the overshoot).
+
+    ``recalls``: (n_points,) the pooled realized recall of each operating point of the rule (its thresholds,
+    calibrated out of fold); ``calls``: (n_points,) their mean calls per pool, or (n_points, n_pools) their
+    calls pool by pool (for a paired difference). The curve should hold keeping no candidate (recall 0, 0
+    calls) and keeping every one (recall 1), so that every target in [0, 1] is bracketed.
+
+    The points that another point dominates (at least its recall with fewer mean calls, or more recall with
+    as few) are dropped first, so the curve is the rule's cheapest at each recall: that favours the rule.
+    Of the rest, ``lo`` is the one of highest recall below ``target`` and ``hi`` the one of lowest recall
+    above it; keeping ``hi``'s candidates with probability w = (target - r_lo) / (r_hi - r_lo) and ``lo``'s
+    otherwise realizes the target in expectation, at ``(1 - w) calls_lo + w calls_hi`` (linear interpolation
+    of calls between the two points; pool by pool for a (n_points, n_pools) ``calls``). A point whose
+    recall equals the target is read as it is (w = 0), and so is ``hi`` when no undominated point lies below
+    the target (w = 1; not with the curve's recall-0 point). A target outside the curve's recalls is refused."""
+    r = np.asarray(recalls, dtype=float)
+    c = np.asarray(calls, dtype=float)
+    if r.ndim != 1 or not len(r) or c.shape[:1] != r.shape or c.ndim > 2:
+        raise ValueError(f"The 'calls' parameter of recall_matched_calls must have one row per point of 'recalls' "
+                         f"({r.shape[0] if r.ndim == 1 else r.shape}). Got shape {c.shape} instead.")
+    if not np.all(np.isfinite(r)) or not np.all(np.isfinite(c)):
+        raise ValueError("The 'recalls' and 'calls' parameters of recall_matched_calls must be finite.")
+    if not r.min() <= target <= r.max():
+        raise ValueError(f"The 'target' parameter of recall_matched_calls must lie within the curve's recalls "
+                         f"[{r.min():.4g}, {r.max():.4g}]. Got {target!r} instead.")
+    mean = c if c.ndim == 1 else c.mean(axis=1)
+    front = [i for i in range(len(r)) if not np.any(((r >= r[i]) & (mean < mean[i])) | ((r > r[i]) & (mean <= mean[i])))]
+    at = [i for i in front if r[i] == target]
+    if at:
+        i = min(at, key=lambda j: (mean[j], j))
+        return RecallMatchedCalls(c[i].copy(), 0.0, i, i)
+    hi = min((i for i in front if r[i] > target), key=lambda j: (r[j], mean[j], j))
+    below = [i for i in front if r[i] < target]
+    if not below:   # a point above the target with fewer calls than every point below it: read it as it is
+        return RecallMatchedCalls(c[hi].copy(), 1.0, hi, hi)
+    lo = max(below, key=lambda j: (r[j], -mean[j], -j))
+    w = float((target - r[lo]) / (r[hi] - r[lo]))
+    return RecallMatchedCalls((1 - w) * c[lo] + w * c[hi], w, lo, hi)
+
+
 def calls_claim(inputs: ClaimInputs, *, level: float, n_boot: int, seed: int) -> dict:
     """(d): per target of ``CALL_TARGETS`` the cheapest length rule and each state score's calls against it."""
     op = inputs.operating

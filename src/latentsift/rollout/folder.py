@@ -4,8 +4,9 @@ shareable dataset (``latentsift rollout export``).
 
 Output folder (format ``latentsift-rollout`` version 1)::
 
-    manifest.json              model file and fingerprint, the rollout settings, run name, threads, and
-                               the content digest of every task begun (``task_digests``)
+    manifest.json              model file and fingerprint, the rollout settings, run name, threads, the
+                               weights' decode layout (``decode_layout``, ``states.decode``) and the
+                               content digest of every task begun (``task_digests``)
     tasks/<task>.jsonl.gz      one task's K trajectories (the resume unit; written atomically)
     trajectories.jsonl.gz      the finished tasks of the call's task list, in task order (rewritten after every task)
     states/                    the state store (one shard per task) that extract, fit, crossval,
@@ -40,6 +41,7 @@ from .._core.outputs import owned_output
 from .._core.registry import registry_add, registry_names
 from .._core.threads import fixed_threads
 from .._core.validation import LatentSiftError
+from ..states.decode import STORED_LAYOUT, decode_layout_for, decode_weights
 from ..states.extract import extract_settings
 from ..states.model import DTYPES
 from ..states.store import StateStore
@@ -177,6 +179,7 @@ def export_dataset(outs: str | os.PathLike | Sequence[str | os.PathLike], dest: 
                 raise LatentSiftError(f"{str(out)!r} is not a rollout folder (no {MANIFEST}).")
             mans.append(read_rollout_manifest(out))
             other = [k for k in MATCHED + ("model",) if mans[-1].get(k) != mans[0].get(k)]
+            other += ["decode layout"] if _layout(mans[-1]) != _layout(mans[0]) else []
             if other:
                 raise LatentSiftError(f"{str(out)!r} ran with another {other[0]} than {str(outs[0])!r}: its samples "
                                       "cannot join the same dataset.")
@@ -241,7 +244,12 @@ def sandboxes() -> tuple[str, ...]:
 def _manifest(policy, settings: RolloutSettings, run: str, agent: str, threads: int, tasks_source: str) -> dict:
     return {"format": ROLLOUT_FORMAT, "version": ROLLOUT_VERSION, "model": Path(policy.path).name,
             "fingerprint": policy.fingerprint.to_dict(), "settings": settings.to_dict(), "run": run, "agent": agent,
-            "threads": threads, "tasks": tasks_source, "task_digests": {}}
+            "threads": threads, "tasks": tasks_source, "decode_layout": decode_layout_for(policy), "task_digests": {}}
+
+
+def _layout(man: dict) -> str:
+    """The weights' decode layout a folder's samples were drawn in (the stored one where none is recorded)."""
+    return man.get("decode_layout", STORED_LAYOUT)
 
 
 def _short(value) -> str:
@@ -341,7 +349,9 @@ def run_rollouts(policy, tasks: Sequence, out: str | os.PathLike, settings: Roll
             atomic_write_json(out / MANIFEST, man)
         (out / TASKS_DIR).mkdir(exist_ok=True)
         store = StateStore(out / STATES_DIR)
-        with store.lock():
+        # the weights' decode layout (states.decode): a folder begun before it was recorded is resumed in
+        # the stored layout, so its remaining tasks have the bytes that run's command gave
+        with store.lock(), decode_weights(policy, _layout(man), settings.k):
             store_settings = extract_settings(policy, store_dtype=store_dtype) | {"capture": "online"}
             store.open_or_create(policy.fingerprint, store_settings)
             store.drop_damaged()
