@@ -1,0 +1,85 @@
+"""Every measured score deployable (``latentsift.deploy.methods``) and the one recommendation (``fit --method
+auto``): synthetic labelled runs of four repositories with the outcome planted in the lengths only, or in the
+states only (``synthetic.labelled_runs``)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from latentsift import Sifter
+from latentsift.cli import app
+from latentsift.deploy.methods import AUTO_CANDIDATES, get_method, methods
+from latentsift.trajectories.trajectory import group_pools
+
+from synthetic import FP, labelled_runs, write_runs
+
+
+def _renamed(trajs, states, tag="new-"):
+    """New pools (other instances) of the same making: what a sifter filters."""
+    out = [t.__class__(**{**t.__dict__, "traj_id": tag + t.traj_id, "instance_id": tag + t.instance_id})
+           for t in trajs]
+    return out, {tag + k: v.__class__(tag + k, v.layers, v.step, v.channel, v.n_tokens) for k, v in states.items()}
+
+
+@pytest.fixture(scope="module")
+def length_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("length")
+    trajs, states = labelled_runs(signal="length")
+    new = _renamed(*labelled_runs(signal="length", seed=3, n_repos=2))
+    return write_runs(root / "runs", trajs, states), write_runs(root / "new", *new), root
+
+
+def test_every_crossval_score_of_the_candidates_is_a_deployable_method():
+    names = {m.name for m in methods()}
+    assert set(AUTO_CANDIDATES) <= names
+    assert {"shortest-chars", "fewest-steps", "variant:stack:states+length"} <= names
+    assert not get_method("shortest-chars").needs_states and get_method("variant:probe").needs_states
+    assert not get_method("variant:stack:length").needs_states
+
+
+def test_auto_picks_a_free_rule_where_length_ranks_best_and_filter_runs_without_states(length_runs):
+    (pools, states), (new_pools, _), root = length_runs
+    r = CliRunner().invoke(app, ["fit", str(pools), "--states", str(states), "--method", "auto",
+                                 "--scorer-epochs", "3", "--out", str(root / "sifter")])
+    assert r.exit_code == 0, r.output
+    config = json.loads((root / "sifter" / "sifter.json").read_text())["config"]
+    assert get_method(config["method"]).family == "rule" and not config["method_info"]["needs_states"]
+    assert config["choice"]["auto"] and set(config["choice"]["candidates"]) >= set(AUTO_CANDIDATES)
+    assert config["choice"]["candidates"][config["method"]] >= max(v for v in config["choice"]["candidates"].values()
+                                                                   if v is not None) - 0.0005
+    r = CliRunner().invoke(app, ["filter", str(new_pools), "--sifter", str(root / "sifter"), "--out",
+                                 str(root / "f.json"), "--show", "0"])
+    assert r.exit_code == 0, r.output
+    assert f"Method: {config['method']} (chosen by --method auto: highest" in r.output
+    out = json.loads((root / "f.json").read_text())
+    assert out["inputs"]["states_dir"] is None and out["n_pools"] == 12
+    # the shortest candidates are the resolved ones: every kept candidate of a pool of 4 (3 kept) holds both
+    assert all(c["raw"] is not None for p in out["pools"] for c in p["candidates"])
+
+
+def test_a_state_method_without_states_is_one_line(length_runs):
+    (pools, _), _, root = length_runs
+    r = CliRunner().invoke(app, ["fit", str(pools), "--method", "variant:probe", "--out", str(root / "no")])
+    assert r.exit_code == 2 and "pass --states" in r.output and not (root / "no").exists()
+
+
+def test_auto_picks_a_state_score_where_the_states_carry_the_outcome():
+    trajs, states = labelled_runs(signal="states")
+    s = Sifter(method="auto", scorer_epochs=5).fit(trajs, states, fingerprint=FP)
+    assert get_method(s.config_["method"]).needs_states, s.config_["choice"]
+    ev = s.config_["choice"]["candidates"]
+    assert ev[s.config_["method"]] > max(ev["shortest-chars"], ev["fewest-steps"]) + 0.2
+
+
+@pytest.mark.parametrize("method", ["variant:probe", "variant:stack:states+length", "variant:fusion:fitted"])
+def test_a_saved_sifter_scores_as_it_did_before_saving(tmp_path, method):
+    trajs, states = labelled_runs(signal="states")
+    new, new_states = _renamed(*labelled_runs(signal="states", seed=5, n_repos=2))
+    s = Sifter(method=method, scorer_epochs=3).fit(trajs, states, fingerprint=FP)
+    before = [r.to_dict() for r in s.score_pools(group_pools(new), new_states, fingerprint=FP)]
+    loaded = Sifter.load(s.save(tmp_path / "sifter"), fingerprint=FP)
+    assert loaded.config_["method"] == method and loaded.get_params() == s.get_params()
+    assert [r.to_dict() for r in loaded.score_pools(group_pools(new), new_states, fingerprint=FP)] == before
+    assert all(len({c["s"] for c in p["candidates"]}) == len(p["candidates"]) for p in before)  # no tie in a pool
