@@ -83,3 +83,59 @@ def test_a_saved_sifter_scores_as_it_did_before_saving(tmp_path, method):
     assert loaded.config_["method"] == method and loaded.get_params() == s.get_params()
     assert [r.to_dict() for r in loaded.score_pools(group_pools(new), new_states, fingerprint=FP)] == before
     assert all(len({c["s"] for c in p["candidates"]}) == len(p["candidates"]) for p in before)  # no tie in a pool
+
+
+def test_the_nested_recommendation_never_reads_the_scored_fold(tmp_path):
+    """crossval's "recommended" row: fold 0's choice and scores are the same when fold 0's labels are flipped,
+    and its choice is the same when made without fold 0's states."""
+    from types import SimpleNamespace
+
+    from latentsift import crossval
+    from latentsift.protocol.variants import recommended_filter
+    from latentsift.trajectories.trajectory import save_jsonl
+
+    trajs, states = labelled_runs(signal="states")
+    pools, store = write_runs(tmp_path / "a", trajs, states)
+    cv = dict(n_folds=2, ks=(2,), n_draws=3, n_boot=20, scorer_epochs=3, log=lambda m: None)
+    runs = {"a": json.loads((crossval(pools, store, tmp_path / "cv-a", **cv) / "summary.json").read_text())}
+    eval_repos = set(runs["a"]["settings"]["meta"]["folds"][0]["eval_repos"])
+    flipped = [t.__class__(**{**t.__dict__, "reward": 1.0 - t.reward}) if t.repo in eval_repos else t for t in trajs]
+    save_jsonl(flipped, tmp_path / "flipped.jsonl")
+    runs["b"] = json.loads((crossval(tmp_path / "flipped.jsonl", store, tmp_path / "cv-b", **cv) / "summary.json")
+                           .read_text())
+    choice = [r["selection"]["recommended_choice"][0] for r in runs.values()]
+    assert choice[0] == choice[1]
+    kept = [json.loads((tmp_path / f"cv-{n}" / "stage1" / "retained.json").read_text())["filters"]["recommended"]
+            for n in runs]
+    fold0 = {t.instance_id for t in trajs if t.repo in eval_repos}
+    assert {i: kept[0][i] for i in fold0} == {i: kept[1][i] for i in fold0}
+    # the same choice from the bank's states alone (the scored fold's withheld)
+    bank = [t for t in trajs if t.repo not in eval_repos]
+    info = runs["a"]["selection"]["default_choice"][0]
+    per_instance = {m.key: {i: (None, None) for i in fold0} for m in methods()}
+    run = SimpleNamespace(settings=SimpleNamespace(seed=0), log=lambda m: None)
+    again = recommended_filter(run, 0, bank, group_pools([t for t in trajs if t.repo in eval_repos]),
+                               {t.traj_id: states[t.traj_id] for t in bank}, info, per_instance, lambda *a: None)
+    assert again["chosen"] == choice[0]["chosen"]
+
+
+def test_a_post_hoc_win_at_95_percent_only_does_not_open_the_report():
+    from latentsift.report.decision_report import headline
+
+    def vs(lo, hi, alo, ahi):
+        return {"estimate": (lo + hi) / 2, "lo": lo, "hi": hi, "outcome": "higher" if lo > 0 else "undetermined",
+                "adjusted": {"level": 0.9995, "lo": alo, "hi": ahi}}
+    refs = ("shortest_chars", "variant:stack:length", "random")
+    scores = {"variant:stack:states+length": {"auc": {"auc": 0.76}, "post_hoc": True,
+                                              "vs": {r: vs(0.01, 0.12, -0.03, 0.16) for r in refs}},
+              "latentsift": {"auc": {"auc": 0.70}, "post_hoc": False,
+                             "vs": {r: vs(-0.02, 0.08, -0.06, 0.12) for r in refs}},
+              "recommended": {"auc": {"auc": 0.72}, "post_hoc": False,
+                              "vs": {r: vs(0.005, 0.1, -0.04, 0.14) for r in refs}}}
+    data = {"settings": {"names": {}}, "decision": {"winner": "variant:stack:states+length", "auc": {
+        "scores": scores, "references": list(refs), "missing_references": {}},
+        "multiplicity": {"bonferroni_level": 0.9995}}}
+    s = headline(data)
+    assert not s.startswith("Here a state score beats") and "variant:stack:states+length" not in s
+    assert s.startswith("Here no state score is shown to beat the length rules: recommended (AUC 0.720) is above "
+                        "shortest_chars and variant:stack:length at 95% but not at the family's Bonferroni level")

@@ -13,9 +13,11 @@ import numpy as np
 from .._core.validation import LatentSiftError
 from ..metrics.diagnostics import within_pool_auc
 from ..sift.rules import PAPER, filters
-from ..deploy.methods import cross_fitted_signals, stack_inner_auc
+from ..deploy.methods import (auto_candidates, cross_fitted_signals, get_method, latentsift_evidence, recommend,
+                              rule_auc, stack_inner_auc)
 from ..deploy.sifter import distance_auc
-from ..sift.variants import DEFAULT, LogisticProbe, fit_stack, trajectory_signals, variant_setting
+from ..sift.variants import (DEFAULT, FITTED_FUSION, RECOMMENDED, LogisticProbe, fit_stack, trajectory_signals,
+                             variant_setting)
 from .curves import learning_curves
 
 def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer, per_instance, put, *,
@@ -125,3 +127,32 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
             per_instance.setdefault(DEFAULT, {})[i] = (f, p)
     return {"chosen_default": best, "inner_cv_within_pool_auc": choice_evidence,
             "stack_weights": chosen_weights}
+
+
+def recommended_filter(run, k, bank_trajs, eval_pools, states, info: dict, per_instance, put) -> dict:
+    """The recommendation of ``fit --method auto`` nested in outer fold ``k``: chosen among
+    ``deploy.methods.auto_candidates`` on the fold's bank alone (``recommend``), from the inner-CV numbers this
+    fold already computed on the bank (``info``: the fitted fusion's criterion per weight gives the paper's method
+    at w = 0.5 and its branches at w = 1 and 0; the stacks' cross-fitted AUCs) and the free rules' AUC on the bank's
+    pools; the chosen method's scores of the fold's pools become the filter ``RECOMMENDED``. The scored fold's labels
+    and states are never read here. Returns the choice (``chosen``, ``reason``, ``inner_cv_within_pool_auc``)."""
+    cands = auto_candidates(bank_trajs, states=True)
+    ev: dict = {m.name: rule_auc(m, bank_trajs, states if m.needs_states else None) for m in cands
+                if m.family == "rule"}
+    fused = (info.get("fitted") or {}).get(FITTED_FUSION)
+    if fused:
+        ev |= latentsift_evidence(fused["inner_cv_criterion"], fused["fusion_weight"], cands)
+    ev |= {f"variant:{n}": v for n, v in (info.get("inner_cv_within_pool_auc") or {}).items()}
+    insts = [p.instance_id for p in eval_pools]
+    ev = {m.name: (ev.get(m.name) if m.family == "rule" or all(i in per_instance.get(m.key, {}) for i in insts)
+                   else None) for m in cands}
+    chosen, why = recommend(ev, cands)
+    m = get_method(chosen)
+    table = per_instance.get(m.key, {})
+    if m.family == "rule" and not all(i in table for i in insts):  # a run without the rules (nested calibration)
+        filt = m.entry.factory(seed=run.settings.seed)
+        table = {i: (filt, p) for i, p in filt.prepare_many(eval_pools, states).items()}
+    for i in insts:
+        per_instance.setdefault(RECOMMENDED, {})[i] = table[i]
+    run.log(f"[recommended] fold {k}: {chosen} ({why})")
+    return {"chosen": chosen, "reason": why, "inner_cv_within_pool_auc": ev}

@@ -405,6 +405,12 @@ _stack("variant:stack:states+length+patch", _STATES + _LENGTH + ["patch_lines", 
 DEFAULT = words.DEFAULT
 register_filter(DEFAULT, kind="choice", label="LatentSift default (inner-CV choice)", color="#17becf",
                 post_hoc=True)(StackedFilter)
+#: The recommendation's name among the filters: per outer fold, the method that ``fit --method auto`` chooses on the
+#: fold's bank alone (``deploy.methods.recommend``), scoring the fold's pools; a declared rule, not a pick after the
+#: folds were seen (``protocol.variants.recommended_filter``).
+RECOMMENDED = "recommended"
+register_filter(RECOMMENDED, kind="choice", label="recommended (fit --method auto, chosen per fold)",
+                color="#bcbd22")(StackedFilter)
 
 
 # ------------------------------------------------------------------------ the sweep's filters
