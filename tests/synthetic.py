@@ -38,8 +38,7 @@ def write_single_policy(folder, *, n_instances: int = 16, k: int = 4, agent: str
     ``meta["policy"]`` (as a rollout records the policy's fingerprint digest). Returns (pools path, states path)."""
     from pathlib import Path
 
-    from latentsift.states.store import StateStore
-    from latentsift.trajectories.trajectory import Step, Trajectory, save_jsonl
+    from latentsift.trajectories.trajectory import Step, Trajectory
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -62,13 +61,7 @@ def write_single_policy(folder, *, n_instances: int = 16, k: int = 4, agent: str
                                     tests={"examples_passed": float(label)} if examples else {},
                                     patch="x = 1\n" * (1 + (i + 3 * j) % 5) if rollout_records else "",
                                     meta={} if policy is None else {"policy": policy}))
-    store = StateStore(folder / "states").create(fingerprint, {"layers": list(range(1, L + 1)),
-                                                               "store_dtype": "float32"})
-    ids = sorted(states)
-    inst_of = {t.traj_id: t.instance_id for t in trajs}
-    store.write([states[t] for t in ids], [inst_of[t] for t in ids])
-    save_jsonl(trajs, folder / "pools.jsonl")
-    return folder / "pools.jsonl", folder / "states"
+    return write_runs(folder, trajs, states, fingerprint)
 
 
 def labelled_runs(*, signal: str, n_repos: int = 4, n_instances: int = 6, k: int = 4, seed: int = 0):

@@ -13,7 +13,7 @@ from .._core.validation import LatentSiftError, check_choice
 from ..deploy.leak import ON_LEAK, apply_on_leak
 from ..deploy.library import BANK_CHOICES, load_runs, nearest_choice, pool_distances
 from ..deploy.shift import FALSE_ALARM, ON_SHIFT, REFERENCE_KINDS, check_false_alarm, guard
-from ..deploy.methods import check_states_given, method_names
+from ..deploy.methods import check_records, check_states_given, method_names
 from ..deploy.sifter import Sifter
 from ..sift.sift import FilterRun, LatentSift, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
@@ -91,6 +91,7 @@ def _open_sifter(pools_path, states_dir, sifter_dir, on_leak: str, instances, se
     store = None if states_dir is None else StateStore(states_dir).open()
     sifter = Sifter.load(sifter_dir, fingerprint=None if store is None else store.fingerprint, **settings)
     check_states_given(sifter.method_, store, "filter --sifter")
+    check_records(sifter.method_, pools, "filter --sifter")
     if needs_library is not None and not sifter.library_:
         raise LatentSiftError(f"filter --bank-choice {needs_library}: the sifter {str(sifter_dir)!r} has no bank "
                               "library; refit it with 'latentsift fit --per-agent', or use --bank-choice all.")

@@ -39,7 +39,7 @@ from .._core.validation import LatentSiftError
 from ..bank.bank import Bank, inner_folds
 from ..metrics.diagnostics import within_pool_auc
 from ..sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
-from ..sift.rules import PAPER, FilterEntry, filters
+from ..sift.rules import EXAMPLES_PASSED, PAPER, RANDOM, FilterEntry, filters
 from ..sift.sift import LatentSift, Prepared, as_pools, resolve_states
 from ..sift.variants import (FITTED_FUSION, PROBE, LogisticProbe, StackedFilter, cross_fitted_branches,
                              fit_fusion_weight, fit_stack, pool_rank_features, trajectory_signals)
@@ -59,7 +59,7 @@ EVIDENCE = {"latentsift": "q and r per channel, s_dist, q_lin, s_lin, the strong
             "stack": "s only; the fused signals and their weights in the configuration",
             "rule": "raw: the rule's value per candidate"}
 #: The criterion of the recommendation.
-CRITERION = "inner-CV within-pool AUC (2 inner folds by repository, as the bank's; ties 1/2)"
+CRITERION = "inner-CV within-pool AUC (2 inner folds by repository, by task when the runs hold one; ties 1/2)"
 #: Two inner-CV AUCs are a tie when equal at this many decimals; the cheaper wins a tie.
 TIE_DECIMALS = 3
 _STATE_SIGNALS = ("q_cot", "q_obs", "q_fn", "probe")
@@ -141,10 +141,11 @@ AUTO_CANDIDATES = (PAPER, BRANCH_DISTANCE, BRANCH_LEARNED, PROBE, FITTED_FUSION,
 
 def auto_candidates(trajs: Sequence[Trajectory], *, states: bool = True) -> list[Method]:
     """The candidates of the recommendation on ``trajs``: ``AUTO_CANDIDATES`` (with ``states``), and the free rules
-    but random (a premise-only one where its record is present; shortest-tokens with ``states``)."""
+    but random and the docstring examples' pass share (an execution outcome, not a free rule: new pools need the
+    examples run), a premise-only one where its record is present, shortest-tokens with ``states``."""
     out = [get_method(n) for n in AUTO_CANDIDATES] if states else []
     for m in methods():
-        if m.family != "rule" or m.key == "random" or (m.needs_states and not states):
+        if m.family != "rule" or m.key in (RANDOM, EXAMPLES_PASSED) or (m.needs_states and not states):
             continue
         if m.entry.premise_only and m.entry.factory.absent(list(trajs)) is not None:
             continue
@@ -378,6 +379,15 @@ def fit_fusion_method(trajs: Sequence[Trajectory], states, fingerprint, scorer_p
     w, by_w = fit_fusion_weight(cf["s_dist"], cf["s_lin"], cf["instance"], cf["label"],
                                 lambda inst, y, s: within_pool_auc(inst, y, s).auc)
     return {"fusion_weight": w, "inner_cv_criterion": by_w, "n_bank_candidates": int(len(cf["label"]))}
+
+
+def check_records(method: Method, pools, owner: str) -> None:
+    """One line when a rule reads a record the pools lack (``RuleFilter.absent``: a patch, generated-token counts,
+    the examples' pass share): it would rank every candidate of a pool as a tie."""
+    absent = getattr(method.entry.factory, "absent", None) if method.family == "rule" else None
+    why = None if absent is None else absent([c for p in as_pools(pools) for c in p.candidates])
+    if why is not None:
+        raise LatentSiftError(f"{owner}: the method {method.name!r} reads a record these pools lack: {why}.")
 
 
 def check_states_given(method: str | Method, states, owner: str) -> None:

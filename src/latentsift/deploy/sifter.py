@@ -132,12 +132,13 @@ class Sifter(Estimator, LatentSift):
         ids = sorted(t.traj_id for t in trajs)
         seed = self.seed
         sts = fp = None
+        group = inner_group(trajs)
         if states is not None:
             sts, fp = resolve_states(states, ids, fingerprint, owner="fit")
         if self.method == AUTO:
             cands = auto_candidates(trajs, states=sts is not None)
             log(f"[fit] --method auto: {len(cands)} candidates by {CRITERION}")
-            evidence = inner_cv_evidence(trajs, sts, fp, cands, group=_by_repo, seed=seed, log=log,
+            evidence = inner_cv_evidence(trajs, sts, fp, cands, group=group, seed=seed, log=log,
                                          scorer_params={"max_epochs": self.scorer_epochs, "seed": seed})
             chosen, why = recommend(evidence, cands)
             choice = {"chosen": chosen, "auto": True, "criterion": CRITERION, "tie": f"equal at {TIE_DECIMALS} "
@@ -161,9 +162,9 @@ class Sifter(Estimator, LatentSift):
                 [sts[i] for i in ids], [labels[i] for i in ids], fingerprint=fp, groups=early_stopping_groups(trajs))
         self.fitted_ = {}
         if m.family == "fusion":
-            self.fitted_ = fit_fusion_method(trajs, sts, fp, scorer.get_params(), group=_by_repo, seed=seed)
+            self.fitted_ = fit_fusion_method(trajs, sts, fp, scorer.get_params(), group=group, seed=seed)
         elif m.family == "stack":
-            self.fitted_ = fit_stack_method(m, trajs, sts, fp, group=_by_repo, seed=seed)
+            self.fitted_ = fit_stack_method(m, trajs, sts, fp, group=group, seed=seed)
             self.probe_ = self.fitted_.pop("probe", None)
         self._attach(bank, scorer)
         agents = sorted({t.agent for t in trajs})
@@ -276,6 +277,16 @@ class SeenRuns:
 
     def __init__(self, instances: dict[str, str]):
         self.instances_ = dict(instances)
+
+
+def _by_instance(t: Trajectory) -> str:
+    return t.instance_id
+
+
+def inner_group(trajs: Sequence[Trajectory]):
+    """The inner folds' group of a fit (the choice of ``--method auto``, a fusion weight, a stack's weights): the
+    repository, as the project's folds, or the task when the runs hold one repository."""
+    return _by_repo if len({t.repo for t in trajs}) >= 2 else _by_instance
 
 
 def sifter_has_bank(path: str | Path) -> bool:
