@@ -76,9 +76,9 @@ def fit_command(o: FitOptions, *, log=print) -> tuple:
     checks, which ``FitOptions`` made), then, with a target, its operating point (``fit_operating_point_file``).
     Returns (sifter, the operating point's record or None)."""
     states, out, target_recall, confidence = list(o.states), o.out, o.target_recall, o.confidence
-    fit_kw = dict(method=o.method, scorer_epochs=o.scorer_epochs, seed=o.seed, instances=o.instances, per_agent=o.per_agent,
-                  false_alarm=o.guard_false_alarm, reference_kind=GUARD_REFERENCES[o.guard_reference], log=log,
-                  locked=True)
+    fit_kw = dict(method=o.method, scorer_epochs=o.scorer_epochs, seed=o.seed, instances=o.instances,
+                  per_agent=o.per_agent, false_alarm=o.guard_false_alarm,
+                  reference_kind=GUARD_REFERENCES[o.guard_reference], log=log, locked=True)
     # one writer lock over the sifter and its operating point: no second 'fit' between the two
     with owned_output(out, [o.pools, o.states, o.calibration, o.calibration_states], kind="sifter"):
         o.check_paths()

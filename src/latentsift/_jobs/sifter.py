@@ -21,9 +21,9 @@ from ..states.store import StateStore, check_recorded_settings
 __all__ = ["FALSE_ALARM", "fit_sifter", "run_sifter_filter", "run_sifter_filter_chosen"]
 
 
-def fit_sifter(pools_path, states_dir, out, *, method: str = LatentSift.name, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
-               per_agent: bool = False, false_alarm: float | None = None, reference_kind: str | None = None,
-               log=print, locked: bool = False) -> Sifter:
+def fit_sifter(pools_path, states_dir, out, *, method: str = LatentSift.name, scorer_epochs: int = 40, seed: int = 0,
+               instances: int | None = None, per_agent: bool = False, false_alarm: float | None = None,
+               reference_kind: str | None = None, log=print, locked: bool = False) -> Sifter:
     """``latentsift fit``: a sifter from every labelled candidate of one or several pools files, saved to ``out``.
 
     ``pools_path`` / ``states_dir``: a path or a list of paths (several runs, e.g. the Lite pools and
@@ -42,14 +42,14 @@ def fit_sifter(pools_path, states_dir, out, *, method: str = LatentSift.name, sc
         check_choice(reference_kind, "reference", "fit (--guard-reference)", REFERENCE_KINDS)
     if false_alarm is not None:
         check_false_alarm(false_alarm, "--guard-false-alarm", "fit")
-    return _fit_sifter(pools_path, states_dir, out, method=method, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
-                       per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference_kind, log=log,
-                       locked=locked)
+    return _fit_sifter(pools_path, states_dir, out, method=method, scorer_epochs=scorer_epochs, seed=seed,
+                       instances=instances, per_agent=per_agent, false_alarm=false_alarm,
+                       reference_kind=reference_kind, log=log, locked=locked)
 
 
 @blas_fixed
-def _fit_sifter(pools_path, states_dir, out, *, method: str, scorer_epochs: int, seed: int, instances: int | None, per_agent: bool,
-                false_alarm: float | None, reference_kind: str | None, log, locked: bool) -> Sifter:
+def _fit_sifter(pools_path, states_dir, out, *, method: str, scorer_epochs: int, seed: int, instances: int | None,
+                per_agent: bool, false_alarm: float | None, reference_kind: str | None, log, locked: bool) -> Sifter:
     """``fit_sifter`` with checked arguments."""
     with owned_output(out, [pools_path, states_dir], kind="sifter", lock=not locked):  # a second 'fit' is refused
         pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)

@@ -1,16 +1,18 @@
-"""A saved sifter: the bank and the scorer fitted on all of a team's labelled trajectories.
+"""A saved sifter: one deployable method fitted on all of a team's labelled trajectories.
 
-``Sifter.fit`` builds the paper's bank and gated scorer from every given labelled trajectory and
-records the in-bank evidence for the configuration (cross-fitted within-pool AUC of the paper's
-distance branch over inner repository folds of the bank; no scorer is retrained for it). The
-configuration choice is restricted to the paper's method: the inner-CV choice among the
-stacked variants of ``reproduce`` needs one probe and stack per inner fold and candidate set and
-is not run here (``config["choice"]`` says so). ``save(dir)`` writes one directory:
+``Sifter(method=NAME).fit`` fits the method (``latentsift.deploy.methods``: the paper's method by default, its
+branches and ablations, the fitted fusion, the logistic probe and the stacked fusions, the free rules) on every
+given labelled trajectory; ``method="auto"`` first chooses one by inner cross-validation on those trajectories
+alone (``methods.recommend``; every candidate's number in ``config_["choice"]``). A method with a bank also
+records the in-bank evidence (cross-fitted within-pool AUC of the paper's distance branch over inner
+repository folds of the bank; no scorer is retrained for it). ``save(dir)`` writes one directory:
 
-    SIFTER_DIR/bank/        the bank (safetensors + manifest)
-    SIFTER_DIR/scorer/      the gated linear scorer (safetensors + json)
-    SIFTER_DIR/sifter.json  format, model fingerprint, configuration and its evidence, the agents,
-                            scaffolds and repositories seen, the shift guard's reference numbers
+    SIFTER_DIR/bank/        the bank (safetensors + manifest), for a method that scores against one
+    SIFTER_DIR/scorer/      the gated linear scorer (safetensors + json), for the paper's method's family
+    SIFTER_DIR/probe/       the logistic probe's arrays (probe.safetensors), for a stack that fuses it
+    SIFTER_DIR/sifter.json  format, the method and what it needs and fitted, model fingerprint (none without
+                            states), configuration and its evidence, the agents, scaffolds and repositories
+                            seen, the shift guard's reference numbers (none without a bank)
     SIFTER_DIR/library/     with ``fit(per_agent=True)``: a bank and scorer per agent (and per
                             scaffold where they differ), listed in sifter.json "library" with each
                             one's shift reference (``latentsift.deploy.library``)
@@ -53,13 +55,14 @@ SIFTER_ARTEFACT = ArtefactKind(SIFTER_FORMAT, SIFTER_VERSION, SIFTER_JSON, noun=
 
 
 class Sifter(Estimator, LatentSift):
-    """The paper's Stage-1 filter with its provenance: fitted on labelled trajectories, saved, loaded.
+    """A deployable Stage-1 method with its provenance: fitted on labelled trajectories, saved, loaded.
 
-    scikit-learn's estimator contract: the constructor stores the settings (``scorer_epochs`` and
+    scikit-learn's estimator contract: the constructor stores the settings (``method``, ``scorer_epochs`` and
     ``LatentSift``'s filter settings), ``fit`` learns and returns self, ``get_params``/``set_params``,
     ``sklearn.base.clone`` gives an unfitted copy. Learned by ``fit`` (or read by ``load``): ``bank`` and
-    ``scorer`` (named as ``LatentSift``'s, whose scoring uses them), ``config_`` (method, settings, choice
-    and its evidence), ``seen_`` (agents, scaffolds, repositories, counts), ``reference_`` (the shift guard's
+    ``scorer`` (named as ``LatentSift``'s, whose scoring uses them; None where the method has none), ``method_``
+    (``methods.Method``), ``fitted_`` (a fusion weight, a stack's weights), ``config_`` (method, settings,
+    choice and its evidence), ``seen_`` (agents, scaffolds, repositories, counts), ``reference_`` (the shift guard's
     ``shift.Reference``). ``filter_params()``: the filter settings alone, as a ``LatentSift`` takes them.
     """
 
