@@ -103,7 +103,8 @@ def test_the_nested_recommendation_never_reads_the_scored_fold(tmp_path):
     save_jsonl(flipped, tmp_path / "flipped.jsonl")
     runs["b"] = json.loads((crossval(tmp_path / "flipped.jsonl", store, tmp_path / "cv-b", **cv) / "summary.json")
                            .read_text())
-    choice = [r["selection"]["recommended_choice"][0] for r in runs.values()]
+    choice = [{k: v for k, v in r["selection"]["recommended_choice"][0].items() if k != "seconds"}
+              for r in runs.values()]
     assert choice[0] == choice[1]
     kept = [json.loads((tmp_path / f"cv-{n}" / "stage1" / "retained.json").read_text())["filters"]["recommended"]
             for n in runs]
@@ -139,3 +140,27 @@ def test_a_post_hoc_win_at_95_percent_only_does_not_open_the_report():
     assert not s.startswith("Here a state score beats") and "variant:stack:states+length" not in s
     assert s.startswith("Here no state score is shown to beat the length rules: recommended (AUC 0.720) is above "
                         "shortest_chars and variant:stack:length at 95% but not at the family's Bonferroni level")
+
+
+def test_a_rule_sifter_takes_every_retention_mode_without_states(length_runs, tmp_path):
+    """A free rule's sifter: the fixed rule, a saved recall-targeted operating point and one fitted at filter time,
+    and the high-probability mode (refused with too few calibration pools, in one line), all without --states."""
+    (pools, _), (new_pools, _), _ = length_runs
+    rows = pools.read_text().splitlines()
+    fit_part, cal = tmp_path / "fit.jsonl", tmp_path / "cal.jsonl"
+    fit_part.write_text("\n".join(r for r in rows if '"repo":"repo0"' in r or '"repo":"repo1"' in r) + "\n")
+    cal.write_text("\n".join(r for r in rows if '"repo":"repo2"' in r or '"repo":"repo3"' in r) + "\n")
+    runner = CliRunner()
+    r = runner.invoke(app, ["fit", str(fit_part), "--method", "fewest-steps", "--out", str(tmp_path / "s"),
+                            "--target-recall", "0.9", "--calibration", str(cal)])
+    assert r.exit_code == 0 and (tmp_path / "s" / "operating_point.json").is_file(), r.output
+    for extra in ([], ["--target-recall", "0.9"], ["--target-recall", "0.9", "--calibration", str(cal)]):
+        out = tmp_path / f"f{len(extra)}.json"
+        r = runner.invoke(app, ["filter", str(new_pools), "--sifter", str(tmp_path / "s"), "--out", str(out),
+                                "--show", "0", *extra])
+        assert r.exit_code == 0, (extra, r.output)
+        done = json.loads(out.read_text())
+        assert done["inputs"]["states_dir"] is None and ("operating_point" in done) == bool(extra)
+    r = runner.invoke(app, ["filter", str(new_pools), "--sifter", str(tmp_path / "s"), "--out", str(tmp_path / "c"),
+                            "--show", "0", "--target-recall", "0.9", "--confidence", "0.9", "--calibration", str(cal)])
+    assert r.exit_code == 2 and "calibration pools" in r.output and not (tmp_path / "c").exists()

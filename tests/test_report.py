@@ -203,7 +203,7 @@ def test_a_registered_filter_is_drawn_in_the_colour_it_was_registered_with():
     assert {e.key: e.color for e in filters() if e.color} == {k: FILTER_COLORS[k] for k in
                                                               ("latentsift", "random", "shortest_tokens",
                                                                "shortest_chars", "fewest_steps",
-                                                               "default", "ef_verifier")}
+                                                               "default", "recommended", "ef_verifier")}
 
     @register_filter("test-coloured", color="#123456")
     class Coloured(RuleFilter):

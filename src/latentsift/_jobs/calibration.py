@@ -42,10 +42,13 @@ def labelled_calibration_pools(cal_path, instances=None) -> list:
 def check_calibration_inputs(cal_path, cal_states, states_dirs: Sequence, owner: str) -> None:
     """Before a sifter is fitted for an operating point (``fit --target-recall``): the calibration pools are
     labelled and their states are in ``cal_states``, extracted with the model and the value-changing settings
-    of the sifter's ``states_dirs`` (what ``calibration_pools_for_filter`` would refuse after the fit)."""
-    open_stores([*states_dirs, cal_states], owner)
+    of the sifter's ``states_dirs`` (what ``calibration_pools_for_filter`` would refuse after the fit); without
+    ``cal_states`` (a method that needs no states), the labels only."""
+    if cal_states is not None:
+        open_stores([*states_dirs, cal_states], owner)
     trajs = [c for p in labelled_calibration_pools(cal_path) for c in p.candidates]
-    check_states_present(StateStore(cal_states).open(), trajs, f"{owner} (--calibration-states)")
+    if cal_states is not None:
+        check_states_present(StateStore(cal_states).open(), trajs, f"{owner} (--calibration-states)")
 
 
 def calibration_pools_for_filter(cal_path, cal_states, *, method: str = LatentSift.name, bank_dir=None, scorer_dir=None,
@@ -71,7 +74,7 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = LatentSi
              "states_settings": None if store is None else store.settings,
              "states_fingerprint": None if store is None else store.fingerprint.to_dict()}
     sifter = None if sifter_dir is None else Sifter.load(sifter_dir)
-    if sifter is not None and sifter.method_.family not in ("latentsift", "fusion"):
+    if sifter is not None and not sifter.method_.needs_scorer:  # a stack or a rule: its own method
         return _sifter_calibration(sifter, pools, trajs, store, extra, scorer_epochs)
     entry = filter_entry(method)
     if sifter is None and entry.kind != "state":

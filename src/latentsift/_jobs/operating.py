@@ -90,7 +90,7 @@ def fit_command(o: FitOptions, *, log=print) -> tuple:
         log(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
             + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {o.calibration} "
             f"has {target['have']}.")
-        cal_states = o.calibration_states or states[0]
+        cal_states = o.calibration_states or (states[0] if states else None)  # none: a method without states
         check_calibration_inputs(o.calibration, cal_states, states, "fit --target-recall")  # before the fit
         sifter = _fit_sifter(o.pools, o.states, out, **fit_kw)
         return sifter, fit_operating_point_file(out, o.calibration, cal_states, target_recall, confidence=confidence,

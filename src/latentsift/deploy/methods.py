@@ -4,7 +4,7 @@ A method is read from the one registry of Stage-1 filters (``latentsift.sift.rul
 here. A registered filter is deployable by what its registration says:
 
 - kind "state" or "ablation" (the paper's method, its branches ``branch:distance`` / ``branch:learned``, its
-  channel subsets, ...): family ``latentsift``, the paper's bank and gated scorer with the entry's ``params``;
+  channel subsets, ...): family ``paper``, the paper's bank and gated scorer with the entry's ``params``;
 - ``variant:fusion:fitted``: family ``fusion``, the paper's bank and scorer with the fusion weight of Eq. 3
   fitted on cross-fitted bank scores (``sift.variants.fit_fusion_weight``);
 - a variant with ``signals`` (the logistic probe ``variant:probe``, the stacked fusions ``variant:stack:*``):
@@ -18,7 +18,7 @@ The representation variants (``variant:layer:*``, ``variant:norm:*``, ``variant:
 paper scores); ``methods()`` leaves them out. A new rule, ablation or stacked fusion is deployable from its
 registration alone.
 
-Evidence per family (what ``filter`` writes per candidate besides s and retained): ``latentsift`` and
+Evidence per family (what ``filter`` writes per candidate besides s and retained): ``paper`` and
 ``fusion``: q and r per channel, s_dist, q_lin, s_lin and the strongest steps with their nearest bank states
 (the branches give their own branch's fields only); ``stack``: s only, the weights in the output's
 ``configuration``; ``rule``: raw, the rule's value (e.g. minus the characters).
@@ -41,21 +41,21 @@ from ..metrics.diagnostics import within_pool_auc
 from ..sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
 from ..sift.rules import EXAMPLES_PASSED, PAPER, RANDOM, FilterEntry, filters
 from ..sift.sift import LatentSift, Prepared, as_pools, resolve_states
-from ..sift.variants import (FITTED_FUSION, PROBE, LogisticProbe, StackedFilter, cross_fitted_branches,
+from ..sift.variants import (FITTED_FUSION, PROBE, STACK_STATES_LENGTH, LogisticProbe, StackedFilter, cross_fitted_branches,
                              fit_fusion_weight, fit_stack, pool_rank_features, trajectory_signals)
 from ..trajectories.trajectory import Trajectory
 
 #: ``fit --method auto``: the recommendation (``recommend``) instead of one method.
 AUTO = "auto"
 #: The family of each deployable kind of registration (module docstring).
-FAMILIES = ("latentsift", "fusion", "stack", "rule")
+FAMILIES = ("paper", "fusion", "stack", "rule")
 #: Tie order: a free rule first (no model to run), then a rule that reads the states (shortest-tokens: the
 #: extraction's token counts) and a stack without states, then the bank's methods.
-_COST = {"rule": 0, "rule-states": 1, "stack-free": 1, "latentsift": 2, "stack": 3, "fusion": 3}
+_COST = {"rule": 0, "rule-states": 1, "stack-free": 1, "paper": 2, "stack": 3, "fusion": 3}
 #: Per family, what ``filter`` reports per candidate (module docstring; ``sifter.json`` records it).
-EVIDENCE = {"latentsift": "q and r per channel, s_dist, q_lin, s_lin, the strongest steps and their nearest bank "
+EVIDENCE = {"paper": "q and r per channel, s_dist, q_lin, s_lin, the strongest steps and their nearest bank "
                           "states (a branch: its own fields)",
-            "fusion": "as latentsift, with the fitted fusion weight in the configuration",
+            "fusion": "as the paper's method, with the fitted fusion weight in the configuration",
             "stack": "s only; the fused signals and their weights in the configuration",
             "rule": "raw: the rule's value per candidate"}
 #: The criterion of the recommendation.
@@ -69,7 +69,7 @@ _STATE_SIGNALS = ("q_cot", "q_obs", "q_fn", "probe")
 class Method:
     """One deployable method: its registered ``name`` (``fit --method``), results ``key`` (crossval's tables),
     ``label``, ``family`` (``FAMILIES``), whether it ``needs_states``, its tie ``cost``, the LatentSift
-    ``params`` it changes (family latentsift), the ``signals`` it fuses (family stack) and the registry entry."""
+    ``params`` it changes (family paper), the ``signals`` it fuses (family stack) and the registry entry."""
 
     name: str
     key: str
@@ -87,11 +87,11 @@ class Method:
 
     @property
     def needs_bank(self) -> bool:
-        return self.family in ("latentsift", "fusion") or any(s.startswith("q_") for s in self.signals)
+        return self.family in ("paper", "fusion") or any(s.startswith("q_") for s in self.signals)
 
     @property
     def needs_scorer(self) -> bool:
-        return self.family in ("latentsift", "fusion")
+        return self.family in ("paper", "fusion")
 
     def describe(self) -> dict:
         """What ``sifter.json`` records of the method."""
@@ -103,7 +103,7 @@ class Method:
 def _method(e: FilterEntry) -> Method | None:
     common = dict(name=e.name, key=e.key, label=e.label, entry=e)
     if e.kind in ("state", "ablation"):
-        return Method(family="latentsift", needs_states=True, cost=_COST["latentsift"], params=dict(e.params or {}),
+        return Method(family="paper", needs_states=True, cost=_COST["paper"], params=dict(e.params or {}),
                       **common)
     if e.kind == "variant" and e.name == FITTED_FUSION:
         return Method(family="fusion", needs_states=True, cost=_COST["fusion"], **common)
@@ -136,7 +136,7 @@ def get_method(name: str) -> Method:
 
 
 #: ``fit --method auto``'s declared candidates (names; a premise-only rule joins where its record is present).
-AUTO_CANDIDATES = (PAPER, BRANCH_DISTANCE, BRANCH_LEARNED, PROBE, FITTED_FUSION, "variant:stack:states+length")
+AUTO_CANDIDATES = (PAPER, BRANCH_DISTANCE, BRANCH_LEARNED, PROBE, FITTED_FUSION, STACK_STATES_LENGTH)
 
 
 def auto_candidates(trajs: Sequence[Trajectory], *, states: bool = True) -> list[Method]:
@@ -277,7 +277,7 @@ def inner_cv_evidence(trajs: Sequence[Trajectory], states, fingerprint, candidat
             out[m.name] = rule_auc(m, trajs, states if m.needs_states else None)
     crit = lambda inst, y, s: within_pool_auc(inst, y, s).auc  # noqa: E731
     fam = {m.family for m in candidates}
-    if fam & {"latentsift", "fusion"}:
+    if fam & {"paper", "fusion"}:
         try:
             cf = cross_fitted_branches(trajs, states, fingerprint, dict(scorer_params) | {"train_loss": False},
                                        group=group, seed=seed)

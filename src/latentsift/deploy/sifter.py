@@ -95,7 +95,7 @@ class Sifter(Estimator, LatentSift):
         m = self.method_
         kw = {k: v for k, v in self.get_params(deep=False).items() if k not in ("scorer_epochs", "method")}
         self.delegate_ = None
-        if m.family in ("latentsift", "fusion"):
+        if m.needs_scorer:  # the paper's method's family: LatentSift with the method's settings
             kw |= m.params | ({"fusion_weight": self.fitted_["fusion_weight"]} if m.family == "fusion" else {})
             LatentSift.__init__(self, bank, scorer, **kw)
             return
@@ -151,7 +151,7 @@ class Sifter(Estimator, LatentSift):
             choice = {"chosen": chosen, "auto": False, "reason": "asked (--method)"}
         m = self.method_ = get_method(chosen)
         check_states_given(m, sts, "fit")
-        if per_agent and m.family != "latentsift":
+        if per_agent and m.family != "paper":
             raise LatentSiftError(f"fit --per-agent: the sub-banks are the paper's method's; the method {m.name!r} "
                                   "has none. Drop --per-agent or fit --method latentsift.")
         labels = {t.traj_id: int(t.label) for t in trajs}

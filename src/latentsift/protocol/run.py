@@ -357,8 +357,8 @@ def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | N
         "retention_difference": retention_differences(summary.ledger, REFERENCE, settings.ks,
                                                       n_boot=settings.n_boot, seed=settings.seed),
         "default_choice": [{"fold": f["fold"], **f.get("variants", {})} for f in fold_info["folds"]],
-        "recommended_choice": [{"fold": f["fold"], **f["recommended"]} for f in fold_info["folds"]
-                               if "recommended" in f],
+        "recommended_choice": [{"fold": f["fold"], **f["recommendation"]} for f in fold_info["folds"]
+                               if "recommendation" in f],
         "per_agent_retention": per_agent_retention(summary.ledger, trajs, settings.ks),
         "training_size": {"fractions": [f"{round(100 * f)}%" for f in settings.curve_fractions],
                           "bank_trajectories": run.curve_sizes,

@@ -102,7 +102,7 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
                                                per_instance, put, curves=sweep is None and not trained_only)
             if sweep is None:  # fit --method auto, chosen on this fold's bank only
                 try:
-                    info["recommended"] = recommended_filter(run, k, bank_trajs, eval_pools, states,
+                    info["recommendation"] = recommended_filter(run, k, bank_trajs, eval_pools, states,
                                                              info["variants"], per_instance, put)
                 except LatentSiftError as e:
                     info["variants"].setdefault("missing", {})[RECOMMENDED] = f"fold {k}: {e}"

@@ -8,6 +8,8 @@ estimators; this module builds them per fold, in registration order.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .._core.validation import LatentSiftError
@@ -135,7 +137,9 @@ def recommended_filter(run, k, bank_trajs, eval_pools, states, info: dict, per_i
     fold already computed on the bank (``info``: the fitted fusion's criterion per weight gives the paper's method
     at w = 0.5 and its branches at w = 1 and 0; the stacks' cross-fitted AUCs) and the free rules' AUC on the bank's
     pools; the chosen method's scores of the fold's pools become the filter ``RECOMMENDED``. The scored fold's labels
-    and states are never read here. Returns the choice (``chosen``, ``reason``, ``inner_cv_within_pool_auc``)."""
+    and states are never read here. Returns the choice (``chosen``, ``reason``, ``inner_cv_within_pool_auc``, and
+    ``seconds``: what the choice added to the fold)."""
+    t0 = time.perf_counter()
     cands = auto_candidates(bank_trajs, states=True)
     ev: dict = {m.name: rule_auc(m, bank_trajs, states if m.needs_states else None) for m in cands
                 if m.family == "rule"}
@@ -155,4 +159,5 @@ def recommended_filter(run, k, bank_trajs, eval_pools, states, info: dict, per_i
     for i in insts:
         per_instance.setdefault(RECOMMENDED, {})[i] = table[i]
     run.log(f"[recommended] fold {k}: {chosen} ({why})")
-    return {"chosen": chosen, "reason": why, "inner_cv_within_pool_auc": ev}
+    return {"chosen": chosen, "reason": why, "inner_cv_within_pool_auc": ev,
+            "seconds": round(time.perf_counter() - t0, 3)}

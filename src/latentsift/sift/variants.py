@@ -397,7 +397,8 @@ _stack("variant:stack:states", _STATES)
 #: The learned length stack (shortest chars and fewest steps fused with weights fitted on the bank): it uses no
 #: state, so that the choice can say when states add nothing; a reference of the decision (``protocol.decide``).
 STACK_LENGTH = _stack("variant:stack:length", _LENGTH)
-_stack("variant:stack:states+length", _STATES + _LENGTH)
+#: The stacked fusion of every state signal and the length signals (a candidate of ``fit --method auto``).
+STACK_STATES_LENGTH = _stack("variant:stack:states+length", _STATES + _LENGTH)
 _stack("variant:stack:states+length+patch", _STATES + _LENGTH + ["patch_lines", "no_patch"])
 
 #: The default's name among the filters: per outer fold, the stacked fusion that the inner cross-validation on
