@@ -41,8 +41,9 @@ from ..metrics.diagnostics import within_pool_auc
 from ..sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
 from ..sift.rules import EXAMPLES_PASSED, PAPER, RANDOM, FilterEntry, filters
 from ..sift.sift import LatentSift, Prepared, as_pools, resolve_states
-from ..sift.variants import (FITTED_FUSION, PROBE, STACK_STATES_LENGTH, LogisticProbe, StackedFilter, cross_fitted_branches,
-                             fit_fusion_weight, fit_stack, pool_rank_features, trajectory_signals)
+from ..sift.variants import (FITTED_FUSION, PROBE, STACK_STATES_LENGTH, LogisticProbe, StackedFilter,
+                             cross_fitted_branches, fit_fusion_weight, fit_stack, pool_rank_features, probe_features,
+                             trajectory_signals)
 from ..trajectories.trajectory import Trajectory
 
 #: ``fit --method auto``: the recommendation (``recommend``) instead of one method.
@@ -197,7 +198,6 @@ class ProbeWeights:
                    np.asarray(scaler.scale_, np.float64), np.asarray(lr.coef_[0], np.float64), float(lr.intercept_[0]))
 
     def decision_function(self, states) -> np.ndarray:
-        from ..sift.variants import probe_features
         x = probe_features(states, self.layers).astype(np.float64)
         return ((x - self.mean) / self.scale) @ self.coef + self.intercept
 

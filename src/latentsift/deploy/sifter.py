@@ -253,8 +253,9 @@ class Sifter(Estimator, LatentSift):
         params = dict(man["config"]["settings"])
         params["channels"] = tuple(params["channels"])
         epochs = man["config"].get("scorer_epochs", 40)
-        with manifest_values(mpath, "config", SIFTER_ARTEFACT.redo):  # the saved settings: the file's fault
+        with manifest_values(mpath, "config.method", SIFTER_ARTEFACT.redo):  # the saved method: the file's fault
             method = get_method(man["config"]["method"]).name
+        with manifest_values(mpath, "config.settings", SIFTER_ARTEFACT.redo):  # the saved settings: the file's fault
             s = cls(method=method, scorer_epochs=epochs, **params)
             s._restore(man, bank, scorer, probe)
         if settings:  # the caller's: its fault, never the file's
