@@ -9,11 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from latentsift import Sifter
+from latentsift._core.validation import FingerprintMismatch
 from latentsift.cli import app
 from latentsift.deploy.methods import AUTO_CANDIDATES, get_method, methods
 from latentsift.trajectories.trajectory import group_pools
 
-from synthetic import FP, labelled_runs, write_runs
+from synthetic import FP, PROXY_FP, labelled_runs, write_runs
 
 
 def _renamed(trajs, states, tag="new-"):
@@ -83,6 +84,8 @@ def test_a_saved_sifter_scores_as_it_did_before_saving(tmp_path, method):
     assert loaded.config_["method"] == method and loaded.get_params() == s.get_params()
     assert [r.to_dict() for r in loaded.score_pools(group_pools(new), new_states, fingerprint=FP)] == before
     assert all(len({c["s"] for c in p["candidates"]}) == len(p["candidates"]) for p in before)  # no tie in a pool
+    with pytest.raises(FingerprintMismatch):  # a bank of its states carries the model: another model's are refused
+        Sifter.load(tmp_path / "sifter", fingerprint=PROXY_FP)
 
 
 def test_the_nested_recommendation_never_reads_the_scored_fold(tmp_path):

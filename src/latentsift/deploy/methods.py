@@ -88,7 +88,10 @@ class Method:
 
     @property
     def needs_bank(self) -> bool:
-        return self.family in ("paper", "fusion") or any(s.startswith("q_") for s in self.signals)
+        """A method that reads states keeps a bank of them: the paper's family and a stack of channel margins score
+        against it, and for every such method it carries the model fingerprint (states of another model are
+        refused) and the shift and leak guards' references."""
+        return self.needs_states
 
     @property
     def needs_scorer(self) -> bool:

@@ -7,7 +7,7 @@ alone (``methods.recommend``; every candidate's number in ``config_["choice"]``)
 records the in-bank evidence (cross-fitted within-pool AUC of the paper's distance branch over inner
 repository folds of the bank; no scorer is retrained for it). ``save(dir)`` writes one directory:
 
-    SIFTER_DIR/bank/        the bank (safetensors + manifest), for a method that scores against one
+    SIFTER_DIR/bank/        the bank (safetensors + manifest), for every method that reads states
     SIFTER_DIR/scorer/      the gated linear scorer (safetensors + json), for the paper's method's family
     SIFTER_DIR/probe/       the logistic probe's arrays (probe.safetensors), for a stack that fuses it
     SIFTER_DIR/sifter.json  format, the method and what it needs and fitted, model fingerprint (none without
