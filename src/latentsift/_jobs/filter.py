@@ -34,6 +34,7 @@ from ..sift.margin import DISTANCES, WEIGHTINGS
 from ..sift.sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
 from ..deploy.operating_file import OPERATING_POINT_JSON
+from ..deploy.sifter import sifter_has_bank
 from ..trajectories.trajectory import CHANNELS
 from .calibration import calibration_guard, calibration_pools_for_filter
 from .operating import COSTS, check_saved_rule, keep_rule_filter, saved_operating_point, target_recall_options
@@ -333,7 +334,7 @@ def filter_to_file(s: FilterOptions, *, log: Callable[[str], None] = lambda m: N
                 + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {calibration} "
                 f"has {target['have']}.")
         settings: dict = {"min_keep": min_keep, "frac": frac, "seed": s.seed}
-        stateful = sifter is not None or filter_entry(method).kind == "state"
+        stateful = sifter_has_bank(sifter) if sifter is not None else filter_entry(method).kind == "state"
         if sifter is None and stateful:
             settings |= resolved["sift_settings"]
         cal = None
