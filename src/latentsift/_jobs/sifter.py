@@ -10,7 +10,7 @@ from typing import Sequence
 from .._core.threads import blas_fixed
 from .._core.outputs import owned_output
 from .._core.validation import LatentSiftError, check_choice
-from ..deploy.leak import ON_LEAK, apply_on_leak
+from ..deploy.leak import ON_LEAK, apply_on_leak, shared_repos
 from ..deploy.library import BANK_CHOICES, load_runs, nearest_choice, pool_distances
 from ..deploy.shift import FALSE_ALARM, ON_SHIFT, REFERENCE_KINDS, check_false_alarm, guard
 from ..deploy.methods import check_records, check_states_given, method_names
@@ -133,9 +133,8 @@ def _sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str, on_leak
               "states_dir": None if states_dir is None else str(Path(states_dir).resolve()),
               "sifter_dir": sifter.path_}
     if sifter.bank is not None:
-        eval_repos = sorted({c.repo for p in pools for c in p.candidates})
         inputs |= {"bank_repos": sifter.bank.repo_names_, "bank_label_counts": sifter.bank.label_counts(),
-                   "repos_shared_with_bank": sorted(set(eval_repos) & set(sifter.bank.repo_names_))}
+                   "repos_shared_with_bank": shared_repos(pools, sifter.bank)}
     run = FilterRun(method=sifter.name, settings=sifter.filter_params(), inputs=inputs,
                     fingerprint=None if fingerprint is None else fingerprint.to_dict(), pools=results)
     run.extra = {"configuration": {"config": sifter.config_, "seen": {k: v for k, v in sifter.seen_.items()
