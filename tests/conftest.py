@@ -151,17 +151,23 @@ def refused(r, *words: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def shared_pools(data_dir):
+def shared_import(data_dir):
+    """The whole shared dataset imported with its labels (every run; an ImportResult), once a session: test_importers
+    checks it, ``shared_pools`` and test_reproduce select from it (none of them changes a trajectory)."""
+    from latentsift.trajectories.importers import import_paths
+    return import_paths([data_dir / "r2egym", data_dir / "sweagent"], labels=data_dir / "candidates.csv")
+
+
+@pytest.fixture(scope="session")
+def shared_pools(shared_import):
     """The shared SWE-bench Lite pools of the default runs (no label-leaking run), every instance: (run, trajs,
     folds, rule filters) with 4 repository folds (test_operating, test_keep_adaptive)."""
     from latentsift.protocol.reproduction import CLEAN_RUNS
     from latentsift.protocol.crossval import CrossvalSettings
     from latentsift.protocol.run import Run
     from latentsift.protocol.stage1 import rule_scorers
-    from latentsift.trajectories.importers import import_paths
     from latentsift.trajectories.trajectory import group_pools
-    res = import_paths([data_dir / "r2egym", data_dir / "sweagent"], labels=data_dir / "candidates.csv")
-    trajs = [t for t in res.trajectories if t.run in CLEAN_RUNS]
+    trajs = [t for t in shared_import.trajectories if t.run in CLEAN_RUNS]
     s = CrossvalSettings(pools="-", states="-", out="-", n_folds=4, variants=False, agent_transfer=False,
                          n_boot=100, ks=(3,), target_recalls=(0.9, 0.95))
     run = Run(s, log=lambda m: None)

@@ -19,11 +19,6 @@ FIX = Path(__file__).parent / "fixtures" / "trajectories"
 
 
 @pytest.fixture(scope="session")
-def shared_import(data_dir):
-    return import_paths([data_dir / "r2egym", data_dir / "sweagent"], labels=data_dir / "candidates.csv")
-
-
-@pytest.fixture(scope="session")
 def csv_rows(data_dir):
     with open(data_dir / "candidates.csv", newline="") as f:
         return {(r["run"], r["instance_id"]): r for r in csv.DictReader(f)}

@@ -458,13 +458,20 @@ def _operating_on(tmp, labels_of=None):
     return run, trajs, folds, operating_points(run, trajs, folds, ds, None, nested=nested, targets=(0.8,))
 
 
-def test_permuting_a_folds_labels_leaves_its_threshold_unchanged(tmp_path):
+@pytest.fixture(scope="module")
+def operating(tmp_path_factory):
+    """The synthetic protocol's operating points with its own labels, made once for the tests that only read
+    them (the permutation test and the reporting test): (run, trajs, folds, operating points)."""
+    return _operating_on(tmp_path_factory.mktemp("operating-base"))
+
+
+def test_permuting_a_folds_labels_leaves_its_threshold_unchanged(operating, tmp_path):
     """What is tested: fold k's operating point (threshold, calibrated probability there, calibration size)
     depends on the other folds' labels only. The labels of fold k's candidates are permuted (a seeded
     shuffle within fold k); every trained filter's fold-k threshold stays the same, while the other
     folds' thresholds (whose calibration sets hold fold k) move for some filter. Cross-fitted
     calibration (the other folds scored by their own fold's bank, trained on fold k) fails this."""
-    run, trajs, folds, base = _operating_on(tmp_path / "a")
+    run, trajs, folds, base = operating
     k = 1
     fold_k = {t.traj_id for t in trajs if run.group(t) in set(folds[k][1])}
     ids = sorted(fold_k)
@@ -472,7 +479,7 @@ def test_permuting_a_folds_labels_leaves_its_threshold_unchanged(tmp_path):
     perm = np.random.default_rng(0).permutation(len(ids))
     flipped = {t: lab[ids[p]] for t, p in zip(ids, perm)}
     assert sum(flipped[t] != lab[t] for t in ids) >= 10          # a real change of fold k's labels
-    _, _, _, perm_op = _operating_on(tmp_path / "b", flipped)
+    _, _, _, perm_op = _operating_on(tmp_path, flipped)
 
     def point(op, name, fold):
         row = next(f for f in op["filters"][name]["targets"]["0.8"]["realized_recall"]["per_fold"] if f["fold"] == fold)
@@ -498,13 +505,13 @@ def test_permuting_a_folds_labels_leaves_its_threshold_unchanged(tmp_path):
     assert [p["status"] for p in base["nested"]] == ["ok"] * 6
 
 
-def test_operating_points_compare_at_realized_recall_with_one_multiplicity_rule(tmp_path):
+def test_operating_points_compare_at_realized_recall_with_one_multiplicity_rule(operating):
     """What is tested: every row carries its realized recall beside its calls, the paper's fixed rule's
     realized recall and calls on the same scores, the recall difference beside the calls difference, a
     Bonferroni interval over the whole family (wider than the 95% one), post-hoc rows marked, and one
     sentence per target naming the cheapest filter that reaches it and whether that is decided."""
     from latentsift.report.sections import _operating_markdown
-    run, trajs, folds, op = _operating_on(tmp_path)
+    run, trajs, folds, op = operating
     names = list(op["filters"])
     mult = op["multiplicity"]
     assert mult["m"] == (len(names) - 1) * 1 + 1 and mult["level"] == pytest.approx(1 - 0.05 / mult["m"])

@@ -6,7 +6,6 @@ import pytest
 
 from conftest import at_threads  # tests/conftest.py
 from latentsift._core.validation import LatentSiftError
-from latentsift.trajectories.importers import import_paths
 from latentsift.report.report import render_markdown
 from latentsift.protocol import per_agent_retention, retention_differences
 from latentsift.protocol.reproduction import LEAKY_RUNS, ReproduceSettings, check_data_dir, reproduce, select_trajectories
@@ -14,8 +13,8 @@ from latentsift.trajectories.trajectory import Trajectory
 
 
 @pytest.fixture(scope="module")
-def shared(data_dir):
-    return import_paths([data_dir / "r2egym", data_dir / "sweagent"], labels=data_dir / "candidates.csv").trajectories
+def shared(shared_import):
+    return shared_import.trajectories   # conftest: the whole shared dataset, imported once a session
 
 
 def test_default_selection_drops_leaky_runs_and_keeps_every_solvable_instance(shared, data_dir):

@@ -61,6 +61,13 @@ def short_rendering(shared_trajs, policy):
     return render(shared_trajs["swe"][0], policy.tokenizer, max_span_tokens=16, max_prompt_tokens=32)
 
 
+@pytest.fixture(scope="module")
+def full32(policy32, short_rendering):
+    """``short_rendering`` replayed in float32 at the defaults (one chunk, the whole context, every layer), made
+    once: the reference that the hooked, windowed, cut and layer-subset replays below are compared with."""
+    return replay(policy32, short_rendering)
+
+
 def _hs_pool(policy, r: Rendering) -> np.ndarray:
     """Reference: mean pooling of output_hidden_states[1..L] of one full forward."""
     with torch.inference_mode():
@@ -183,8 +190,8 @@ def test_replay_shared_trajectories_shapes(policy, shared_trajs):
 
 
 @pytest.mark.model
-def test_hooked_pooling_equals_output_hidden_states(policy32, short_rendering):
-    s = replay(policy32, short_rendering)
+def test_hooked_pooling_equals_output_hidden_states(policy32, short_rendering, full32):
+    s = full32
     ref = _hs_pool(policy32, short_rendering)
     assert _rel(s.layers, ref).max() <= F32_TOL
 
@@ -207,7 +214,7 @@ def test_chunked_prefill_equals_single_forward(policy32, policy, short_rendering
 
 
 @pytest.mark.model
-def test_sliding_window_beyond_context(policy32, short_rendering):
+def test_sliding_window_beyond_context(policy32, short_rendering, full32):
     r, ctx = short_rendering, 128
     seen = []
     hook = policy32.base.register_forward_pre_hook(
@@ -217,7 +224,7 @@ def test_sliding_window_beyond_context(policy32, short_rendering):
         win = replay(policy32, r, context=ctx, chunk_tokens=50)
     finally:
         hook.remove()
-    full = replay(policy32, r)
+    full = full32
     assert max(seen) <= ctx                        # the model never sees more than its context
     assert win.layers.shape == full.layers.shape and np.isfinite(win.layers).all()
     idx, keys = r.span_index()
@@ -229,10 +236,10 @@ def test_sliding_window_beyond_context(policy32, short_rendering):
 
 
 @pytest.mark.model
-def test_max_tokens_keeps_prefix_spans(policy32, short_rendering):
+def test_max_tokens_keeps_prefix_spans(policy32, short_rendering, full32):
     r = short_rendering
     cut = r.n_tokens // 2
-    part, full = replay(policy32, r, max_tokens=cut), replay(policy32, r)
+    part, full = replay(policy32, r, max_tokens=cut), full32
     idx, keys = r.span_index()
     kept = sorted(set(idx[:cut][idx[:cut] >= 0].tolist()))
     assert part.n_tokens == cut and part.n_spans == len(kept) < full.n_spans
@@ -242,9 +249,9 @@ def test_max_tokens_keeps_prefix_spans(policy32, short_rendering):
 
 
 @pytest.mark.model
-def test_layer_subset(policy32, short_rendering):
+def test_layer_subset(policy32, short_rendering, full32):
     sub = replay(policy32, short_rendering, layer_ids=[1, 15, 30])
-    full = replay(policy32, short_rendering)
+    full = full32
     assert sub.layer_ids == (1, 15, 30) and sub.n_layers == 3
     np.testing.assert_allclose(sub.layers, full.layers[:, [0, 14, 29]], rtol=1e-5, atol=1e-5)
     with pytest.raises(LatentSiftError, match="layer_ids"):
