@@ -15,7 +15,7 @@ from ..bank.bank import inner_folds
 from ..metrics.diagnostics import within_pool_auc
 from ..sift.rules import PAPER, filters
 from ..deploy.sifter import distance_auc, fold_distance
-from ..sift.variants import DEFAULT, LogisticProbe, fit_stack, pool_rank_features, trajectory_signals, variant_setting
+from ..sift.variants import DEFAULT, fit_stack, pool_rank_features, probe_once, trajectory_signals, variant_setting
 from .curves import learning_curves
 
 def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer, per_instance, put, *,
@@ -30,7 +30,7 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
     variants = filters("variant")
     paper = {i: prep for i, (_, prep) in per_instance[PAPER].items()}
     context = {"paper_filter": per_instance[PAPER][eval_pools[0].instance_id][0], "group": run.group,
-               "criterion": lambda inst, y, s: within_pool_auc(inst, y, s).auc}
+               "criterion": lambda inst, y, s: within_pool_auc(inst, y, s).auc, "fits": run.fits}
     missing: dict[str, str] = {}
     fitted: dict[str, dict] = {}
     for e in variants:  # representation variants, scaffold-conditioned banks, the fitted fusion: on the fold's bank
@@ -58,11 +58,10 @@ def _stacks(run, k, bank_trajs, eval_pools, states, fingerprint, labels, eval_id
             curves) -> dict:
     """The probe, the training-size curves and the stacked variants of one fold, with the inner-CV default."""
     seed = run.settings.seed
-    bank_ids = sorted(labels)
     stacks = [e for e in variants if e.signals is not None]
     try:
         # the learned branch: regularised logistic probe vs the paper's gated head
-        probe = LogisticProbe(seed=seed).fit([states[i] for i in bank_ids], [labels[i] for i in bank_ids])
+        probe = probe_once(run.fits, states, labels, seed=seed)
         probe_eval = dict(zip(eval_ids, probe.decision_function([states[i] for i in eval_ids])))
         if curves:
             learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance)
@@ -97,7 +96,7 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
                      for t, q in fold_distance(f, states, fingerprint, seed=seed).items()}
         ib_ids = sorted(t.traj_id for t in f.bank_trajs)
         ie_ids = sorted(c.traj_id for p in f.eval_pools for c in p.candidates)
-        ip = LogisticProbe(seed=seed).fit([states[i] for i in ib_ids], [labels[i] for i in ib_ids])
+        ip = probe_once(run.fits, states, {i: labels[i] for i in ib_ids}, seed=seed)
         for t, v in zip(ie_ids, ip.decision_function([states[i] for i in ie_ids])):
             bank_raw[t]["probe"] = float(v)
             inner_fold_of[t] = f.k
