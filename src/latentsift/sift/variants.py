@@ -36,7 +36,7 @@ from ..bank.bank import Bank, inner_folds
 from .fuse import FUSION_WEIGHT, fuse
 from .rank import grouped_normalized_ranks, normalized_ranks
 from .rules import PAPER, register_filter
-from .scorer import fit_once
+from .scorer import fit_once, states_key
 from .sift import LatentSift, Prepared, Stage1Filter
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNELS, Pool, Trajectory
@@ -173,9 +173,9 @@ class LogisticProbe:
 def probe_once(fits: dict | None, states: Mapping, labels: Mapping[str, int], *, seed: int = 0) -> LogisticProbe:
     """``LogisticProbe(seed=seed).fit`` on the states of the trajectories ``labels`` names (sorted by id), or the
     probe that an identical call put in ``fits`` (its folds are seeded: the same inputs give the same
-    coefficients); ``fits`` None fits every time (``scorer.fit_once``, for the gated head)."""
+    coefficients); ``fits`` None fits every time (``scorer.fit_once``, for the gated head, tells states apart)."""
     ids = sorted(labels)
-    key = ("probe", int(seed), tuple((t, int(labels[t])) for t in ids))
+    key = ("probe", int(seed), states_key(states, labels))
     if fits is not None and key in fits:
         return fits[key]
     probe = LogisticProbe(seed=seed).fit([states[i] for i in ids], [labels[i] for i in ids])
