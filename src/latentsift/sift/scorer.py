@@ -169,9 +169,10 @@ def early_stopping_groups(trajectories, group: Callable[[Any], str] = lambda t: 
 
 
 def states_key(states: Mapping[str, TrajectoryStates], labels: Mapping[str, int]) -> tuple:
-    """(traj_id, label, tokens run) of each trajectory ``labels`` names, sorted: what tells one fit's inputs
-    from another's within a run (``fit_once``)."""
-    return tuple((t, int(labels[t]), int(states[t].n_tokens)) for t in sorted(labels))
+    """(traj_id, label, tokens run, layers, width) of each trajectory ``labels`` names, sorted: what tells one
+    fit's inputs from another's within a run (``fit_once``)."""
+    return tuple((t, int(labels[t]), int(states[t].n_tokens), states[t].n_layers, states[t].d_model)
+                 for t in sorted(labels))
 
 
 def fit_once(fits: dict | None, params: Mapping[str, Any], states: Mapping[str, TrajectoryStates],
@@ -183,8 +184,8 @@ def fit_once(fits: dict | None, params: Mapping[str, Any], states: Mapping[str, 
     repeat returns the first one (its ``history_`` seconds are the first fit's). ``fits``: a dict that one
     run keeps for the states it holds (the protocol fits the same banks in Stage 1's fitted fusion and in the
     pruning's inner split); None fits every time. The states are told apart by the model's fingerprint and
-    each trajectory's token count: a run's other representations (the sweep's longer spans or patch step)
-    render more tokens of the same model.
+    each trajectory's token count and shape (``states_key``): a run's other representations (the sweep's longer
+    spans or patch step) render more tokens of the same model, the sweep's other encoder has another width.
     """
     ids = sorted(labels)
     fp = None if fingerprint is None else as_fingerprint(fingerprint, "fit_once").digest
