@@ -155,6 +155,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/decode.py --models smollm2,qwen0.5b
 	$(BIN)/python bench/operating_point.py
 	$(BIN)/python bench/adaptive_keep.py --data $(DATA)
+	$(BIN)/python bench/stages.py --data $(DATA)
 	@if [ -f runs/demo/timings.json ]; then $(BIN)/python bench/timings.py; \
 	else echo "bench/timings.py: no finished runs/demo yet (make demo)"; fi
 

@@ -9,7 +9,7 @@ import torch
 
 from latentsift import FingerprintMismatch, LatentSiftError, NotFittedError
 from latentsift.states.model import Fingerprint
-from latentsift.sift.scorer import LinearScorer, gated_logits, span_outputs
+from latentsift.sift.scorer import LinearScorer, fit_once, gated_logits, span_outputs
 from latentsift.states.states import TrajectoryStates
 from latentsift.trajectories.trajectory import CHANNEL_ID
 
@@ -96,6 +96,33 @@ def test_training_is_deterministic_and_order_independent():
     assert [e["val_loss"] for e in a.history_] == [e["val_loss"] for e in b.history_]
     c = LinearScorer(lr=1e-3, max_epochs=4, init="torch", seed=1).fit(states, labels)
     assert not np.array_equal(a.W_, c.W_)
+
+
+def test_fit_once_returns_the_fit_of_identical_inputs_and_refits_other_ones():
+    """A run's memo of fits (``fit_once``): an identical call (settings given in full or by their defaults, groups,
+    fingerprint) is the first fit, whose weights a fresh fit has bit for bit; other settings, labels or states of
+    other token counts (another representation of the same model) are fitted anew."""
+    states, labels = dataset()
+    by_id = {s.traj_id: s for s in states}
+    groups = {t: f"g{i % 4}" for i, t in enumerate(sorted(labels))}
+    fits: dict = {}
+    params = {"lr": 1e-3, "max_epochs": 3, "train_loss": False}
+    a = fit_once(fits, params, by_id, labels, fingerprint=FP, groups=groups)
+    assert fit_once(fits, LinearScorer(**params).get_params(), by_id, dict(reversed(labels.items())),
+                    fingerprint=FP.to_dict(), groups=groups) is a
+    fresh = LinearScorer(**params).fit(states, labels, fingerprint=FP, groups=groups)
+    np.testing.assert_array_equal(a.W_, fresh.W_)
+    np.testing.assert_array_equal(a.b_, fresh.b_)
+    other_states = {t: TrajectoryStates(t, s.layers + 1, s.step, s.channel, n_tokens=s.n_tokens + 1)
+                    for t, s in by_id.items()}
+    flipped = dict(labels, t000=1 - labels["t000"])
+    others = [fit_once(fits, params | {"seed": 1}, by_id, labels, fingerprint=FP, groups=groups),
+              fit_once(fits, params, by_id, flipped, fingerprint=FP, groups=groups),
+              fit_once(fits, params, by_id, labels, fingerprint=FP),
+              fit_once(fits, params, other_states, labels, fingerprint=FP, groups=groups)]
+    assert all(o is not a for o in others) and len(fits) == 5
+    assert not np.array_equal(others[-1].W_, a.W_)
+    assert fit_once(None, params, by_id, labels, fingerprint=FP, groups=groups) is not a
 
 
 def test_without_the_training_loss_the_fit_is_the_same(tmp_path):

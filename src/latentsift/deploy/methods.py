@@ -43,7 +43,7 @@ from ..sift.rules import EXAMPLES_PASSED, PAPER, RANDOM, FilterEntry, filters
 from ..sift.sift import LatentSift, Prepared, as_pools, resolve_states
 from ..sift.variants import (FITTED_FUSION, PROBE, STACK_STATES_LENGTH, LogisticProbe, StackedFilter,
                              cross_fitted_branches, fit_fusion_weight, fit_stack, pool_rank_features, probe_features,
-                             trajectory_signals)
+                             probe_once, trajectory_signals)
 from ..trajectories.trajectory import Trajectory
 
 #: ``fit --method auto``: the recommendation (``recommend``) instead of one method.
@@ -215,11 +215,13 @@ class ProbeWeights:
 
 # ------------------------------------------------------------------------ cross-fitted signals of a bank
 def cross_fitted_signals(bank_trajs: Sequence[Trajectory], states, fingerprint, group, *, signals: Sequence[str],
-                         seed: int = 0) -> tuple[dict[str, dict[str, float]], dict[str, int], int]:
+                         seed: int = 0, fits: dict | None = None
+                         ) -> tuple[dict[str, dict[str, float]], dict[str, int], int]:
     """(traj_id -> signal -> value, traj_id -> inner fold, number of inner folds) of every bank trajectory: the
     channel margins (``q_*``) and the probe scored by a bank / probe fitted on the other inner folds
     (``inner_folds`` by ``group``, as the outer folds are), the trajectory's own signals (``trajectory_signals``)
-    as they are. Only the ``signals`` asked are computed."""
+    as they are. Only the ``signals`` asked are computed; ``fits``: a run's memo of fitted probes
+    (``sift.variants.probe_once``)."""
     from .sifter import fold_distance
     labels = {t.traj_id: int(t.label) for t in bank_trajs}
     raw: dict[str, dict[str, float]] = {t.traj_id: trajectory_signals(t) for t in bank_trajs}
@@ -233,7 +235,7 @@ def cross_fitted_signals(bank_trajs: Sequence[Trajectory], states, fingerprint, 
                 raw[t] |= {f"q_{c}": v for c, v in q.items()}
         if "probe" in signals:
             ib_ids = sorted(t.traj_id for t in f.bank_trajs)
-            ip = LogisticProbe(seed=seed).fit([states[i] for i in ib_ids], [labels[i] for i in ib_ids])
+            ip = probe_once(fits, states, {i: labels[i] for i in ib_ids}, seed=seed)
             for t, v in zip(ie_ids, ip.decision_function([states[i] for i in ie_ids])):
                 raw[t]["probe"] = float(v)
     return {t: raw[t] for t in sorted(fold_of)}, fold_of, len(inner)

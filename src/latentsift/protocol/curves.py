@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from .._core.validation import LatentSiftError
 from ..sift.rules import PAPER
-from ..sift.scorer import LinearScorer, early_stopping_groups
-from ..sift.variants import LogisticProbe, bank_subsample
+from ..sift.scorer import early_stopping_groups, fit_once
+from ..sift.variants import bank_subsample, probe_once
 
 
 def learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance) -> None:
@@ -30,13 +30,12 @@ def learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eva
             ids = sorted(t.traj_id for t in sub)
             n = len(ids)
             try:
-                probe = LogisticProbe(seed=s.seed).fit([states[i] for i in ids], [labels[i] for i in ids])
+                probe = probe_once(run.fits, states, {i: labels[i] for i in ids}, seed=s.seed)
             except LatentSiftError as e:
                 run.log(f"[curves] fold {k}: {tag} of the bank skipped ({e})")
                 continue
-            gated = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed, train_loss=False).fit(
-                [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint,
-                groups=early_stopping_groups(sub, run.group))
+            gated = fit_once(run.fits, run.scorer_params, states, {i: labels[i] for i in ids},
+                             fingerprint=fingerprint, groups=early_stopping_groups(sub, run.group))
             ev = [states[i] for i in eval_ids]
             got = {"gated": dict(zip(eval_ids, gated.decision_function(ev).tolist())),
                    "probe": dict(zip(eval_ids, probe.decision_function(ev).tolist()))}

@@ -27,7 +27,7 @@ from ..metrics.formats import pools_from_trajectories
 from ..report.explore import save_stage1, write_run_site
 from ..report.report import write_report
 from ..sift.rules import PAPER, REFERENCE, labels, rule_keys, rules
-from ..sift.scorer import LinearScorer, early_stopping_groups
+from ..sift.scorer import LinearScorer, early_stopping_groups, fit_once
 from ..states.store import StateStore
 from ..trajectories.trajectory import Trajectory, load_jsonl
 from ..sift.variants import DEFAULT, RECOMMENDED
@@ -69,11 +69,17 @@ class Run:
         self.timings: dict[str, float] = {}
         self.curve_scores: dict[str, dict[str, float]] = {}
         self.curve_sizes: dict[str, dict[str, int]] = {}
+        self.fits: dict = {}  # the scorers this run fitted (``sift.scorer.fit_once``), shared by its nested copies
 
     def timed(self, name: str, t0: float) -> None:
         """Record (and log) the wall time of stage ``name`` started at ``t0``."""
         self.timings[name] = round(time.perf_counter() - t0, 2)
         self.log(f"[{name}] {self.timings[name]:.1f} s")
+
+    @property
+    def scorer_params(self) -> dict:
+        """The settings of the run's fold scorers (``LinearScorer``; the training loss is not computed)."""
+        return {"max_epochs": self.settings.scorer_epochs, "seed": self.settings.seed, "train_loss": False}
 
     def group(self, traj: Trajectory) -> str:
         """The fold group of a trajectory (``settings.group_by``: repo, agent or instance)."""
@@ -106,11 +112,10 @@ class Run:
             bank = Bank.from_trajectories(bank_trajs, states, fingerprint, **bank_params)
             # the early-stopping split by the fold groups (task, repository), as the folds are (by task in a
             # bank of one group)
-            scorer = LinearScorer(max_epochs=s.scorer_epochs, seed=s.seed, train_loss=False).fit(
-                [states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint,
-                groups=early_stopping_groups(bank_trajs, self.group))
+            scorer = fit_once(self.fits, self.scorer_params, states, labels, fingerprint=fingerprint,
+                              groups=early_stopping_groups(bank_trajs, self.group))
         bank.save(fold_dir / "bank")
-        scorer.save(fold_dir / "scorer")
+        scorer.save(fold_dir / "scorer", plot=name == "paper")  # the curve of the folds' own scorer only
         atomic_write_json(key_path, {"key": key})
         # continue from the saved files, exactly as a cached rerun does (same arrays, same results)
         return Bank.load(fold_dir / "bank"), LinearScorer.load(fold_dir / "scorer")

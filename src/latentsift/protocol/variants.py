@@ -18,7 +18,7 @@ from ..sift.rules import PAPER, filters
 from ..deploy.methods import (auto_candidates, cross_fitted_signals, get_method, latentsift_evidence, recommend,
                               rule_auc, stack_inner_auc)
 from ..deploy.sifter import distance_auc
-from ..sift.variants import (DEFAULT, FITTED_FUSION, RECOMMENDED, LogisticProbe, fit_stack, trajectory_signals,
+from ..sift.variants import (DEFAULT, FITTED_FUSION, RECOMMENDED, fit_stack, probe_once, trajectory_signals,
                              variant_setting)
 from .curves import learning_curves
 
@@ -34,7 +34,7 @@ def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
     variants = filters("variant")
     paper = {i: prep for i, (_, prep) in per_instance[PAPER].items()}
     context = {"paper_filter": per_instance[PAPER][eval_pools[0].instance_id][0], "group": run.group,
-               "criterion": lambda inst, y, s: within_pool_auc(inst, y, s).auc}
+               "criterion": lambda inst, y, s: within_pool_auc(inst, y, s).auc, "fits": run.fits}
     missing: dict[str, str] = {}
     fitted: dict[str, dict] = {}
     for e in variants:  # representation variants, scaffold-conditioned banks, the fitted fusion: on the fold's bank
@@ -62,11 +62,10 @@ def _stacks(run, k, bank_trajs, eval_pools, states, fingerprint, labels, eval_id
             curves) -> dict:
     """The probe, the training-size curves and the stacked variants of one fold, with the inner-CV default."""
     seed = run.settings.seed
-    bank_ids = sorted(labels)
     stacks = [e for e in variants if e.signals is not None]
     try:
         # the learned branch: regularised logistic probe vs the paper's gated head
-        probe = LogisticProbe(seed=seed).fit([states[i] for i in bank_ids], [labels[i] for i in bank_ids])
+        probe = probe_once(run.fits, states, labels, seed=seed)
         probe_eval = dict(zip(eval_ids, probe.decision_function([states[i] for i in eval_ids])))
         if curves:
             learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance)
@@ -95,7 +94,7 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
     # run's own fold groups (repository, agent or instance: ``run.group``), as the outer folds are
     signals = sorted({s_ for e in stacks for s_ in e.signals} | {"q_cot", "q_obs", "q_fn"})
     bank_raw, inner_fold_of, n_inner = cross_fitted_signals(bank_trajs, states, fingerprint, run.group,
-                                                            signals=signals, seed=seed)
+                                                            signals=signals, seed=seed, fits=run.fits)
     traj_by_id = {t.traj_id: t for t in bank_trajs}
     eval_raw: dict[str, dict[str, float]] = {}
     lat = per_instance[PAPER]

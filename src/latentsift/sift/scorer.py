@@ -168,6 +168,38 @@ def early_stopping_groups(trajectories, group: Callable[[Any], str] = lambda t: 
     return {t.traj_id: group(t) if by_group else t.instance_id for t in trajs}
 
 
+def states_key(states: Mapping[str, TrajectoryStates], labels: Mapping[str, int]) -> tuple:
+    """(traj_id, label, tokens run, layers, width) of each trajectory ``labels`` names, sorted: what tells one
+    fit's inputs from another's within a run (``fit_once``)."""
+    return tuple((t, int(labels[t]), int(states[t].n_tokens), states[t].n_layers, states[t].d_model)
+                 for t in sorted(labels))
+
+
+def fit_once(fits: dict | None, params: Mapping[str, Any], states: Mapping[str, TrajectoryStates],
+             labels: Mapping[str, int], *, fingerprint=None, groups: Mapping[str, str] | None = None) -> "LinearScorer":
+    """``LinearScorer(**params).fit`` on the states of the trajectories ``labels`` names (sorted by id), or the
+    scorer that an identical call (same settings, trajectories, labels, groups and fingerprint) put in ``fits``.
+
+    A fit gives the same weights whenever its inputs are the same (module docstring, "Determinism"), so a
+    repeat returns the first one (its ``history_`` seconds are the first fit's). ``fits``: a dict that one
+    run keeps for the states it holds (the protocol fits the same banks in Stage 1's fitted fusion and in the
+    pruning's inner split); None fits every time. The states are told apart by the model's fingerprint and
+    each trajectory's token count and shape (``states_key``): a run's other representations (the sweep's longer
+    spans or patch step) render more tokens of the same model, the sweep's other encoder has another width.
+    """
+    ids = sorted(labels)
+    fp = None if fingerprint is None else as_fingerprint(fingerprint, "fit_once").digest
+    key = (tuple(sorted(LinearScorer(**params).get_params().items())), states_key(states, labels),
+           None if groups is None else tuple((t, str(groups[t])) for t in ids), fp)
+    if fits is not None and key in fits:
+        return fits[key]
+    scorer = LinearScorer(**params).fit([states[i] for i in ids], [labels[i] for i in ids], fingerprint=fingerprint,
+                                        groups=groups)
+    if fits is not None:
+        fits[key] = scorer
+    return scorer
+
+
 class LinearScorer(Estimator):
     """Gated linear head on all-layer span states (scikit-learn's estimator contract: the constructor stores
     the settings, ``fit`` returns self, ``get_params``/``set_params``, ``sklearn.base.clone``).

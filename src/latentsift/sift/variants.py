@@ -36,7 +36,7 @@ from ..bank.bank import Bank, inner_folds
 from .fuse import FUSION_WEIGHT, fuse
 from .rank import grouped_normalized_ranks, normalized_ranks
 from .rules import PAPER, register_filter
-from .scorer import LinearScorer
+from .scorer import fit_once, states_key
 from .sift import LatentSift, Prepared, Stage1Filter
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNELS, Pool, Trajectory
@@ -170,6 +170,20 @@ class LogisticProbe:
         return self.model_.decision_function(probe_features(states, self.layers_))
 
 
+def probe_once(fits: dict | None, states: Mapping, labels: Mapping[str, int], *, seed: int = 0) -> LogisticProbe:
+    """``LogisticProbe(seed=seed).fit`` on the states of the trajectories ``labels`` names (sorted by id), or the
+    probe that an identical call put in ``fits`` (its folds are seeded: the same inputs give the same
+    coefficients); ``fits`` None fits every time (``scorer.fit_once``, for the gated head, tells states apart)."""
+    ids = sorted(labels)
+    key = ("probe", int(seed), states_key(states, labels))
+    if fits is not None and key in fits:
+        return fits[key]
+    probe = LogisticProbe(seed=seed).fit([states[i] for i in ids], [labels[i] for i in ids])
+    if fits is not None:
+        fits[key] = probe
+    return probe
+
+
 # ------------------------------------------------------------------------ stacked fusion
 def pool_rank_features(raw: Mapping[str, np.ndarray], instance: np.ndarray) -> np.ndarray:
     """(n, n_features) within-pool normalised ranks of every raw signal (rank normalisation per signal)."""
@@ -252,17 +266,16 @@ def fit_fusion_weight(s_dist, s_lin, instance, labels, criterion, *,
 
 
 def cross_fitted_branches(bank_trajs: Sequence[Trajectory], states, fingerprint, scorer_params: Mapping, *,
-                          group, seed: int = 0) -> dict[str, np.ndarray]:
+                          group, seed: int = 0, fits: dict | None = None) -> dict[str, np.ndarray]:
     """s_dist and s_lin of every bank trajectory scored by a bank and a scorer fitted on the other inner
-    folds (``inner_folds`` by ``group``, as the outer folds are), with its instance and label."""
+    folds (``inner_folds`` by ``group``, as the outer folds are), with its instance and label; ``fits``: the
+    run's scorers already fitted (``scorer.fit_once``)."""
     cols: dict[str, list] = {"s_dist": [], "s_lin": [], "instance": [], "label": []}
     for f in inner_folds(bank_trajs, group, seed=seed):
-        ids = sorted(t.traj_id for t in f.bank_trajs)
         labels = {t.traj_id: int(t.label) for t in f.bank_trajs}
         bank = Bank.from_trajectories(f.bank_trajs, states, fingerprint)
-        sc = LinearScorer(**scorer_params).fit([states[i] for i in ids], [labels[i] for i in ids],
-                                               fingerprint=fingerprint,
-                                               groups={t.traj_id: group(t) for t in f.bank_trajs})
+        sc = fit_once(fits, scorer_params, states, labels, fingerprint=fingerprint,
+                      groups={t.traj_id: group(t) for t in f.bank_trajs})
         label_of = {c.traj_id: int(c.label) for p in f.eval_pools for c in p.candidates}
         for res in LatentSift(bank, sc, seed=seed, n_evidence=0).score_pools(f.eval_pools, states,
                                                                              fingerprint=fingerprint):
@@ -275,14 +288,14 @@ def cross_fitted_branches(bank_trajs: Sequence[Trajectory], states, fingerprint,
 
 
 def fitted_fusion(bank_trajs, eval_pools, states, fingerprint, scorer, *, seed: int, paper: Mapping[str, Prepared],
-                  paper_filter: LatentSift, group, criterion, **_):
+                  paper_filter: LatentSift, group, criterion, fits: dict | None = None, **_):
     """The paper's method (its bank and scorer of this fold) with the fusion weight chosen on the bank alone
     (``cross_fitted_branches`` then ``fit_fusion_weight``); ``eval_pools`` are only scored, with ``paper``'s
     q and q_lin. Returns (filter, instance -> Prepared); the filter's ``fitted_`` holds the weight's evidence."""
     if scorer is None:
         raise LatentSiftError("the fitted fusion needs the learned branch (a trained scorer)")
     cf = cross_fitted_branches(bank_trajs, states, fingerprint, scorer.get_params() | {"train_loss": False},
-                               group=group, seed=seed)
+                               group=group, seed=seed, fits=fits)
     w, by_w = fit_fusion_weight(cf["s_dist"], cf["s_lin"], cf["instance"], cf["label"], criterion)
     filt = LatentSift(paper_filter.bank, scorer, seed=seed, fusion_weight=w)
     filt.fitted_ = {"fusion_weight": w, "inner_cv_criterion": by_w, "n_bank_candidates": int(len(cf["label"]))}
