@@ -14,6 +14,7 @@ from .._core.validation import LatentSiftError
 from ..bank.bank import inner_folds
 from ..metrics.diagnostics import within_pool_auc
 from ..sift.rules import PAPER, filters
+from ..sift.scorer import early_stopping_groups
 from ..deploy.sifter import distance_auc, fold_distance
 from ..sift.variants import DEFAULT, LogisticProbe, fit_stack, pool_rank_features, trajectory_signals, variant_setting
 from .curves import learning_curves
@@ -62,7 +63,8 @@ def _stacks(run, k, bank_trajs, eval_pools, states, fingerprint, labels, eval_id
     stacks = [e for e in variants if e.signals is not None]
     try:
         # the learned branch: regularised logistic probe vs the paper's gated head
-        probe = LogisticProbe(seed=seed).fit([states[i] for i in bank_ids], [labels[i] for i in bank_ids])
+        probe = LogisticProbe(seed=seed).fit([states[i] for i in bank_ids], [labels[i] for i in bank_ids],
+                                            early_stopping_groups(bank_trajs, run.group))
         probe_eval = dict(zip(eval_ids, probe.decision_function([states[i] for i in eval_ids])))
         if curves:
             learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance)
@@ -97,7 +99,8 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
                      for t, q in fold_distance(f, states, fingerprint, seed=seed).items()}
         ib_ids = sorted(t.traj_id for t in f.bank_trajs)
         ie_ids = sorted(c.traj_id for p in f.eval_pools for c in p.candidates)
-        ip = LogisticProbe(seed=seed).fit([states[i] for i in ib_ids], [labels[i] for i in ib_ids])
+        ip = LogisticProbe(seed=seed).fit([states[i] for i in ib_ids], [labels[i] for i in ib_ids],
+                                         early_stopping_groups(f.bank_trajs, run.group))
         for t, v in zip(ie_ids, ip.decision_function([states[i] for i in ie_ids])):
             bank_raw[t]["probe"] = float(v)
             inner_fold_of[t] = f.k
