@@ -38,8 +38,7 @@ def write_single_policy(folder, *, n_instances: int = 16, k: int = 4, agent: str
     ``meta["policy"]`` (as a rollout records the policy's fingerprint digest). Returns (pools path, states path)."""
     from pathlib import Path
 
-    from latentsift.states.store import StateStore
-    from latentsift.trajectories.trajectory import Step, Trajectory, save_jsonl
+    from latentsift.trajectories.trajectory import Step, Trajectory
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -62,6 +61,48 @@ def write_single_policy(folder, *, n_instances: int = 16, k: int = 4, agent: str
                                     tests={"examples_passed": float(label)} if examples else {},
                                     patch="x = 1\n" * (1 + (i + 3 * j) % 5) if rollout_records else "",
                                     meta={} if policy is None else {"policy": policy}))
+    return write_runs(folder, trajs, states, fingerprint)
+
+
+def labelled_runs(*, signal: str, n_repos: int = 4, n_instances: int = 6, k: int = 4, seed: int = 0):
+    """Labelled pools of several repositories (mixed pools: half of each pool resolved) and their synthetic
+    states, with the signal planted in one place only: ``signal="length"``: resolved candidates are shorter
+    (fewer characters and steps) and their states carry no outcome; ``signal="states"``: resolved states lean
+    along ``DIRECTION`` and the lengths are drawn independently of the outcome. Returns (trajectories, states)."""
+    from latentsift.trajectories.trajectory import Step, Trajectory
+
+    if signal not in ("length", "states"):
+        raise ValueError(signal)
+    rng = np.random.default_rng(seed)
+    trajs, states = [], {}
+    for r in range(n_repos):
+        for i in range(n_instances):
+            inst = f"repo{r}__task-{i}"
+            for j in range(k):
+                label = int(j < k // 2)
+                tid = f"agent/{inst}/{j}"
+                if signal == "length":
+                    n_steps, words = (2, 3 + j) if label else (3, 9 + j)
+                    quality = 0.6 * rng.standard_normal()
+                else:
+                    n_steps, words = 1 + int(rng.integers(3)), 2 + int(rng.integers(9))
+                    quality = (0.6 if label else -0.6) + 0.3 * rng.standard_normal()
+                states[tid] = make_states(tid, rng, quality, n_steps)
+                steps = [Step(cot="think " * words, fn=f"edit({s})", obs="ok " * words) for s in range(n_steps)]
+                trajs.append(Trajectory(traj_id=tid, instance_id=inst, repo=f"repo{r}", task_prompt=f"Task {inst}.",
+                                        steps=steps, reward=float(label), agent="agent", run="agent"))
+    return trajs, states
+
+
+def write_runs(folder, trajs, states, fingerprint: Fingerprint = FP):
+    """``folder/pools.jsonl`` and a state store ``folder/states`` of ``trajs`` and their ``states``."""
+    from pathlib import Path
+
+    from latentsift.states.store import StateStore
+    from latentsift.trajectories.trajectory import save_jsonl
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     store = StateStore(folder / "states").create(fingerprint, {"layers": list(range(1, L + 1)),
                                                                "store_dtype": "float32"})
     ids = sorted(states)

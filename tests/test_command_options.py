@@ -35,7 +35,7 @@ BASE = {
     "extract": ["extract", "{file}", "--out", "{tmp}/s"],
     "evaluate": ["evaluate", "{file}", "--scores", "{file}", "--out", "{tmp}/r"],
     "verify": ["verify", "{file}", "--out", "{tmp}/v"],
-    "fit": ["fit", "{file}", "--states", "{dir}", "--out", "{tmp}/s"],
+    "fit": ["fit", "{file}", "--method", "shortest-chars", "--out", "{tmp}/s"],
     "crossval": ["crossval", "{file}", "--states", "{dir}", "--out", "{tmp}/c"],
     "premise": ["premise", "{file}", "--states", "{dir}", "--out", "{tmp}/p"],
     "reproduce": ["reproduce", "--data", "{dir}", "--out", "{tmp}/r"],
@@ -118,7 +118,8 @@ RULE_CASES = {
     ("filter", 6): ["--cost", "tokens"],
     ("filter", 7): ["--max-keep", "2"],
     ("filter", 8): ["--target-recall", "0.9", "--min-keep", "3", "--max-keep", "2"],
-    ("fit", 0): ["--states", "{dir}", "--target-recall", "0.9"],
+    ("fit", 0): ["--states", "{dir}", "--states", "{dir}", "--target-recall", "0.9"],
+    ("fit", 1): ["--method", "variant:probe"],   # a state method without --states
 }
 
 
@@ -188,7 +189,7 @@ def test_only_flags_outputs_and_names_have_no_invalid_value():
                 kinds = {type(getattr(c, "item", c)) for c in p.constraints if c is not None}
                 assert kinds == {Kind}, p
     total = sum(len(parameters(cls)) for cls in CLASSES.values())
-    assert len(CASES) == total - sum(map(len, FREE.values())) == 154, (len(CASES), total)
+    assert len(CASES) == total - sum(map(len, FREE.values())) == 155, (len(CASES), total)
 
 
 @pytest.mark.parametrize("command, name", CASES)

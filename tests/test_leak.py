@@ -5,6 +5,7 @@ trajectories of one django instance and of the pytest instance scores SWE-agent'
 django instance, so exactly one pool overlaps the bank.
 """
 import json
+from types import SimpleNamespace as NS
 
 import pytest
 from typer.testing import CliRunner
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 from latentsift._core.validation import LatentSiftError
 from conftest import refused  # tests/conftest.py
 from latentsift.cli import app
-from latentsift.deploy.leak import check_leaks
+from latentsift.deploy.leak import check_leaks, shared_repos
 from latentsift.protocol import CrossvalSettings, crossval, leaking_pools
 from latentsift._jobs.sifter import fit_sifter
 from latentsift.deploy.sifter import Sifter
@@ -109,3 +110,10 @@ def test_crossval_modes(overlap, tiny_run, tmp_path):
     summary = json.loads((report / "summary.json").read_text())
     leak = summary["settings"]["meta"]["leak"]
     assert leak["on_leak"] == "skip" and [x["instance_id"] for x in leak["pools"]] == [leaked]
+
+
+def test_shared_repos_names_only_known_repositories():
+    """An unknown repository ("") on both sides is no overlap (the quickstart's pools printed "share ['']")."""
+    pools = [NS(candidates=[NS(repo=""), NS(repo="django/django")]), NS(candidates=[NS(repo="astropy/astropy")])]
+    assert shared_repos(pools, NS(repo_names_=["", "django/django", "pytest-dev/pytest"])) == ["django/django"]
+    assert shared_repos(pools[:1], NS(repo_names_=[""])) == []

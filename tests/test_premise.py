@@ -49,13 +49,15 @@ def synthetic_premise(tmp_path_factory):
     return d, json.loads((d / "out" / "summary.json").read_text()), (d / "out" / "report.md").read_text()
 
 
-def test_premise_section_compares_the_four_scores_with_the_seven_references(synthetic_premise):
+def test_premise_section_compares_the_five_scores_with_the_seven_references(synthetic_premise):
+    """The paper's method, its branches, the probe and the recommendation (issue 67) against the references."""
     d, s, md = synthetic_premise
     pre = s["runs"]["own"]["premise"]
     assert pre["scores"] == list(PREMISE_SCORES) and pre["references"] == list(PREMISE_REFERENCES)
     assert pre["missing_scores"] == {} and pre["auc"]["missing_references"] == {}
     m = pre["multiplicity"]
-    assert m["n_auc_intervals"] == 4 * 8 and m["bonferroni_level"] == pytest.approx(1 - 0.05 / 32)
+    assert len(PREMISE_SCORES) == 5 and PREMISE_SCORES[-1] == "recommended"
+    assert m["n_auc_intervals"] == 5 * 8 and m["bonferroni_level"] == pytest.approx(1 - 0.05 / 40)
     for n in PREMISE_SCORES:
         row = pre["auc"]["scores"][n]
         assert set(row["vs"]) == set(PREMISE_REFERENCES)
@@ -140,7 +142,7 @@ def test_own_vs_proxy_pairs_the_same_candidates(synthetic_premise):
         proxy = s["runs"]["proxy"]["premise"]["auc"]["scores"][n]["auc"]["auc"]
         assert row["a"] == pytest.approx(own) and row["b"] == pytest.approx(proxy)
         assert row["estimate"] == pytest.approx(own - proxy)
-        assert row["adjusted"]["level"] == pytest.approx(1 - 0.05 / 4)
+        assert row["adjusted"]["level"] == pytest.approx(1 - 0.05 / len(PREMISE_SCORES))
     assert "## Own states" in md and "## Proxy states" in md and "## Own states against the proxy encoder" in md
     assert md.index("Rules (stated before the numbers)") < md.index("### Within-pool AUC")
     assert "### Best@K through the cascade" in md and "Final verifier: no verifier results given" in md

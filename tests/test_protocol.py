@@ -88,7 +88,8 @@ def test_fit_on_some_folds_then_filter_with_the_sifter_keeps_the_crossval_fold(t
         assert {p["instance_id"]: p["retained"] for p in res["pools"]} == {p.instance_id: p.retained for p in want}
         assert [c["s"] for p in res["pools"] for c in p["candidates"]] == pytest.approx(
             [c.s for p in want for c in p.candidates])
-        assert res["configuration"]["config"]["choice"]["restricted"] is True
+        choice = res["configuration"]["config"]["choice"]
+        assert choice["chosen"] == "latentsift" and choice["auto"] is False   # fit's default method, as asked
         assert res["configuration"]["seen"]["repos"] == fold["bank_repos"]
     s = Sifter.load(tmp_path / "sifter0")
     assert s.seen_["agents"] == ["acr", "sweagent"] and s.bank.repo_names_ == got["settings"]["meta"]["folds"][0][

@@ -162,6 +162,23 @@ def test_fit_saves_a_sifter_of_all_runs(run):
     assert sifter["fingerprint"] == json.loads((where / "runs" / "qs" / "states" / "manifest.json").read_text())["fingerprint"]
 
 
+def test_auto_recommends_what_the_page_says_and_filters_without_states(run):
+    """fit --method auto: the page's printed line, read back from the run's sifter.json; its filter ran without
+    --states and kept the shortest candidates."""
+    where, _ = run
+    config = json.loads((where / "runs" / "qs" / "auto" / "sifter.json").read_text())["config"]
+    auc = config["choice"]["candidates"][config["method"]]
+    line = f"Method: {config['method']} (chosen by --method auto: highest inner-CV within-pool AUC {auc:.3f}; " \
+           "needs no states)"
+    assert line in PAGE.read_text() and config["method"] == "shortest-chars"
+    assert f"inner-CV AUC is {config['choice']['candidates']['latentsift']:.3f}" in " ".join(PAGE.read_text().split())
+    result = json.loads((where / "runs" / "qs" / "filter-auto.json").read_text())
+    assert result["inputs"]["states_dir"] is None and result["n_retained"] == 16
+    for pool in result["pools"]:
+        raw = {c["traj_id"]: c["raw"] for c in pool["candidates"]}
+        assert min(raw[t] for t in pool["retained"]) >= max(v for t, v in raw.items() if t not in pool["retained"])
+
+
 def test_filter_keeps_half_of_each_new_pool(run):
     """Stage 1 keeps max(3, floor(K / 2)) = 4 of each new pool's 8 candidates, the 4 highest scores."""
     where, _ = run

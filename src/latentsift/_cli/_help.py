@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 import typer
 from typer.core import TyperCommand
 
-from .._core.params import OneOf, Registered, parameters
+from .._core.params import Named, OneOf, Registered, parameters
 from .._core.registry import registry_names
 
 _FIELD = re.compile(r"\{(\w+)\}")
@@ -35,6 +35,8 @@ def choices_of(settings: type | None) -> dict[str, Callable[[], Iterable[str]]]:
                 out[name] = lambda c=c: c.options
             elif isinstance(c, Registered):
                 out[name] = lambda c=c: registry_names(c.kind)
+            elif isinstance(c, Named):
+                out[name] = c.words
     return out
 
 

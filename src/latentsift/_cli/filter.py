@@ -19,6 +19,7 @@ from rich.table import Table
 from .._jobs.filter import (KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP, FilterOptions,
                              calibration_methods, filter_to_file, keep_rules, method_names)
 from ._help import listed
+from ..deploy.methods import method_line
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, Seed, StatesDir,
                        command_options)
 from ._progress import messages
@@ -138,6 +139,9 @@ def filter_cmd(
     for c in run.extra.get("bank_choice", {}).get("pools", [])[:show]:
         say(f"bank for {markup(c['instance_id'])}: {markup(c['chosen'])} (median nearest-bank distances "
             + ", ".join(f"{markup(k)} {_fmt(v)}" for k, v in c["distances"].items()) + ")")
+    config = run.extra.get("configuration", {}).get("config")
+    if config is not None:  # a sifter: the method it uses and why
+        say(markup(method_line(config)))
     leak = run.extra.get("leak", {})
     for w in leak.get("warnings", []):
         say(f"[yellow]leak ({leak['on_leak']}): {markup(w)}[/yellow]")

@@ -8,6 +8,7 @@ import typer
 
 from .._jobs.filter import calibration_methods
 from .._jobs.operating import FitOptions, fit_command
+from ..deploy.methods import method_line, method_names
 from ._help import listed
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, FirstInstances,
                        GuardFalseAlarm, ScorerEpochs, Seed, StatesDirs, command_options)
@@ -18,7 +19,7 @@ _D = FitOptions.defaults()
 
 
 def register(app: typer.Typer) -> None:
-    app.command("fit", cls=listed(FitOptions, calibrations=calibration_methods))(fit_cmd)
+    app.command("fit", cls=listed(FitOptions, calibrations=calibration_methods, methods=method_names))(fit_cmd)
 
 
 def fit_cmd(
@@ -26,8 +27,11 @@ def fit_cmd(
     pools: List[Path] = typer.Argument(..., metavar="POOLS",
                                        help="Canonical JSONL of labelled candidates (every candidate has a "
                                        "reward); several files (runs) make one sifter."),
-    states: StatesDirs = ...,
+    states: StatesDirs = list(_D["states"]),
     out: Path = typer.Option(..., "--out", help="SIFTER_DIR to write (replaced only once complete)."),
+    method: str = typer.Option(_D["method"], "--method", help="The method the sifter deploys, a registered filter: "
+                               "{methods} (auto: the one with the best inner-CV within-pool AUC on these runs, ties "
+                               "to the cheaper; a free rule needs no --states)."),
     scorer_epochs: ScorerEpochs = _D["scorer_epochs"],
     seed: Seed = _D["seed"],
     instances: FirstInstances = _D["instances"],
@@ -53,10 +57,11 @@ def fit_cmd(
     sifter, rec = fit_command(options, log=console.print)
     ev = sifter.config_["evidence"].get("paper-distance_within_pool_auc")
     seen = sifter.seen_
+    bank = "" if sifter.bank is None else ("; in-bank within-pool AUC of the distance branch "
+                                           f"{'n/a' if ev is None else f'{ev:.3f}'}")
     console.print(f"[bold green]Sifter:[/] {out} ({seen['n_trajectories']} trajectories of {seen['n_instances']} "
-                  f"instances; agents {seen['agents']}; in-bank within-pool AUC of the distance branch "
-                  f"{'n/a' if ev is None else f'{ev:.3f}'}; configuration: {sifter.config_['choice']['chosen']}, "
-                  "choice restricted to the paper's method)")
+                  f"instances; agents {seen['agents']}{bank})")
+    console.print(method_line(sifter.config_))
     for sub in sifter.library_:
         console.print(f"  sub-bank {sub.name}: {sub.n_trajectories} trajectories {sub.label_counts}")
     for sk in sifter.library_skipped_:

@@ -224,8 +224,10 @@ class SifterConfig(Closed):
     method: str
     settings: SifterSettings
     scorer_epochs: Positive = 40
+    method_info: Record | None = None
     choice: Record = Field(default_factory=Record)
     evidence: Record = Field(default_factory=Record)
+    fitted: Record = Field(default_factory=Record)
 
 
 class Seen(Closed):
@@ -235,11 +237,20 @@ class Seen(Closed):
     n_trajectories: Count
     n_instances: Count
     label_counts: dict[str, Count]
+    instances: dict[str, str] | None = None
 
 
 class Parts(Closed):
     bank: str
     scorer: str
+
+
+class SifterParts(Closed):
+    """A sifter's saved parts (folders; None: the method has none, e.g. a free rule has no bank)."""
+
+    bank: str | None = None
+    scorer: str | None = None
+    probe: str | None = None
 
 
 class LibraryEntry(Closed):
@@ -253,11 +264,11 @@ class LibraryEntry(Closed):
 
 
 class SifterManifest(Artefact):
-    fingerprint: FingerprintFields
+    fingerprint: FingerprintFields | None
     config: SifterConfig
     seen: Seen
-    shift_reference: ShiftReference
-    parts: Parts = Field(default_factory=lambda: Parts(bank="bank", scorer="scorer"))
+    shift_reference: ShiftReference | None
+    parts: SifterParts = Field(default_factory=lambda: SifterParts(bank="bank", scorer="scorer"))
     library: list[LibraryEntry] = Field(default_factory=list)
     library_skipped: list[Record] = Field(default_factory=list)
 

@@ -147,6 +147,24 @@ class Registered(Constraint):
 
 
 @dataclass(frozen=True)
+class Named(Constraint):
+    """One of the words ``words()`` gives when asked (a list its owner computes from the registry, e.g.
+    ``fit --method``'s deployable methods); ``noun`` names them."""
+
+    noun: str
+    words: Callable[[], Sequence[str]]
+
+    def allows(self, value: Any) -> bool:
+        return isinstance(value, str) and value in self.words()
+
+    def describe(self) -> str:
+        return f"{self.noun}: {', '.join(self.words())}"
+
+    def invalid(self) -> Any:
+        return "no-such-name"
+
+
+@dataclass(frozen=True)
 class ExistingPath(Constraint):
     """A path that exists: a "file", a "folder" or either ("path"); ``noun`` names it in the message (default:
     "an existing <what>") and ``missing`` says what is missing when nothing is there."""

@@ -42,10 +42,13 @@ def labelled_calibration_pools(cal_path, instances=None) -> list:
 def check_calibration_inputs(cal_path, cal_states, states_dirs: Sequence, owner: str) -> None:
     """Before a sifter is fitted for an operating point (``fit --target-recall``): the calibration pools are
     labelled and their states are in ``cal_states``, extracted with the model and the value-changing settings
-    of the sifter's ``states_dirs`` (what ``calibration_pools_for_filter`` would refuse after the fit)."""
-    open_stores([*states_dirs, cal_states], owner)
+    of the sifter's ``states_dirs`` (what ``calibration_pools_for_filter`` would refuse after the fit); without
+    ``cal_states`` (a method that needs no states), the labels only."""
+    if cal_states is not None:
+        open_stores([*states_dirs, cal_states], owner)
     trajs = [c for p in labelled_calibration_pools(cal_path) for c in p.candidates]
-    check_states_present(StateStore(cal_states).open(), trajs, f"{owner} (--calibration-states)")
+    if cal_states is not None:
+        check_states_present(StateStore(cal_states).open(), trajs, f"{owner} (--calibration-states)")
 
 
 def calibration_pools_for_filter(cal_path, cal_states, *, method: str = LatentSift.name, bank_dir=None, scorer_dir=None,
@@ -70,8 +73,11 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = LatentSi
              "states": None if store is None else str(Path(cal_states).resolve()),
              "states_settings": None if store is None else store.settings,
              "states_fingerprint": None if store is None else store.fingerprint.to_dict()}
+    sifter = None if sifter_dir is None else Sifter.load(sifter_dir)
+    if sifter is not None and not sifter.method_.needs_scorer:  # a stack or a rule: its own method
+        return _sifter_calibration(sifter, pools, trajs, store, extra, scorer_epochs)
     entry = filter_entry(method)
-    if entry.kind != "state":
+    if sifter is None and entry.kind != "state":
         if store is not None and states_dir is not None and Path(states_dir).resolve() != Path(cal_states).resolve():
             check_recorded_settings(StateStore(states_dir).open().settings, store, f"The states {states_dir}")
         results = make_baseline(method, **settings).score_pools(pools, store)
@@ -80,8 +86,7 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = LatentSi
     if store is None:
         raise LatentSiftError("filter --calibration needs the calibration candidates' states (--calibration-states "
                               "or the --states store).")
-    if sifter_dir is not None:
-        sifter = Sifter.load(sifter_dir)
+    if sifter is not None:
         bank, params, scorer = sifter.bank, sifter.filter_params(), sifter.scorer
         check_recorded_settings(bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
         trained_on = bank.instance_ids_   # a sifter's scorer is fitted on its bank's trajectories
@@ -121,6 +126,30 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = LatentSi
         results += entry.factory(b, sc, **params).score_pools(f.eval_pools, states, fingerprint=store.fingerprint)
     return _from_results(results, trajs, f"cross-fitted: {len(overlap)} calibration pools are in the bank; each "
                                          "scored by a bank and scorer of the other half of the repositories", extra)
+
+
+def _sifter_calibration(sifter: Sifter, pools, trajs, store, extra: dict, scorer_epochs: int) -> CalibrationPools:
+    """The calibration pools of a sifter whose method is a stack or a rule (``deploy.methods``): "split" when no
+    calibration pool's instance is among the runs it was fitted on (or the method is a rule, which learned
+    nothing per pool), else each pool scored by the method refitted on the other half of the repositories."""
+    if store is None and sifter.method_.needs_states:
+        raise LatentSiftError(f"filter --calibration: the sifter's method {sifter.method_.name!r} scores states: pass "
+                              "--calibration-states (or --states).")
+    states = None if store is None else store.load([t.traj_id for t in trajs])
+    fp = None if store is None else store.fingerprint
+    overlap = sorted({p.instance_id for p in pools} & set(sifter.seen_bank.instances_.values()))
+    extra |= {"n_in_bank": len(overlap), "n_in_scorer_training": len(overlap)}
+    if not overlap or sifter.method_.family == "rule":
+        return _from_results(sifter.score_pools(pools, states, fingerprint=fp), trajs,
+                             f"split: scored by the sifter's {sifter.method_.name} as fitted", extra)
+    results = []
+    for f in inner_folds(trajs, seed=sifter.seed):
+        half = Sifter(**(sifter.get_params(deep=False) | {"scorer_epochs": scorer_epochs})).fit(f.bank_trajs, states,
+                                                                                                 fingerprint=fp)
+        results += half.score_pools(f.eval_pools, states, fingerprint=fp)
+    return _from_results(results, trajs, f"cross-fitted: {len(overlap)} calibration pools are in the sifter's runs; "
+                                         "each scored by its method refitted on the other half of the repositories",
+                         extra)
 
 
 def scorer_training_instances(scorer, bank_dir, bank) -> set[str] | None:

@@ -18,7 +18,7 @@ from .._core.params import (COUNT, FLAG, OUT, POSITIVE, RATE, RAY_ADDRESS, RECAL
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError, check_choice
 from ..bank.bank import Bank
-from ..deploy.leak import ON_LEAK, apply_on_leak
+from ..deploy.leak import ON_LEAK, apply_on_leak, shared_repos
 from ..deploy.library import BANK_CHOICES
 from ..sift.rules import filter_entry, make_baseline, method_names
 from ..scale.approx import approx_bank  # ray and faiss themselves load only when used
@@ -34,6 +34,7 @@ from ..sift.margin import DISTANCES, WEIGHTINGS
 from ..sift.sift import FilterRun, LatentSift, Stage1Filter, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
 from ..deploy.operating_file import OPERATING_POINT_JSON
+from ..deploy.sifter import sifter_has_bank
 from ..trajectories.trajectory import CHANNELS
 from .calibration import calibration_guard, calibration_pools_for_filter
 from .operating import COSTS, check_saved_rule, keep_rule_filter, saved_operating_point, target_recall_options
@@ -248,8 +249,7 @@ def _run_filter(pools_path, states_dir=None, *, bank_dir=None, scorer_dir=None, 
         inputs |= {"bank_dir": str(Path(bank_dir).resolve()), "bank_repos": bank.repo_names_,
                    "bank_label_counts": bank.label_counts(),
                    "scorer_dir": None if scorer_dir is None or scorer is None else str(Path(scorer_dir).resolve())}
-        eval_repos = sorted({c.repo for p in pools for c in p.candidates})
-        inputs["repos_shared_with_bank"] = sorted(set(eval_repos) & set(bank.repo_names_))
+        inputs["repos_shared_with_bank"] = shared_repos(pools, bank)
     else:
         filt = make_baseline(method, **settings)
     try:
@@ -333,7 +333,7 @@ def filter_to_file(s: FilterOptions, *, log: Callable[[str], None] = lambda m: N
                 + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {calibration} "
                 f"has {target['have']}.")
         settings: dict = {"min_keep": min_keep, "frac": frac, "seed": s.seed}
-        stateful = sifter is not None or filter_entry(method).kind == "state"
+        stateful = sifter_has_bank(sifter) if sifter is not None else filter_entry(method).kind == "state"
         if sifter is None and stateful:
             settings |= resolved["sift_settings"]
         cal = None

@@ -11,7 +11,7 @@ from typing import ClassVar, Mapping, Sequence
 
 from .._core.outputs import owned_output
 from .._core.params import (FLAG, OUT, POSITIVE, RATE, RECALL, SEED, STATE_STORE, CommandOptions, Each, ExistingPath,
-                            OneOf, Registered, Rule, option)
+                            Named, OneOf, Registered, Rule, option)
 from .._core.registry import registry_lookup
 from .._core.threads import blas_fixed
 from .._core.validation import LatentSiftError
@@ -23,6 +23,8 @@ from ..sift.keep_confident import ConfidentRecallKeep, min_confident_pools
 from ..sift.retain import MIN_KEEP, TARGET_MIN_KEEP
 from .calibration import (calibration_pools_for_filter, check_calibration_disjoint, check_calibration_disjoint_ids,
                           check_calibration_inputs, count_positive_pools)
+from ..deploy.methods import AUTO, get_method, method_names
+from ..sift.rules import PAPER
 from .sifter import FALSE_ALARM, _fit_sifter
 
 __all__ = ["COSTS", "FitOptions", "GUARD_REFERENCES", "check_saved_rule", "fit_command", "fit_operating_point_file",
@@ -43,11 +45,16 @@ class FitOptions(CommandOptions):
     command: ClassVar[str] = "fit"
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(lambda s: s.target_recall is not None and s.calibration_states is None and len(s.states) > 1,
-             "fit --target-recall with several --states stores needs --calibration-states."),)
+             "fit --target-recall with several --states stores needs --calibration-states."),
+        Rule(lambda s: not s.states and s.method != AUTO and get_method(s.method).needs_states,
+             lambda s: f"fit --method {s.method} scores the candidates' states: pass --states (a store from "
+                       "'latentsift extract'), or a method that needs none (a free rule, or auto)."),)
 
     pools: Sequence[Path] = option("POOLS", Each(ExistingPath("file")))
-    states: Sequence[Path] = option("--states", Each(STATE_STORE))
+    states: Sequence[Path] = option("--states", Each(STATE_STORE), default=())
     out: Path = option("--out", OUT)
+    method: str = option("--method", Named("a deployable method (a registered filter) or auto", method_names),
+                         default=PAPER)
     scorer_epochs: int = option("--scorer-epochs", POSITIVE, default=40)
     seed: int = option("--seed", SEED, default=0)
     instances: int | None = option("--max-instances", POSITIVE, None, default=None)
@@ -69,9 +76,9 @@ def fit_command(o: FitOptions, *, log=print) -> tuple:
     checks, which ``FitOptions`` made), then, with a target, its operating point (``fit_operating_point_file``).
     Returns (sifter, the operating point's record or None)."""
     states, out, target_recall, confidence = list(o.states), o.out, o.target_recall, o.confidence
-    fit_kw = dict(scorer_epochs=o.scorer_epochs, seed=o.seed, instances=o.instances, per_agent=o.per_agent,
-                  false_alarm=o.guard_false_alarm, reference_kind=GUARD_REFERENCES[o.guard_reference], log=log,
-                  locked=True)
+    fit_kw = dict(method=o.method, scorer_epochs=o.scorer_epochs, seed=o.seed, instances=o.instances,
+                  per_agent=o.per_agent, false_alarm=o.guard_false_alarm,
+                  reference_kind=GUARD_REFERENCES[o.guard_reference], log=log, locked=True)
     # one writer lock over the sifter and its operating point: no second 'fit' between the two
     with owned_output(out, [o.pools, o.states, o.calibration, o.calibration_states], kind="sifter"):
         o.check_paths()
@@ -83,7 +90,7 @@ def fit_command(o: FitOptions, *, log=print) -> tuple:
         log(f"--target-recall {target_recall:g}" + ("" if confidence is None else f" --confidence {confidence:g}")
             + f" needs at least {target['needed']} calibration pools holding a resolved candidate; {o.calibration} "
             f"has {target['have']}.")
-        cal_states = o.calibration_states or states[0]
+        cal_states = o.calibration_states or (states[0] if states else None)  # none: a method without states
         check_calibration_inputs(o.calibration, cal_states, states, "fit --target-recall")  # before the fit
         sifter = _fit_sifter(o.pools, o.states, out, **fit_kw)
         return sifter, fit_operating_point_file(out, o.calibration, cal_states, target_recall, confidence=confidence,

@@ -10,9 +10,10 @@ from typing import Sequence
 from .._core.threads import blas_fixed
 from .._core.outputs import owned_output
 from .._core.validation import LatentSiftError, check_choice
-from ..deploy.leak import ON_LEAK, apply_on_leak
+from ..deploy.leak import ON_LEAK, apply_on_leak, shared_repos
 from ..deploy.library import BANK_CHOICES, load_runs, nearest_choice, pool_distances
 from ..deploy.shift import FALSE_ALARM, ON_SHIFT, REFERENCE_KINDS, check_false_alarm, guard
+from ..deploy.methods import check_records, check_states_given, method_names
 from ..deploy.sifter import Sifter
 from ..sift.sift import FilterRun, LatentSift, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
@@ -20,9 +21,9 @@ from ..states.store import StateStore, check_recorded_settings
 __all__ = ["FALSE_ALARM", "fit_sifter", "run_sifter_filter", "run_sifter_filter_chosen"]
 
 
-def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: int = 0, instances: int | None = None,
-               per_agent: bool = False, false_alarm: float | None = None, reference_kind: str | None = None,
-               log=print, locked: bool = False) -> Sifter:
+def fit_sifter(pools_path, states_dir, out, *, method: str = LatentSift.name, scorer_epochs: int = 40, seed: int = 0,
+               instances: int | None = None, per_agent: bool = False, false_alarm: float | None = None,
+               reference_kind: str | None = None, log=print, locked: bool = False) -> Sifter:
     """``latentsift fit``: a sifter from every labelled candidate of one or several pools files, saved to ``out``.
 
     ``pools_path`` / ``states_dir``: a path or a list of paths (several runs, e.g. the Lite pools and
@@ -32,29 +33,32 @@ def fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int = 40, seed: in
     also a sub-bank and scorer per agent (``Sifter.fit``). ``locked``: the caller already holds ``out``'s
     writer lock (``fit --target-recall`` holds it over the sifter and its operating point). The guard's
     ``reference_kind`` and ``false_alarm`` are checked here, before the output is taken (the command line's
-    ``fit_command`` checks them as ``FitOptions`` and calls ``_fit_sifter``).
+    ``fit_command`` checks them as ``FitOptions`` and calls ``_fit_sifter``). ``method``: a deployable method
+    (``deploy.methods``) or "auto" (the recommendation); ``states_dir`` may be None (or empty) for a method that
+    needs no states.
     """
+    check_choice(method, "method", "fit (--method)", method_names())
     if reference_kind is not None:
         check_choice(reference_kind, "reference", "fit (--guard-reference)", REFERENCE_KINDS)
     if false_alarm is not None:
         check_false_alarm(false_alarm, "--guard-false-alarm", "fit")
-    return _fit_sifter(pools_path, states_dir, out, scorer_epochs=scorer_epochs, seed=seed, instances=instances,
-                       per_agent=per_agent, false_alarm=false_alarm, reference_kind=reference_kind, log=log,
-                       locked=locked)
+    return _fit_sifter(pools_path, states_dir, out, method=method, scorer_epochs=scorer_epochs, seed=seed,
+                       instances=instances, per_agent=per_agent, false_alarm=false_alarm,
+                       reference_kind=reference_kind, log=log, locked=locked)
 
 
 @blas_fixed
-def _fit_sifter(pools_path, states_dir, out, *, scorer_epochs: int, seed: int, instances: int | None, per_agent: bool,
-                false_alarm: float | None, reference_kind: str | None, log, locked: bool) -> Sifter:
+def _fit_sifter(pools_path, states_dir, out, *, method: str, scorer_epochs: int, seed: int, instances: int | None,
+                per_agent: bool, false_alarm: float | None, reference_kind: str | None, log, locked: bool) -> Sifter:
     """``fit_sifter`` with checked arguments."""
     with owned_output(out, [pools_path, states_dir], kind="sifter", lock=not locked):  # a second 'fit' is refused
         pools_paths = [pools_path] if isinstance(pools_path, (str, Path)) else list(pools_path)
-        states_dirs = [states_dir] if isinstance(states_dir, (str, Path)) else list(states_dir)
+        states_dirs = [] if states_dir is None else [states_dir] if isinstance(states_dir, (str, Path)) \
+            else list(states_dir)
         trajs, store = load_runs(pools_paths, states_dirs, "fit", instances=instances)
-        sifter = Sifter(scorer_epochs=scorer_epochs, seed=seed).fit(trajs, store, per_agent=per_agent, log=log,
-                                                                    false_alarm=false_alarm,
-                                                                    reference_kind=reference_kind)
-        sifter.store_settings_ = store.settings
+        sifter = Sifter(method=method, scorer_epochs=scorer_epochs, seed=seed).fit(
+            trajs, store, per_agent=per_agent, log=log, false_alarm=false_alarm, reference_kind=reference_kind)
+        sifter.store_settings_ = None if store is None else store.settings
         sifter.save(out)
         return sifter
 
@@ -78,20 +82,22 @@ def _check_guards(on_shift: str, on_leak: str) -> None:
 
 def _open_sifter(pools_path, states_dir, sifter_dir, on_leak: str, instances, settings,
                  *, needs_library: str | None = None):
-    """What both sifter filter drivers start with: the selected pools, the store, the saved sifter (refused
-    when its bank came from other extraction settings, or, with ``needs_library`` (the ``--bank-choice``
-    asked), when it has no bank library) and the leak rule applied: (pools, store, sifter, leak, leak
-    warnings)."""
-    if states_dir is None:
-        raise LatentSiftError("filter --sifter needs --states (the candidates' states).")
+    """What both sifter filter drivers start with: the selected pools, the store (None without ``states_dir``,
+    for a method that needs no states), the saved sifter (refused when its bank came from other extraction
+    settings, or, with ``needs_library`` (the ``--bank-choice`` asked), when it has no bank library) and the
+    leak rule applied (against the bank, or without one the instances of the runs it was fitted on): (pools,
+    store, sifter, leak, leak warnings)."""
     pools = load_selected_pools(pools_path, instances)
-    store = StateStore(states_dir).open()
-    sifter = Sifter.load(sifter_dir, fingerprint=store.fingerprint, **settings)
+    store = None if states_dir is None else StateStore(states_dir).open()
+    sifter = Sifter.load(sifter_dir, fingerprint=None if store is None else store.fingerprint, **settings)
+    check_states_given(sifter.method_, store, "filter --sifter")
+    check_records(sifter.method_, pools, "filter --sifter")
     if needs_library is not None and not sifter.library_:
         raise LatentSiftError(f"filter --bank-choice {needs_library}: the sifter {str(sifter_dir)!r} has no bank "
                               "library; refit it with 'latentsift fit --per-agent', or use --bank-choice all.")
-    check_recorded_settings(sifter.bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
-    pools, leak, leak_warnings = apply_on_leak(pools, sifter.bank, on_leak)
+    if sifter.bank is not None:
+        check_recorded_settings(sifter.bank.source_.get("store_settings"), store, f"The sifter {sifter_dir}")
+    pools, leak, leak_warnings = apply_on_leak(pools, sifter.seen_bank, on_leak)
     return pools, store, sifter, leak, leak_warnings
 
 
@@ -115,17 +121,24 @@ def _sifter_filter(pools_path, states_dir, sifter_dir, *, on_shift: str, on_leak
     """``run_sifter_filter`` with checked arguments."""
     pools, store, sifter, leak, leak_warnings = _open_sifter(pools_path, states_dir, sifter_dir, on_leak, instances,
                                                             settings)
-    states = _pool_states(store, states_dir, pools)
-    results = sifter.score_pools(pools, states, fingerprint=store.fingerprint)
-    shift, warnings = guard(results, pools, states, sifter.bank, sifter.reference_, on_shift)
-    inputs = {"pools": str(Path(pools_path).resolve()), "states_dir": str(Path(states_dir).resolve()),
-              "sifter_dir": sifter.path_, "bank_repos": sifter.bank.repo_names_,
-              "bank_label_counts": sifter.bank.label_counts()}
-    eval_repos = sorted({c.repo for p in pools for c in p.candidates})
-    inputs["repos_shared_with_bank"] = sorted(set(eval_repos) & set(sifter.bank.repo_names_))
+    states = None if store is None else _pool_states(store, states_dir, pools)
+    fingerprint = None if store is None else store.fingerprint
+    results = sifter.score_pools(pools, states, fingerprint=fingerprint)
+    if sifter.bank is not None:
+        shift, warnings = guard(results, pools, states, sifter.bank, sifter.reference_, on_shift)
+    else:  # no bank to compare with: with a target recall, the guard compares with the calibration pools
+        shift, warnings = {"on_shift": on_shift, "n_shifted": 0, "pools": [],
+                           "not_run": f"the method {sifter.method_.name!r} has no bank"}, []
+    inputs = {"pools": str(Path(pools_path).resolve()),
+              "states_dir": None if states_dir is None else str(Path(states_dir).resolve()),
+              "sifter_dir": sifter.path_}
+    if sifter.bank is not None:
+        inputs |= {"bank_repos": sifter.bank.repo_names_, "bank_label_counts": sifter.bank.label_counts(),
+                   "repos_shared_with_bank": shared_repos(pools, sifter.bank)}
     run = FilterRun(method=sifter.name, settings=sifter.filter_params(), inputs=inputs,
-                    fingerprint=store.fingerprint.to_dict(), pools=results)
-    run.extra = {"configuration": {"config": sifter.config_, "seen": sifter.seen_},
+                    fingerprint=None if fingerprint is None else fingerprint.to_dict(), pools=results)
+    run.extra = {"configuration": {"config": sifter.config_, "seen": {k: v for k, v in sifter.seen_.items()
+                                                                      if k != "instances"}},
                  "shift": shift, "leak": {**leak, "warnings": leak_warnings}}
     return run, warnings
 

@@ -33,6 +33,11 @@ class PoolLeak:
         return asdict(self)
 
 
+def shared_repos(pools, bank) -> list[str]:
+    """The named repositories that both the pools' candidates and ``bank`` hold (an unknown one, "", is no overlap)."""
+    return sorted({c.repo for p in pools for c in p.candidates if c.repo} & set(bank.repo_names_))
+
+
 def check_leaks(pools, bank) -> list[PoolLeak]:
     """The pools (sorted by instance) whose candidates' instances are in ``bank``."""
     by_inst: dict[str, list[str]] = {}

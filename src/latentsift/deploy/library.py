@@ -99,11 +99,12 @@ def open_stores(dirs: Sequence[str | Path], owner: str) -> StoreUnion:
 
 
 def load_runs(pools_paths: Sequence[str | Path], states_dirs: Sequence[str | Path], owner: str, *,
-              instances: int | None = None, sources: dict | None = None) -> tuple[list[Trajectory], StoreUnion]:
-    """The labelled trajectories of every pools file (ids distinct) and their stores as one.
+              instances: int | None = None, sources: dict | None = None) -> tuple[list[Trajectory], StoreUnion | None]:
+    """The labelled trajectories of every pools file (ids distinct) and their stores as one (None without
+    ``states_dirs``: a method that needs no states).
 
     ``sources``: a dict filled with traj_id -> the index of its pools file."""
-    union = open_stores(states_dirs, owner)  # refused before the pools are read
+    union = open_stores(states_dirs, owner) if states_dirs else None  # refused before the pools are read
     trajs: list[Trajectory] = []
     seen: dict[str, str] = {}
     seen_files: list[str] = []
@@ -118,7 +119,8 @@ def load_runs(pools_paths: Sequence[str | Path], states_dirs: Sequence[str | Pat
             trajs.append(t)
         seen_files.append(str(p))
     check_labelled(trajs, owner)
-    check_states_present(union, trajs, owner)
+    if union is not None:
+        check_states_present(union, trajs, owner)
     return trajs, union
 
 

@@ -12,7 +12,7 @@ own and proxy runs, the own run's per-pool operating record and the filters it n
 - (b) the same for the paper's method.
 - (c) AUC(own) - AUC(proxy) of the paper's method on the same candidates: confirmed above 0, not confirmed
   below 0, undetermined otherwise (and without a proxy run, named).
-- (d) at each target recall R of ``CALL_TARGETS``, each state score of ``PREMISE_SCORES`` against the
+- (d) at each target recall R of ``CALL_TARGETS``, each state score of ``PREREGISTERED_SCORES`` against the
   cheapest length rule (``cheapest_length_rule``): the paired per-pool difference score calls - rule calls
   of the recall-targeted keep rule (the operating points, nested calibration), percentile bootstrap over
   pools; confirmed when the score's pooled realized recall reaches R and the interval lies below 0, not
@@ -38,7 +38,7 @@ from ..metrics.diagnostics import auc_difference_ci, interval_outcome
 from ..sift.ablations import BRANCH_LEARNED
 from ..sift.rules import PURE_LENGTH, REFERENCE, SHORTEST_TOKENS
 from .decide import PAPER, REF_LENGTH_STACK
-from .premise import OPERATING_FILE, PREMISE_RECALLS, PREMISE_SCORES, load_scores_pair
+from .premise import OPERATING_FILE, PREMISE_RECALLS, PREREGISTERED_SCORES, load_scores_pair
 
 ALPHA = 0.05
 SHORTEST_CODE, FEWEST_GENERATED = PURE_LENGTH
@@ -48,7 +48,7 @@ CLAIM_REFERENCES = (REFERENCE, FEWEST_GENERATED, REF_LENGTH_STACK)
 AUC_CLAIMS = {"a": BRANCH_LEARNED, "b": PAPER}
 PROXY_CLAIM = ("c", PAPER)
 #: (d): its state scores, target recalls and the length rules its cheapest rule is chosen among (ties: the first).
-CALL_SCORES = PREMISE_SCORES
+CALL_SCORES = PREREGISTERED_SCORES
 CALL_TARGETS = PREMISE_RECALLS
 CALL_LENGTH_RULES = (REFERENCE, SHORTEST_TOKENS, SHORTEST_CODE, FEWEST_GENERATED, REF_LENGTH_STACK)
 KEEP_ALL = "keep-all"

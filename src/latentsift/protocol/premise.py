@@ -3,7 +3,8 @@
 Rules (stated before any number; docs/studies/premise.md repeats them):
 
 - **What is compared**: the paper's method (``latentsift``), its two branches (``branch:distance``,
-  ``branch:learned``) and the logistic probe (``variant:probe``), each against shortest-in-characters,
+  ``branch:learned``) and the logistic probe (``variant:probe``), and the recommendation of ``fit --method auto``
+  chosen per fold on the bank alone (``recommended``), each against shortest-in-characters,
   fewest steps, ``stack:length`` (the length signals fused with weights fitted on the bank), the pure
   length references (the submitted code's characters, the tokens the policy generated), the docstring
   examples' pass share and random: paired within-pool AUC differences, bootstrap over instances
@@ -49,12 +50,15 @@ from ..deploy.library import settings_difference, store_difference
 from ..metrics.diagnostics import CI_LEVEL, auc_difference_ci, interval_outcome
 from ..sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
 from ..sift.rules import EXAMPLES_PASSED, FEWEST_STEPS, PURE_LENGTH, RANDOM, REFERENCE
-from ..sift.variants import PROBE
+from ..sift.variants import PROBE, RECOMMENDED
 from ..states.store import SPAN_SETTINGS
 from .decide import PAPER, REF_LENGTH_STACK, auc_comparisons, n_auc_intervals
 from .operating import KeepRecords
 
-PREMISE_SCORES = (PAPER, BRANCH_DISTANCE, BRANCH_LEARNED, PROBE)
+#: The state scores of the premise fixed before the confirmation run (its claims read these: ``protocol.claims``).
+PREREGISTERED_SCORES = (PAPER, BRANCH_DISTANCE, BRANCH_LEARNED, PROBE)
+#: The premise table's scores: those, and the recommendation of ``fit --method auto`` nested per fold (issue 67).
+PREMISE_SCORES = PREREGISTERED_SCORES + (RECOMMENDED,)
 LENGTH_REFERENCES = (REFERENCE, FEWEST_STEPS, REF_LENGTH_STACK)
 #: The verdicts of the premise: name -> the references its rule reads (``_verdict``).
 VERDICTS = {"beats_length": LENGTH_REFERENCES, "beats_pure_length": PURE_LENGTH,
@@ -66,7 +70,8 @@ SCORES_FILE = Path("premise") / "scores.json"   # per-candidate scores of a run,
 OPERATING_FILE = Path("premise") / "operating.json"   # per-pool keep records at PREMISE_RECALLS (``save_operating``)
 
 RULES = {
-    "compared": "the paper's method, its distance and learned branches and the logistic probe, each against "
+    "compared": "the paper's method, its distance and learned branches, the logistic probe and the recommendation "
+                "(fit --method auto, chosen per fold on the bank alone), each against "
                 "shortest-in-characters, fewest steps, stack:length, the pure length references (shortest code in "
                 "characters, fewest generated tokens), the docstring examples' pass share and random: paired "
                 "within-pool AUC differences (bootstrap over instances) and the length-removed AUC minus 1/2",

@@ -30,7 +30,7 @@ from ..sift.rules import PAPER, REFERENCE, labels, rule_keys, rules
 from ..sift.scorer import LinearScorer, early_stopping_groups
 from ..states.store import StateStore
 from ..trajectories.trajectory import Trajectory, load_jsonl
-from ..sift.variants import DEFAULT
+from ..sift.variants import DEFAULT, RECOMMENDED
 from ..cascade.verifier import EF, VerifierFailure
 from .decide import REF_LENGTH_STACK, decision_section
 from .folds import Split, fold_splits, group_of
@@ -326,7 +326,7 @@ def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | N
                      "s (LatentSift)": full_scores[PAPER]}
     if ef is not None:
         distributions["EF verifier"] = {t: r.score for t, r in ef.items() if r.score is not None}
-    names = {f: labels()[f] for f in (EF, PAPER, DEFAULT)} | {e.key: e.label for e in rules()}
+    names = {f: labels()[f] for f in (EF, PAPER, RECOMMENDED, DEFAULT)} | {e.key: e.label for e in rules()}
     names |= {name: f"LatentSift, bank and scorer from {a} only" for a, name in st.transfer_info.get("filters", {}).items()}
     small = "drop" if any(p.n < max(settings.ks) for p in pools) else "error"
     run_meta = dict(meta or {})
@@ -339,7 +339,7 @@ def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | N
         ks=list(settings.ks), n_draws=settings.n_draws, seed=settings.seed, n_boot=settings.n_boot,
         reference=EF if ef is not None else None, small_pools=small,
         ablations=ablation_tables(list(filters)), names=names,
-        headline=[f for f in (PAPER, DEFAULT, EF, *rule_keys("headline")) if f in filters],
+        headline=[f for f in (PAPER, RECOMMENDED, DEFAULT, EF, *rule_keys("headline")) if f in filters],
         meta=run_meta)
     summary = evaluate_run(pools, filters, records, evaluation,
                            final_verifier=ef if ef is not None else no_verifier_table(trajs),
@@ -357,6 +357,8 @@ def _evaluate(run: Run, trajs: Sequence[Trajectory], st: _Stage1, meta: dict | N
         "retention_difference": retention_differences(summary.ledger, REFERENCE, settings.ks,
                                                       n_boot=settings.n_boot, seed=settings.seed),
         "default_choice": [{"fold": f["fold"], **f.get("variants", {})} for f in fold_info["folds"]],
+        "recommended_choice": [{"fold": f["fold"], **f["recommendation"]} for f in fold_info["folds"]
+                               if "recommendation" in f],
         "per_agent_retention": per_agent_retention(summary.ledger, trajs, settings.ks),
         "training_size": {"fractions": [f"{round(100 * f)}%" for f in settings.curve_fractions],
                           "bank_trajectories": run.curve_sizes,

@@ -9,11 +9,11 @@ import time
 from typing import Sequence
 
 from .._core.validation import LatentSiftError
-from ..sift.variants import DEFAULT, SWEEP, sweep_name
+from ..sift.variants import DEFAULT, RECOMMENDED, SWEEP, sweep_name
 from ..sift.rules import PAPER, filter_entry, filters, rules
 from ..sift.sift import LatentSift
 from ..trajectories.trajectory import group_pools
-from .variants import variant_filters
+from .variants import recommended_filter, variant_filters
 
 class DrawScorer:
     """``score_draw(instance_id, traj_ids)``: a filter's scores ranked within the draw."""
@@ -100,6 +100,12 @@ def stage1_filters(run, trajs, folds, states, fingerprint, tokenizer, *,
         if s.variants or sweep is not None:
             info["variants"] = variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer,
                                                per_instance, put, curves=sweep is None and not trained_only)
+            if sweep is None:  # fit --method auto, chosen on this fold's bank only
+                try:
+                    info["recommendation"] = recommended_filter(run, k, bank_trajs, eval_pools, states,
+                                                             info["variants"], per_instance, put)
+                except LatentSiftError as e:
+                    info["variants"].setdefault("missing", {})[RECOMMENDED] = f"fold {k}: {e}"
         fold_info.append(info)
         run.progress(stage, len(fold_info), len(folds), "folds")  # minutes a fold on a large run
     missing = _drop_incomplete(per_instance, fold_info, evaluated)

@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..metrics.diagnostics import paired_bootstrap
-from ..sift.variants import DEFAULT
+from ..sift.variants import DEFAULT, RECOMMENDED
 from ..sift.rules import PAPER, filters as registered, find_filter, rule_keys, rules
 from ..trajectories.trajectory import Trajectory
 
@@ -34,10 +34,11 @@ def ablation_tables(filters: Sequence[str]) -> dict[str, dict]:
     }
     plain = {e.key for e in rules() if not e.tokenizer}  # the rules computed from the trajectories alone
     beyond = sorted(f for f in filters if getattr(find_filter(f), "kind", None) in ("variant", "sweep"))
-    variants = [PAPER, DEFAULT] + beyond + [k for k in rule_keys() if k in plain]
+    variants = [PAPER, RECOMMENDED, DEFAULT] + beyond + [k for k in rule_keys() if k in plain]
     tables["variants"] = {"title": "Beyond the paper: variants (default chosen by cross-validation inside the "
                                    "bank folds only)", "filters": variants,
                           "labels": {PAPER: "LatentSift (paper reference)",
+                                     RECOMMENDED: "recommended (fit --method auto per fold)",
                                      DEFAULT: "default (inner-CV choice per fold)"}}
     have = set(filters)
     return {k: v | {"filters": [f for f in v["filters"] if f in have]} for k, v in tables.items()}

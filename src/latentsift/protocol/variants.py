@@ -8,15 +8,19 @@ estimators; this module builds them per fold, in registration order.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .._core.validation import LatentSiftError
-from ..bank.bank import inner_folds
 from ..metrics.diagnostics import within_pool_auc
 from ..sift.rules import PAPER, filters
 from ..sift.scorer import early_stopping_groups
-from ..deploy.sifter import distance_auc, fold_distance
-from ..sift.variants import DEFAULT, LogisticProbe, fit_stack, pool_rank_features, trajectory_signals, variant_setting
+from ..deploy.methods import (auto_candidates, cross_fitted_signals, get_method, latentsift_evidence, recommend,
+                              rule_auc, stack_inner_auc)
+from ..deploy.sifter import distance_auc
+from ..sift.variants import (DEFAULT, FITTED_FUSION, RECOMMENDED, LogisticProbe, fit_stack, trajectory_signals,
+                             variant_setting)
 from .curves import learning_curves
 
 def variant_filters(run, k, bank_trajs, eval_pools, states, fingerprint, scorer, per_instance, put, *,
@@ -91,22 +95,10 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
     seed = run.settings.seed
     # cross-fitted bank signals for the stacked fusion and the choice: inner folds of the bank split by the
     # run's own fold groups (repository, agent or instance: ``run.group``), as the outer folds are
-    inner = list(inner_folds(bank_trajs, run.group, seed=seed))
-    bank_raw: dict[str, dict[str, float]] = {}
-    inner_fold_of: dict[str, int] = {}
-    for f in inner:
-        bank_raw |= {t: {f"q_{c}": v for c, v in q.items()}
-                     for t, q in fold_distance(f, states, fingerprint, seed=seed).items()}
-        ib_ids = sorted(t.traj_id for t in f.bank_trajs)
-        ie_ids = sorted(c.traj_id for p in f.eval_pools for c in p.candidates)
-        ip = LogisticProbe(seed=seed).fit([states[i] for i in ib_ids], [labels[i] for i in ib_ids],
-                                         early_stopping_groups(f.bank_trajs, run.group))
-        for t, v in zip(ie_ids, ip.decision_function([states[i] for i in ie_ids])):
-            bank_raw[t]["probe"] = float(v)
-            inner_fold_of[t] = f.k
+    signals = sorted({s_ for e in stacks for s_ in e.signals} | {"q_cot", "q_obs", "q_fn"})
+    bank_raw, inner_fold_of, n_inner = cross_fitted_signals(bank_trajs, states, fingerprint, run.group,
+                                                            signals=signals, seed=seed)
     traj_by_id = {t.traj_id: t for t in bank_trajs}
-    for t, d in bank_raw.items():
-        d |= trajectory_signals(traj_by_id[t])
     eval_raw: dict[str, dict[str, float]] = {}
     lat = per_instance[PAPER]
     eval_traj = {c.traj_id: c for p in eval_pools for c in p.candidates}
@@ -125,16 +117,7 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
         sig = list(entry.signals)
         raw_b = {s_: np.array([bank_raw[t][s_] for t in ids_b]) for s_ in sig}
         # cross-fitted within-pool AUC on the bank: weights from one inner fold, scored on the other
-        pred = np.full(len(ids_b), np.nan)
-        for j in range(len(inner)):
-            tr, te = fold_b != j, fold_b == j
-            try:
-                w = fit_stack({s_: v[tr] for s_, v in raw_b.items()}, inst_b[tr], y_b[tr])
-            except LatentSiftError:
-                w = {s_: 1.0 for s_ in sig}
-            pred[te] = pool_rank_features({s_: v[te] for s_, v in raw_b.items()}, inst_b[te]) @ \
-                np.array([w[s_] for s_ in sorted(raw_b)])
-        choice_evidence[name] = within_pool_auc(inst_b, y_b, pred).auc
+        choice_evidence[name] = stack_inner_auc(raw_b, inst_b, y_b, fold_b, n_inner)
         chosen_weights[name] = fit_stack(raw_b, inst_b, y_b)
         flat = {s_: {t: eval_raw[t][s_] for t in eval_raw} for s_ in sig}
         filt = entry.factory(flat, chosen_weights[name], seed=seed)
@@ -148,3 +131,35 @@ def stacked_variants(run, bank_trajs, eval_pools, states, fingerprint, labels, p
             per_instance.setdefault(DEFAULT, {})[i] = (f, p)
     return {"chosen_default": best, "inner_cv_within_pool_auc": choice_evidence,
             "stack_weights": chosen_weights}
+
+
+def recommended_filter(run, k, bank_trajs, eval_pools, states, info: dict, per_instance, put) -> dict:
+    """The recommendation of ``fit --method auto`` nested in outer fold ``k``: chosen among
+    ``deploy.methods.auto_candidates`` on the fold's bank alone (``recommend``), from the inner-CV numbers this
+    fold already computed on the bank (``info``: the fitted fusion's criterion per weight gives the paper's method
+    at w = 0.5 and its branches at w = 1 and 0; the stacks' cross-fitted AUCs) and the free rules' AUC on the bank's
+    pools; the chosen method's scores of the fold's pools become the filter ``RECOMMENDED``. The scored fold's labels
+    and states are never read here. Returns the choice (``chosen``, ``reason``, ``inner_cv_within_pool_auc``, and
+    ``seconds``: what the choice added to the fold)."""
+    t0 = time.perf_counter()
+    cands = auto_candidates(bank_trajs, states=True)
+    ev: dict = {m.name: rule_auc(m, bank_trajs, states if m.needs_states else None) for m in cands
+                if m.family == "rule"}
+    fused = (info.get("fitted") or {}).get(FITTED_FUSION)
+    if fused:
+        ev |= latentsift_evidence(fused["inner_cv_criterion"], fused["fusion_weight"], cands)
+    ev |= {f"variant:{n}": v for n, v in (info.get("inner_cv_within_pool_auc") or {}).items()}
+    insts = [p.instance_id for p in eval_pools]
+    ev = {m.name: (ev.get(m.name) if m.family == "rule" or all(i in per_instance.get(m.key, {}) for i in insts)
+                   else None) for m in cands}
+    chosen, why = recommend(ev, cands)
+    m = get_method(chosen)
+    table = per_instance.get(m.key, {})
+    if m.family == "rule" and not all(i in table for i in insts):  # a run without the rules (nested calibration)
+        filt = m.entry.factory(seed=run.settings.seed)
+        table = {i: (filt, p) for i, p in filt.prepare_many(eval_pools, states).items()}
+    for i in insts:
+        per_instance.setdefault(RECOMMENDED, {})[i] = table[i]
+    run.log(f"[recommended] fold {k}: {chosen} ({why})")
+    return {"chosen": chosen, "reason": why, "inner_cv_within_pool_auc": ev,
+            "seconds": round(time.perf_counter() - t0, 3)}

@@ -13,6 +13,7 @@ from typing import Mapping
 from .figures import filter_name
 from ..sift.keep import PAPER_KEEP
 from ..sift.rules import PAPER, RANDOM, REFERENCE
+from ..sift.variants import RECOMMENDED
 
 
 def _f(x, digits: int = 3, sign: bool = False) -> str:
@@ -51,30 +52,48 @@ def _and(items: list[str]) -> str:
 def _ranking_clause(data: Mapping) -> tuple[str, str | None]:
     """(the clause on whether a state score beats the length rules, the score the savings clause is about).
 
-    A state score beats the length rules when its paired 95% interval of within-pool AUC lies above 0
-    against every length reference (every reference but random); no state score does when each lies
-    below 0 against at least one of them; otherwise, or with a length reference missing, undetermined."""
+    The clause reads the declared scores only: the recommendation (``RECOMMENDED``, what ``fit --method auto``
+    gives, chosen per fold on the bank) and the paper's method (else every score not chosen after the folds were
+    seen); a post-hoc score (the best of many, picked after the folds were seen) never opens the report. A declared
+    score beats the length rules when its paired interval of within-pool AUC lies above 0 against every length
+    reference (every reference but random) at the family's Bonferroni level (the ``adjusted`` interval; the 95%
+    one where the summary gives none); a win at 95% only is said as not shown. No state score beats them when
+    each declared score lies below 0 against at least one of them (95%); otherwise, or with a length reference
+    missing, undetermined."""
     auc = data["decision"]["auc"]
     scores = auc["scores"]
     refs = [r for r in auc["references"] if r != RANDOM]
     ref_words = _and([filter_name(data, r) for r in refs])
     missing = [r for r in (auc.get("missing_references") or {}) if r != RANDOM]
-    if not scores:
-        return "Here no state score was evaluated against the length rules", None
+    declared = [n for n in (RECOMMENDED, PAPER) if n in scores] or [n for n in scores if not scores[n]["post_hoc"]]
+    if not declared:
+        return "Here no state score declared before the folds were seen was evaluated against the length rules", None
 
-    def outcomes(n):
-        return [(scores[n]["vs"].get(r) or {}).get("outcome") for r in refs]
-    above = [n for n in scores if not missing and all(o == "higher" for o in outcomes(n))]
+    def outcomes(n, family: bool = False):
+        out = []
+        for r in refs:
+            d = scores[n]["vs"].get(r) or {}
+            a = (d.get("adjusted") or d) if family else d
+            out.append(None if a.get("lo") is None else
+                       "higher" if a["lo"] > 0 else "lower" if a["hi"] < 0 else "undetermined")
+        return out
+    level = (data["decision"].get("multiplicity") or {}).get("bonferroni_level")
+    at = "at the family's Bonferroni level" + (f" ({level:.4f})" if level else "")
+    above = [n for n in declared if not missing and all(o == "higher" for o in outcomes(n, family=True))]
     if above:
-        f = data["decision"].get("winner") if data["decision"].get("winner") in above else _best(auc, above)
-        post = " (chosen after the folds were seen)" if scores[f]["post_hoc"] else ""
-        return (f"Here a state score beats the length rules: {filter_name(data, f)}{post} ranks a pool's resolved "
-                f"candidates above its unresolved ones better than {ref_words}, every paired 95% interval "
+        f = above[0]
+        what = " (the recommendation of fit --method auto, chosen per fold on the bank alone)" \
+            if f == RECOMMENDED else ""
+        return (f"Here a state score beats the length rules: {filter_name(data, f)}{what} ranks a pool's resolved "
+                f"candidates above its unresolved ones better than {ref_words}, every paired interval {at} "
                 "above 0"), f
-    f = _best(auc, list(scores))
-    if all("lower" in outcomes(n) for n in scores):
+    f = _best(auc, declared)
+    if all("lower" in outcomes(n) for n in declared):
         return (f"Here no state score beats the length rules: each ranks a pool's candidates below "
                 f"{'at least one of ' if len(refs) > 1 else ''}{ref_words}, with a paired 95% interval below 0"), f
+    if not missing and all(o == "higher" for o in outcomes(f)):
+        return (f"Here no state score is shown to beat the length rules: {filter_name(data, f)} "
+                f"(AUC {_f(scores[f]['auc']['auc'])}) is above {ref_words} at 95% but not {at}"), f
     weak = min(((r, scores[f]["vs"][r]) for r in refs if (scores[f]["vs"].get(r) or {}).get("lo") is not None),
                key=lambda rv: rv[1]["lo"], default=None)
     why = (f"the missing {_and([filter_name(data, r) for r in missing])} could not be compared" if missing else

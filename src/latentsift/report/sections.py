@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from ..cascade.verifier import EF
 from ..sift.keep import PAPER_KEEP
 from ..sift.retain import retain_rule_text
-from ..sift.variants import DEFAULT
+from ..sift.variants import DEFAULT, RECOMMENDED
 from ..sift.rules import PAPER, REFERENCE, filter_entry, find_filter, rule_keys
 from ._format import _ci_num, _ci_pct, _diff_pct, _ks, _name, _num, _pct, _rate, _table
 
@@ -168,6 +168,11 @@ def _selection_markdown(data: dict) -> list[str]:
             evs = ", ".join(f"{k} {_num(v)}" for k, v in ev.items()) if ev else c.get("reason", "")
             lines += [f"- fold {c['fold']}: `{c.get('chosen_default', 'n/a')}` ({evs})"]
         lines += [""]
+    rec = sel.get("recommended_choice", [])
+    if rec:
+        lines += [f"The recommendation (row `{RECOMMENDED}`: `fit --method auto`'s rule, chosen per fold on the bank "
+                  "alone by inner-CV within-pool AUC, ties to the cheaper):", ""]
+        lines += [f"- fold {c['fold']}: `{c['chosen']}` ({c['reason']})" for c in rec] + [""]
     return lines
 
 

@@ -411,7 +411,8 @@ _stack("variant:stack:states", _STATES)
 #: The learned length stack (shortest chars and fewest steps fused with weights fitted on the bank): it uses no
 #: state, so that the choice can say when states add nothing; a reference of the decision (``protocol.decide``).
 STACK_LENGTH = _stack("variant:stack:length", _LENGTH)
-_stack("variant:stack:states+length", _STATES + _LENGTH)
+#: The stacked fusion of every state signal and the length signals (a candidate of ``fit --method auto``).
+STACK_STATES_LENGTH = _stack("variant:stack:states+length", _STATES + _LENGTH)
 _stack("variant:stack:states+length+patch", _STATES + _LENGTH + ["patch_lines", "no_patch"])
 
 #: The default's name among the filters: per outer fold, the stacked fusion that the inner cross-validation on
@@ -419,6 +420,12 @@ _stack("variant:stack:states+length+patch", _STATES + _LENGTH + ["patch_lines", 
 DEFAULT = words.DEFAULT
 register_filter(DEFAULT, kind="choice", label="LatentSift default (inner-CV choice)", color="#17becf",
                 post_hoc=True)(StackedFilter)
+#: The recommendation's name among the filters: per outer fold, the method that ``fit --method auto`` chooses on the
+#: fold's bank alone (``deploy.methods.recommend``), scoring the fold's pools; a declared rule, not a pick after the
+#: folds were seen (``protocol.variants.recommended_filter``).
+RECOMMENDED = "recommended"
+register_filter(RECOMMENDED, kind="choice", label="recommended (fit --method auto, chosen per fold)",
+                color="#bcbd22")(StackedFilter)
 
 
 # ------------------------------------------------------------------------ the sweep's filters
