@@ -195,10 +195,11 @@ def _rank_matrix(ranks, owner: str) -> np.ndarray:
 
 
 def min_channel_rank(ranks) -> np.ndarray:
-    """m = min over the channels a candidate is ranked in of r_c (Eq. 4); ``ranks`` is
-    (n_channels, n_candidates), NaN where a candidate is not ranked in a channel (``channel_ranks``).
-    A candidate ranked in no channel gets ``NEUTRAL_RANK``. The distance branch's s_dist is this m
-    through its null distribution (``null_min_rank``; module docstring)."""
+    """m = min over the channels a candidate is ranked in of r_c (Eq. 4).
+
+    ``ranks`` is (n_channels, n_candidates), NaN where a candidate is not ranked in a channel
+    (``channel_ranks``). A candidate ranked in no channel gets ``NEUTRAL_RANK``. The distance branch's
+    s_dist is this m through its null distribution (``null_min_rank``; module docstring)."""
     r = _rank_matrix(ranks, "min_channel_rank")
     low = np.where(np.isnan(r), np.inf, r).min(axis=0)  # m = min_c r_c over the ranked channels (Eq. 4)
     return np.where(np.isinf(low), NEUTRAL_RANK, low)
