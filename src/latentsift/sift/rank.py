@@ -213,7 +213,8 @@ def null_min_rank(ranks, groups=None) -> np.ndarray:
     the candidate's own instance. s_dist = 1 - (P(M >= m) + P(M > m)) / 2 with P(M >= m) =
     prod_c #{k in 0..n_c-1 : k / d_c >= m} / n_c over the candidate's ranked channels (module docstring:
     null mean 1/2 whatever the number of channels; same order as m where all hold the same channels).
-    A candidate ranked in no channel gets ``NEUTRAL_RANK``. Example: one channel ranked among 4,
+    A candidate ranked in no channel gets ``NEUTRAL_RANK``, and so does, by the formula, a pool of one
+    (its ranks are the paper's 0, the only point of each grid). Example: one channel ranked among 4,
     r = (0, 1/3, 2/3, 1) -> (1/8, 3/8, 5/8, 7/8).
     """
     r = _rank_matrix(ranks, "null_min_rank")

@@ -519,7 +519,7 @@ def _check_fit_inputs(states, labels,
 
 
 def check_groups(groups: Mapping[str, str] | Sequence[str], ids: Sequence[str],
-                  owner: str = "LinearScorer.fit") -> dict[str, str]:
+                 owner: str = "LinearScorer.fit") -> dict[str, str]:
     """``owner``'s ``groups`` (``LinearScorer.fit``, ``LogisticProbe.fit``) as traj_id -> group, one per trajectory."""
     if isinstance(groups, Mapping):
         missing = [t for t in ids if t not in groups]

@@ -162,15 +162,19 @@ class LogisticProbe:
         ids = [st.traj_id for st in states]
         by_id = check_groups(groups, ids, "LogisticProbe.fit")
         g = np.array([by_id[t] for t in ids])
-        # a split needs both classes on its validation side: at most as many folds as groups holding each class
-        n_splits = min(self.cv, *(len(set(g[y == c].tolist())) for c in (0, 1)))
-        if n_splits < 2:
-            raise LatentSiftError("LogisticProbe.fit needs resolved and unresolved trajectories in at least two "
-                                  "groups each (its regularisation is chosen by cross-validation by group).")
         self.layers_ = tuple(self.layers or probe_layers(states[0].n_layers))
         X = probe_features(states, self.layers_)
-        self.splits_ = list(StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=self.seed)
-                            .split(X, y, g))
+        # every validation side needs both classes (its AUC): at most as many folds as groups holding each class,
+        # fewer while a fold's groups hold one class only
+        self.splits_ = []
+        for n in range(min(self.cv, *(len(set(g[y == c].tolist())) for c in (0, 1))), 1, -1):
+            splits = list(StratifiedGroupKFold(n_splits=n, shuffle=True, random_state=self.seed).split(X, y, g))
+            if all(len(set(y[val].tolist())) == 2 for _, val in splits):
+                self.splits_ = splits
+                break
+        if not self.splits_:
+            raise LatentSiftError("LogisticProbe.fit needs resolved and unresolved trajectories in at least two "
+                                  "groups each (its regularisation is chosen by cross-validation by group).")
         self.model_ = make_pipeline(StandardScaler(), LogisticRegressionCV(
             Cs=list(self.Cs), cv=self.splits_, scoring="roc_auc", max_iter=2000, l1_ratios=(0.0,),
             use_legacy_attributes=False))
