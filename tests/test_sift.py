@@ -11,7 +11,7 @@ from latentsift import FingerprintMismatch, LatentSiftError
 from latentsift.bank.bank import Bank
 from latentsift.sift.margin import channel_scores_grouped
 from latentsift.states.model import Fingerprint
-from latentsift.sift.rank import normalized_ranks
+from latentsift.sift.rank import normalized_ranks, null_min_rank
 from latentsift.sift.retain import retain_count
 from latentsift.sift.scorer import LinearScorer
 from latentsift._jobs.filter import filter_options
@@ -82,7 +82,8 @@ def test_fields_follow_the_spec_equations(world):
             q[i, j] = channel_scores_grouped(d_pos, d_neg, s.step[sel], np.zeros(len(d_pos), dtype=np.int64), 1)[0]
             assert res.candidates[i].q[c] == pytest.approx(q[i, j], rel=1e-9)
     r = np.stack([normalized_ranks(q[:, j]) for j in range(3)])
-    s_dist = r.min(axis=0)
+    s_dist = null_min_rank(r)  # the min over the channels through its null (Eq. 4'); all three here: the min's order
+    np.testing.assert_array_equal(np.argsort(s_dist, kind="stable"), np.argsort(r.min(axis=0), kind="stable"))
     q_lin = scorer.decision_function([states[t] for t in ids])
     s_lin = normalized_ranks(q_lin)
     for i, c in enumerate(res.candidates):
@@ -142,9 +143,11 @@ def test_missing_channel_is_not_ranked(world):
           "x/c": make_states("x/c", rng, -1.0)}
     pool = Pool("new__1", [make_traj(t, "new__1", "org/new", 4) for t in st])
     res = {c.traj_id: c for c in LatentSift(bank, scorer).score(pool, st, fingerprint=FP).candidates}
-    # x/a has no observation: obs ranks x/b and x/c only, and x/a's s_dist is the min over cot and fn
+    # x/a has no observation: obs ranks x/b and x/c only, and x/a's s_dist comes from the min over cot and fn:
+    # top of both among 3, P(M >= 1) = 1/9, P(M > 1) = 0 -> 1 - 1/18 (Eq. 4'), still the pool's highest
     assert res["x/a"].q["obs"] is None and res["x/a"].r["obs"] is None
-    assert res["x/a"].r["cot"] == 1.0 and res["x/a"].s_dist == 1.0
+    assert res["x/a"].r["cot"] == 1.0 and res["x/a"].s_dist == pytest.approx(17 / 18)
+    assert res["x/a"].s_dist > max(res["x/b"].s_dist, res["x/c"].s_dist)
     assert {res["x/b"].r["obs"], res["x/c"].r["obs"]} == {0.0, 1.0}
 
 
@@ -153,9 +156,10 @@ def test_ablation_options(world):
     pool = pools[2]
     full = LatentSift(bank, scorer).score(pool, states, fingerprint=FP)
     sub = LatentSift(bank, scorer, channels=("cot", "fn")).score(pool, states, fingerprint=FP)
-    for a, b in zip(full.candidates, sub.candidates):
+    two = null_min_rank([[a.r[ch] for a in full.candidates] for ch in ("cot", "fn")])  # Eq. 4' over the subset
+    for a, b, s2 in zip(full.candidates, sub.candidates, two):
         assert set(b.q) == {"cot", "fn"} and b.q["cot"] == a.q["cot"]
-        assert b.s_dist == pytest.approx(min(a.r["cot"], a.r["fn"]))
+        assert b.s_dist == pytest.approx(s2)
     t = pool.candidates[0].traj_id
     s = states[t]
     sel = s.channel == CHANNEL_ID["fn"]
@@ -334,8 +338,11 @@ def test_acceptance_real_data(real):
     assert runs[0] == runs[1]
     assert runs[0]["pools"] == runs[2]["pools"]  # independent of the order of candidates
     assert [p["k"] for p in runs[0]["pools"]] == [4] and runs[0]["n_retained"] == 3
+    for p in runs[0]["pools"]:  # s_dist: the min over the channels through its null (Eq. 4')
+        s_dist = null_min_rank([[c["r"][ch] for c in p["candidates"]] for ch in CHANNELS])
+        assert [c["s_dist"] for c in p["candidates"]] == pytest.approx(s_dist.tolist())
     for c in (c for p in runs[0]["pools"] for c in p["candidates"]):
-        assert set(c["q"]) == set(CHANNELS) and c["s_dist"] == min(c["r"].values())
+        assert set(c["q"]) == set(CHANNELS)
         assert c["s"] == pytest.approx(0.5 * c["s_dist"] + 0.5 * c["s_lin"])
         assert c["evidence"] and all(e["pos_traj"].split("/")[1].startswith("psf__requests") for e in c["evidence"])
     # a candidate whose instance is in the bank

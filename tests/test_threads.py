@@ -135,7 +135,8 @@ def test_logistic_probe_does_not_depend_on_the_blas_thread_count():
     scores = []
     for n in (1, 2):
         with threadpool_limits(limits=n, user_api="blas"):
-            scores.append(LogisticProbe().fit(states, y).decision_function(states))
+            scores.append(LogisticProbe().fit(states, y, [f"task/{i // 6}" for i in range(len(y))])
+                          .decision_function(states))
     assert np.array_equal(scores[0], scores[1]) and np.ptp(scores[0]) > 0
 
 

@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 
+from latentsift._core.validation import LatentSiftError
+
 from latentsift.sift.sift import Prepared
 from latentsift.states.states import TrajectoryStates
 from latentsift.trajectories.trajectory import Pool, Trajectory
@@ -74,10 +76,44 @@ def test_logistic_probe_separates_a_real_signal():
         st.layers[:, :, 0] += 2.0 * y
         sts.append(st)
         ys.append(y)
-    probe = LogisticProbe(layers=(-1,)).fit(sts[:60], ys[:60])
+    probe = LogisticProbe(layers=(-1,)).fit(sts[:60], ys[:60], [f"task/{i // 4}" for i in range(60)])
     score = probe.decision_function(sts[60:])
     y_te = np.array(ys[60:])
     assert score[y_te == 1].mean() > score[y_te == 0].mean()
+
+
+def test_logistic_probe_chooses_its_regularisation_by_task():
+    """The inner split that chooses C holds no task on both sides (asserted on the splits the fit used),
+    and still has both classes on every validation side; a split by candidate (the former
+    StratifiedKFold) puts most tasks on both sides of these pools."""
+    from sklearn.model_selection import StratifiedKFold
+    rng = np.random.default_rng(4)
+    sts, ys, task = [], [], []
+    for i in range(96):  # 24 tasks of 4 candidates, a task's pass rate its own
+        t = i // 4
+        y = int(rng.random() < (0.2 + 0.6 * (t % 3) / 2))
+        st = _st(f"t{i}", rng, n=3, L=8, d=6)
+        st.layers[:, :, 0] += 1.5 * y
+        sts.append(st), ys.append(y), task.append(f"task/{t}")
+    groups = {st.traj_id: g for st, g in zip(sts, task)}
+    probe = LogisticProbe(seed=3).fit(sts, ys, groups)
+    task, ys = np.array(task), np.array(ys)
+    assert len(probe.splits_) == probe.cv == 4
+    held = np.concatenate([val for _, val in probe.splits_])
+    assert sorted(held.tolist()) == list(range(96))  # every candidate validated once
+    for train, val in probe.splits_:
+        assert not set(task[train]) & set(task[val])
+        assert set(ys[val].tolist()) == {0, 1}
+    # the groups as a list aligned with the states: the same splits, the same probe
+    again = LogisticProbe(seed=3).fit(sts, ys, list(task))
+    assert [(a.tolist(), b.tolist()) for a, b in again.splits_] == [(a.tolist(), b.tolist()) for a, b in probe.splits_]
+    np.testing.assert_array_equal(again.decision_function(sts), probe.decision_function(sts))
+    by_candidate = StratifiedKFold(4, shuffle=True, random_state=3).split(np.zeros(96), ys)
+    assert max(len(set(task[tr]) & set(task[va])) for tr, va in by_candidate) > 12
+    with pytest.raises(LatentSiftError, match="groups"):
+        LogisticProbe().fit(sts, ys, ["one"] * 96)  # one group: no split by group
+    with pytest.raises(LatentSiftError, match="LogisticProbe.fit"):
+        LogisticProbe().fit(sts, ys, ["a"] * 95)
 
 
 def test_trajectory_signals_read_length_and_patch():

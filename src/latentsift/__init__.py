@@ -30,10 +30,10 @@ _LAZY = {"LatentSiftError": "_core.errors", "NotFittedError": "_core.errors", "F
          "RuleFilter": "sift", "register_filter": "sift",
          # the paper's equations
          "nearest_distances": "bank", "normalized_ranks": "sift", "grouped_normalized_ranks": "sift",
-         "min_channel_rank": "sift", "step_margins": "sift", "fuse": "sift.fuse", "retain_count": "sift",
-         "select_retained": "sift", "order_by_score": "sift"}
-_EQUATIONS = ["nearest_distances", "normalized_ranks", "grouped_normalized_ranks", "min_channel_rank", "step_margins",
-              "fuse", "retain_count", "select_retained", "order_by_score"]
+         "min_channel_rank": "sift", "null_min_rank": "sift", "step_margins": "sift", "fuse": "sift.fuse",
+         "retain_count": "sift", "select_retained": "sift", "order_by_score": "sift"}
+_EQUATIONS = ["nearest_distances", "normalized_ranks", "grouped_normalized_ranks", "min_channel_rank", "null_min_rank",
+              "step_margins", "fuse", "retain_count", "select_retained", "order_by_score"]
 
 __all__ = ["LatentSiftError", "NotFittedError", "FingerprintMismatch",
            # the estimators

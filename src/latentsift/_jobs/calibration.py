@@ -17,7 +17,7 @@ from ..deploy.shift import Reference, guard
 from ..deploy.sifter import Sifter
 from ..sift.keep import CalibrationPools
 from ..sift.rules import filter_entry, make_baseline
-from ..sift.scorer import LinearScorer
+from ..sift.scorer import LinearScorer, early_stopping_groups
 from ..sift.sift import LatentSift, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
 
@@ -121,7 +121,8 @@ def calibration_pools_for_filter(cal_path, cal_states, *, method: str = LatentSi
         sc = None if params.get("branches") == "distance" else LinearScorer(
             max_epochs=scorer_epochs, seed=params.get("seed", 0)).fit([states[i] for i in tids],
                                                                      [labels[i] for i in tids],
-                                                                     fingerprint=store.fingerprint)
+                                                                     fingerprint=store.fingerprint,
+                                                                     groups=early_stopping_groups(f.bank_trajs))
         results += entry.factory(b, sc, **params).score_pools(f.eval_pools, states, fingerprint=store.fingerprint)
     return _from_results(results, trajs, f"cross-fitted: {len(overlap)} calibration pools are in the bank; each "
                                          "scored by a bank and scorer of the other half of the repositories", extra)

@@ -40,6 +40,7 @@ from ..bank.bank import Bank, inner_folds
 from ..metrics.diagnostics import within_pool_auc
 from ..sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
 from ..sift.rules import EXAMPLES_PASSED, PAPER, RANDOM, FilterEntry, filters
+from ..sift.scorer import early_stopping_groups
 from ..sift.sift import LatentSift, Prepared, as_pools, resolve_states
 from ..sift.variants import (FITTED_FUSION, PROBE, STACK_STATES_LENGTH, LogisticProbe, StackedFilter,
                              cross_fitted_branches, fit_fusion_weight, fit_stack, pool_rank_features, probe_features,
@@ -235,7 +236,8 @@ def cross_fitted_signals(bank_trajs: Sequence[Trajectory], states, fingerprint, 
                 raw[t] |= {f"q_{c}": v for c, v in q.items()}
         if "probe" in signals:
             ib_ids = sorted(t.traj_id for t in f.bank_trajs)
-            ip = probe_once(fits, states, {i: labels[i] for i in ib_ids}, seed=seed)
+            ip = probe_once(fits, states, {i: labels[i] for i in ib_ids},
+                            early_stopping_groups(f.bank_trajs, group), seed=seed)
             for t, v in zip(ie_ids, ip.decision_function([states[i] for i in ie_ids])):
                 raw[t]["probe"] = float(v)
     return {t: raw[t] for t in sorted(fold_of)}, fold_of, len(inner)
@@ -370,8 +372,8 @@ def fit_stack_method(m: Method, trajs: Sequence[Trajectory], states, fingerprint
            "n_bank_candidates": len(ids)}
     if "probe" in m.signals:
         tids = sorted(by)
-        out["probe"] = ProbeWeights.from_probe(LogisticProbe(seed=seed).fit([states[t] for t in tids],
-                                                                            [int(by[t].label) for t in tids]))
+        out["probe"] = ProbeWeights.from_probe(LogisticProbe(seed=seed).fit(
+            [states[t] for t in tids], [int(by[t].label) for t in tids], early_stopping_groups(trajs, group)))
     return out
 
 

@@ -36,7 +36,7 @@ from ..bank.bank import Bank, Fold, _by_repo, as_fingerprint, inner_folds
 from ..metrics.diagnostics import within_pool_auc
 from .library import SubBank, fit_sub_banks, load_sub_banks, save_sub_banks
 from ..sift.fuse import FUSION_WEIGHT
-from ..sift.rank import grouped_channel_ranks, min_channel_rank
+from ..sift.rank import grouped_channel_ranks, null_min_rank
 from ..sift.retain import KEEP_FRAC, MIN_KEEP
 from ..sift.scorer import LinearScorer, early_stopping_groups
 from .shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
@@ -332,13 +332,13 @@ def cross_fit_distance(folds: Sequence[Fold], states, fingerprint, *, seed: int 
 
 
 def distance_auc(q: dict[str, dict[str, float]], trajs: Sequence[Trajectory]) -> float:
-    """Within-pool AUC of the paper's distance branch (minimum channel rank) on cross-fitted ``q``."""
+    """Within-pool AUC of the paper's distance branch (s_dist, ``null_min_rank``) on cross-fitted ``q``."""
     by = {t.traj_id: t for t in trajs}
     ids = sorted(q)
     inst = np.array([by[t].instance_id for t in ids])
     y = np.array([int(by[t].label) for t in ids])
     ranks = np.stack([grouped_channel_ranks(np.array([q[t][c] for t in ids]), inst) for c in ("cot", "obs", "fn")])
-    return within_pool_auc(inst, y, min_channel_rank(ranks)).auc
+    return within_pool_auc(inst, y, null_min_rank(ranks, inst)).auc
 
 
 def in_bank_evidence(bank: Bank, trajs: Sequence[Trajectory], states, fingerprint, *, seed: int = 0) -> dict:

@@ -30,7 +30,8 @@ def learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eva
             ids = sorted(t.traj_id for t in sub)
             n = len(ids)
             try:
-                probe = probe_once(run.fits, states, {i: labels[i] for i in ids}, seed=s.seed)
+                probe = probe_once(run.fits, states, {i: labels[i] for i in ids},
+                                   early_stopping_groups(sub, run.group), seed=s.seed)
             except LatentSiftError as e:
                 run.log(f"[curves] fold {k}: {tag} of the bank skipped ({e})")
                 continue

@@ -15,6 +15,7 @@ import numpy as np
 from .._core.validation import LatentSiftError
 from ..metrics.diagnostics import within_pool_auc
 from ..sift.rules import PAPER, filters
+from ..sift.scorer import early_stopping_groups
 from ..deploy.methods import (auto_candidates, cross_fitted_signals, get_method, latentsift_evidence, recommend,
                               rule_auc, stack_inner_auc)
 from ..deploy.sifter import distance_auc
@@ -65,7 +66,7 @@ def _stacks(run, k, bank_trajs, eval_pools, states, fingerprint, labels, eval_id
     stacks = [e for e in variants if e.signals is not None]
     try:
         # the learned branch: regularised logistic probe vs the paper's gated head
-        probe = probe_once(run.fits, states, labels, seed=seed)
+        probe = probe_once(run.fits, states, labels, early_stopping_groups(bank_trajs, run.group), seed=seed)
         probe_eval = dict(zip(eval_ids, probe.decision_function([states[i] for i in eval_ids])))
         if curves:
             learning_curves(run, k, bank_trajs, eval_ids, states, fingerprint, probe_eval, per_instance)

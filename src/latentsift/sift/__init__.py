@@ -11,7 +11,8 @@ from .keep_adaptive import GapRecallKeep
 from .keep_confident import ConfidentRecallKeep
 from .margin import step_margins
 from .prune import PrefixSift, Pruner
-from .rank import channel_ranks, grouped_channel_ranks, grouped_normalized_ranks, min_channel_rank, normalized_ranks
+from .rank import (channel_ranks, grouped_channel_ranks, grouped_normalized_ranks, min_channel_rank, normalized_ranks,
+                   null_min_rank)
 from .retain import order_by_score, retain_count, select_retained
 from .rules import RuleFilter, filter_entry, register_filter, rule_keys, unregister_filter
 from .scorer import LinearScorer
@@ -22,5 +23,5 @@ __all__ = ["CalibrationMap", "CalibrationPools", "CandidateScore", "ConfidentRec
            "LinearScorer", "LogisticProbe", "PoolResult", "PrefixSift", "Pruner", "RecallKeep", "RuleFilter",
            "StackedFilter", "Stage1Filter", "filter_entry", "fit_calibration", "keep_rule", "keep_rules",
            "channel_ranks", "grouped_channel_ranks", "grouped_normalized_ranks", "min_channel_rank",
-           "normalized_ranks", "order_by_score", "register_filter",
+           "normalized_ranks", "null_min_rank", "order_by_score", "register_filter",
            "retain_count", "rule_keys", "select_retained", "step_margins", "unregister_filter"]

@@ -310,7 +310,7 @@ class LinearScorer(Estimator):
         self._check_params()
         states, lab, fingerprint = _check_fit_inputs(states, labels, fingerprint)
         ids = [s.traj_id for s in states]
-        grp = None if groups is None else _check_groups(groups, ids)
+        grp = None if groups is None else check_groups(groups, ids)
         L, d, lids = states[0].n_layers, states[0].d_model, getattr(states[0], "layer_ids", None)
         by_id = {s.traj_id: s for s in states}
         train_ids, val_ids, n_drawn = self._split(ids, grp)
@@ -550,16 +550,17 @@ def _check_fit_inputs(states, labels,
     return states, lab, fingerprint
 
 
-def _check_groups(groups: Mapping[str, str] | Sequence[str], ids: Sequence[str]) -> dict[str, str]:
-    """``LinearScorer.fit``'s ``groups`` as traj_id -> group, one per trajectory."""
+def check_groups(groups: Mapping[str, str] | Sequence[str], ids: Sequence[str],
+                 owner: str = "LinearScorer.fit") -> dict[str, str]:
+    """``owner``'s ``groups`` (``LinearScorer.fit``, ``LogisticProbe.fit``) as traj_id -> group, one per trajectory."""
     if isinstance(groups, Mapping):
         missing = [t for t in ids if t not in groups]
         if missing:
-            raise LatentSiftError(f"The 'groups' parameter of LinearScorer.fit has no group for {missing[0]!r}.")
+            raise LatentSiftError(f"The 'groups' parameter of {owner} has no group for {missing[0]!r}.")
         return {t: str(groups[t]) for t in ids}
     groups = list(groups)
     if len(groups) != len(ids):
-        raise LatentSiftError(f"The 'groups' parameter of LinearScorer.fit must have one group per state "
+        raise LatentSiftError(f"The 'groups' parameter of {owner} must have one group per state "
                               f"({len(ids)}). Got {len(groups)} instead.")
     return {t: str(g) for t, g in zip(ids, groups)}
 

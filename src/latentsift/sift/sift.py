@@ -18,9 +18,10 @@ Every filter answers three verbs:
 (any object with ``load(traj_ids)`` and ``fingerprint``, e.g. ``StateStore``).
 
 Missing-channel rule: a candidate with no channel-c state has q_c = NaN (missing) and is not ranked
-in channel c: each channel ranks the candidates that have it, and s_dist is the minimum over the
-channels the candidate is ranked in; a candidate ranked in none gets the neutral rank 0.5
-(``rank.channel_ranks``, ``rank.min_channel_rank``; the why is in ``latentsift.sift.rank``).
+in channel c: each channel ranks the candidates that have it, m is the minimum over the channels the
+candidate is ranked in, and s_dist is m through its distribution under no signal, so that the number of
+channels a candidate has does not move it; a candidate ranked in none gets the neutral rank 0.5
+(``rank.channel_ranks``, ``rank.null_min_rank``; the why is in ``latentsift.sift.rank``).
 
 Determinism: candidates are processed in traj_id order and every result is keyed by traj_id, so the
 output does not depend on the order of the pool; the retention tie rule hashes (seed, traj_id).
@@ -42,7 +43,7 @@ from .._core.validation import LatentSiftError, check_choice, param_error
 from ..bank.bank import Bank, as_fingerprint
 from .fuse import FUSION_WEIGHT, fuse
 from .margin import DISTANCES, WEIGHTINGS, channel_scores_grouped, signed_evidence
-from .rank import channel_ranks, min_channel_rank, normalized_ranks
+from .rank import channel_ranks, normalized_ranks, null_min_rank
 from .keep import FixedKeep, KeepRule
 from .retain import KEEP_FRAC, MIN_KEEP, check_retention
 from .scorer import LinearScorer
@@ -79,7 +80,8 @@ class CandidateScore:
     """Stage-1 outcome for one candidate. Fields a filter does not compute are None.
 
     q, r: per channel (q None = the channel is missing for this candidate; r None = not ranked in it:
-    missing, or the only candidate with the channel; s_dist is the minimum of the other r).
+    missing, or the only candidate with the channel; s_dist is the minimum of the other r through its
+    distribution under no signal, ``rank.null_min_rank``).
     raw: a baseline's rule score (e.g. -n_tokens); None for LatentSift.
     """
 
@@ -317,7 +319,7 @@ def check_sift_settings(settings: Mapping[str, Any], owner: str | Mapping[str, s
 class LatentSift(Stage1Filter):
     """The paper's Stage-1 filter: distance branch (banks) fused with the learned branch (scorer).
 
-    Settings: ``channels`` (subset for the ablation; s_dist = min rank over it), ``distance``
+    Settings: ``channels`` (subset for the ablation; s_dist from the min rank over it), ``distance``
     ("two-sided" margin d_neg - d_pos, or the one-sided "pos" (-d_pos) / "neg" (d_neg)),
     ``weighting`` ("linear" step weights t, or "uniform"), ``branches`` ("both", "distance" only,
     "learned" only), ``fusion_weight`` (s = w s_dist + (1 - w) s_lin), ``min_keep`` / ``frac``
@@ -463,7 +465,7 @@ class LatentSift(Stage1Filter):
         if self._uses_distance:
             r = np.stack([channel_ranks(prepared.q[idx, j]) for j in range(len(prepared.channels))])
             out["r"] = r  # r_c: within-subset normalised rank per channel among its holders (Eq. 4)
-            out["s_dist"] = min_channel_rank(r)  # s_dist = min_c r_c over the ranked channels (Eq. 4)
+            out["s_dist"] = null_min_rank(r)  # min_c r_c over the ranked channels (Eq. 4) through its null (Eq. 4')
         if self._uses_learned:
             out["s_lin"] = normalized_ranks(prepared.q_lin[idx])  # s_lin: q_lin ranked within the subset
         if self.branches == "both":

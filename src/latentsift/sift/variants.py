@@ -8,7 +8,8 @@ hidden-state signal carry anything that length and agent identity do not?
 - ``ScaffoldSift``: scaffold-conditioned banks: a candidate's states are compared only with bank
   trajectories of its own scaffold.
 - ``LogisticProbe``: a regularised logistic probe on the same states as the gated head (model-authored
-  spans, mean over spans of a few layers), the regularisation chosen by cross-validation on the bank.
+  spans, mean over spans of a few layers), the regularisation chosen by cross-validation on the bank by
+  group (no task on both sides of an inner split).
 - ``trajectory_signals``: length and patch signals read from the trajectory (no states);
   ``bank_subsample``: nested instance subsets of a bank for training-set size curves.
 - ``fitted_fusion``: the paper's method with its fusion weight (Eq. 3, 0.5 in the paper) fitted on the bank by
@@ -36,7 +37,7 @@ from ..bank.bank import Bank, inner_folds
 from .fuse import FUSION_WEIGHT, fuse
 from .rank import grouped_normalized_ranks, normalized_ranks
 from .rules import PAPER, register_filter
-from .scorer import fit_once, states_key
+from .scorer import check_groups, fit_once, states_key
 from .sift import LatentSift, Prepared, Stage1Filter
 from ..states.states import TrajectoryStates
 from ..trajectories.trajectory import CHANNELS, Pool, Trajectory
@@ -135,7 +136,14 @@ def probe_features(states: Sequence[TrajectoryStates], layers: Sequence[int] | N
 
 @dataclass
 class LogisticProbe:
-    """L2-regularised logistic regression on ``probe_features``; C chosen by stratified k-fold CV."""
+    """L2-regularised logistic regression on ``probe_features``; C chosen by inner cross-validated AUC over
+    folds by group (``StratifiedGroupKFold``: no group's trajectories on both sides of an inner split).
+
+    ``fit(states, labels, groups)``: ``groups`` as ``LinearScorer.fit``'s (dict traj_id -> group or a list
+    aligned with ``states``), the protocol passes the fold groups of its early-stopping split
+    (``early_stopping_groups``: the run's fold group, or the task where all share one), so that no task has
+    candidates on both sides. Learned: ``splits_``, the (train, validation) index pairs the choice used.
+    """
 
     layers: tuple[int, ...] | None = None   # None: probe_layers(n_layers), the final and the middle layer
     Cs: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
@@ -144,21 +152,31 @@ class LogisticProbe:
     model_: object = field(default=None, repr=False)
 
     @blas_fixed
-    def fit(self, states: Sequence[TrajectoryStates], labels: Sequence[int]) -> "LogisticProbe":
+    def fit(self, states: Sequence[TrajectoryStates], labels: Sequence[int],
+            groups: Mapping[str, str] | Sequence[str]) -> "LogisticProbe":
         from sklearn.linear_model import LogisticRegressionCV
-        from sklearn.model_selection import StratifiedKFold
+        from sklearn.model_selection import StratifiedGroupKFold
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
         y = np.asarray(labels, dtype=int)
-        if len(set(y.tolist())) < 2 or np.bincount(y).min() < 2:
-            raise LatentSiftError("LogisticProbe.fit needs at least two resolved and two unresolved trajectories "
-                                  "(its regularisation is chosen by stratified cross-validation).")
+        ids = [st.traj_id for st in states]
+        by_id = check_groups(groups, ids, "LogisticProbe.fit")
+        g = np.array([by_id[t] for t in ids])
         self.layers_ = tuple(self.layers or probe_layers(states[0].n_layers))
         X = probe_features(states, self.layers_)
-        folds = StratifiedKFold(n_splits=min(self.cv, int(np.bincount(y).min())), shuffle=True,
-                                random_state=self.seed)
+        # every validation side needs both classes (its AUC): at most as many folds as groups holding each class,
+        # fewer while a fold's groups hold one class only
+        self.splits_ = []
+        for n in range(min(self.cv, *(len(set(g[y == c].tolist())) for c in (0, 1))), 1, -1):
+            splits = list(StratifiedGroupKFold(n_splits=n, shuffle=True, random_state=self.seed).split(X, y, g))
+            if all(len(set(y[val].tolist())) == 2 for _, val in splits):
+                self.splits_ = splits
+                break
+        if not self.splits_:
+            raise LatentSiftError("LogisticProbe.fit needs resolved and unresolved trajectories in at least two "
+                                  "groups each (its regularisation is chosen by cross-validation by group).")
         self.model_ = make_pipeline(StandardScaler(), LogisticRegressionCV(
-            Cs=list(self.Cs), cv=folds, scoring="roc_auc", max_iter=2000, l1_ratios=(0.0,),
+            Cs=list(self.Cs), cv=self.splits_, scoring="roc_auc", max_iter=2000, l1_ratios=(0.0,),
             use_legacy_attributes=False))
         self.model_.fit(X, y)
         return self
@@ -170,15 +188,18 @@ class LogisticProbe:
         return self.model_.decision_function(probe_features(states, self.layers_))
 
 
-def probe_once(fits: dict | None, states: Mapping, labels: Mapping[str, int], *, seed: int = 0) -> LogisticProbe:
-    """``LogisticProbe(seed=seed).fit`` on the states of the trajectories ``labels`` names (sorted by id), or the
-    probe that an identical call put in ``fits`` (its folds are seeded: the same inputs give the same
-    coefficients); ``fits`` None fits every time (``scorer.fit_once``, for the gated head, tells states apart)."""
+def probe_once(fits: dict | None, states: Mapping, labels: Mapping[str, int], groups: Mapping[str, str], *,
+               seed: int = 0) -> LogisticProbe:
+    """``LogisticProbe(seed=seed).fit`` on the states of the trajectories ``labels`` names (sorted by id) with their
+    ``groups`` (its inner split by group), or the probe that an identical call put in ``fits`` (its folds are
+    seeded: the same inputs give the same coefficients); ``fits`` None fits every time (``scorer.fit_once``, for
+    the gated head, tells states apart)."""
     ids = sorted(labels)
-    key = ("probe", int(seed), states_key(states, labels))
+    by_id = check_groups(groups, ids, "probe_once")
+    key = ("probe", int(seed), states_key(states, labels), tuple(str(by_id[t]) for t in ids))
     if fits is not None and key in fits:
         return fits[key]
-    probe = LogisticProbe(seed=seed).fit([states[i] for i in ids], [labels[i] for i in ids])
+    probe = LogisticProbe(seed=seed).fit([states[i] for i in ids], [labels[i] for i in ids], by_id)
     if fits is not None:
         fits[key] = probe
     return probe
