@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from conftest import refused  # tests/conftest.py
@@ -244,11 +245,18 @@ def _fingerprint(dtype: str = "bfloat16") -> Fingerprint:
     return Fingerprint("LlamaForCausalLM", 30, 576, "a" * 16, "b" * 16, "c" * 64, dtype)
 
 
+def _policy(fingerprint: Fingerprint) -> SimpleNamespace:
+    """What the rollout folder reads of a loaded policy: its file, fingerprint, device and weights' dtype (the
+    decode layout)."""
+    return SimpleNamespace(path=str(default_model_path()), fingerprint=fingerprint, device=torch.device("cpu"),
+                           model=torch.nn.Linear(1, 1, dtype=getattr(torch, fingerprint.dtype)))
+
+
 def _folder(out: Path, tasks, settings: RolloutSettings, *, dtype: str = "bfloat16", done=("T/0",),
             digests: bool = True) -> Path:
     """A rollout folder as ``run_rollouts`` leaves it after the tasks ``done`` (their manifest entry and
     task file; the states are not needed by what is tested here)."""
-    policy = SimpleNamespace(path=str(default_model_path()), fingerprint=_fingerprint(dtype))
+    policy = _policy(_fingerprint(dtype))
     stem = default_model_path().name.removesuffix(".gguf")
     man = R._manifest(policy, settings, stem, stem, 1, "tasks.jsonl")
     by_id = {t.task_id: t for t in tasks}
@@ -290,7 +298,7 @@ def test_after_the_model_loads_another_model_is_named_by_its_fingerprint_field(t
     tasks = load_tasks(_task_file(tmp_path / "tasks.jsonl"))
     out = _folder(tmp_path / "o", tasks, RolloutSettings())
     other = dataclasses.replace(_fingerprint(), weights_sha="d" * 64)
-    policy = SimpleNamespace(path=str(default_model_path()), fingerprint=other)
+    policy = _policy(other)
     with pytest.raises(LatentSiftError, match="another model \\(its fingerprint's weights_sha differs") as e:
         R.run_rollouts(policy, tasks, out, RolloutSettings(), run_examples=None, judge=None, threads=1)
     assert "\n" not in str(e.value) and len(str(e.value).replace(str(out), "")) < 250
@@ -310,7 +318,7 @@ def test_a_resume_with_a_changed_task_is_refused_naming_the_task(tmp_path, no_mo
             "--out", out)
     assert isinstance(r.exception, no_model)
     # in the library too (run_rollouts checks again under the folder's lock, after the model)
-    policy = SimpleNamespace(path=str(default_model_path()), fingerprint=_fingerprint())
+    policy = _policy(_fingerprint())
     with pytest.raises(LatentSiftError, match="The task 'T/1'"):
         R.run_rollouts(policy, load_tasks(tmp_path / "changed.jsonl"), out, RolloutSettings(), run_examples=None,
                        judge=None, threads=1)

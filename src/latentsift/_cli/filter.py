@@ -19,7 +19,7 @@ from rich.table import Table
 from .._jobs.filter import (KEEP_FRAC, MIN_KEEP, TARGET_MIN_KEEP, FilterOptions,
                              calibration_methods, filter_to_file, keep_rules, method_names)
 from ._help import listed
-from ..deploy.methods import method_line
+from .._jobs.sifter import method_line
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, Seed, StatesDir,
                        command_options)
 from ._progress import messages

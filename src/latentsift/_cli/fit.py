@@ -8,7 +8,7 @@ import typer
 
 from .._jobs.filter import calibration_methods
 from .._jobs.operating import FitOptions, fit_command
-from ..deploy.methods import method_line, method_names
+from .._jobs.sifter import method_line, method_names
 from ._help import listed
 from ._options import (CalibrationEpochs, CalibrationMethod, CalibrationStates, Confidence, FirstInstances,
                        GuardFalseAlarm, ScorerEpochs, Seed, StatesDirs, command_options)

@@ -498,12 +498,18 @@ class Fold:
     eval_pools: list
 
 
-def _by_repo(t: Trajectory) -> str:
+def by_repo(t: Trajectory) -> str:
+    """A trajectory's fold group by repository (the paper's folds)."""
     return t.repo
 
 
+def by_instance(t: Trajectory) -> str:
+    """A trajectory's fold group by task (runs of one repository)."""
+    return t.instance_id
+
+
 def iter_folds(trajs: Sequence[Trajectory], splits: Sequence[tuple[Sequence[str], Sequence[str]]],
-               group: Callable[[Trajectory], str] = _by_repo, *, pools: Sequence[Pool] | None = None,
+               group: Callable[[Trajectory], str] = by_repo, *, pools: Sequence[Pool] | None = None,
                bank_filter: Callable[[Trajectory], bool] | None = None,
                eval_order: str = "instance") -> Iterator[Fold]:
     """The folds of ``splits`` ((bank groups, eval groups) pairs) that have evaluation pools.
@@ -530,7 +536,7 @@ def iter_folds(trajs: Sequence[Trajectory], splits: Sequence[tuple[Sequence[str]
         yield Fold(k, bank_groups, eval_groups, bank_trajs, eval_pools)
 
 
-def inner_folds(trajs: Sequence[Trajectory], group: Callable[[Trajectory], str] = _by_repo, *, n_folds: int = 2,
+def inner_folds(trajs: Sequence[Trajectory], group: Callable[[Trajectory], str] = by_repo, *, n_folds: int = 2,
                 seed: int = 0) -> Iterator[Fold]:
     """``iter_folds`` over ``split_by_repo`` of ``trajs``' own groups: the inner cross-fit of a bank."""
     return iter_folds(trajs, split_by_repo({t.traj_id: group(t) for t in trajs}, n_folds=n_folds, seed=seed), group)

@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .._core.validation import LatentSiftError
-from ..bank.bank import Bank, inner_folds
+from ..bank.bank import Bank, Fold, inner_folds
 from ..metrics.diagnostics import within_pool_auc
 from ..sift.ablations import BRANCH_DISTANCE, BRANCH_LEARNED
 from ..sift.rules import EXAMPLES_PASSED, PAPER, RANDOM, FilterEntry, filters
@@ -215,6 +215,18 @@ class ProbeWeights:
 
 
 # ------------------------------------------------------------------------ cross-fitted signals of a bank
+def fold_distance(fold: Fold, states, fingerprint, *, seed: int = 0) -> dict[str, dict[str, float]]:
+    """traj_id -> channel -> q of the paper's distance branch for the evaluation pools of one fold,
+    with a bank of the fold's bank side."""
+    bank = Bank.from_trajectories(fold.bank_trajs, states, fingerprint)
+    q: dict[str, dict[str, float]] = {}
+    for p in LatentSift(bank, None, branches="distance", seed=seed).prepare_many(
+            fold.eval_pools, states, fingerprint=fingerprint).values():
+        for r, t in enumerate(p.traj_ids):
+            q[t] = {c: float(p.q[r, j]) for j, c in enumerate(p.channels)}
+    return q
+
+
 def cross_fitted_signals(bank_trajs: Sequence[Trajectory], states, fingerprint, group, *, signals: Sequence[str],
                          seed: int = 0, fits: dict | None = None
                          ) -> tuple[dict[str, dict[str, float]], dict[str, int], int]:
@@ -223,7 +235,6 @@ def cross_fitted_signals(bank_trajs: Sequence[Trajectory], states, fingerprint, 
     (``inner_folds`` by ``group``, as the outer folds are), the trajectory's own signals (``trajectory_signals``)
     as they are. Only the ``signals`` asked are computed; ``fits``: a run's memo of fitted probes
     (``sift.variants.probe_once``)."""
-    from .sifter import fold_distance
     labels = {t.traj_id: int(t.label) for t in bank_trajs}
     raw: dict[str, dict[str, float]] = {t.traj_id: trajectory_signals(t) for t in bank_trajs}
     fold_of: dict[str, int] = {}

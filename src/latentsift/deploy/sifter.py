@@ -32,7 +32,7 @@ from .._core.estimator import Estimator
 from .._core.io import ArtefactKind, jsonable, member, read_artefact, replaced_folder, write_artefact
 from .._core.manifests import SifterManifest, manifest_values
 from .._core.validation import FingerprintMismatch, LatentSiftError, check_labelled
-from ..bank.bank import Bank, Fold, _by_repo, as_fingerprint, inner_folds
+from ..bank.bank import Bank, Fold, as_fingerprint, by_instance, by_repo, inner_folds
 from ..metrics.diagnostics import within_pool_auc
 from .library import SubBank, fit_sub_banks, load_sub_banks, save_sub_banks
 from ..sift.fuse import FUSION_WEIGHT
@@ -42,7 +42,7 @@ from ..sift.scorer import LinearScorer, early_stopping_groups
 from .shift import FALSE_ALARM, REFERENCE_KIND, Reference, scaffold_of
 from ..sift.sift import N_EVIDENCE, LatentSift, Stage1Filter, resolve_states
 from .methods import (AUTO, CRITERION, TIE_DECIMALS, DeployedStack, ProbeWeights, auto_candidates, check_states_given,
-                      fit_fusion_method, fit_stack_method, get_method, inner_cv_evidence, recommend)
+                      fit_fusion_method, fit_stack_method, fold_distance, get_method, inner_cv_evidence, recommend)
 from ..trajectories.trajectory import CHANNELS, Trajectory
 
 SIFTER_FORMAT = "latentsift-sifter"
@@ -283,14 +283,10 @@ class SeenRuns:
         self.instances_ = dict(instances)
 
 
-def _by_instance(t: Trajectory) -> str:
-    return t.instance_id
-
-
 def inner_group(trajs: Sequence[Trajectory]):
     """The inner folds' group of a fit (the choice of ``--method auto``, a fusion weight, a stack's weights): the
     repository, as the project's folds, or the task when the runs hold one repository."""
-    return _by_repo if len({t.repo for t in trajs}) >= 2 else _by_instance
+    return by_repo if len({t.repo for t in trajs}) >= 2 else by_instance
 
 
 def sifter_has_bank(path: str | Path) -> bool:
@@ -309,18 +305,6 @@ def check_sifter_fingerprint(man: dict, fingerprint: Any, path) -> None:
             f"The sifter {str(path)!r} was fitted on states of another model than the candidates' states "
             f"(sifter fingerprint {want.digest}, states {got.digest}; differing: {diff}). Extract the "
             "candidates' states with the sifter's model, or fit a sifter on states of this model.")
-
-
-def fold_distance(fold: Fold, states, fingerprint, *, seed: int = 0) -> dict[str, dict[str, float]]:
-    """traj_id -> channel -> q of the paper's distance branch for the evaluation pools of one fold,
-    with a bank of the fold's bank side."""
-    bank = Bank.from_trajectories(fold.bank_trajs, states, fingerprint)
-    q: dict[str, dict[str, float]] = {}
-    for p in LatentSift(bank, None, branches="distance", seed=seed).prepare_many(
-            fold.eval_pools, states, fingerprint=fingerprint).values():
-        for r, t in enumerate(p.traj_ids):
-            q[t] = {c: float(p.q[r, j]) for j, c in enumerate(p.channels)}
-    return q
 
 
 def cross_fit_distance(folds: Sequence[Fold], states, fingerprint, *, seed: int = 0) -> dict[str, dict[str, float]]:
