@@ -13,12 +13,12 @@ from .._core.validation import LatentSiftError, check_choice
 from ..deploy.leak import ON_LEAK, apply_on_leak, shared_repos
 from ..deploy.library import BANK_CHOICES, load_runs, nearest_choice, pool_distances
 from ..deploy.shift import FALSE_ALARM, ON_SHIFT, REFERENCE_KINDS, check_false_alarm, guard
-from ..deploy.methods import check_records, check_states_given, method_line, method_names  # method_line: for _cli
+from ..deploy.methods import check_records, check_states_given, method_line, method_names
 from ..deploy.sifter import Sifter
 from ..sift.sift import FilterRun, LatentSift, load_selected_pools
 from ..states.store import StateStore, check_recorded_settings
 
-__all__ = ["FALSE_ALARM", "fit_sifter", "run_sifter_filter", "run_sifter_filter_chosen"]
+__all__ = ["FALSE_ALARM", "fit_sifter", "method_line", "method_names", "run_sifter_filter", "run_sifter_filter_chosen"]
 
 
 def fit_sifter(pools_path, states_dir, out, *, method: str = LatentSift.name, scorer_epochs: int = 40, seed: int = 0,
